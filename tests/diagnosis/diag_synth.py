@@ -44,6 +44,7 @@ def make_job(
     n_coll: int = 2,
     transfer_ms: float = 2.0,
     jitter_ns: Sequence[Sequence[Sequence[int]]] | None = None,
+    end_jitter_ns: Sequence[Sequence[Sequence[int]]] | None = None,
     flavour: str = "gloo",
     drop: set[tuple[int, int, int]] | None = None,
     skip_steps: dict[int, set[int]] | None = None,
@@ -53,7 +54,9 @@ def make_job(
     extra_events: dict[int, list[dict[str, Any]]] | None = None,
 ) -> list[Trace]:
     """Build the rank traces (module docstring). ``drop``: ``(rank, step, coll)`` collectives
-    left out of a rank's trace; ``skip_steps``: rank -> steps missing from its trace window."""
+    left out of a rank's trace; ``skip_steps``: rank -> steps missing from its trace window;
+    ``jitter_ns[r][s][c]`` moves a rank's arrival, ``end_jitter_ns[r][s][c]`` its recorded end
+    (gloo workers record completion late by up to ms on a loaded host)."""
     late_ms = late_ms or [[0.0] * steps for _ in range(world)]
     compute_ms = compute_ms or [20.0] * world
     offsets_ns = offsets_ns or [0] * world
@@ -93,7 +96,7 @@ def make_job(
                 if (r, s, c) in drop:
                     continue
                 a = arrivals[r][s][c] - off
-                e = ends[s][c] - off
+                e = ends[s][c] - off + (end_jitter_ns[r][s][c] if end_jitter_ns else 0)
                 if flavour == "gloo":
                     rows.append(_ev("cpu_op", "c10d::allreduce_", 1, a - 200_000, 50_000))
                     rows.append(_ev("user_annotation", "gloo:all_reduce", 2 + c, a, e - a))
