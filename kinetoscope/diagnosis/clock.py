@@ -23,7 +23,13 @@ Matching (``match_instances``), each rank against the reference, per collective 
    (clocks are normally NTP-close). The offset is then refined to the median end difference of
    the consistent pairs and the pairing redone. This survives missing collectives, different
    trace windows (one rank starting a step later), interleaved collective types, and the wide
-   end-time jitter of gloo (ms) where pure voting picks a one-step shift.
+   end-time jitter of gloo (ms) where pure voting picks a one-step shift. At each candidate,
+   constant ordinal lags (the ones the end-time pairing found, and their neighbours) are tried
+   too and kept when more pairs are causal: ends of two gloo buckets cross by ms, and the few
+   crossed pairs used to let a one-step shift win against the correct offset for a persistent
+   straggler (whose correct pairs have little slack), making it look early.
+   When the offset is known -- ranks on the reference's host share its clock -- pairs are made
+   at that offset only, and a pair is causal when its bounds hold it.
 
 Causality: a blocking collective (all-reduce, all-gather, reduce-scatter, all-to-all, barrier)
 cannot complete on any rank before every rank has arrived. A pair (reference instance, rank-r

@@ -20,10 +20,12 @@ Signals, in order of preference (the first that a trace has wins, per rank):
     CPU traces (gloo, also MPI/UCC): ``user_annotation`` events named ``gloo:<collective>``
     (``mpi:``, ``ucc:``). ProcessGroupGloo records them on its ``pt_gloo_runloop`` worker
     thread *while executing* the work: the annotation starts when the worker picks up the work
-    (right after the main thread's ``c10d::allreduce_`` enqueued it) and ends when the exchange
-    with every peer has completed. Start = arrival, end = completion, exactly like an NCCL
-    kernel. (On NCCL traces, ``nccl:<collective>`` annotations are only the host-side enqueue
-    and are *not* used when kernels are present.)
+    (after the training thread's ``c10d::allreduce_`` enqueued it) and ends when the exchange
+    with every peer has completed: end = completion, like an NCCL kernel. Arrival = the start of
+    the ``c10d::<collective>_`` op that issued it (paired in FIFO order, ``_with_issue_times``):
+    the pick-up lags the issue by up to tens of ms on a busy host, and waits for both workers
+    when they are still busy with earlier buckets. (On NCCL traces, ``nccl:<collective>``
+    annotations are only the host-side enqueue and are *not* used when kernels are present.)
 ``host_op``
     Last resort: host ops ``c10d::<collective>_`` / ``record_param_comms`` / ``nccl:*`` with no
     kernels and no backend annotation. Their start is the issue time (a usable arrival); their

@@ -176,6 +176,23 @@ def test_two_ranks_noise_and_frequent_intermittent_straggler():
     assert found == {0, 1, 4, 8} and s.kind == "intermittent" and s.ranks == [1]
 
 
+@pytest.mark.parametrize("straggled", [range(12), (1, 2, 3, 5, 6, 8, 10, 11)])
+def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled):
+    # the demo's persistent mode (rank 1 sleeps U(50, 200) ms every step), and an intermittent
+    # one that hit 8 of 12 steps: both ranks' skews vary with the delay, sigma follows
+    # (tens of ms); lateness beyond a whole clean step in most steps is still persistent
+    world, steps = 2, 12
+    rng = np.random.default_rng(2)
+    late = [[0.0] * steps, [float(rng.uniform(50, 200)) if st in straggled else 0.0 for st in range(steps)]]
+    jit = _jitter(world, steps, sd_ns=2 * MS, seed=5)
+    period = [30.0 + late[1][st] for st in range(steps)]  # each step stretched by its delay
+    s = diagnose(make_job(world, steps, late_ms=late, period_ms=period, compute_ms=[20.0] * world, jitter_ns=jit)).stragglers
+    assert s.sigma_us > 10_000  # the noise estimate is inflated ...
+    assert s.kind == "persistent" and s.ranks == [1]  # ... and the straggler found all the same
+    row = s.per_rank.filter(pl.col("rank") == 1).row(0, named=True)
+    assert row["late_steps"] == len(straggled)
+
+
 def test_thresholds_are_configurable():
     world, steps = 4, 12
     late = [[30.0 if r == 1 else 0.0] * steps for r in range(world)]
