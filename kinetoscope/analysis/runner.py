@@ -125,10 +125,12 @@ def run_diagnosis(traces: Sequence[Trace], results: AnalysisResults, **options: 
         return {}
     try:
         out = diagnose(list(traces), results, **options)
+        # a Diagnosis gives its JSON form in one go (as a Mapping it is the same, key by key)
+        to_dict = getattr(out, "to_dict", None)
+        return dict(to_dict()) if callable(to_dict) else dict(out or {})
     except Exception as exc:  # noqa: BLE001 - a diagnosis failure must not hide the analyses
         results.errors["diagnosis"] = f"{type(exc).__name__}: {exc}"
         return {}
-    return dict(out or {})
 
 
 def build_document(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import re
 import shutil
@@ -283,6 +284,8 @@ class TrainingJob:
         straggler_ms: tuple[float, float] = (50.0, 200.0),
         model: str = "small",
         seed: int = 0,
+        load_ms: float = 0.0,
+        bucket_cap_mb: float | None = None,
         max_seconds: float = 300.0,
         env: dict[str, str] | None = None,
         torchrun: bool | None = None,
@@ -304,8 +307,12 @@ class TrainingJob:
             "--seed", str(seed),
             "--max-seconds", str(max_seconds),
             "--progress-dir", str(self.progress_dir),
-            *extra_args,
         ]
+        if load_ms:
+            args += ["--load-ms", f"{load_ms:g}"]
+        if bucket_cap_mb is not None:
+            args += ["--bucket-cap-mb", f"{bucket_cap_mb:g}"]
+        args += list(extra_args)
         if self.torchrun:
             self.argv = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
@@ -378,6 +385,14 @@ class TrainingJob:
         if len(recent) < 2 or recent[-1] <= recent[0]:
             return 0.0
         return (len(recent) - 1) / (recent[-1] - recent[0])
+
+    def iteration_roundup(self, margin_s: float = 3.0, multiple: int = 10) -> int:
+        """An ``--iteration-roundup`` that makes every rank start tracing at the same iteration:
+        the next multiple of ``multiple`` at least ``margin_s`` seconds of steps ahead of the job
+        (ranks pick up the config at their own polls, up to one poll interval apart)."""
+        step = max((d["step"] for d in self.progress().values()), default=0)
+        rate = self.step_rate() or 10.0
+        return int(math.ceil((step + rate * margin_s + 1) / multiple) * multiple)
 
     def step_log(self, rank: int) -> list[dict[str, Any]]:
         path = self.progress_dir / f"rank-{rank}.steps.jsonl"

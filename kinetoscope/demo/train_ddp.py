@@ -25,6 +25,12 @@ The straggler schedule depends only on ``--seed`` and the step number, so every 
 same schedule and the events are reproducible. With ``--progress-dir`` each rank writes
 ``rank-<r>.json`` (latest step, rewritten every step) and ``rank-<r>.steps.jsonl`` (one line per
 step: start time, duration, straggler sleep) — ground truth for tests and diagnosis.
+
+Batches are read through a real ``torch.utils.data.DataLoader`` (``num_workers=0``) over a small
+in-memory dataset; ``--load-ms`` makes every batch take that long to load (a sleep in
+``Dataset.__getitem__``), which emulates I/O and shows up as the DataLoader's ``__next__`` in
+traces. ``--bucket-cap-mb`` sets DDP's gradient bucket size (small buckets: several all-reduces
+per step).
 """
 
 from __future__ import annotations
@@ -108,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep-ms", type=float, default=0.0,
                    help="extra sleep at the end of every step on every rank (stretches the job cheaply)")
+    p.add_argument("--load-ms", type=float, default=0.0,
+                   help="emulated data loading: each batch takes this long to load (a sleep in the "
+                        "Dataset read through a DataLoader); default 0")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP gradient bucket size in MiB (default: PyTorch's 25); small -> several all-reduces per step")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="safety net: exit (code 3) after this many seconds even if steps remain; 0 = off")
@@ -196,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     mods.append(nn.Linear(hidden, classes))
     model: nn.Module = nn.Sequential(*mods)
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model)
+        ddp_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -205,6 +217,26 @@ def main(argv: list[str] | None = None) -> int:
         (torch.randn(args.batch_size, features, generator=gen), torch.randint(0, classes, (args.batch_size,), generator=gen))
         for _ in range(8)
     ]
+    load_s = max(0.0, args.load_ms) / 1000.0
+
+    class Batches(torch.utils.data.Dataset):
+        """The rank's batches; reading one takes ``--load-ms`` (emulated I/O)."""
+
+        def __len__(self) -> int:
+            return len(batches)
+
+        def __getitem__(self, i: int):
+            if load_s:
+                time.sleep(load_s)
+            return batches[i]
+
+    loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=0)
+
+    def forever():
+        while True:  # one epoch after the other, until --steps
+            yield from loader
+
+    data = forever()
 
     progress_dir = Path(args.progress_dir) if args.progress_dir else None
     steps_log = None
@@ -227,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while args.steps <= 0 or step < args.steps:
             t0 = time.time()
-            x, y = batches[step % len(batches)]
+            x, y = next(data)
             optimizer.zero_grad(set_to_none=True)
             out = model(x)
             loss = loss_fn(out, y)

@@ -108,13 +108,19 @@ def diagnose(
     bd = rank_breakdown(job, steps, instances, clock)
     source = steps["source"].mode().first() if steps.height else None  # type: ignore[union-attr]
     s_inst, s_bd = instances, bd
+    first_step: int | None = None
     if source == "optimizer" and bd.height and bd["step"].n_unique() > 2:
-        # The first optimizer-delimited step starts where the trace starts: a partial step,
-        # skewed on each rank by its own profiler start-up. Left out of the straggler analysis.
+        # The first optimizer-delimited step starts where the trace starts. On-demand iteration
+        # traces start right after an optimizer step, so it is a whole step and kept; a trace
+        # that started inside a step (duration traces, a late rank) lacks some of that step's
+        # collectives on some rank, and the step is left out of the straggler analysis.
         first = int(bd["step"].min())  # type: ignore[arg-type]
-        s_inst = instances.filter(pl.col("step") != first)
-        s_bd = bd.filter(pl.col("step") != first)
-    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds)
+        if first_step_complete(instances, bd, first):
+            first_step = first
+        else:
+            s_inst = instances.filter(pl.col("step") != first)
+            s_bd = bd.filter(pl.col("step") != first)
+    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step)
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
@@ -141,6 +147,27 @@ def diagnose(
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
     )
+
+
+def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -> bool:
+    """Whether the first (trace-start-delimited) step holds the whole step on every rank: every
+    rank has it, each of its collective instances was matched on every rank, and every rank has
+    as many collective instances in it as in its typical (median) later step."""
+    ranks = set(bd["rank"].to_list())
+    if set(bd.filter(pl.col("step") == first)["rank"].to_list()) != ranks:
+        return False
+    inst = instances.filter(pl.col("step").is_not_null())
+    head = inst.filter(pl.col("step") == first)
+    if head.is_empty() or int(head["n_ranks"].min()) < len(ranks):  # type: ignore[arg-type]
+        return False
+    per = inst.group_by("rank", "step").agg(pl.len().alias("n"))
+    for r in ranks:
+        mine = per.filter(pl.col("rank") == r)
+        later = mine.filter(pl.col("step") != first)["n"]
+        now = mine.filter(pl.col("step") == first)["n"]
+        if later.is_empty() or now.is_empty() or int(now[0]) < round(float(later.median())):  # type: ignore[arg-type]
+            return False
+    return True
 
 
 def _comm_by_type(colls: dict[int, pl.DataFrame]) -> dict[str, float]:

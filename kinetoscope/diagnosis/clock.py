@@ -23,7 +23,13 @@ Matching (``match_instances``), each rank against the reference, per collective 
    (clocks are normally NTP-close). The offset is then refined to the median end difference of
    the consistent pairs and the pairing redone. This survives missing collectives, different
    trace windows (one rank starting a step later), interleaved collective types, and the wide
-   end-time jitter of gloo (ms) where pure voting picks a one-step shift.
+   end-time jitter of gloo (ms) where pure voting picks a one-step shift. At each candidate,
+   constant ordinal lags (the ones the end-time pairing found, and their neighbours) are tried
+   too and kept when more pairs are causal: ends of two gloo buckets cross by ms, and the few
+   crossed pairs used to let a one-step shift win against the correct offset for a persistent
+   straggler (whose correct pairs have little slack), making it look early.
+   When the offset is known -- ranks on the reference's host share its clock -- pairs are made
+   at that offset only, and a pair is causal when its bounds hold it.
 
 Causality: a blocking collective (all-reduce, all-gather, reduce-scatter, all-to-all, barrier)
 cannot complete on any rank before every rank has arrived. A pair (reference instance, rank-r
@@ -248,7 +254,7 @@ def _stab(lo: np.ndarray, hi: np.ndarray, near: float) -> tuple[int, int, int]:
 
 
 def _consistent(
-    d: np.ndarray, lo: np.ndarray, hi: np.ndarray, tight_ends: bool = True
+    d: np.ndarray, lo: np.ndarray, hi: np.ndarray, tight_ends: bool = True, at: tuple[int, int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(causal, matched, consistent) masks over candidate pairs.
 
@@ -259,12 +265,20 @@ def _consistent(
     only for device kernels (``tight_ends``): NCCL kernels end within µs of each other on every
     rank, while gloo's worker threads record completion after their last receive and, on a
     loaded host, can lag by tens of ms, so there ``matched = causal``;
-    ``consistent``: ``|d - m| <= max(5 s, 50 µs)`` (pairs used to estimate the offset)."""
+    ``consistent``: ``|d - m| <= max(5 s, 50 µs)`` (pairs used to estimate the offset).
+    ``at = (offset, tol)``: the offset is known (same host): ``causal`` = the pair's interval
+    holds it, within ``tol``."""
     if d.size == 0:
         z = np.zeros(0, dtype=bool)
         return z, z, z
-    _count, x1, x2 = _stab(lo, hi, float(np.median(d)))
-    ok = (lo <= x1) & (hi >= x2)
+    if at is not None:
+        ok = (lo - at[1] <= at[0]) & (hi + at[1] >= at[0])
+    else:
+        _count, x1, x2 = _stab(lo, hi, float(np.median(d)))
+        ok = (lo <= x1) & (hi >= x2)
+    if not ok.any():
+        z = np.zeros(d.size, dtype=bool)
+        return z, z, z
     med = float(np.median(d[ok]))
     scale = 1.4826 * float(np.median(np.abs(d[ok] - med)))
     dev = np.abs(d - med)
@@ -272,7 +286,22 @@ def _consistent(
     return ok, matched, ok & (dev <= max(5 * scale, 50_000))
 
 
-def _pairing(typed: dict[str, _Typed], offset: int, tol: int, tight_ends: bool = True) -> Pairing:
+def _pair_const(n: int, m: int, lag: int) -> list[tuple[int, int]]:
+    """(i_ref, j_r) = (j + lag, j): every instance of r with the reference instance ``lag``
+    positions later (same type, arrival order)."""
+    return [(j + lag, j) for j in range(max(0, -lag), min(m, n - lag))]
+
+
+def _pairing(
+    typed: dict[str, _Typed],
+    offset: int,
+    tol: int,
+    tight_ends: bool = True,
+    lags: dict[str, int] | None = None,
+    known: bool = False,
+) -> Pairing:
+    """Pairs at candidate ``offset`` (by end-time lags, ``_pair_by_lag``), or with one constant
+    ordinal lag per collective type when ``lags`` is given."""
     colls: list[str] = []
     ro: list[int] = []
     o: list[int] = []
@@ -280,7 +309,13 @@ def _pairing(typed: dict[str, _Typed], offset: int, tol: int, tight_ends: bool =
     lo: list[int] = []
     hi: list[int] = []
     for c, t in typed.items():
-        for i, j in _pair_by_lag(t.e_ref, t.e_r, offset):
+        if lags is not None:
+            if c not in lags:
+                continue
+            made = _pair_const(t.e_ref.size, t.e_r.size, lags[c])
+        else:
+            made = _pair_by_lag(t.e_ref, t.e_r, offset)
+        for i, j in made:
             colls.append(c)
             ro.append(int(t.o_ref[i]))
             o.append(int(t.o_r[j]))
@@ -291,14 +326,61 @@ def _pairing(typed: dict[str, _Typed], offset: int, tol: int, tight_ends: bool =
     d_ = np.array(d, dtype=np.int64)
     lo_ = np.array(lo, dtype=np.int64)
     hi_ = np.array(hi, dtype=np.int64)
-    causal, matched, consistent = _consistent(d_, lo_, hi_, tight_ends)
+    causal, matched, consistent = _consistent(d_, lo_, hi_, tight_ends, at=(offset, tol) if known else None)
     return Pairing(
         offset, colls, np.array(ro, dtype=np.int64), np.array(o, dtype=np.int64), d_, lo_, hi_, causal, matched, consistent
     )
 
 
-def match_instances(ref: pl.DataFrame, other: pl.DataFrame, width: int) -> tuple[Pairing | None, str]:
+def _lags_of(p: Pairing) -> dict[str, list[int]]:
+    """Per collective type, the ordinal lags of a pairing, most common first (ties: smallest |lag|)."""
+    out: dict[str, list[int]] = {}
+    if not p.colls:
+        return out
+    colls = np.array(p.colls)
+    lag = p.ref_ordinal - p.ordinal
+    for c in sorted(set(p.colls)):
+        vals, counts = np.unique(lag[colls == c], return_counts=True)
+        order = sorted(range(vals.size), key=lambda k: (-counts[k], abs(int(vals[k]))))
+        out[c] = [int(vals[k]) for k in order]
+    return out
+
+
+def _best_pairing(typed: dict[str, _Typed], offset: int, tol: int, tight: bool, known: bool = False) -> Pairing:
+    """At one candidate (or known) offset: the end-time-lag pairing, or a constant-lag pairing
+    when that has more causal pairs.
+
+    End times of nearly concurrent collectives (two gloo buckets) cross by ms on a loaded host,
+    so the nearest-end lag flips between neighbours; and a persistent straggler leaves correct
+    pairs little slack (its arrival is a transfer time before the common end), so a few crossed
+    pairs made the correct offset lose to a one-step shift on a real 4-rank run. Per type, the
+    lags the end-time pairing found and their neighbours are tried as constant lags (arrival
+    order kept), greedily type by type; the end-time pairing stays when it is as good (it
+    handles a collective missing on one side)."""
+    p = _pairing(typed, offset, tol, tight, known=known)
+    seen = _lags_of(p)
+    if not seen or all(len(v) == 1 for v in seen.values()):
+        return p
+    lags = {c: v[0] for c, v in seen.items()}
+    best = _pairing(typed, offset, tol, tight, lags=lags, known=known)
+    for c, vals in seen.items():
+        tries = sorted({x for v in vals for x in (v - 1, v, v + 1)}, key=lambda x: (vals.index(x) if x in vals else len(vals), abs(x)))
+        for lag in tries:
+            if lag == lags[c]:
+                continue
+            q = _pairing(typed, offset, tol, tight, lags={**lags, c: lag}, known=known)
+            if q.n_causal > best.n_causal:
+                best, lags = q, {**lags, c: lag}
+    return best if best.n_causal > p.n_causal else p
+
+
+def match_instances(
+    ref: pl.DataFrame, other: pl.DataFrame, width: int, known_offset: int | None = None
+) -> tuple[Pairing | None, str]:
     """Pair the instances of the same collective on the reference and another rank.
+
+    ``known_offset``: the clocks' offset when known (ranks on one host share a clock): pairs
+    are made at that offset only (no voting), so the offset cannot be mistaken for a step shift.
 
     Returns the pairing and the method: ``seq``, ``end_time`` or ``none`` (module docstring)."""
     if ref.height == 0 or other.height == 0:
@@ -322,6 +404,8 @@ def match_instances(ref: pl.DataFrame, other: pl.DataFrame, width: int) -> tuple
     if not typed:
         return None, "none"
     tight = bool((ref["signal"] == "kernel").all() and (other["signal"] == "kernel").all())
+    if known_offset is not None:
+        return _best_pairing(typed, int(known_offset), width // 2, tight, known=True), "end_time"
     diffs = np.concatenate([_candidate_diffs(t.e_ref, t.e_r) for t in typed.values()])
     cands = dict(vote_offsets(diffs, width))
     if not cands:
@@ -330,7 +414,7 @@ def match_instances(ref: pl.DataFrame, other: pl.DataFrame, width: int) -> tuple
         cands[0] = 0
     best: tuple[tuple[int, int, int], Pairing] | None = None
     for c, votes in cands.items():
-        p = _pairing(typed, c, width // 2, tight)
+        p = _best_pairing(typed, c, width // 2, tight)
         key = (p.n_causal, votes, -abs(c))
         if best is None or key > best[0]:
             best = (key, p)
@@ -338,7 +422,7 @@ def match_instances(ref: pl.DataFrame, other: pl.DataFrame, width: int) -> tuple
     p = best[1]
     if p.n_consistent:
         refined = int(np.median(p.d[p.consistent]))
-        p2 = _pairing(typed, refined, width // 2, tight)
+        p2 = _best_pairing(typed, refined, width // 2, tight)
         if p2.n_causal >= p.n_causal:
             p = p2
     return p, "end_time"
@@ -383,7 +467,8 @@ def align_clocks(
             est[r] = {"measured": 0.0, "lo": None, "hi": None, "matched": ref.height, "d": None}
             pair_rows += [(r, c, o, o) for c, o in zip(ref["coll"].to_list(), ref["ordinal"].to_list(), strict=True)]
             continue
-        p, method = match_instances(ref, colls[r], width)
+        known = 0 if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference) else None
+        p, method = match_instances(ref, colls[r], width, known_offset=known)
         if method != "none":
             methods.add(method)
         est[r] = _measure(p)

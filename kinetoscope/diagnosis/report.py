@@ -61,6 +61,7 @@ class Diagnosis(Mapping):
     step_source: str | None = None
     other_jobs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    _mapping: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- JSON ------------------------------------------------------------------------------------
     def job_dict(self) -> dict[str, Any]:
@@ -92,11 +93,14 @@ class Diagnosis(Mapping):
             "recommendations": list(self.recommendations),
         }
 
-    # Mapping interface: what the analysis runner's diagnosis hook consumes.
+    # Mapping interface: what the analysis runner's diagnosis hook consumes. Built once, on first
+    # access (``dict(diagnosis)`` reads every key; ``to_dict()`` is not cheap).
     def _hook(self) -> dict[str, Any]:
-        d = self.to_dict()
-        d["steps"] = self.steps
-        return d
+        if self._mapping is None:
+            d = self.to_dict()
+            d["steps"] = self.steps
+            self._mapping = d
+        return self._mapping
 
     def __getitem__(self, key: str) -> Any:
         return self._hook()[key]

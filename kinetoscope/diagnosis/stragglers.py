@@ -13,24 +13,32 @@ the straggler, and how much later it arrives than the typical rank is the time e
 Definitions (per step ``s``, ``T_s`` = median over ranks of the step time):
 
 noise scale ``sigma``
-    arrival jitter of a healthy job: ``1.4826 x`` the median over ranks of each rank's MAD of
-    its signed skew (``arrival - typical``) across its collectives. A persistent straggler has a
-    large but *steady* skew (small MAD); a rank hit now and then keeps a noise-level MAD; so
-    ``sigma`` measures jitter, not stragglers.
-clean step ``T'_s``
-    ``T_s - lost_s`` (below): the step without any waiting for late ranks.
+    arrival jitter of a healthy job: ``1.4826 x`` the median over every (rank, collective) of
+    ``|skew - the rank's median skew|``, where ``skew = arrival - the instance's median
+    arrival``. Centering each rank on its own median removes a persistent straggler's steady
+    offset; pooling the ranks and using the median (not the lower median) keeps it defined with
+    two ranks (the earlier of two always has a lower-median skew of 0). Once a pattern of
+    intermittent events is found (>= ``min_events`` events, in at most half of the steps),
+    ``sigma`` is measured again on the steps without an event and the thresholds recomputed
+    (once): frequent stragglers otherwise inflate it (2 ranks, 4 of 10 steps straggled:
+    14 ms instead of 5 ms, and a 120 ms stall was nearly missed).
+clean step ``T'``
+    ``T'_s = T_s - lost_s`` (below): the step without any waiting for late ranks; the job's
+    ``T'`` is the median over the analysed steps (a step's own ``T'_s`` shrinks with whatever
+    lateness it carries, so it is not used for that step's threshold).
 late in a step, two thresholds (``floor = max(k * sigma, abs_floor)``, ``k = 8``,
 ``abs_floor = 100 µs``)
-    * *persistent* threshold ``max(floor, 0.05 * T'_s)``: a rank whose lateness reaches it in
+    * *persistent* threshold ``max(floor, 0.05 * T')``: a rank whose lateness reaches it in
       at least half the analysed steps is a **persistent** straggler (steady lateness stands
       out of the noise at a small size: 5 % of a step);
-    * *intermittent* threshold ``max(floor, 0.5 * T'_s)``: any other rank is flagged in a step
-      only when it is late by half a clean step or more. Why so high: on a shared host, jitter
-      comes in bursts of 20-35 % of a step (measured on the 2-core test box: bursts of 10-18 ms
-      on 45-55 ms steps with sigma ~1-3 ms, i.e. up to 18 sigma), so smaller one-off delays
-      cannot be told apart from noise; the intermittent stragglers worth acting on are single
-      stalls several times the step (the seed's emulation: 1 s stalls on 55 ms steps).
-    ``k = 8``: same reason; Gaussian-looking noise would need ~4, the test box's tails did not.
+    * *intermittent* threshold ``max(floor, 0.25 * T')``: any other rank is flagged in a step
+      when it is late by a quarter of a clean step and by 8 sigma. On the 2-core test box the
+      largest late arrival of 21 clean or non-straggling runs was 6.8 sigma (4 and 2 ranks,
+      sigma 2-3.5 ms, bursts of 10-26 ms on 12-56 ms steps, up to 1.1 clean steps with two
+      ranks); quiet jobs (GPU, sigma of µs) are bounded by the quarter step.
+    * the *first* step of an optimizer-delimited trace, when analysed (it is a whole step),
+      has both thresholds doubled (``first_step_factor = 2``): it carries the profiler's own
+      start-up (measured: up to 40 ms = 12 sigma of extra lateness in a clean run).
     In a step, a rank is flagged only if its lateness is also at least half of the step's
     largest: a rank late by 30 ms while another is late by 150 ms did not make anyone wait.
 ``lost_s``
@@ -74,7 +82,9 @@ from kinetoscope.analysis.intervals import busy_span
 class StragglerThresholds:
     k_sigma: float = 8.0
     rel_step: float = 0.05
-    rel_step_intermittent: float = 0.5
+    rel_step_intermittent: float = 0.25
+    first_step_factor: float = 2.0
+    persistent_noise_cap: float = 1.0
     rel_to_worst: float = 0.5
     abs_floor_us: float = 100.0
     min_lost_fraction: float = 0.05
@@ -161,6 +171,9 @@ class StragglerReport:
             "thresholds": {
                 "k_sigma": self.thresholds.k_sigma,
                 "rel_step": self.thresholds.rel_step,
+                "rel_step_intermittent": self.thresholds.rel_step_intermittent,
+                "first_step_factor": self.thresholds.first_step_factor,
+                "persistent_noise_cap": self.thresholds.persistent_noise_cap,
                 "abs_floor_us": self.thresholds.abs_floor_us,
                 "min_lost_fraction": self.thresholds.min_lost_fraction,
                 "persistent_share": self.thresholds.persistent_share,
@@ -171,16 +184,20 @@ class StragglerReport:
 
 
 def noise_sigma(instances: pl.DataFrame) -> float:
-    """Arrival jitter (ns): 1.4826 x median over ranks of each rank's MAD of its signed skew."""
+    """Arrival jitter (ns): ``1.4826 x`` the median, over all (rank, instance), of the absolute
+    deviation of the rank's skew from its own median skew, where a skew is the arrival minus the
+    instance's *median* arrival. Centering on each rank's median removes a persistent straggler's
+    steady offset; pooling the ranks and using the median arrival keeps the estimate defined
+    with two ranks (the lower-median skew of the earlier of two ranks is always 0, which made a
+    per-rank MAD vanish) and robust while one rank in a step straggles."""
     inst = instances.filter(pl.col("n_ranks") > 1)
     if inst.is_empty():
         return 0.0
-    mads = (
-        inst.with_columns(s=(pl.col("arrival") - pl.col("typical")).cast(pl.Float64))
-        .group_by("rank")
-        .agg((pl.col("s") - pl.col("s").median()).abs().median().alias("mad"))
-    )["mad"].to_numpy()
-    return float(1.4826 * np.median(mads)) if mads.size else 0.0
+    dev = (
+        inst.with_columns(s=(pl.col("arrival") - pl.col("arrival").median().over("instance")).cast(pl.Float64))
+        .with_columns(c=(pl.col("s") - pl.col("s").median().over("rank")).abs())
+    )["c"]
+    return float(1.4826 * float(dev.median())) if dev.len() else 0.0  # type: ignore[arg-type]
 
 
 def _union_len(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -196,7 +213,11 @@ def analyze_stragglers(
     breakdown: pl.DataFrame,
     hosts: dict[int, str | None] | None = None,
     thresholds: StragglerThresholds | None = None,
+    first_step: int | None = None,
 ) -> StragglerReport:
+    """``first_step``: the label of a trace-start-delimited first step included in the analysis
+    (its thresholds are ``first_step_factor`` times the others: it carries the profiler's
+    start-up)."""
     th = thresholds or StragglerThresholds()
     hosts = hosts or {}
     rep = StragglerReport(thresholds=th)
@@ -220,30 +241,58 @@ def analyze_stragglers(
     lost_of: dict[int, int] = {}
     thr_p: dict[int, float] = {}
     thr_i: dict[int, float] = {}
+    clean_of: dict[int, float] = {}
     for s, T_us in zip(t_step["step"].to_list(), t_step["T"].to_list(), strict=True):
         one = inst.filter(pl.col("step") == s)
         by_inst = one.group_by("instance").agg(pl.col("typical").first(), pl.col("last").first())
         lost_of[s] = _union_len(by_inst["typical"].to_numpy(), by_inst["last"].to_numpy())
-        clean = max(T_us * 1000.0 - lost_of[s], 0.0)
-        floor = max(th.k_sigma * sigma, th.abs_floor_us * 1000.0)
-        thr_p[s] = max(floor, th.rel_step * clean)
-        thr_i[s] = max(floor, th.rel_step_intermittent * clean)
-    lat = bd.select("rank", "step", (pl.col("lateness(us)") * 1000.0).alias("lat"))
-    thr_df = pl.DataFrame(
-        {"step": list(thr_p), "_tp": list(thr_p.values()), "_ti": list(thr_i.values())},
-        schema={"step": pl.Int64, "_tp": pl.Float64, "_ti": pl.Float64},
-    )
-    lat = lat.join(thr_df, on="step", how="left")
-    share_p = lat.group_by("rank").agg((pl.col("lat") >= pl.col("_tp")).mean().alias("share"))
-    persistent_ranks = sorted(share_p.filter(pl.col("share") >= th.persistent_share)["rank"].to_list())
-    over = pl.when(pl.col("rank").is_in(persistent_ranks)).then(pl.col("lat") >= pl.col("_tp")).otherwise(
-        pl.col("lat") >= pl.col("_ti")
-    )
-    # the straggler(s) of a step are the ranks the others waited for: a rank whose lateness is
-    # hidden behind a much later one (less than half of the step's worst) cost nothing there
-    worst = pl.col("lat").max().over("step")
-    flagged_df = lat.filter(over & (pl.col("lat") >= th.rel_to_worst * worst))
-    events: set[tuple[int, int]] = set(flagged_df.select("rank", "step").iter_rows())
+        clean_of[s] = max(T_us * 1000.0 - lost_of[s], 0.0)
+    # the job's clean step: median over the steps (a step's own clean time shrinks with the
+    # noise it carries: it is not used for that step's threshold)
+    clean_ref = float(np.median(list(clean_of.values()))) if clean_of else 0.0
+    lat0 = bd.select("rank", "step", (pl.col("lateness(us)") * 1000.0).alias("lat"))
+
+    def classify(sig: float) -> tuple[dict[int, float], dict[int, float], list[int], set[tuple[int, int]], pl.DataFrame]:
+        thr_p: dict[int, float] = {}
+        thr_i: dict[int, float] = {}
+        floor = max(th.k_sigma * sig, th.abs_floor_us * 1000.0)
+        # the persistent threshold's noise term is capped at one clean step: lateness beyond a
+        # whole step in most steps is a straggler whatever sigma says (two ranks, one late in
+        # most steps by varying amounts: both ranks' skews vary, and sigma with them)
+        floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), th.abs_floor_us * 1000.0)
+        for s in clean_of:
+            factor = th.first_step_factor if s == first_step else 1.0
+            thr_p[s] = factor * max(floor_p, th.rel_step * clean_ref)
+            thr_i[s] = factor * max(floor, th.rel_step_intermittent * clean_ref)
+        thr_df = pl.DataFrame(
+            {"step": list(thr_p), "_tp": list(thr_p.values()), "_ti": list(thr_i.values())},
+            schema={"step": pl.Int64, "_tp": pl.Float64, "_ti": pl.Float64},
+        )
+        lat = lat0.join(thr_df, on="step", how="left")
+        share_p = lat.group_by("rank").agg((pl.col("lat") >= pl.col("_tp")).mean().alias("share"))
+        persistent = sorted(share_p.filter(pl.col("share") >= th.persistent_share)["rank"].to_list())
+        over = pl.when(pl.col("rank").is_in(persistent)).then(pl.col("lat") >= pl.col("_tp")).otherwise(
+            pl.col("lat") >= pl.col("_ti")
+        )
+        # the straggler(s) of a step are the ranks the others waited for: a rank whose lateness
+        # is hidden behind a much later one (less than half of the step's worst) cost nothing there
+        worst = pl.col("lat").max().over("step")
+        flagged_df = lat.filter(over & (pl.col("lat") >= th.rel_to_worst * worst))
+        return thr_p, thr_i, persistent, set(flagged_df.select("rank", "step").iter_rows()), lat
+
+    thr_p, thr_i, persistent_ranks, events, lat = classify(sigma)
+    # Intermittent stragglers inflate the noise estimate when they are frequent (with two ranks
+    # every straggled collective moves both ranks' skews): once a pattern is found (at least
+    # min_events events of non-persistent ranks, in at most half of the steps), the noise is
+    # measured again on the steps without an event and the thresholds recomputed, once.
+    ev_steps = {st for r, st in events if r not in persistent_ranks}
+    n_ev = sum(1 for r, _st in events if r not in persistent_ranks)
+    if n_ev >= th.min_events and len(ev_steps) <= len(clean_of) / 2:
+        sigma2 = noise_sigma(inst.filter(~pl.col("step").is_in(sorted(ev_steps))))
+        if 0 < sigma2 < sigma:
+            sigma = sigma2
+            rep.sigma_us = sigma / 1000.0
+            thr_p, thr_i, persistent_ranks, events, lat = classify(sigma)
     # pass 2: what-if per step with the flagged ranks arriving like the typical rank
     per_step = []
     for s, T_us in zip(t_step["step"].to_list(), t_step["T"].to_list(), strict=True):

@@ -40,10 +40,11 @@ def make_job(
     compute_ms: Sequence[float] | None = None,
     offsets_ns: Sequence[int] | None = None,
     hosts: Sequence[str | None] | None = None,
-    period_ms: float = 100.0,
+    period_ms: float | Sequence[float] = 100.0,
     n_coll: int = 2,
     transfer_ms: float = 2.0,
     jitter_ns: Sequence[Sequence[Sequence[int]]] | None = None,
+    end_jitter_ns: Sequence[Sequence[Sequence[int]]] | None = None,
     flavour: str = "gloo",
     drop: set[tuple[int, int, int]] | None = None,
     skip_steps: dict[int, set[int]] | None = None,
@@ -53,8 +54,13 @@ def make_job(
     extra_events: dict[int, list[dict[str, Any]]] | None = None,
 ) -> list[Trace]:
     """Build the rank traces (module docstring). ``drop``: ``(rank, step, coll)`` collectives
-    left out of a rank's trace; ``skip_steps``: rank -> steps missing from its trace window."""
+    left out of a rank's trace; ``skip_steps``: rank -> steps missing from its trace window;
+    ``jitter_ns[r][s][c]`` moves a rank's arrival, ``end_jitter_ns[r][s][c]`` its recorded end
+    (gloo workers record completion late by up to ms on a loaded host); ``period_ms`` may give
+    each step its own length (a real step stretches by its straggler's delay)."""
     late_ms = late_ms or [[0.0] * steps for _ in range(world)]
+    periods = [float(period_ms)] * steps if isinstance(period_ms, (int, float)) else [float(p) for p in period_ms]
+    starts_ms = [sum(periods[:k]) for k in range(steps)]
     compute_ms = compute_ms or [20.0] * world
     offsets_ns = offsets_ns or [0] * world
     hosts = hosts or [f"host{r}" for r in range(world)]
@@ -65,7 +71,7 @@ def make_job(
     arrivals = [[[0] * n_coll for _ in range(steps)] for _ in range(world)]
     ends = [[0] * n_coll for _ in range(steps)]
     for s in range(steps):
-        base = t0_ns + int(s * period_ms * MS)
+        base = t0_ns + int(starts_ms[s] * MS)
         for c in range(n_coll):
             for r in range(world):
                 j = jitter_ns[r][s][c] if jitter_ns else 0
@@ -78,7 +84,7 @@ def make_job(
         for s in range(steps):
             if s in skip_steps.get(r, set()):
                 continue
-            base = t0_ns + int(s * period_ms * MS) - off
+            base = t0_ns + int(starts_ms[s] * MS) - off
             opt_start = max(ends[s]) - off + MS // 10
             if flavour == "gloo":
                 rows.append(_ev("cpu_op", "aten::mm", 1, base + MS // 10, int(compute_ms[r] * MS) - MS // 5))
@@ -93,7 +99,7 @@ def make_job(
                 if (r, s, c) in drop:
                     continue
                 a = arrivals[r][s][c] - off
-                e = ends[s][c] - off
+                e = ends[s][c] - off + (end_jitter_ns[r][s][c] if end_jitter_ns else 0)
                 if flavour == "gloo":
                     rows.append(_ev("cpu_op", "c10d::allreduce_", 1, a - 200_000, 50_000))
                     rows.append(_ev("user_annotation", "gloo:all_reduce", 2 + c, a, e - a))

@@ -1,4 +1,10 @@
-"""Diagnosis of real 4-rank DDP jobs (gloo, CPU) with injected stragglers (see conftest)."""
+"""Diagnosis of real 4-rank DDP jobs (torchrun, gloo, CPU) traced through the kscope daemon, with
+an injected straggler (conftest / daemon_runs.py): clean, persistent, intermittent.
+
+Tolerance (docs/diagnosis.md, Validation): for the intermittent run every injected (step, rank)
+must be found except at most one, and at most one event may be reported that was not injected
+(OS noise on the shared 2-core box reaches 20-40 ms in rare steps; the injected sleeps are 150 ms).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import orjson
 import polars as pl
 import pytest
 
+from kinetoscope.collect.manifest import read_manifest
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.trace import load_trace
 
@@ -19,82 +26,96 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _injected(truth: dict) -> dict[int, set[int]]:
-    """step -> ranks that slept in it."""
-    out: dict[int, set[int]] = {}
-    for r, per_step in enumerate(truth["delays"]):
-        for s, d in enumerate(per_step):
-            if d:
-                out.setdefault(s, set()).add(r)
-    return out
+def _found(diag) -> set[tuple[int, int]]:
+    s = diag.stragglers
+    return {(st, r) for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) for r in lr}
 
 
-def test_traces_look_like_on_demand_ones(ddp_runs):
-    d, _truth = ddp_runs("none")
-    files = sorted(d.glob("rank-*.pt.trace.json"))
+def test_traces_are_on_demand_traces_from_the_daemon(ddp_runs):
+    run = ddp_runs("none")
+    manifest = read_manifest(run.trace_dir)
+    assert sorted((f.rank, f.world_size, f.complete) for f in manifest.files) == [(r, 4, True) for r in range(4)]
+    assert "ACTIVITIES_ITERATIONS=16" in manifest.config and f"PROFILE_START_ITERATION_ROUNDUP={run.roundup}" in manifest.config
+    assert len({f.job_id for f in manifest.files}) == 1
+    files = sorted(run.trace_dir.glob("rank-*.pt.trace.json"))
     assert len(files) == 4
     for f in files:
         doc = orjson.loads(f.read_bytes())
-        assert "distributedInfo" not in doc
+        assert "distributedInfo" not in doc  # on-demand traces have none: ranks come from the manifest
+        assert doc.get("trace_id") == manifest.trace_id
         names = {e.get("name", "") for e in doc["traceEvents"]}
         assert not any(n.startswith("ProfilerStep#") for n in names)
         assert "Optimizer.step#SGD.step" in names
         assert "gloo:all_reduce" in names and "c10d::allreduce_" in names
+        assert any(n.startswith("enumerate(DataLoader)") for n in names)  # the emulated data loading
         t = load_trace(f)
         assert t.meta.rank_source == "manifest" and t.meta.world_size == 4 and t.meta.job_id
+    # the ranks traced the same iterations: the first traced step of every rank is the same job step
+    assert len(run.job_steps) >= 16 and run.job_steps[0] == run.roundup + 1
 
 
 def test_clean_run_says_none(ddp_runs):
-    d, _truth = ddp_runs("none")
-    diag = diagnose(d)
+    run = ddp_runs("none")
+    assert run.injected == {}
+    diag = diagnose(run.trace_dir)
     job = diag.to_dict()["job"]
     assert job["ranks_found"] == [0, 1, 2, 3] and job["missing_ranks"] == [] and job["world_size"] == 4
-    assert job["step_source"] == "optimizer" and job["steps_found"] >= 15
+    assert job["step_source"] == "optimizer" and job["steps_found"] >= 16
     assert job["collective_signal"] == ["backend_annotation"]
     assert diag.stragglers.kind == "none", diag.render_text()
     assert diag.summary()[0].startswith("NO STRAGGLER")
+    assert len(_found(diag)) <= 1  # a single noise event is reported as "isolated", never a pattern
+    # the first traced step is a whole step (the trace starts after an optimizer step): analysed
+    assert diag.stragglers.steps_analysed >= 16
     # one host, one clock: the offsets measured from collective ends stay within the jitter
     t = diag.clock.table
     assert set(t["method"].to_list()) == {"reference", "same_host"}
     for row in t.filter(pl.col("method") == "same_host").iter_rows(named=True):
         assert row["lower_bound_us"] <= 0.0 <= row["upper_bound_us"]
+        assert abs(row["measured_us"]) < 5_000
 
 
 def test_persistent_straggler_named(ddp_runs):
-    d, truth = ddp_runs("persistent")
-    diag = diagnose(d)
+    run = ddp_runs("persistent")
+    delay_us = run.scenario["straggler_ms"][0] * 1000
+    assert {r for ranks in run.injected.values() for r in ranks} == {2} and len(run.injected) >= 16
+    diag = diagnose(run.trace_dir)
     s = diag.stragglers
     assert s.kind == "persistent", diag.render_text()
     assert s.ranks == [2]
     assert s.hosts[2]  # the host to inspect is named
     row = s.per_rank.filter(pl.col("rank") == 2).row(0, named=True)
     assert row["late_share"] >= 0.9
-    assert row["mean_lateness(us)"] > 0.5 * truth["delay_ms"] * 1000
+    assert 0.8 * delay_us < row["mean_lateness(us)"] < 1.1 * delay_us
     assert s.lost_fraction > 0.3 and s.est_step_time_us < s.mean_step_time_us
+    # every traced step is analysed, the first one included, and rank 2 is late in (nearly) all
+    assert s.steps_analysed >= 16 and row["late_steps"] >= s.steps_analysed - 1
     # DDP's all-reduce equalises the ranks' wall step times: they differ far less than the
     # injected delay, so only arrivals (lateness / self time) single out rank 2.
     spread = diag.steps.group_by("step").agg((pl.col("step_time(us)").max() - pl.col("step_time(us)").min()).alias("d"))
-    assert float(spread["d"].median()) < 0.3 * truth["delay_ms"] * 1000
+    assert float(spread["d"].median()) < 0.3 * delay_us
     self_time = dict(zip(s.per_rank["rank"].to_list(), s.per_rank["mean_self_time(us)"].to_list(), strict=True))
     assert max(self_time, key=self_time.get) == 2
+    # same host: no clock offset, and rank 2's collectives are paired with the same step's
+    assert all(v == 0 for v in diag.clock.offsets.values())
+    assert abs(diag.clock.table.filter(pl.col("rank") == 2)["measured_us"][0]) < 5_000
     rec = next(r for r in diag.recommendations if r["id"] == "straggler-persistent")
     assert rec["severity"] == "high" and rec["evidence"]["ranks"] == [2] and "rank 2" in rec["action"]
     assert "Hierarchical SGD does NOT help" in rec["action"]
 
 
 def test_intermittent_stragglers_named(ddp_runs):
-    d, truth = ddp_runs("intermittent")
-    injected = _injected(truth)
-    assert len(injected) >= 4 and len({r for rs in injected.values() for r in rs}) >= 2
-    diag = diagnose(d)
+    run = ddp_runs("intermittent")
+    injected = run.injected_pairs()
+    assert len(injected) >= 4 and len({r for _s, r in injected}) >= 2
+    diag = diagnose(run.trace_dir)
     s = diag.stragglers
     assert s.kind == "intermittent", diag.render_text()
-    found = {st: set(lr) for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr}
-    hits = sum(1 for st, rs in injected.items() if rs <= found.get(st, set()))
-    assert hits >= 0.8 * len(injected), (injected, found)
-    extra = sum(len(rs - injected.get(st, set())) for st, rs in found.items())
-    assert extra <= 3, (injected, found)
-    assert {r for rs in injected.values() for r in rs} <= set(s.ranks)
+    found = _found(diag)
+    missed, extra = injected - found, found - injected
+    assert len(missed) <= 1 and len(extra) <= 1, (sorted(injected), sorted(found))
+    # the ranks named are the ones that slept (every one, unless its only event was the miss)
+    assert {r for _s, r in injected - missed} <= set(s.ranks) <= {r for _s, r in injected} | {r for _s, r in extra}
     rec = next(r for r in diag.recommendations if r["id"] == "straggler-intermittent")
     assert "hierarchical SGD" in rec["action"] and "non-persistent" in rec["action"]
 
@@ -103,12 +124,12 @@ def _kscope(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO}
     return subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", "analyze", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
 
 
 def test_kscope_analyze_prints_the_verdict_first(ddp_runs):
-    d, _truth = ddp_runs("persistent")
+    d = ddp_runs("persistent").trace_dir
     cp = _kscope(str(d))
     assert cp.returncode == 0, cp.stderr
     lines = [ln.strip() for ln in cp.stdout.splitlines() if ln.strip()]
@@ -118,12 +139,14 @@ def test_kscope_analyze_prints_the_verdict_first(ddp_runs):
     cp = _kscope("--json", "--peak-flops", "1e11", str(d))
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
-    for key in ("job", "steps", "stragglers", "mfu", "recommendations"):
+    for key in ("diagnosis_summary", "job", "steps", "stragglers", "mfu", "recommendations"):
         assert key in doc
+    assert doc["diagnosis_summary"][0].startswith("PERSISTENT STRAGGLER: rank 2")
     assert doc["stragglers"]["kind"] == "persistent" and doc["stragglers"]["ranks"] == [2]
     assert 0 < doc["stragglers"]["lost_fraction"] < 1
     assert {"rank", "late_steps", "score"} <= set(doc["stragglers"]["per_rank"][0])
     assert doc["job"]["world_size"] == 4 and doc["job"]["missing_ranks"] == []
+    assert doc["job"]["rank_sources"] == {str(r): "manifest" for r in range(4)}
     assert len(doc["job"]["clock"]["offsets"]) == 4
     assert {"rank", "step", "step_time(us)", "sync_wait(us)", "lateness(us)"} <= set(doc["steps"][0])
     for r in doc["recommendations"]:

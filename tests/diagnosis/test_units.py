@@ -193,3 +193,29 @@ def test_assembly_without_world_size_or_ranks():
 def test_name_pattern():
     assert name_pattern("/x/rank-3_4242.pt.trace.json") == "rank-#_#.pt.trace.json"
     assert name_pattern("sampled_rank-12.json.gz") == "sampled_rank-#.json.gz"
+
+
+def test_runner_hook_builds_the_diagnosis_document_once(monkeypatch):
+    from kinetoscope.analysis.runner import AnalysisResults, build_document, run_diagnosis
+    from kinetoscope.diagnosis.report import Diagnosis
+
+    calls = []
+    real = Diagnosis.to_dict
+
+    def counting(self):
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(Diagnosis, "to_dict", counting)
+    traces = make_job(4, 6)
+    res = AnalysisResults()
+    diag = run_diagnosis(traces, res)
+    assert len(calls) == 1 and not res.errors
+    assert set(diag) == {"summary", "job", "steps", "stragglers", "mfu", "recommendations"}
+    doc = build_document(traces, res, diagnosis=diag)
+    assert doc["diagnosis_summary"][0].startswith("NO STRAGGLER") and doc["steps"][0]["rank"] == 0
+    # as a Mapping (any consumer): every key read costs one document, built once
+    d = diagnose(traces)
+    calls.clear()
+    assert dict(d)["job"]["world_size"] == 4 and list(d) == ["summary", "job", "steps", "stragglers", "mfu", "recommendations"]
+    assert len(calls) == 1
