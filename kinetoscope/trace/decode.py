@@ -25,7 +25,13 @@ from msgspec import UNSET, UnsetType
 
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.reader import BlockReader
-from kinetoscope.trace.reference import INSTANT_ARG_KEYS, INT_ARG_COLUMNS, FLOAT_ARG_COLUMNS, not_a_trace_hint
+from kinetoscope.trace.reference import (
+    EXACT_DECODER,
+    FLOAT_ARG_COLUMNS,
+    INSTANT_ARG_KEYS,
+    INT_ARG_COLUMNS,
+    not_a_trace_hint,
+)
 from kinetoscope.trace.schema import ARG_COLUMNS
 
 # ---------------------------------------------------------------------------------------------
@@ -85,53 +91,15 @@ class _Event(msgspec.Struct, gc=False, tag_field="ph"):
     pass
 
 
-class XEvent(_Event, tag="X"):
-    cat: str | None = None
-    name: str | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = UNSET
-    dur: Num = UNSET
-    args: XArgs | None = EMPTY_XARGS  # type: ignore[valid-type]
-
-
-class FlowStart(_Event, tag="s"):
-    cat: str | None = None
-    name: str | None = None
-    id: int | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = UNSET
-    bp: str | None = None
-
-
-class FlowEnd(FlowStart, tag="f"):
-    pass
-
-
-class FlowStep(FlowStart, tag="t"):
-    pass
-
-
-class Instant(_Event, tag="i"):
-    cat: str | None = None
-    name: str | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = UNSET
-    s: str | None = None
-    args: InstantArgs | None = EMPTY_INSTANT_ARGS  # type: ignore[valid-type]
-
-
-class InstantGlobal(Instant, tag="I"):
-    pass
+# A missing ``ts``/``dur`` decoded as Raw (an empty text; never valid JSON, so never ambiguous).
+MISSING_RAW = msgspec.Raw(b"")
 
 
 class Counter(_Event, tag="C"):
     name: Any = None
     pid: Id = None
     tid: Id = None
-    ts: Any = UNSET
+    ts: Any = UNSET  # a float that is not exact is read again as text (rare events)
     args: Any = None
 
 
@@ -147,15 +115,99 @@ IGNORED_PHASES = ("B", "E", "b", "e", "n", "S", "T", "p", "F", "P", "N", "O", "D
 IGNORED_TYPES = tuple(
     msgspec.defstruct(f"Ignored_{i}", [], bases=(_Event,), tag=ph) for i, ph in enumerate(IGNORED_PHASES)
 )
-FLOW_TYPES = (FlowStart, FlowEnd, FlowStep)
-INSTANT_TYPES = (Instant, InstantGlobal)
-LABELLED_TYPES = frozenset((XEvent, *FLOW_TYPES, *INSTANT_TYPES, Counter, Meta))
-EventUnion = XEvent | FlowStart | FlowEnd | FlowStep | Instant | InstantGlobal | Counter | Meta
-for _t in IGNORED_TYPES:
-    EventUnion = EventUnion | _t  # type: ignore[assignment]
 
-TYPED_DECODER = msgspec.json.Decoder(list[EventUnion])  # type: ignore[valid-type]
-GENERIC_DECODER = msgspec.json.Decoder()
+
+@dataclass(frozen=True)
+class Family:
+    """The typed structs of one decoder. Timestamps are numbers (``Num``: the fast float path,
+    exact when the magnitudes allow it) or ``msgspec.Raw`` (the literal's text, converted to ns
+    exactly by :func:`kinetoscope.trace.tables.ns_from_raw`). Field order is the same in every
+    family, so the table builder is the same."""
+
+    name: str
+    X: type
+    flows: tuple[type, type, type]  # s, f, t
+    instants: tuple[type, type]  # i, I
+    decoder: msgspec.json.Decoder
+    raw_ts: bool
+    raw_dur: bool
+
+    @property
+    def labelled(self) -> frozenset[type]:
+        return frozenset((self.X, *self.flows, *self.instants, Counter, Meta))
+
+
+def _family(name: str, raw_ts: bool, raw_dur: bool, flows=None, instants=None) -> Family:
+    def tstype(raw: bool) -> tuple[Any, Any]:
+        return (msgspec.Raw, MISSING_RAW) if raw else (Num, UNSET)
+
+    ts_t, ts_d = tstype(raw_ts)
+    dur_t, dur_d = tstype(raw_dur)
+    X = msgspec.defstruct(
+        f"XEvent{name}",
+        [
+            ("cat", str | None, None),
+            ("name", str | None, None),
+            ("pid", Id, None),
+            ("tid", Id, None),
+            ("ts", ts_t, ts_d),
+            ("dur", dur_t, dur_d),
+            ("args", XArgs | None, EMPTY_XARGS),  # type: ignore[valid-type]
+        ],
+        bases=(_Event,),
+        tag="X",
+    )
+    if flows is None:
+        fields = [
+            ("cat", str | None, None),
+            ("name", str | None, None),
+            ("id", int | None, None),
+            ("pid", Id, None),
+            ("tid", Id, None),
+            ("ts", ts_t, ts_d),
+            ("bp", str | None, None),
+        ]
+        flows = tuple(
+            msgspec.defstruct(f"Flow{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("s", "f", "t")
+        )
+    if instants is None:
+        fields = [
+            ("cat", str | None, None),
+            ("name", str | None, None),
+            ("pid", Id, None),
+            ("tid", Id, None),
+            ("ts", ts_t, ts_d),
+            ("s", str | None, None),
+            ("args", InstantArgs | None, EMPTY_INSTANT_ARGS),  # type: ignore[valid-type]
+        ]
+        instants = tuple(
+            msgspec.defstruct(f"Instant{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("i", "I")
+        )
+    union: Any = X
+    for t in (*flows, *instants, Counter, Meta, *IGNORED_TYPES):
+        union = union | t
+    return Family(name, X, flows, instants, msgspec.json.Decoder(list[union]), raw_ts, raw_dur)  # type: ignore[arg-type]
+
+
+FLOAT = _family("", raw_ts=False, raw_dur=False)
+EXACT_TS = _family("ExactTs", raw_ts=True, raw_dur=False)
+EXACT_ALL = _family("ExactAll", raw_ts=True, raw_dur=True, flows=EXACT_TS.flows, instants=EXACT_TS.instants)
+FAMILIES = (FLOAT, EXACT_TS, EXACT_ALL)
+FAMILY_OF: dict[type, Family] = {}
+for _f in FAMILIES:
+    FAMILY_OF.setdefault(_f.X, _f)
+
+# backwards-compatible names (the float family)
+XEvent = FLOAT.X
+FlowStart, FlowEnd, FlowStep = FLOAT.flows
+Instant, InstantGlobal = FLOAT.instants
+FLOW_TYPES = FLOAT.flows
+INSTANT_TYPES = FLOAT.instants
+LABELLED_TYPES = FLOAT.labelled
+TYPED_DECODER = FLOAT.decoder
+GENERIC_DECODER = msgspec.json.Decoder()  # top-level metadata (plain floats)
+# odd chunks, decoded generically for the reference RowBuilder: floats keep their text
+EXACT_GENERIC_DECODER = EXACT_DECODER
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +254,20 @@ class DecodedChunk:
     first_index: int
     typed: bool
     offset: int  # absolute offset of the chunk's first byte in the decompressed stream
+    family: Family = FLOAT  # the structs of ``events`` when typed
+    # how to decode the same bytes again (another family, or generically): the source and the
+    # absolute span [lo, hi) of the JSON array text; ``patch``: the byte that held ']' at
+    # decode time (it was restored afterwards), or None. Valid until the next chunk is read.
+    source: Any = None
+    lo: int = 0
+    hi: int = 0
+    patch: int | None = None
+
+    def redecode(self, decoder: msgspec.json.Decoder, *, copy: bool = False) -> list[Any]:
+        """The same events decoded by ``decoder`` (raises TraceError like the first decode).
+        ``copy``: decode a copy of the bytes (needed when the result holds ``msgspec.Raw``
+        values, which keep their source buffer exported)."""
+        return self.source.redecode(self, decoder, copy=copy)
 
 
 @dataclass
@@ -235,6 +301,7 @@ class EventStream:
         self.state = StreamState()
         self.n_events = 0  # events yielded so far
         self.stopped = False  # salvage: nothing more to read
+        self.family = FLOAT  # typed structs for the next chunks (the table builder may switch)
 
     # ---- buffer -------------------------------------------------------------------------
     def _more(self) -> bool:
@@ -581,7 +648,7 @@ class EventStream:
         saved = buf[cut + 1]
         buf[cut + 1] = 0x5D  # ']'
         try:
-            return self._decode_view(start, cut + 2, final=False)
+            return self._decode_view(start, cut + 2, final=False, patch=cut + 1)
         finally:
             buf[cut + 1] = saved
 
@@ -640,7 +707,7 @@ class EventStream:
                 buf[cut + 1] = 0x5D
             salvage, self.salvage = self.salvage, False
             try:
-                chunk, _ = self._decode_view(start, cut + 2, final=False)
+                chunk, _ = self._decode_view(start, cut + 2, final=False, patch=cut + 1)
                 return chunk
             except (_Split, TraceError):
                 hi = cut
@@ -651,21 +718,36 @@ class EventStream:
                 else:
                     buf[cut + 1] = saved
 
-    def _decode_view(self, start: int, end: int, *, final: bool) -> tuple[DecodedChunk | None, int | None]:
+    def _decode_view(
+        self, start: int, end: int, *, final: bool, patch: int | None = None
+    ) -> tuple[DecodedChunk | None, int | None]:
         """Decode ``buf[start-1:end]`` ('[' + events ...). See :meth:`_decode_range`."""
         base_off = self.base + start - 1
         first = self.n_events
         with memoryview(self.buf) as whole:
             view = whole[start - 1 : end]
             try:
-                return self._decode_mv(view, start, end, base_off, first, final)
+                chunk, done = self._decode_mv(view, start, end, base_off, first, final)
             finally:
                 view.release()
+        if chunk is not None and chunk.source is None:  # (salvage returns finished chunks)
+            hi = self.base + chunk.hi  # _decode_mv stores the relative end
+            chunk.source = self
+            chunk.lo = base_off
+            chunk.hi = hi
+            chunk.patch = self.base + patch if patch is not None and self.base + patch == hi - 1 else None
+        return chunk, done
+
+    def _chunk(self, events: list[Any], first: int, typed: bool, base_off: int, hi: int) -> DecodedChunk:
+        return DecodedChunk(events, first, typed, base_off, self.family if typed else FLOAT, hi=hi)
 
     def _decode_mv(self, view, start, end, base_off, first, final):
         done = start - 1 + len(view) if final else None
         try:
-            return DecodedChunk(TYPED_DECODER.decode(view), first, True, base_off), done
+            fam = self.family
+            # Raw values keep their source buffer exported: give them a copy, not the buffer
+            data = bytes(view) if fam.raw_ts else view
+            return self._chunk(fam.decoder.decode(data), first, True, base_off, end), done
         except msgspec.ValidationError:
             pass  # odd types: generic decode below
         except msgspec.DecodeError as exc:
@@ -673,18 +755,17 @@ class EventStream:
         except UnicodeDecodeError:
             raise self._bad_utf8(view, base_off) from None
         try:
-            return DecodedChunk(GENERIC_DECODER.decode(view), first, False, base_off), done
+            return self._chunk(EXACT_GENERIC_DECODER.decode(view), first, False, base_off, end), done
         except msgspec.ValidationError as exc:  # e.g. a number out of range (1e400)
-            k = error_event_index(exc)
-            raise TraceError(
-                self.path,
-                f"invalid value: {exc}",
-                event_index=None if k is None else first + k,
-            ) from None
+            raise self._invalid_value(exc, first) from None
         except msgspec.DecodeError as exc:
             return self._decode_failed(exc, view, start, base_off, first, final, typed=False)
         except UnicodeDecodeError:
             raise self._bad_utf8(view, base_off) from None
+
+    def _invalid_value(self, exc: Exception, first: int) -> TraceError:
+        k = error_event_index(exc)
+        return TraceError(self.path, f"invalid value: {exc}", event_index=None if k is None else first + k)
 
     def _decode_failed(self, exc, view, start, base_off, first, final, typed):
         text = str(exc)
@@ -696,23 +777,54 @@ class EventStream:
             sub = view[:end]
             try:
                 try:
-                    evs, is_typed = TYPED_DECODER.decode(sub), True
+                    fam = self.family
+                    evs, is_typed = fam.decoder.decode(bytes(sub) if fam.raw_ts else sub), True
                 except msgspec.ValidationError:
-                    evs, is_typed = GENERIC_DECODER.decode(sub), False
+                    evs, is_typed = EXACT_GENERIC_DECODER.decode(sub), False
             except msgspec.ValidationError as exc2:
-                k = error_event_index(exc2)
-                raise TraceError(
-                    self.path, f"invalid value: {exc2}", event_index=None if k is None else first + k
-                ) from None
+                raise self._invalid_value(exc2, first) from None
             finally:
                 sub.release()
-            return DecodedChunk(evs, first, is_typed, base_off), start - 1 + end
+            return self._chunk(evs, first, is_typed, base_off, start - 1 + end), start - 1 + end
         if "truncated" in text or (b is not None and b >= n - 1):
             if final and b is not None and not ("truncated" in text):
                 # the last byte of the data is wrong: report it as a syntax error
                 return self._syntax_error(exc, b, view, start, base_off, first)
             raise _Split
         return self._syntax_error(exc, b, view, start, base_off, first)
+
+    def redecode(self, chunk: DecodedChunk, decoder: msgspec.json.Decoder, *, copy: bool = False) -> list[Any]:
+        """Decode the bytes of ``chunk`` (the last one yielded) again with ``decoder``."""
+        buf = self.buf
+        lo = chunk.lo - self.base
+        hi = chunk.hi - self.base
+        assert lo >= 0, "the chunk's bytes are gone"
+        buf[lo] = 0x5B  # '[' (already there unless a later chunk overwrote it)
+        patch = None if chunk.patch is None else chunk.patch - self.base
+        saved = None
+        if patch is not None:
+            if patch == len(buf):
+                buf.append(0x5D)
+            else:
+                saved = buf[patch]
+                buf[patch] = 0x5D
+        try:
+            with memoryview(buf) as whole:
+                view = whole[lo:hi]
+                try:
+                    return decoder.decode(bytes(view) if copy else view)
+                except msgspec.ValidationError as exc:
+                    raise self._invalid_value(exc, chunk.first_index) from None
+                except UnicodeDecodeError:  # in a field the typed decode skipped
+                    raise self._bad_utf8(view, chunk.lo) from None
+                finally:
+                    view.release()
+        finally:
+            if patch is not None:
+                if saved is None:
+                    del buf[-1]
+                else:
+                    buf[patch] = saved
 
     def _syntax_error(self, exc, b, view, start, base_off, first):
         offset = base_off + (b or 0)
