@@ -222,6 +222,13 @@ _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _SPECIAL = re.compile(rb'["\\\[\]{}]')
 _QUOTE = re.compile(rb'["\\]')
 
+# a ts with >= 12 integer digits and a fraction (epoch-based microseconds with ns decimals):
+# float64 cannot hold it exactly, so such a file's chunks are decoded with Raw timestamps from
+# the start instead of being decoded twice (a guess from the first bytes of each chunk; the
+# table builder checks every value anyway and decodes a chunk again when the guess was wrong)
+_EPOCH_TS = re.compile(rb'"ts"[ \t\r\n]*:[ \t\r\n]*-?[0-9]{12,}\.')
+EPOCH_SNIFF_BYTES = 1 << 16
+
 CHUNK_BYTES = 4 << 20  # decoded per step; bounds memory, amortises per-chunk overhead
 META_VALUE_LIMIT = 64 << 20  # a top-level value larger than this is skipped, not decoded
 
@@ -745,6 +752,8 @@ class EventStream:
         done = start - 1 + len(view) if final else None
         try:
             fam = self.family
+            if fam is FLOAT and _EPOCH_TS.search(view[: EPOCH_SNIFF_BYTES]):
+                fam = self.family = EXACT_TS
             # Raw values keep their source buffer exported: give them a copy, not the buffer
             data = bytes(view) if fam.raw_ts else view
             return self._chunk(fam.decoder.decode(data), first, True, base_off, end), done
