@@ -229,6 +229,16 @@ _QUOTE = re.compile(rb'["\\]')
 _EPOCH_TS = re.compile(rb'"ts"[ \t\r\n]*:[ \t\r\n]*-?[0-9]{12,}\.')
 EPOCH_SNIFF_BYTES = 1 << 16
 
+
+
+def sniff_family(view: Any, family: Family) -> Family:
+    """EXACT_TS when ``family`` is FLOAT and the chunk's first bytes show epoch-based decimal
+    timestamps (see _EPOCH_TS), else ``family``."""
+    if family is FLOAT and _EPOCH_TS.search(view[:EPOCH_SNIFF_BYTES]):
+        return EXACT_TS
+    return family
+
+
 CHUNK_BYTES = 4 << 20  # decoded per step; bounds memory, amortises per-chunk overhead
 META_VALUE_LIMIT = 64 << 20  # a top-level value larger than this is skipped, not decoded
 
@@ -295,7 +305,13 @@ class EventStream:
     ``traceEvents`` and collecting the other top-level keys in ``state.top``."""
 
     def __init__(
-        self, path: str, reader: BlockReader, *, salvage: bool = False, chunk_bytes: int = CHUNK_BYTES
+        self,
+        path: str,
+        reader: BlockReader,
+        *,
+        salvage: bool = False,
+        chunk_bytes: int = CHUNK_BYTES,
+        pool: Any = None,
     ) -> None:
         self.path = path
         self.reader = reader
@@ -309,6 +325,8 @@ class EventStream:
         self.n_events = 0  # events yielded so far
         self.stopped = False  # salvage: nothing more to read
         self.family = FLOAT  # typed structs for the next chunks (the table builder may switch)
+        self.pool = pool  # parallel.ChunkPool: workers decode the chunks (None: all here)
+        self.sep = b""  # the likely separator between events (see _last_boundary)
 
     # ---- buffer -------------------------------------------------------------------------
     def _more(self) -> bool:
@@ -594,6 +612,19 @@ class EventStream:
                 raise self._error("not a trace: a JSON array whose items are not event objects", event_index=0)
             raise self._error(f"event is {self._describe()}, not an object", event_index=0)
         start = self.pos  # at '{'; buf[start - 1] is overwritten with '['
+        k = start - 1
+        while k > 0 and self.buf[k] in _WS:
+            k -= 1
+        self.sep = b"}," + bytes(self.buf[k + 1 : start]) + b"{"  # ("[" + whitespace + "{")
+        if self.pool is not None and not self.salvage:
+            yield from self._events_parallel(start)
+        else:
+            yield from self._serial(start)
+
+    def _serial(self, start: int, steps: int | None = None) -> Iterator[DecodedChunk]:
+        """Decode chunks here, from the event at ``buf[start]`` (a true event start). Returns
+        (as the generator's value) the start of the next chunk after ``steps`` chunks, or None
+        when the array (or the data) ended; then ``pos`` is after the array."""
         while True:
             self._fill(start + self.chunk_bytes)
             lo = start + 1
@@ -603,14 +634,14 @@ class EventStream:
                     if self._more():
                         continue
                     yield from self._final(start)
-                    return
+                    return None
                 try:
                     chunk, ended_at = self._decode_range(start, cut)
                 except _Split:
                     lo = cut + 1
                     if not self._more() and self._last_boundary(lo, len(self.buf)) is None:
                         yield from self._final(start)
-                        return
+                        return None
                     continue
                 break
             if chunk is not None and chunk.events:
@@ -618,18 +649,117 @@ class EventStream:
                 self.n_events += len(chunk.events)
             if ended_at is not None:  # the array ended inside this range
                 self.pos = ended_at
-                return
+                return None
             if self.stopped:
-                return
+                return None
             m = _BOUNDARY.match(self.buf, cut)
             assert m is not None
             start = m.end() - 1
             self.pos = start
             start -= self._compact(start)
+            if steps is not None:
+                steps -= 1
+                if steps <= 0:
+                    return start
+
+    def _events_parallel(self, start: int) -> Iterator[Any]:
+        """Like :meth:`_serial`, but chunks are decoded and turned into tables by the worker
+        processes of ``self.pool`` (see :mod:`kinetoscope.trace.parallel`).
+
+        Chunks are cut at candidate boundaries and sent speculatively; results are taken in
+        order. A chunk whose start is a true event boundary and that decodes as complete
+        events ends at a true boundary too, so the first chunk a worker cannot handle (a
+        boundary inside a string or nested value, the end of the array, a syntax error, an
+        event the reference must judge) is decoded here instead, with the serial rules, and
+        the chunks sent after it are dropped. The bytes of chunks in flight stay in the buffer
+        until their result is taken; at most ``pool.capacity`` chunks are in flight."""
+        pool = self.pool
+        job = pool.begin(self.path)
+        try:
+            while True:
+                hi = start + self.chunk_bytes
+                self._fill(hi)
+                cut = self._last_boundary(start + 1, min(hi, len(self.buf)))
+                if cut is None:
+                    cut = self._last_boundary(start + 1, len(self.buf))
+                if cut is None and self._more():
+                    continue
+                final = cut is None  # the rest of the data: the array's end should be in it
+                while job.has_result():  # take finished results first
+                    res = job.take()
+                    if res is None:
+                        break
+                    yield self._built(res)
+                    if res.end is not None:
+                        self.pos = res.end - self.base
+                        return
+                if job.failed_at is not None:  # decode from the failed chunk's start here
+                    start = job.failed_at - self.base
+                    job.failed_at = None
+                    nxt = yield from self._serial(start, steps=1)
+                    if nxt is None:
+                        return
+                    start = nxt
+                    continue
+                if job.can_submit():
+                    view = memoryview(self.buf)
+                    try:
+                        sent = job.submit(view[start : len(self.buf) if final else cut + 1], self.base + start, final)
+                    finally:
+                        view.release()
+                    if sent and not final:
+                        m = _BOUNDARY.match(self.buf, cut)
+                        assert m is not None
+                        start = m.end() - 1
+                        keep = job.oldest_offset()
+                        start -= self._compact(start if keep is None else min(start, keep - self.base))
+                        continue
+                    if sent:
+                        final = False  # in flight: wait for it below
+                if final or not job.in_flight():
+                    # the end of the data, or no worker can take this chunk: take every
+                    # result, then go on here
+                    for res in job.drain():
+                        if res is None:
+                            start = job.failed_at - self.base
+                            job.failed_at = None
+                            break
+                        yield self._built(res)
+                        if res.end is not None:
+                            self.pos = res.end - self.base
+                            return
+                    if final:
+                        yield from self._serial(start)
+                        return
+                    nxt = yield from self._serial(start, steps=1)
+                    if nxt is None:
+                        return
+                    start = nxt
+                    continue
+                res = job.take()  # blocks until the oldest chunk is done
+                if res is not None:
+                    yield self._built(res)
+                    if res.end is not None:
+                        self.pos = res.end - self.base
+                        return
+        finally:
+            job.close()
+
+    def _built(self, res: Any) -> Any:
+        res.first_index = self.n_events
+        self.n_events += res.n_events
+        return res
 
     def _last_boundary(self, lo: int, hi: int) -> int | None:
-        """Index of the '}' of the last boundary match starting in ``[lo, hi)``."""
+        """Index of the '}' of the last boundary match starting in ``[lo, hi)``: preferably
+        one that looks like the separator before the first event (``self.sep``, e.g.
+        ``},\n  {``: pretty-printed nested values and strings rarely contain exactly that),
+        else any ``}`` ``,`` ``{``."""
         buf = self.buf
+        if self.sep:
+            i = buf.rfind(self.sep, lo, hi)
+            if i >= 0:
+                return i
         window = 1 << 16
         while hi > lo:
             a = max(lo, hi - window)
@@ -751,9 +881,7 @@ class EventStream:
     def _decode_mv(self, view, start, end, base_off, first, final):
         done = start - 1 + len(view) if final else None
         try:
-            fam = self.family
-            if fam is FLOAT and _EPOCH_TS.search(view[: EPOCH_SNIFF_BYTES]):
-                fam = self.family = EXACT_TS
+            fam = self.family = sniff_family(view, self.family)
             # Raw values keep their source buffer exported: give them a copy, not the buffer
             data = bytes(view) if fam.raw_ts else view
             return self._chunk(fam.decoder.decode(data), first, True, base_off, end), done

@@ -228,7 +228,10 @@ class TableBuilder:
         self.exact_chunks = 0  # chunks decoded again for exact timestamps
 
     # ---- public -------------------------------------------------------------------------
-    def add(self, chunk: D.DecodedChunk) -> None:
+    def add(self, chunk: Any) -> None:
+        """One chunk of events: decoded here (DecodedChunk) or built by a worker (BuiltChunk)."""
+        if not isinstance(chunk, D.DecodedChunk):
+            return self.add_built(chunk)
         self.n_events = chunk.first_index + len(chunk.events)
         if chunk.typed:
             events, fam = chunk.events, chunk.family
@@ -251,6 +254,43 @@ class TableBuilder:
             events = chunk.events
         self.slow_chunks += 1
         self._add_generic(events, chunk.first_index)
+
+    def reset_chunk(self) -> None:
+        """Forget the tables and labels built so far but keep what was learnt about the
+        file's args (a worker process builds each chunk on its own)."""
+        self.ids = IdMap()
+        self.warn = Counter()
+        self.events, self.flows, self.counters, self.instants, self.meta_rows = [], [], [], [], []
+        self.slow_chunks = 0
+        self.exact_chunks = 0
+
+    def add_built(self, b: Any) -> None:
+        """A worker's frames for one chunk (:class:`kinetoscope.trace.parallel.BuiltChunk`):
+        shift the chunk-local event indices and map the chunk-local pid/tid labels to this
+        file's numbering (first appearance order), then link them like local frames."""
+        first = b.first_index
+        self.n_events = first + b.n_events
+        labels = self.ids.labels
+        remap: dict[int, int] = {}
+        for text, local in b.labels:
+            got = labels.get(text)
+            if got is None:
+                got = labels[text] = -(len(labels) + 1)
+            if got != local:
+                remap[local] = got
+        self.ids.out_of_range += b.out_of_range
+        self.warn.update(b.warn)
+        self.slow_chunks += b.slow
+        self.exact_chunks += b.exact
+        for name, df in b.frames.items():
+            exprs = []
+            if first:
+                exprs.append(pl.col("idx") + first)
+            if remap:
+                exprs += [pl.col(c).replace(remap) for c in ("pid", "tid") if c in df.columns]
+            if exprs:
+                df = df.with_columns(exprs)
+            getattr(self, name).append(df)
 
     # ---- slow path ----------------------------------------------------------------------
     def _add_generic(self, events: list[Any], first: int) -> None:
