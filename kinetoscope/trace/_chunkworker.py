@@ -1,6 +1,5 @@
-"""Worker process for :mod:`kinetoscope.trace.parallel` (``python -m kinetoscope.trace._chunkworker
-FD SLOTS SLOT_BYTES``): decodes chunks of a trace file from shared memory and sends their
-tables back as Arrow IPC. A separate interpreter, so that no Polars thread pool is forked."""
+"""Worker process for :mod:`kinetoscope.trace.parallel` when no fork server is available
+(``python -m kinetoscope.trace._chunkworker SHM_FD IN_FD OUT_FD SLOTS SLOT_BYTES``)."""
 
 from kinetoscope.trace.parallel import worker_main
 

@@ -162,11 +162,13 @@ def load_trace(
     cache: bool = True,
     salvage: bool = False,
     cache_dir: PathLike | None = None,
+    workers: int | None = None,
 ) -> Trace:
     """Load one Kineto / PyTorch Profiler trace (``.json`` or ``.json.gz``) into typed tables.
 
     ``cache=False`` forces a cold parse (and does not write the cache). ``salvage=True``
-    recovers every complete event of a truncated file instead of raising. Raises
+    recovers every complete event of a truncated file instead of raising. ``workers``: worker
+    processes for a large file (see :func:`parse_trace`; None: automatic). Raises
     :class:`~kinetoscope.trace.errors.TraceError` naming the file and the byte offset or event
     index for anything that is not a readable trace.
     """
@@ -180,7 +182,7 @@ def load_trace(
             if hit is not None:
                 apply_location(hit.meta, spath)
                 return hit
-    trace = parse_trace(spath, salvage=salvage, locate=False)
+    trace = parse_trace(spath, salvage=salvage, locate=False, workers=workers)
     if store is not None and key is not None:
         store.put(key, trace)
     apply_location(trace.meta, spath)

@@ -119,48 +119,165 @@ def _read_exact(fh: Any, n: int) -> bytes | None:
     return bytes(buf) if n < 4096 else buf  # type: ignore[return-value]
 
 
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    import kinetoscope
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kinetoscope.__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["POLARS_MAX_THREADS"] = "1"  # one core per worker; the main process keeps its pool
+    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = "1"
+    env["KSCOPE_LOAD_WORKERS"] = "0"  # (a worker never starts workers)
+    return env
+
+
+class _Zygote:
+    """A fork server: an interpreter that has imported the loader (Polars included, but has
+    never run a Polars operation, so it has no thread pool) and forks a worker on request in
+    a few milliseconds. Starting it costs one interpreter start-up (~0.3-0.7 s of CPU), paid
+    once per process and in the background."""
+
+    def __init__(self) -> None:
+        import socket
+
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = parent
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kinetoscope.trace._zygote", str(child.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(child.fileno(),),
+            env=_worker_env(),
+        )
+        child.close()
+        self.ready = False
+        self.alive = True
+
+    def wait_ready(self) -> bool:
+        with self.lock:
+            if not self.ready and self.alive:
+                try:
+                    self.ready = self.sock.recv(1) == b"R"
+                except OSError:
+                    self.ready = False
+                self.alive = self.ready
+            return self.ready
+
+    def fork(self, fds: tuple[int, ...], slots: int, slot_bytes: int) -> int | None:
+        """A new worker process using ``fds`` (shared memory, commands in, results out)."""
+        import socket
+
+        if not self.wait_ready():
+            return None
+        with self.lock:
+            try:
+                socket.send_fds(self.sock, [struct.pack("<II", slots, slot_bytes)], list(fds))
+                raw = b""
+                while len(raw) < 4:
+                    got = self.sock.recv(4 - len(raw))
+                    if not got:
+                        raise OSError("fork server gone")
+                    raw += got
+            except OSError:
+                self.alive = False
+                return None
+        (pid,) = struct.unpack("<i", raw)
+        return pid if pid > 0 else None
+
+    def close(self) -> None:
+        self.alive = False
+        try:
+            self.sock.close()
+        except OSError:  # pragma: no cover
+            pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            self.proc.kill()
+
+
+_ZYGOTE: _Zygote | None = None
+_ZLOCK = threading.Lock()
+
+
+def _zygote() -> _Zygote | None:
+    global _ZYGOTE
+    if not hasattr(os, "fork") or not hasattr(__import__("socket"), "send_fds"):
+        return None  # pragma: no cover - Windows
+    with _ZLOCK:
+        if _ZYGOTE is not None and not (_ZYGOTE.alive and _ZYGOTE.proc.poll() is None):
+            _ZYGOTE.close()
+            _ZYGOTE = None
+        if _ZYGOTE is None:
+            try:
+                _ZYGOTE = _Zygote()
+            except OSError:  # pragma: no cover
+                return None
+            STATS["fork servers"] += 1
+        return _ZYGOTE
+
+
 class _Worker:
-    def __init__(self, index: int, slots: int, slot_bytes: int) -> None:
+    """One worker process: a shared-memory area of ``slots`` chunk slots, a command pipe and
+    a result pipe read by a thread of this process."""
+
+    def __init__(self, index: int, slots: int, slot_bytes: int, zygote: _Zygote | None) -> None:
         self.index = index
         self.slots = slots
         self.slot_bytes = slot_bytes
-        fd = _shared_file(slots * slot_bytes)
-        self.shm = mmap.mmap(fd, slots * slot_bytes)
-        env = dict(os.environ)
-        import kinetoscope
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(kinetoscope.__file__)))
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["POLARS_MAX_THREADS"] = "1"  # one core per worker; the main process keeps its pool
-        for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[k] = "1"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kinetoscope.trace._chunkworker", str(fd), str(slots), str(slot_bytes)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            pass_fds=(fd,),
-            env=env,
-            bufsize=0,
-        )
-        os.close(fd)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:  # bigger pipe buffers: fewer system calls per result
-                import fcntl
-
-                fcntl.fcntl(pipe.fileno(), 1031, PIPE_BYTES)  # F_SETPIPE_SZ
-            except (ImportError, OSError, AttributeError):
-                pass
         self.ready = threading.Event()
-        self.alive = True
+        self.alive = False
         self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.sent = 0  # chunks sent (ever)
         self.done = 0  # results received by the reader thread (ever)
+        self.pid: int | None = None
+        self.proc: subprocess.Popen | None = None
+        fd = _shared_file(slots * slot_bytes)
+        self.shm = mmap.mmap(fd, slots * slot_bytes)
+        cmd_r, cmd_w = os.pipe()
+        res_r, res_w = os.pipe()
+        for pfd in (cmd_w, res_r):
+            try:  # bigger pipe buffers: fewer system calls per result
+                import fcntl
+
+                fcntl.fcntl(pfd, 1031, PIPE_BYTES)  # F_SETPIPE_SZ
+            except (ImportError, OSError, AttributeError):
+                pass
+        try:
+            if zygote is not None:
+                self.pid = zygote.fork((fd, cmd_r, res_w), slots, slot_bytes)
+            if self.pid is None:  # no fork server: a fresh interpreter
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "kinetoscope.trace._chunkworker"]
+                    + [str(x) for x in (fd, cmd_r, res_w, slots, slot_bytes)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(fd, cmd_r, res_w),
+                    env=_worker_env(),
+                )
+                self.pid = self.proc.pid
+        finally:
+            for x in (fd, cmd_r, res_w):
+                os.close(x)
+        self.stdin = os.fdopen(cmd_w, "wb", buffering=0)
+        self.stdout = os.fdopen(res_r, "rb", buffering=0)
+        self.alive = True
         self.reader = threading.Thread(target=self._read, name=f"kscope-chunk-reader-{index}", daemon=True)
         self.reader.start()
 
+    def kill(self) -> None:
+        """(tests) Kill the process abruptly."""
+        import signal
+
+        if self.pid:
+            os.kill(self.pid, signal.SIGKILL)
+
     def _read(self) -> None:
-        out = self.proc.stdout
+        out = self.stdout
         try:
             while True:
                 raw = _read_exact(out, 4)
@@ -191,7 +308,7 @@ class _Worker:
             return False
         data = _ENC.encode(msg)
         try:
-            self.proc.stdin.write(_HDR.pack(len(data)) + data)  # type: ignore[union-attr]
+            self.stdin.write(_HDR.pack(len(data)) + data)
         except (OSError, ValueError):
             self.alive = False
             return False
@@ -205,14 +322,21 @@ class _Worker:
 
     def close(self) -> None:
         self.send({"op": "exit"})
+        for f in (self.stdin,):
+            try:
+                f.close()
+            except OSError:  # pragma: no cover
+                pass
+        self.reader.join(timeout=5)  # the worker closes its end when it exits
         try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
+            self.stdout.close()
+        except OSError:  # pragma: no cover
             pass
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            self.proc.kill()
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self.proc.kill()
         try:
             self.shm.close()
         except (BufferError, ValueError):  # pragma: no cover
@@ -220,33 +344,59 @@ class _Worker:
 
 
 class ChunkPool:
-    """``n`` worker processes for :meth:`EventStream._events_parallel`."""
+    """``n`` worker processes for :meth:`EventStream._events_parallel`. They are created in a
+    background thread (fork server start-up, then one fork each), so creating a pool never
+    blocks; ``workers`` fills in as they come up."""
 
     def __init__(self, n: int, *, slots: int = DEFAULT_SLOTS, slot_bytes: int | None = None) -> None:
         from kinetoscope.trace.decode import CHUNK_BYTES
 
         self.n = n
+        self.slots = slots
         self.slot_bytes = slot_bytes or (2 * CHUNK_BYTES + 4096)
-        self.workers = [_Worker(i, slots, self.slot_bytes) for i in range(n)]
+        self.workers: list[_Worker] = []
         self.busy = False
+        self.closed = False
+        self.started = threading.Event()
+        self.starter = threading.Thread(target=self._start, name="kscope-chunk-pool-start", daemon=True)
+        self.starter.start()
+
+    def _start(self) -> None:
+        try:
+            zyg = _zygote()
+            for i in range(self.n):
+                if self.closed:
+                    break
+                try:
+                    self.workers.append(_Worker(i, self.slots, self.slot_bytes, zyg))
+                except OSError:  # pragma: no cover
+                    break
+        finally:
+            self.started.set()
 
     @property
     def capacity(self) -> int:
         return sum(w.slots for w in self.workers)
 
-    def alive(self) -> bool:
-        return any(w.alive for w in self.workers)
+    def healthy(self) -> bool:
+        """No worker has died (workers still starting count as healthy)."""
+        return not any(not w.alive and w.ready.is_set() for w in self.workers)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until every worker is up (tests, benchmarks, prestart)."""
+        if not self.started.wait(timeout):
+            return False
         for w in self.workers:
             if not w.ready.wait(timeout):
                 return False
-        return all(w.alive for w in self.workers)
+        return len(self.workers) == self.n and all(w.alive for w in self.workers)
 
     def begin(self, path: str) -> "_Job":
         return _Job(self, path)
 
     def close(self) -> None:
+        self.closed = True
+        self.starter.join(timeout=30)
         for w in self.workers:
             w.close()
         self.workers = []
@@ -412,7 +562,7 @@ def get_pool(n: int | None = None, *, start: bool = True) -> ChunkPool | None:
     if n <= 0:
         return None
     with _LOCK:
-        if _POOL is not None and (not all(w.alive for w in _POOL.workers) or _POOL.n != n):
+        if _POOL is not None and (not _POOL.healthy() or _POOL.n != n):
             if _POOL.busy:
                 return None
             _POOL.close()
@@ -444,11 +594,16 @@ def prestart(n: int | None = None) -> None:
 
 
 def shutdown() -> None:
-    global _POOL
+    """Stop the workers and the fork server (at exit; tests)."""
+    global _POOL, _ZYGOTE
     with _LOCK:
         if _POOL is not None:
             _POOL.close()
             _POOL = None
+    with _ZLOCK:
+        if _ZYGOTE is not None:
+            _ZYGOTE.close()
+            _ZYGOTE = None
 
 
 atexit.register(shutdown)
@@ -530,14 +685,29 @@ def _decode(view: memoryview, fam: Any) -> tuple[list[Any], bool]:
         return D.EXACT_GENERIC_DECODER.decode(view), False
 
 
-def worker_main() -> None:  # pragma: no cover - runs in the worker process (tested end to end)
+_WARMUP = (
+    b'[{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1712171498123456.789, "dur": 1.5,'
+    b' "args": {"stream": 7, "correlation": 9, "grid": [1, 2, 3], "blocks per SM": 0.5, "External id": 3}},'
+    b' {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": "Spans", "tid": 1, "ts": 1712171498123450.001,'
+    b' "dur": 9, "args": {"Input Dims": [[1, 2], []], "Input type": ["float", ""], "External id": 3}},'
+    b' {"ph": "s", "id": 9, "pid": 1, "tid": 1, "ts": 1712171498123450.5, "cat": "ac2g", "name": "ac2g"},'
+    b' {"ph": "f", "id": 9, "pid": 0, "tid": 7, "ts": 1712171498123456.789, "cat": "ac2g", "name": "ac2g", "bp": "e"},'
+    b' {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1712171498123457, "args": {"Bytes": 8}},'
+    b' {"ph": "C", "name": "q", "pid": 1, "ts": 1712171498123458, "args": {"v": 1}},'
+    b' {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]'
+)
+
+
+def worker_loop(fd: int, in_fd: int, out_fd: int, slots: int, slot_bytes: int) -> None:  # pragma: no cover
+    """The worker process: commands on ``in_fd``, results on ``out_fd``, chunks in the
+    shared memory ``fd`` (runs in the worker; tested end to end)."""
     import gc
 
     gc.disable()
-    fd, slots, slot_bytes = (int(x) for x in sys.argv[1:4])
     shm = mmap.mmap(fd, slots * slot_bytes)
-    inp = sys.stdin.buffer
-    out = sys.stdout.buffer
+    os.close(fd)
+    inp = os.fdopen(in_fd, "rb")
+    out = os.fdopen(out_fd, "wb")
 
     def send(msg: dict[str, Any], payloads: list[bytes] = ()) -> None:  # type: ignore[assignment]
         data = _ENC.encode(msg)
@@ -549,6 +719,10 @@ def worker_main() -> None:  # pragma: no cover - runs in the worker process (tes
     from kinetoscope.trace import decode as D
     from kinetoscope.trace.tables import TableBuilder
 
+    try:  # first use of every code path (Polars, IPC writer, ...) before any real chunk
+        build_chunk(TableBuilder("warm-up"), memoryview(_WARMUP), D.FLOAT)
+    except Exception:  # noqa: BLE001 - only a warm-up
+        pass
     send({"op": "ready"})
     builder = None
     family = D.FLOAT
@@ -581,3 +755,45 @@ def worker_main() -> None:  # pragma: no cover - runs in the worker process (tes
             send({"seq": seq, "ok": False, "why": f"{type(exc).__name__}: {exc}"[:300]})
         finally:
             view.release()
+
+
+def worker_main() -> None:  # pragma: no cover - a worker started as a fresh interpreter
+    worker_loop(*(int(x) for x in sys.argv[1:6]))
+
+
+def zygote_main() -> None:  # pragma: no cover - the fork server process
+    import signal
+    import socket
+    import warnings
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped automatically
+    from kinetoscope.trace import decode, tables  # noqa: F401 - what every worker needs
+
+    sock.sendall(b"R")
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 8, 3)
+        except OSError:
+            break
+        if len(msg) < 8 or len(fds) != 3:
+            for f in fds:
+                os.close(f)
+            break
+        slots, slot_bytes = struct.unpack("<II", msg)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Python >= 3.12 warns about fork with threads)
+            pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                sock.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                worker_loop(fds[0], fds[1], fds[2], slots, slot_bytes)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        for f in fds:
+            os.close(f)
+        sock.sendall(struct.pack("<i", pid))

@@ -169,8 +169,10 @@ def test_a_dead_worker_changes_nothing(tmp_path):
     want = parse_trace(p, workers=0)
     pool = parallel.get_pool(W)
     assert pool is not None
-    pool.workers[0].proc.kill()
-    pool.workers[0].proc.wait()
+    w = pool.workers[0]
+    w.kill()
+    w.reader.join(30)  # the reader thread sees the pipe close
+    assert not w.alive
     parallel.release_pool(pool)
     pools = parallel.STATS["pools"]
     assert_same_trace(parse_trace(p, workers=W, chunk_bytes=5000), want)
