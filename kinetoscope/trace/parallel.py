@@ -51,6 +51,8 @@ _DEC = msgspec.msgpack.Decoder()
 TABLES = ("events", "flows", "counters", "instants", "meta_rows")
 
 DEFAULT_SLOTS = 3  # chunks in flight per worker
+# a worker that sends nothing for this long is taken for hung: killed, its chunks done here
+RESULT_TIMEOUT_S = 120.0
 # chunks built by workers, chunks they could not handle (decoded in the main process instead),
 # chunks dropped after such a failure; pools started
 STATS: Counter[str] = Counter()
@@ -470,7 +472,7 @@ class _Job:
         """The result of ``p`` from its worker (skipping results of dropped chunks)."""
         w = p.worker
         while True:
-            item = w.results.get()
+            item = _get_or_kill(w)
             if item is None:  # the worker is gone
                 w.results.put(None)
                 return None
@@ -519,13 +521,27 @@ class _Job:
         self.inflight.clear()
         for w in self.pool.workers:
             while any(wi == w.index for wi, _ in self.dropped):
-                item = w.results.get()
+                item = _get_or_kill(w)
                 if item is None:
                     w.results.put(None)
                     self.dropped = {d for d in self.dropped if d[0] != w.index}
                     break
                 self.dropped.discard((w.index, item[0]["seq"]))
         self.pool.busy = False
+
+
+def _get_or_kill(w: _Worker) -> Any:
+    """The next message of ``w`` (None when it is gone; a hung worker is killed)."""
+    try:
+        return w.results.get(timeout=RESULT_TIMEOUT_S)
+    except queue.Empty:
+        STATS["hung"] += 1
+        try:
+            w.kill()
+        except OSError:  # pragma: no cover
+            pass
+        w.alive = False
+        return None
 
 
 def _unpack(msg: dict[str, Any], payload: Any) -> BuiltChunk:
