@@ -714,34 +714,44 @@ class EventStream:
                         keep = job.oldest_offset()
                         start -= self._compact(start if keep is None else min(start, keep - self.base))
                         continue
-                    if sent:
-                        final = False  # in flight: wait for it below
-                if final or not job.in_flight():
-                    # the end of the data, or no worker can take this chunk: take every
-                    # result, then go on here
-                    for res in job.drain():
-                        if res is None:
-                            start = job.failed_at - self.base
-                            job.failed_at = None
-                            break
+                    if sent:  # the last chunk is in flight: take every result
+                        for res in job.drain():
+                            if res is None:
+                                start = job.failed_at - self.base
+                                job.failed_at = None
+                                break
+                            yield self._built(res)
+                            if res.end is not None:
+                                self.pos = res.end - self.base
+                                return
+                        yield from self._serial(start)  # (a chunk failed: from there, here)
+                        return
+                elif job.in_flight():  # wait for a free slot
+                    res = job.take()
+                    if res is not None:
                         yield self._built(res)
                         if res.end is not None:
                             self.pos = res.end - self.base
                             return
-                    if final:
-                        yield from self._serial(start)
-                        return
-                    nxt = yield from self._serial(start, steps=1)
-                    if nxt is None:
-                        return
-                    start = nxt
                     continue
-                res = job.take()  # blocks until the oldest chunk is done
-                if res is not None:
+                # no worker can take this chunk (none ready yet, or it is too big): take every
+                # result, then decode it here
+                for res in job.drain():
+                    if res is None:
+                        start = job.failed_at - self.base
+                        job.failed_at = None
+                        break
                     yield self._built(res)
                     if res.end is not None:
                         self.pos = res.end - self.base
                         return
+                if final:
+                    yield from self._serial(start)
+                    return
+                nxt = yield from self._serial(start, steps=1)
+                if nxt is None:
+                    return
+                start = nxt
         finally:
             job.close()
 
