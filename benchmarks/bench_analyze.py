@@ -62,6 +62,29 @@ def _ks_analyses(traces):
     return [temporal_breakdown(traces), idle_time_breakdown(traces), kernel_breakdown(traces), comm_comp_overlap(traces)]
 
 
+def _worker_usage() -> dict:
+    """Peak RSS (VmHWM) and CPU seconds of this process's chunk worker processes, then stop them."""
+    from kinetoscope.trace import parallel
+
+    pool = parallel._POOL
+    rss, cpu = [], 0.0
+    if pool is not None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for w in pool.workers:
+            try:
+                with open(f"/proc/{w.pid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("VmHWM:"):
+                            rss.append(int(line.split()[1]) / 1024.0)
+                with open(f"/proc/{w.pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                    cpu += (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, ValueError, IndexError):
+                pass
+        parallel.shutdown()
+    return {"workers_n": len(rss), "worker_rss": rss, "worker_cpu": cpu}
+
+
 def child(mode: str, path: str, extra: str) -> dict:
     sys.path.insert(0, str(REPO))
     out: dict = {}
@@ -70,13 +93,31 @@ def child(mode: str, path: str, extra: str) -> dict:
         import kinetoscope.trace  # noqa: F401
         return {"wall": 0.0, "cpu": 0.0}
     if mode.startswith("ks") and "multi" not in mode:
-        from kinetoscope.trace import load_trace
+        from kinetoscope.trace import load_trace, parallel, prestart_workers
 
         _ks_analyses([])  # import the analysis modules before timing
+        # extra: "<cache dir>" for ks-first/ks-cache; for ks-cold: "" (automatic: worker
+        # processes started inside the timed call when the file is large enough), "0" (in
+        # this process), "N" (N workers), "warm" / "warmN" (workers started and ready before
+        # the timed call, as for a second file or after prestart_workers())
+        workers = None
         if mode == "ks-cold":
             kw = {"cache": False}
+            if extra.startswith("warm"):
+                n = int(extra[4:]) if extra[4:] else None
+                prestart_workers(n)
+                pool = parallel.get_pool(n, start=False)
+                if pool is not None:
+                    pool.wait_ready(120)
+                    parallel.release_pool(pool)
+                    workers = pool.n
+            elif extra:
+                workers = int(extra)
+            if workers is not None:
+                kw["workers"] = workers
         else:
             kw = {"cache": True, "cache_dir": extra}
+        stats0 = dict(parallel.STATS)
         t0, c0 = time.perf_counter(), time.process_time()
         trace = load_trace(path, **kw)
         t1 = time.perf_counter()
@@ -87,6 +128,9 @@ def child(mode: str, path: str, extra: str) -> dict:
         out["cpu"] = time.process_time() - c0
         out["events"] = len(trace.events)
         out["rank"] = trace.meta.rank
+        out["chunks_by_workers"] = parallel.STATS["built"] - stats0.get("built", 0)
+        out["chunks_failed"] = parallel.STATS["failed"] - stats0.get("failed", 0)
+        out.update(_worker_usage())
         return out
     if mode == "make-synth":
         return {"path": str(make_synthetic(Path(path), int(extra))), "wall": 0.0, "cpu": 0.0}
@@ -311,6 +355,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8, help="multi-rank set size (0: skip)")
     ap.add_argument("--only", nargs="*", default=None, help="substrings of trace paths to keep")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    ap.add_argument("--workers", type=int, default=None, help="N for the N-workers columns (default: automatic)")
+    ap.add_argument("--table-only", type=Path, default=None, help="print the tables of a --json file")
     args = ap.parse_args()
 
     if args.child:
@@ -320,6 +366,15 @@ def main() -> None:
         print(MARK + json.dumps(res), flush=True)
         return
 
+    if args.table_only:
+        data = json.loads(args.table_only.read_text())
+        print_table(data["rows"], data["baseline"], data.get("multi"))
+        return
+    if args.workers is None:
+        sys.path.insert(0, str(REPO))
+        from kinetoscope.trace.parallel import default_workers
+
+        args.workers = default_workers()
     # the parent stays small: ru_maxrss of a child starts from its parent's size at fork time,
     # so everything heavy (synthetic trace, loads) happens in children
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kscope-bench-"))
@@ -350,6 +405,9 @@ def main() -> None:
         print(f"... {name}", file=sys.stderr)
         r = {"trace": name, "raw_mb": size / 1e6}
         r["ks_cold"] = best("ks-cold", str(path), "", rep)
+        r["ks_w0"] = best("ks-cold", str(path), "0", rep)
+        r["ks_warm1"] = best("ks-cold", str(path), "warm1", rep)
+        r["ks_warm"] = best("ks-cold", str(path), f"warm{args.workers}", rep)
         rank = r["ks_cold"].get("rank")
         rank = 0 if rank is None else rank
         r["floor_json"] = best("floor-json", str(path), "", rep)
@@ -389,25 +447,52 @@ def print_table(rows: list[dict], base: dict, multi: dict | None = None) -> None
     def f(x, nd=2):
         return "-" if x is None else f"{x:.{nd}f}"
 
+    def wrss(r):  # main process RSS + the workers' peak RSS
+        w = r.get("worker_rss") or []
+        return f"{f(r['rss'], 0)}" + (f" + {len(w)}x{f(max(w), 0)}" if w else "")
+
+    def total(r):
+        return r["rss"] + sum(r.get("worker_rss") or [])
+
     hdr = (
-        "| trace | raw MB | X events | HTA s | KS cold s (load + 4 analyses) | KS first s | KS cache s (load + 4) "
-        "| floor json s | floor typed s | floor chunked s | HTA ÷ KS cold | KS cold ÷ floor typed | KS load ÷ floor chunked "
-        "| peak RSS MB: HTA / KS cold / KS cache / floor typed | KS cold RSS ÷ raw |"
+        "| trace | raw MB | X events | HTA s | KS cold s (load + 4 analyses) | KS prestarted s | KS 1 process s "
+        "| KS first s | KS cache s (load + 4) | floor json s | floor typed s | floor chunked s "
+        "| HTA ÷ KS cold | HTA ÷ KS prestarted | HTA ÷ KS 1 process | KS cold ÷ floor typed | KS prestarted ÷ floor typed "
+        "| peak RSS MB: HTA / KS cold (main + workers) / KS 1 process / KS cache / floor typed | KS RSS ÷ raw: 1 process / cold, all processes |"
     )
     print(hdr)
     print("|" + "|".join(["---"] * (hdr.count("|") - 1)) + "|")
     for r in rows:
         hta = r.get("hta")
         cold, cache, ft, fc = r["ks_cold"], r["ks_cache"], r["floor_typed"], r["floor_chunked"]
+        w0, warm = r.get("ks_w0", cold), r.get("ks_warm", cold)
+        ratio = (lambda k: f"{f(hta['wall'] / k['wall'], 1)}x") if hta else (lambda k: "-")
         print(
             f"| {r['trace']} | {r['raw_mb']:.0f} | {r['events']:,} | {f(hta['wall'] if hta else None)} "
-            f"| {f(cold['wall'])} ({f(cold['load'])} + {f(cold['analyses'])}) | {f(r['ks_first']['wall'])} "
+            f"| {f(cold['wall'])} ({f(cold['load'])} + {f(cold['analyses'])}) | {f(warm['wall'])} | {f(w0['wall'])} "
+            f"| {f(r['ks_first']['wall'])} "
             f"| {f(cache['wall'])} ({f(cache['load'])} + {f(cache['analyses'])}) | {f(r['floor_json']['wall'])} "
             f"| {f(ft['wall'])} | {f(fc['wall'])} "
-            f"| {f(hta['wall'] / cold['wall'], 1) if hta else '-'}x | {f(cold['wall'] / ft['wall'])}x "
-            f"| {f(cold['load'] / fc['wall'])}x "
-            f"| {f(hta['rss'] if hta else None, 0)} / {f(cold['rss'], 0)} / {f(cache['rss'], 0)} / {f(ft['rss'], 0)} "
-            f"| {f(cold['rss'] / r['raw_mb'])} |"
+            f"| {ratio(cold)} | {ratio(warm)} | {ratio(w0)} | {f(cold['wall'] / ft['wall'])}x | {f(warm['wall'] / ft['wall'])}x "
+            f"| {f(hta['rss'] if hta else None, 0)} / {wrss(cold)} / {f(w0['rss'], 0)} / {f(cache['rss'], 0)} / {f(ft['rss'], 0)} "
+            f"| {f(w0['rss'] / r['raw_mb'])} / {f(total(cold) / r['raw_mb'])} |"
+        )
+    print()
+    hdr = (
+        "| trace | 1 process (workers=0) s | 1 worker, prestarted s | N workers, prestarted s | N workers, started in the call s "
+        "| chunks by workers (N, cold) | main CPU s / workers CPU s (N, prestarted) | RSS MB main + workers (N, prestarted) |"
+    )
+    print(hdr)
+    print("|" + "|".join(["---"] * (hdr.count("|") - 1)) + "|")
+    for r in rows:
+        cold = r["ks_cold"]
+        w0, w1, warm = r.get("ks_w0"), r.get("ks_warm1"), r.get("ks_warm")
+        if not (w0 and w1 and warm):
+            continue
+        print(
+            f"| {r['trace']} | {f(w0['load'])} | {f(w1['load'])} | {f(warm['load'])} (N={warm.get('workers_n')}) "
+            f"| {f(cold['load'])} (N={cold.get('workers_n')}) | {cold.get('chunks_by_workers')} "
+            f"| {f(warm['cpu'])} / {f(warm.get('worker_cpu'))} | {wrss(warm)} |"
         )
     if multi:
         hta = multi.get("hta")
@@ -420,14 +505,15 @@ def print_table(rows: list[dict], base: dict, multi: dict | None = None) -> None
             f"{f(hta['rss'] if hta else None, 0)} (parent only) / KS {f(ks['rss'], 0)} (parent; workers are separate processes)"
         )
     print(f"\nbaseline (python + imports of kinetoscope.trace and the analyses): RSS {base['rss']:.0f} MB")
-    print("KS cold RSS above baseline ÷ raw JSON size: " + ", ".join(
-        f"{r['trace'].split('/')[-1][:24]} {(r['ks_cold']['rss'] - base['rss']) / r['raw_mb']:.2f}" for r in rows))
-    print("CPU seconds (same runs):")
+    print("KS 1-process RSS above baseline ÷ raw JSON size: " + ", ".join(
+        f"{r['trace'].split('/')[-1][:24]} {(r.get('ks_w0', r['ks_cold'])['rss'] - base['rss']) / r['raw_mb']:.2f}" for r in rows))
+    print("CPU seconds (same runs; KS cold: main process + workers):")
     for r in rows:
         hta = r.get("hta")
+        c = r["ks_cold"]
         print(
-            f"  {r['trace']}: hta {f(hta['cpu'] if hta else None)}  ks cold {f(r['ks_cold']['cpu'])}  "
-            f"ks cache {f(r['ks_cache']['cpu'])}  floor json {f(r['floor_json']['cpu'])}  "
+            f"  {r['trace']}: hta {f(hta['cpu'] if hta else None)}  ks cold {f(c['cpu'])} + {f(c.get('worker_cpu'))}  "
+            f"ks 1 process {f(r.get('ks_w0', c)['cpu'])}  ks cache {f(r['ks_cache']['cpu'])}  floor json {f(r['floor_json']['cpu'])}  "
             f"floor typed {f(r['floor_typed']['cpu'])}  floor chunked {f(r['floor_chunked']['cpu'])}"
         )
 

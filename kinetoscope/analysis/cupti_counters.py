@@ -17,10 +17,10 @@ Definition, per trace (one rank), as HTA:
   ``CUDA_SASS_INSTRUCTION_COUNTER_FLOPS`` weighting (2 per FMA, 1 per add/mul) of the SASS
   instruction counters present, null when none is.
 
-Counter values: the schema's event table has no column for arbitrary ``args``, so they are read
-back from the trace file (``idx`` is each event's position in ``traceEvents``) the first time
-they are needed. A loader that exposes them (see ``docs/analysis-heavy.md``) would make the
-re-read unnecessary; ``counter_values(trace)`` is the one place to change.
+Counter values come from the trace's ``counters`` table: the loader writes one row per numeric
+``args`` value of every ``cuda_profiler_range`` event (``idx`` = the event's index, ``key`` =
+the counter name, ``value`` as Float64; see docs/trace-loading.md), so the trace file is not
+read again.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import polars as pl
 
 from kinetoscope.analysis._common import TraceInput, as_traces
-from kinetoscope.analysis._raw import read_raw_trace
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -59,30 +58,21 @@ def profiler_range_events(trace: Trace) -> pl.DataFrame:
 
 def counter_values(trace: Trace, idx: list[int] | None = None) -> pl.DataFrame:
     """``idx`` plus one Float64 column per counter (``args`` key) of the ``cuda_profiler_range``
-    events (all of them, or those in ``idx``), read from the trace file."""
+    events (all of them, or those in ``idx``, in that order), from ``trace.counters``; a
+    counter an event does not have is null."""
     if idx is None:
         idx = profiler_range_events(trace)["idx"].to_list()
     if not idx:
         return pl.DataFrame(schema={"idx": pl.Int64})
-    _, events = read_raw_trace(trace.path)
-    rows: list[dict[str, float | None]] = []
-    keys: dict[str, None] = {}
-    for i in idx:
-        ev = events[i] if 0 <= i < len(events) else None
-        args = ev.get("args") if isinstance(ev, dict) else None
-        row: dict[str, float | None] = {}
-        if isinstance(args, dict):
-            for k, v in args.items():
-                if isinstance(v, bool):
-                    v = int(v)
-                if isinstance(v, (int, float)):
-                    row[k] = float(v)
-                    keys.setdefault(k, None)
-        rows.append(row)
-    data: dict[str, list] = {"idx": list(idx)}
-    for k in keys:
-        data[k] = [r.get(k) for r in rows]
-    return pl.DataFrame(data, schema={"idx": pl.Int64, **{k: pl.Float64 for k in keys}})
+    rows = trace.counters.filter(pl.col("idx").is_in(idx)).select("idx", "key", "value")
+    keys = rows["key"].unique(maintain_order=True).to_list()
+    base = pl.DataFrame({"idx": idx}, schema={"idx": pl.Int64})
+    if not keys:
+        return base
+    wide = rows.pivot(on="key", index="idx", values="value", aggregate_function="first")
+    return base.join(wide, on="idx", how="left").select(
+        "idx", *[pl.col(k).cast(pl.Float64) for k in keys]
+    )
 
 
 def counter_data_with_operators(trace: Trace, *, call_graph: CallGraph | None = None) -> pl.DataFrame:

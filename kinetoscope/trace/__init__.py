@@ -4,7 +4,7 @@ tables and ``docs/trace-loading.md`` for formats, rank discovery, cache, salvage
 from kinetoscope.trace.cache import TraceCache, default_cache_dir
 from kinetoscope.trace.discover import RankProblem, TraceList, check_ranks, expand_paths
 from kinetoscope.trace.errors import TraceError
-from kinetoscope.trace.loader import load_trace, load_traces, parse_trace
+from kinetoscope.trace.loader import load_trace, load_traces, parse_trace, prestart_workers
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.reference import load_trace_reference
 
@@ -22,4 +22,5 @@ __all__ = [
     "load_trace_reference",
     "load_traces",
     "parse_trace",
+    "prestart_workers",
 ]

@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover
     _xxhash = None
 
 # Bump when the tables a given file produces change (parsing rules, schema, coercions).
-LOADER_VERSION = 1
+LOADER_VERSION = 2  # 2: exact decimal timestamps, cuda_profiler_range counters
 HASH_READ = 4 << 20
 PARQUET_COMPRESSION = "snappy"
 

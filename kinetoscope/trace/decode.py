@@ -25,7 +25,13 @@ from msgspec import UNSET, UnsetType
 
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.reader import BlockReader
-from kinetoscope.trace.reference import INSTANT_ARG_KEYS, INT_ARG_COLUMNS, FLOAT_ARG_COLUMNS, not_a_trace_hint
+from kinetoscope.trace.reference import (
+    EXACT_DECODER,
+    FLOAT_ARG_COLUMNS,
+    INSTANT_ARG_KEYS,
+    INT_ARG_COLUMNS,
+    not_a_trace_hint,
+)
 from kinetoscope.trace.schema import ARG_COLUMNS
 
 # ---------------------------------------------------------------------------------------------
@@ -85,53 +91,15 @@ class _Event(msgspec.Struct, gc=False, tag_field="ph"):
     pass
 
 
-class XEvent(_Event, tag="X"):
-    cat: str | None = None
-    name: str | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = UNSET
-    dur: Num = UNSET
-    args: XArgs | None = EMPTY_XARGS  # type: ignore[valid-type]
-
-
-class FlowStart(_Event, tag="s"):
-    cat: str | None = None
-    name: str | None = None
-    id: int | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = UNSET
-    bp: str | None = None
-
-
-class FlowEnd(FlowStart, tag="f"):
-    pass
-
-
-class FlowStep(FlowStart, tag="t"):
-    pass
-
-
-class Instant(_Event, tag="i"):
-    cat: str | None = None
-    name: str | None = None
-    pid: Id = None
-    tid: Id = None
-    ts: Num = UNSET
-    s: str | None = None
-    args: InstantArgs | None = EMPTY_INSTANT_ARGS  # type: ignore[valid-type]
-
-
-class InstantGlobal(Instant, tag="I"):
-    pass
+# A missing ``ts``/``dur`` decoded as Raw (an empty text; never valid JSON, so never ambiguous).
+MISSING_RAW = msgspec.Raw(b"")
 
 
 class Counter(_Event, tag="C"):
     name: Any = None
     pid: Id = None
     tid: Id = None
-    ts: Any = UNSET
+    ts: Any = UNSET  # a float that is not exact is read again as text (rare events)
     args: Any = None
 
 
@@ -147,15 +115,99 @@ IGNORED_PHASES = ("B", "E", "b", "e", "n", "S", "T", "p", "F", "P", "N", "O", "D
 IGNORED_TYPES = tuple(
     msgspec.defstruct(f"Ignored_{i}", [], bases=(_Event,), tag=ph) for i, ph in enumerate(IGNORED_PHASES)
 )
-FLOW_TYPES = (FlowStart, FlowEnd, FlowStep)
-INSTANT_TYPES = (Instant, InstantGlobal)
-LABELLED_TYPES = frozenset((XEvent, *FLOW_TYPES, *INSTANT_TYPES, Counter, Meta))
-EventUnion = XEvent | FlowStart | FlowEnd | FlowStep | Instant | InstantGlobal | Counter | Meta
-for _t in IGNORED_TYPES:
-    EventUnion = EventUnion | _t  # type: ignore[assignment]
 
-TYPED_DECODER = msgspec.json.Decoder(list[EventUnion])  # type: ignore[valid-type]
-GENERIC_DECODER = msgspec.json.Decoder()
+
+@dataclass(frozen=True)
+class Family:
+    """The typed structs of one decoder. Timestamps are numbers (``Num``: the fast float path,
+    exact when the magnitudes allow it) or ``msgspec.Raw`` (the literal's text, converted to ns
+    exactly by :func:`kinetoscope.trace.tables.ns_from_raw`). Field order is the same in every
+    family, so the table builder is the same."""
+
+    name: str
+    X: type
+    flows: tuple[type, type, type]  # s, f, t
+    instants: tuple[type, type]  # i, I
+    decoder: msgspec.json.Decoder
+    raw_ts: bool
+    raw_dur: bool
+
+    @property
+    def labelled(self) -> frozenset[type]:
+        return frozenset((self.X, *self.flows, *self.instants, Counter, Meta))
+
+
+def _family(name: str, raw_ts: bool, raw_dur: bool, flows=None, instants=None) -> Family:
+    def tstype(raw: bool) -> tuple[Any, Any]:
+        return (msgspec.Raw, MISSING_RAW) if raw else (Num, UNSET)
+
+    ts_t, ts_d = tstype(raw_ts)
+    dur_t, dur_d = tstype(raw_dur)
+    X = msgspec.defstruct(
+        f"XEvent{name}",
+        [
+            ("cat", str | None, None),
+            ("name", str | None, None),
+            ("pid", Id, None),
+            ("tid", Id, None),
+            ("ts", ts_t, ts_d),
+            ("dur", dur_t, dur_d),
+            ("args", XArgs | None, EMPTY_XARGS),  # type: ignore[valid-type]
+        ],
+        bases=(_Event,),
+        tag="X",
+    )
+    if flows is None:
+        fields = [
+            ("cat", str | None, None),
+            ("name", str | None, None),
+            ("id", int | None, None),
+            ("pid", Id, None),
+            ("tid", Id, None),
+            ("ts", ts_t, ts_d),
+            ("bp", str | None, None),
+        ]
+        flows = tuple(
+            msgspec.defstruct(f"Flow{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("s", "f", "t")
+        )
+    if instants is None:
+        fields = [
+            ("cat", str | None, None),
+            ("name", str | None, None),
+            ("pid", Id, None),
+            ("tid", Id, None),
+            ("ts", ts_t, ts_d),
+            ("s", str | None, None),
+            ("args", InstantArgs | None, EMPTY_INSTANT_ARGS),  # type: ignore[valid-type]
+        ]
+        instants = tuple(
+            msgspec.defstruct(f"Instant{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("i", "I")
+        )
+    union: Any = X
+    for t in (*flows, *instants, Counter, Meta, *IGNORED_TYPES):
+        union = union | t
+    return Family(name, X, flows, instants, msgspec.json.Decoder(list[union]), raw_ts, raw_dur)  # type: ignore[arg-type]
+
+
+FLOAT = _family("", raw_ts=False, raw_dur=False)
+EXACT_TS = _family("ExactTs", raw_ts=True, raw_dur=False)
+EXACT_ALL = _family("ExactAll", raw_ts=True, raw_dur=True, flows=EXACT_TS.flows, instants=EXACT_TS.instants)
+FAMILIES = (FLOAT, EXACT_TS, EXACT_ALL)
+FAMILY_OF: dict[type, Family] = {}
+for _f in FAMILIES:
+    FAMILY_OF.setdefault(_f.X, _f)
+
+# backwards-compatible names (the float family)
+XEvent = FLOAT.X
+FlowStart, FlowEnd, FlowStep = FLOAT.flows
+Instant, InstantGlobal = FLOAT.instants
+FLOW_TYPES = FLOAT.flows
+INSTANT_TYPES = FLOAT.instants
+LABELLED_TYPES = FLOAT.labelled
+TYPED_DECODER = FLOAT.decoder
+GENERIC_DECODER = msgspec.json.Decoder()  # top-level metadata (plain floats)
+# odd chunks, decoded generically for the reference RowBuilder: floats keep their text
+EXACT_GENERIC_DECODER = EXACT_DECODER
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +221,23 @@ _WS = b" \t\r\n"
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _SPECIAL = re.compile(rb'["\\\[\]{}]')
 _QUOTE = re.compile(rb'["\\]')
+
+# a ts with >= 12 integer digits and a fraction (epoch-based microseconds with ns decimals):
+# float64 cannot hold it exactly, so such a file's chunks are decoded with Raw timestamps from
+# the start instead of being decoded twice (a guess from the first bytes of each chunk; the
+# table builder checks every value anyway and decodes a chunk again when the guess was wrong)
+_EPOCH_TS = re.compile(rb'"ts"[ \t\r\n]*:[ \t\r\n]*-?[0-9]{12,}\.')
+EPOCH_SNIFF_BYTES = 1 << 16
+
+
+
+def sniff_family(view: Any, family: Family) -> Family:
+    """EXACT_TS when ``family`` is FLOAT and the chunk's first bytes show epoch-based decimal
+    timestamps (see _EPOCH_TS), else ``family``."""
+    if family is FLOAT and _EPOCH_TS.search(view[:EPOCH_SNIFF_BYTES]):
+        return EXACT_TS
+    return family
+
 
 CHUNK_BYTES = 4 << 20  # decoded per step; bounds memory, amortises per-chunk overhead
 META_VALUE_LIMIT = 64 << 20  # a top-level value larger than this is skipped, not decoded
@@ -202,6 +271,20 @@ class DecodedChunk:
     first_index: int
     typed: bool
     offset: int  # absolute offset of the chunk's first byte in the decompressed stream
+    family: Family = FLOAT  # the structs of ``events`` when typed
+    # how to decode the same bytes again (another family, or generically): the source and the
+    # absolute span [lo, hi) of the JSON array text; ``patch``: the byte that held ']' at
+    # decode time (it was restored afterwards), or None. Valid until the next chunk is read.
+    source: Any = None
+    lo: int = 0
+    hi: int = 0
+    patch: int | None = None
+
+    def redecode(self, decoder: msgspec.json.Decoder, *, copy: bool = False) -> list[Any]:
+        """The same events decoded by ``decoder`` (raises TraceError like the first decode).
+        ``copy``: decode a copy of the bytes (needed when the result holds ``msgspec.Raw``
+        values, which keep their source buffer exported)."""
+        return self.source.redecode(self, decoder, copy=copy)
 
 
 @dataclass
@@ -222,7 +305,13 @@ class EventStream:
     ``traceEvents`` and collecting the other top-level keys in ``state.top``."""
 
     def __init__(
-        self, path: str, reader: BlockReader, *, salvage: bool = False, chunk_bytes: int = CHUNK_BYTES
+        self,
+        path: str,
+        reader: BlockReader,
+        *,
+        salvage: bool = False,
+        chunk_bytes: int = CHUNK_BYTES,
+        pool: Any = None,
     ) -> None:
         self.path = path
         self.reader = reader
@@ -235,6 +324,9 @@ class EventStream:
         self.state = StreamState()
         self.n_events = 0  # events yielded so far
         self.stopped = False  # salvage: nothing more to read
+        self.family = FLOAT  # typed structs for the next chunks (the table builder may switch)
+        self.pool = pool  # parallel.ChunkPool: workers decode the chunks (None: all here)
+        self.sep = b""  # the likely separator between events (see _last_boundary)
 
     # ---- buffer -------------------------------------------------------------------------
     def _more(self) -> bool:
@@ -520,6 +612,19 @@ class EventStream:
                 raise self._error("not a trace: a JSON array whose items are not event objects", event_index=0)
             raise self._error(f"event is {self._describe()}, not an object", event_index=0)
         start = self.pos  # at '{'; buf[start - 1] is overwritten with '['
+        k = start - 1
+        while k > 0 and self.buf[k] in _WS:
+            k -= 1
+        self.sep = b"}," + bytes(self.buf[k + 1 : start]) + b"{"  # ("[" + whitespace + "{")
+        if self.pool is not None and not self.salvage:
+            yield from self._events_parallel(start)
+        else:
+            yield from self._serial(start)
+
+    def _serial(self, start: int, steps: int | None = None) -> Iterator[DecodedChunk]:
+        """Decode chunks here, from the event at ``buf[start]`` (a true event start). Returns
+        (as the generator's value) the start of the next chunk after ``steps`` chunks, or None
+        when the array (or the data) ended; then ``pos`` is after the array."""
         while True:
             self._fill(start + self.chunk_bytes)
             lo = start + 1
@@ -529,14 +634,14 @@ class EventStream:
                     if self._more():
                         continue
                     yield from self._final(start)
-                    return
+                    return None
                 try:
                     chunk, ended_at = self._decode_range(start, cut)
                 except _Split:
                     lo = cut + 1
                     if not self._more() and self._last_boundary(lo, len(self.buf)) is None:
                         yield from self._final(start)
-                        return
+                        return None
                     continue
                 break
             if chunk is not None and chunk.events:
@@ -544,18 +649,127 @@ class EventStream:
                 self.n_events += len(chunk.events)
             if ended_at is not None:  # the array ended inside this range
                 self.pos = ended_at
-                return
+                return None
             if self.stopped:
-                return
+                return None
             m = _BOUNDARY.match(self.buf, cut)
             assert m is not None
             start = m.end() - 1
             self.pos = start
             start -= self._compact(start)
+            if steps is not None:
+                steps -= 1
+                if steps <= 0:
+                    return start
+
+    def _events_parallel(self, start: int) -> Iterator[Any]:
+        """Like :meth:`_serial`, but chunks are decoded and turned into tables by the worker
+        processes of ``self.pool`` (see :mod:`kinetoscope.trace.parallel`).
+
+        Chunks are cut at candidate boundaries and sent speculatively; results are taken in
+        order. A chunk whose start is a true event boundary and that decodes as complete
+        events ends at a true boundary too, so the first chunk a worker cannot handle (a
+        boundary inside a string or nested value, the end of the array, a syntax error, an
+        event the reference must judge) is decoded here instead, with the serial rules, and
+        the chunks sent after it are dropped. The bytes of chunks in flight stay in the buffer
+        until their result is taken; at most ``pool.capacity`` chunks are in flight."""
+        pool = self.pool
+        job = pool.begin(self.path)
+        try:
+            while True:
+                hi = start + self.chunk_bytes
+                self._fill(hi)
+                cut = self._last_boundary(start + 1, min(hi, len(self.buf)))
+                if cut is None:
+                    cut = self._last_boundary(start + 1, len(self.buf))
+                if cut is None and self._more():
+                    continue
+                final = cut is None  # the rest of the data: the array's end should be in it
+                while job.has_result():  # take finished results first
+                    res = job.take()
+                    if res is None:
+                        break
+                    yield self._built(res)
+                    if res.end is not None:
+                        self.pos = res.end - self.base
+                        return
+                if job.failed_at is not None:  # decode from the failed chunk's start here
+                    start = job.failed_at - self.base
+                    job.failed_at = None
+                    nxt = yield from self._serial(start, steps=1)
+                    if nxt is None:
+                        return
+                    start = nxt
+                    continue
+                if job.can_submit():
+                    view = memoryview(self.buf)
+                    try:
+                        sent = job.submit(view[start : len(self.buf) if final else cut + 1], self.base + start, final)
+                    finally:
+                        view.release()
+                    if sent and not final:
+                        m = _BOUNDARY.match(self.buf, cut)
+                        assert m is not None
+                        start = m.end() - 1
+                        keep = job.oldest_offset()
+                        start -= self._compact(start if keep is None else min(start, keep - self.base))
+                        continue
+                    if sent:  # the last chunk is in flight: take every result
+                        for res in job.drain():
+                            if res is None:
+                                start = job.failed_at - self.base
+                                job.failed_at = None
+                                break
+                            yield self._built(res)
+                            if res.end is not None:
+                                self.pos = res.end - self.base
+                                return
+                        yield from self._serial(start)  # (a chunk failed: from there, here)
+                        return
+                elif job.in_flight():  # wait for a free slot
+                    res = job.take()
+                    if res is not None:
+                        yield self._built(res)
+                        if res.end is not None:
+                            self.pos = res.end - self.base
+                            return
+                    continue
+                # no worker can take this chunk (none ready yet, or it is too big): take every
+                # result, then decode it here
+                for res in job.drain():
+                    if res is None:
+                        start = job.failed_at - self.base
+                        job.failed_at = None
+                        break
+                    yield self._built(res)
+                    if res.end is not None:
+                        self.pos = res.end - self.base
+                        return
+                if final:
+                    yield from self._serial(start)
+                    return
+                nxt = yield from self._serial(start, steps=1)
+                if nxt is None:
+                    return
+                start = nxt
+        finally:
+            job.close()
+
+    def _built(self, res: Any) -> Any:
+        res.first_index = self.n_events
+        self.n_events += res.n_events
+        return res
 
     def _last_boundary(self, lo: int, hi: int) -> int | None:
-        """Index of the '}' of the last boundary match starting in ``[lo, hi)``."""
+        """Index of the '}' of the last boundary match starting in ``[lo, hi)``: preferably
+        one that looks like the separator before the first event (``self.sep``, e.g.
+        ``},\n  {``: pretty-printed nested values and strings rarely contain exactly that),
+        else any ``}`` ``,`` ``{``."""
         buf = self.buf
+        if self.sep:
+            i = buf.rfind(self.sep, lo, hi)
+            if i >= 0:
+                return i
         window = 1 << 16
         while hi > lo:
             a = max(lo, hi - window)
@@ -581,7 +795,7 @@ class EventStream:
         saved = buf[cut + 1]
         buf[cut + 1] = 0x5D  # ']'
         try:
-            return self._decode_view(start, cut + 2, final=False)
+            return self._decode_view(start, cut + 2, final=False, patch=cut + 1)
         finally:
             buf[cut + 1] = saved
 
@@ -640,7 +854,7 @@ class EventStream:
                 buf[cut + 1] = 0x5D
             salvage, self.salvage = self.salvage, False
             try:
-                chunk, _ = self._decode_view(start, cut + 2, final=False)
+                chunk, _ = self._decode_view(start, cut + 2, final=False, patch=cut + 1)
                 return chunk
             except (_Split, TraceError):
                 hi = cut
@@ -651,21 +865,36 @@ class EventStream:
                 else:
                     buf[cut + 1] = saved
 
-    def _decode_view(self, start: int, end: int, *, final: bool) -> tuple[DecodedChunk | None, int | None]:
+    def _decode_view(
+        self, start: int, end: int, *, final: bool, patch: int | None = None
+    ) -> tuple[DecodedChunk | None, int | None]:
         """Decode ``buf[start-1:end]`` ('[' + events ...). See :meth:`_decode_range`."""
         base_off = self.base + start - 1
         first = self.n_events
         with memoryview(self.buf) as whole:
             view = whole[start - 1 : end]
             try:
-                return self._decode_mv(view, start, end, base_off, first, final)
+                chunk, done = self._decode_mv(view, start, end, base_off, first, final)
             finally:
                 view.release()
+        if chunk is not None and chunk.source is None:  # (salvage returns finished chunks)
+            hi = self.base + chunk.hi  # _decode_mv stores the relative end
+            chunk.source = self
+            chunk.lo = base_off
+            chunk.hi = hi
+            chunk.patch = self.base + patch if patch is not None and self.base + patch == hi - 1 else None
+        return chunk, done
+
+    def _chunk(self, events: list[Any], first: int, typed: bool, base_off: int, hi: int) -> DecodedChunk:
+        return DecodedChunk(events, first, typed, base_off, self.family if typed else FLOAT, hi=hi)
 
     def _decode_mv(self, view, start, end, base_off, first, final):
         done = start - 1 + len(view) if final else None
         try:
-            return DecodedChunk(TYPED_DECODER.decode(view), first, True, base_off), done
+            fam = self.family = sniff_family(view, self.family)
+            # Raw values keep their source buffer exported: give them a copy, not the buffer
+            data = bytes(view) if fam.raw_ts else view
+            return self._chunk(fam.decoder.decode(data), first, True, base_off, end), done
         except msgspec.ValidationError:
             pass  # odd types: generic decode below
         except msgspec.DecodeError as exc:
@@ -673,18 +902,17 @@ class EventStream:
         except UnicodeDecodeError:
             raise self._bad_utf8(view, base_off) from None
         try:
-            return DecodedChunk(GENERIC_DECODER.decode(view), first, False, base_off), done
+            return self._chunk(EXACT_GENERIC_DECODER.decode(view), first, False, base_off, end), done
         except msgspec.ValidationError as exc:  # e.g. a number out of range (1e400)
-            k = error_event_index(exc)
-            raise TraceError(
-                self.path,
-                f"invalid value: {exc}",
-                event_index=None if k is None else first + k,
-            ) from None
+            raise self._invalid_value(exc, first) from None
         except msgspec.DecodeError as exc:
             return self._decode_failed(exc, view, start, base_off, first, final, typed=False)
         except UnicodeDecodeError:
             raise self._bad_utf8(view, base_off) from None
+
+    def _invalid_value(self, exc: Exception, first: int) -> TraceError:
+        k = error_event_index(exc)
+        return TraceError(self.path, f"invalid value: {exc}", event_index=None if k is None else first + k)
 
     def _decode_failed(self, exc, view, start, base_off, first, final, typed):
         text = str(exc)
@@ -696,23 +924,54 @@ class EventStream:
             sub = view[:end]
             try:
                 try:
-                    evs, is_typed = TYPED_DECODER.decode(sub), True
+                    fam = self.family
+                    evs, is_typed = fam.decoder.decode(bytes(sub) if fam.raw_ts else sub), True
                 except msgspec.ValidationError:
-                    evs, is_typed = GENERIC_DECODER.decode(sub), False
+                    evs, is_typed = EXACT_GENERIC_DECODER.decode(sub), False
             except msgspec.ValidationError as exc2:
-                k = error_event_index(exc2)
-                raise TraceError(
-                    self.path, f"invalid value: {exc2}", event_index=None if k is None else first + k
-                ) from None
+                raise self._invalid_value(exc2, first) from None
             finally:
                 sub.release()
-            return DecodedChunk(evs, first, is_typed, base_off), start - 1 + end
+            return self._chunk(evs, first, is_typed, base_off, start - 1 + end), start - 1 + end
         if "truncated" in text or (b is not None and b >= n - 1):
             if final and b is not None and not ("truncated" in text):
                 # the last byte of the data is wrong: report it as a syntax error
                 return self._syntax_error(exc, b, view, start, base_off, first)
             raise _Split
         return self._syntax_error(exc, b, view, start, base_off, first)
+
+    def redecode(self, chunk: DecodedChunk, decoder: msgspec.json.Decoder, *, copy: bool = False) -> list[Any]:
+        """Decode the bytes of ``chunk`` (the last one yielded) again with ``decoder``."""
+        buf = self.buf
+        lo = chunk.lo - self.base
+        hi = chunk.hi - self.base
+        assert lo >= 0, "the chunk's bytes are gone"
+        buf[lo] = 0x5B  # '[' (already there unless a later chunk overwrote it)
+        patch = None if chunk.patch is None else chunk.patch - self.base
+        saved = None
+        if patch is not None:
+            if patch == len(buf):
+                buf.append(0x5D)
+            else:
+                saved = buf[patch]
+                buf[patch] = 0x5D
+        try:
+            with memoryview(buf) as whole:
+                view = whole[lo:hi]
+                try:
+                    return decoder.decode(bytes(view) if copy else view)
+                except msgspec.ValidationError as exc:
+                    raise self._invalid_value(exc, chunk.first_index) from None
+                except UnicodeDecodeError:  # in a field the typed decode skipped
+                    raise self._bad_utf8(view, chunk.lo) from None
+                finally:
+                    view.release()
+        finally:
+            if patch is not None:
+                if saved is None:
+                    del buf[-1]
+                else:
+                    buf[patch] = saved
 
     def _syntax_error(self, exc, b, view, start, base_off, first):
         offset = base_off + (b or 0)

@@ -42,6 +42,67 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# A file with at least this much JSON is parsed by worker processes (kinetoscope.trace.parallel);
+# once the workers run (a previous large file, or prestart_workers()), files from
+# PARALLEL_WARM_MIN_BYTES on use them too. Below, starting interpreters costs more than it saves.
+PARALLEL_FILE_MIN_BYTES = 24 << 20
+PARALLEL_WARM_MIN_BYTES = 8 << 20
+
+
+def estimated_json_bytes(path: str) -> int:
+    """The JSON size of a trace file: the file size, or for gzip the size the trailer records
+    (ISIZE, modulo 4 GiB: at least 15x the compressed size is assumed)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return size
+            if size < 20:
+                return 0
+            fh.seek(size - 4)
+            isize = int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return 0
+    while isize < size * 15:
+        isize += 1 << 32
+        if isize > size * 2000:
+            return size * 15
+    return isize
+
+
+def _pool_for(path: str, workers: int | None, salvage: bool):
+    """The worker pool to parse ``path`` with, or None (parse in this process)."""
+    if salvage or workers == 0:
+        return None
+    from kinetoscope.trace import parallel
+
+    if workers is None:
+        n = parallel.default_workers()
+        if n <= 0 or (os.cpu_count() or 1) < 2:
+            return None
+        size = estimated_json_bytes(path)
+        warm = parallel.get_pool(n, start=False)
+        if warm is not None:
+            if size >= PARALLEL_WARM_MIN_BYTES:
+                return warm
+            parallel.release_pool(warm)
+            return None
+        if size < PARALLEL_FILE_MIN_BYTES:
+            return None
+        return parallel.get_pool(n)
+    return parallel.get_pool(workers)
+
+
+def prestart_workers(n: int | None = None) -> None:
+    """Start the worker processes that parse large files now, in the background, so that the
+    first large file does not wait for them (an interpreter importing Polars: ~0.3-1 s each).
+    ``n``: how many (default ``$KSCOPE_LOAD_WORKERS``, else one per CPU, at most 8)."""
+    from kinetoscope.trace import parallel
+
+    if (os.cpu_count() or 1) >= 2 or n:
+        parallel.prestart(n)
+
+
 def parse_trace(
     path: PathLike,
     *,
@@ -49,13 +110,27 @@ def parse_trace(
     locate: bool = True,
     chunk_bytes: int | None = None,
     block_bytes: int | None = None,
+    workers: int | None = None,
 ) -> Trace:
     """Parse one file (no cache). ``salvage=True`` keeps the complete events of a truncated or
     damaged file and says what was lost in ``meta.warnings``. ``chunk_bytes``/``block_bytes``
-    tune the decode chunk and decompression block sizes (tests use tiny ones)."""
+    tune the decode chunk and decompression block sizes (tests use tiny ones). ``workers``:
+    worker processes that decode chunks in parallel (0: none; None: automatic, for files of
+    ``PARALLEL_FILE_MIN_BYTES`` of JSON or more; results are identical either way)."""
     spath = os.fspath(path)
+    pool = _pool_for(spath, workers, salvage)
+    try:
+        return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool)
+    finally:
+        if pool is not None:
+            from kinetoscope.trace.parallel import release_pool
+
+            release_pool(pool)
+
+
+def _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool) -> Trace:
     with _gc_paused(), BlockReader(spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES) as reader:
-        stream = EventStream(spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES)
+        stream = EventStream(spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES, pool=pool)
         builder = TableBuilder(spath)
         for chunk in stream.chunks():
             builder.add(chunk)
@@ -87,11 +162,13 @@ def load_trace(
     cache: bool = True,
     salvage: bool = False,
     cache_dir: PathLike | None = None,
+    workers: int | None = None,
 ) -> Trace:
     """Load one Kineto / PyTorch Profiler trace (``.json`` or ``.json.gz``) into typed tables.
 
     ``cache=False`` forces a cold parse (and does not write the cache). ``salvage=True``
-    recovers every complete event of a truncated file instead of raising. Raises
+    recovers every complete event of a truncated file instead of raising. ``workers``: worker
+    processes for a large file (see :func:`parse_trace`; None: automatic). Raises
     :class:`~kinetoscope.trace.errors.TraceError` naming the file and the byte offset or event
     index for anything that is not a readable trace.
     """
@@ -105,7 +182,7 @@ def load_trace(
             if hit is not None:
                 apply_location(hit.meta, spath)
                 return hit
-    trace = parse_trace(spath, salvage=salvage, locate=False)
+    trace = parse_trace(spath, salvage=salvage, locate=False, workers=workers)
     if store is not None and key is not None:
         store.put(key, trace)
     apply_location(trace.meta, spath)
@@ -215,6 +292,7 @@ def _run_workers(
         bins[w].append(i)
         load[w] += _estimated_json_bytes(files[i])
     env = dict(os.environ)
+    env["KSCOPE_LOAD_WORKERS"] = "0"  # file-level parallelism here: no chunk workers inside
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(kinetoscope.__file__)))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     procs = []

@@ -7,12 +7,20 @@ oracle. It is also the fast loader's per-chunk fallback for events the typed dec
 
 Rules (documented for users in ``docs/trace-loading.md``):
 
-* ``ts``/``dur`` are microseconds in the file. An integer is multiplied by 1000 exactly; a
-  fractional number is ``round_half_even(float(value) * 1000.0)``; a numeric string is read as a
-  number. Anything else, or a result outside int64, is a :class:`TraceError`.
+* ``ts``/``dur`` are microseconds in the file, converted to integer nanoseconds **exactly from
+  the decimal text**: an integer is multiplied by 1000; a fractional or exponent number
+  (``1712171498123456.789``, ``1.5e3``) is its exact decimal value times 1000, rounded half to
+  even at the nanosecond when it has more than 3 decimals (``0.0005`` -> 0, ``0.0015`` -> 2);
+  never through a float64 (which cannot hold epoch-based ns timestamps exactly). A numeric string
+  is read as a number by the same rule. Anything else, or a result outside int64, is a
+  :class:`TraceError`. The document is decoded with :data:`EXACT_DECODER`, which keeps the text
+  of every float literal (:class:`ExactFloat`).
 * pid/tid: integers (and integer strings) are kept; other strings become stable negative ids
   (``TraceMeta.labels``), numbered in order of first appearance over the pid then tid of every
   ``X``/``s``/``f``/``t``/``i``/``I``/``C``/``M`` event. Integers outside int64 become null.
+* ``cuda_profiler_range`` complete events (CUPTI profiler range mode) also give one
+  ``counters`` row per numeric ``args`` value (the counter name is ``key``; booleans are 0/1;
+  other values are skipped), in file order with the ``C`` events' rows.
 * ``args`` values are coerced to the column dtype (``coerce_int``/``coerce_float``/
   ``coerce_str``); a value that cannot be coerced is null; integers outside int64 are null and
   counted in a warning (never wrapped). When two keys feed one column ("External id" and
@@ -25,6 +33,7 @@ import math
 import os
 import re
 from collections import Counter
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +57,66 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 # |ts| * 1000 must fit in int64
 TS_LIMIT_US = INT64_MAX // 1000
+TS_LIMIT_NS = TS_LIMIT_US * 1000  # |ns| <= this (the same range for integer and decimal input)
 
 _INT_RE = re.compile(r"\s*[-+]?[0-9]+\s*\Z")
+
+
+# ---------------------------------------------------------------------------------------------
+# exact timestamps
+# ---------------------------------------------------------------------------------------------
+class ExactFloat(float):
+    """A float decoded from JSON that keeps its literal text (``.text``), so that timestamps
+    can be converted to nanoseconds exactly. Behaves as the float everywhere else."""
+
+    __slots__ = ("text",)
+
+    def __new__(cls, text: str) -> "ExactFloat":
+        self = float.__new__(cls, text)
+        self.text = text
+        return self
+
+
+def exact_float_hook(text: str) -> ExactFloat:
+    """msgspec ``float_hook``: keep the text; reject what msgspec itself rejects (``1e400``)."""
+    v = ExactFloat(text)
+    if v in (math.inf, -math.inf):
+        raise ValueError("Number out of range")
+    return v
+
+
+# Generic decoder whose floats remember their text (the reference's values, and the fast
+# loader's fallback for odd chunks).
+EXACT_DECODER = msgspec.json.Decoder(float_hook=exact_float_hook)
+# JSON text of values that may hold ExactFloats (encoded as the plain float)
+_JSON_ENCODER = msgspec.json.Encoder(enc_hook=float)
+
+
+def exact_ns_text(text: str) -> int:
+    """Decimal microseconds (JSON number text, or a numeric string) -> integer ns, exactly:
+    value x 1000 rounded half to even. Raises ValueError (not a number) or OverflowError (not
+    finite, or far outside int64; the caller checks the exact range)."""
+    try:
+        d = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"not a number: {text!r:.60}") from None
+    if not d.is_finite():
+        raise OverflowError(text)
+    sign, digits, exp = d.as_tuple()
+    e = exp + 3  # type: ignore[operator]
+    if not any(digits):
+        return 0
+    if e >= 0:
+        if len(digits) + e > 40:  # far beyond int64: do not build a huge integer
+            raise OverflowError(text)
+        n = int("".join(map(str, digits))) * 10**e
+    elif len(digits) < -e:  # |value * 1000| < 0.1
+        n = 0
+    else:
+        q, r = divmod(int("".join(map(str, digits))), 10**-e)
+        half = 5 * 10 ** (-e - 1)
+        n = q + (1 if r > half or (r == half and q & 1) else 0)
+    return -n if sign else n
 
 CORE_EVENT_COLUMNS = ("idx", "kind", "cat", "name", "pid", "tid", "ts", "dur")
 ARG_COLUMN_NAMES: tuple[str, ...] = tuple(c for c in EVENTS_SCHEMA if c not in CORE_EVENT_COLUMNS)
@@ -83,6 +150,7 @@ META_ROWS_SCHEMA: dict[str, pl.DataType] = {
     "a_labels": pl.String(),
     "a_sort_index": pl.Int64(),
 }
+PROFILER_RANGE_CAT = "cuda_profiler_range"  # its args are CUPTI counters (-> counters table)
 LABELLED_PHASES = frozenset({"X", "s", "f", "t", "i", "I", "C", "M"})
 FLOW_PHASES = ("s", "f", "t")
 
@@ -117,12 +185,20 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
 
 
 def _decode(path: str, data: bytes) -> Any:
+    """Validate with orjson (its error messages and offsets), then decode the values with
+    :data:`EXACT_DECODER` (floats keep their text, for exact nanoseconds)."""
     if not data.strip():
         raise TraceError(path, "empty file")
     try:
-        return orjson.loads(data)
+        orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise TraceError(path, f"invalid JSON: {exc.msg}", offset=exc.pos) from None
+    try:
+        return EXACT_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TraceError(path, f"invalid value: {exc}") from None
+    except msgspec.DecodeError as exc:  # pragma: no cover - orjson accepted it
+        raise TraceError(path, f"invalid JSON: {exc}") from None
 
 
 def parse_document(path: str, doc: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -138,8 +214,19 @@ def parse_document(path: str, doc: Any) -> tuple[list[Any], dict[str, Any]]:
     events = doc["traceEvents"]
     if not isinstance(events, list):
         raise TraceError(path, "'traceEvents' is not an array", field="traceEvents")
-    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    meta = {k: plain(v) for k, v in doc.items() if k != "traceEvents"}
     return events, meta
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every :class:`ExactFloat` turned into a plain float (metadata)."""
+    if type(value) is ExactFloat:
+        return float(value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
 
 
 def not_a_trace_hint(keys: Any) -> str:
@@ -174,23 +261,29 @@ def ns_value(value: Any, path: str, index: int, fieldname: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         got = "null" if value is None else type(value).__name__
         raise TraceError(path, f"{fieldname} must be a number, got {got}", event_index=index, field=fieldname)
-    if isinstance(value, str):
-        text = value
-        if _INT_RE.match(text):
-            value = int(text)
-        else:
-            try:
-                value = float(text)
-            except ValueError:
-                raise TraceError(
-                    path, f"{fieldname} is not a number: {text!r:.60}", event_index=index, field=fieldname
-                ) from None
     if isinstance(value, int):
         if -TS_LIMIT_US <= value <= TS_LIMIT_US:
             return value * 1000
-    elif math.isfinite(value) and abs(value) < TS_LIMIT_US:
-        return round(value * 1000.0)
-    raise TraceError(path, f"{fieldname} is out of range: {value!r:.40}", event_index=index, field=fieldname)
+        raise TraceError(path, f"{fieldname} is out of range: {value!r:.40}", event_index=index, field=fieldname)
+    if isinstance(value, str):
+        text = value
+        if _INT_RE.match(text):
+            return ns_value(int(text), path, index, fieldname)
+    else:
+        # the literal's text when decoded by EXACT_DECODER; else the float's shortest repr
+        text = value.text if type(value) is ExactFloat else repr(float(value))
+    try:
+        ns = exact_ns_text(text)
+    except OverflowError:
+        ns = None
+    except ValueError:
+        raise TraceError(
+            path, f"{fieldname} is not a number: {text!r:.60}", event_index=index, field=fieldname
+        ) from None
+    if ns is not None and -TS_LIMIT_NS <= ns <= TS_LIMIT_NS:
+        return ns
+    shown = value if isinstance(value, str) else float(value)
+    raise TraceError(path, f"{fieldname} is out of range: {shown!r:.40}", event_index=index, field=fieldname)
 
 
 def coerce_int(value: Any) -> int | None:
@@ -251,7 +344,7 @@ def coerce_str(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value
-    return msgspec.json.encode(value).decode()
+    return _JSON_ENCODER.encode(value).decode()
 
 
 class IdMap:
@@ -323,6 +416,21 @@ class RowBuilder:
             self.warn[column] += 1
         return v
 
+    def _range_counters(self, args: dict[str, Any], i: int, name: str, pid: int | None, ts: int) -> None:
+        """CUPTI profiler counters of a ``cuda_profiler_range`` event -> counters rows."""
+        c = self.counters
+        for key, value in args.items():
+            if isinstance(value, bool):
+                value = int(value)
+            elif not isinstance(value, (int, float)):
+                continue
+            c["idx"].append(i)
+            c["name"].append(name)
+            c["pid"].append(pid)
+            c["ts"].append(ts)
+            c["key"].append(str(key))
+            c["value"].append(coerce_float(value))
+
     def add(self, ev: Any, i: int) -> None:
         path = self.path
         if not isinstance(ev, dict):
@@ -372,6 +480,8 @@ class RowBuilder:
                     if value is not None:
                         break
                 cols[col].append(value)
+            if cat == PROFILER_RANGE_CAT and args:
+                self._range_counters(args, i, name, ids(raw_pid), ts)
         elif ph in FLOW_PHASES:
             f = self.flows
             f["idx"].append(i)

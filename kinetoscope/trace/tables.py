@@ -19,6 +19,7 @@ from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 import polars as pl
 from msgspec import UNSET
 from msgspec.structs import astuple
@@ -26,17 +27,21 @@ from msgspec.structs import astuple
 from kinetoscope.trace import decode as D
 from kinetoscope.trace.metadata import apply_location, infer_device_type
 from kinetoscope.trace.model import Trace, TraceMeta
+from kinetoscope.trace.exactns import ns_from_texts, texts_blob
 from kinetoscope.trace.reference import (
     INT64_MAX,
     INT64_MIN,
     META_ROWS_SCHEMA,
     PROCESS_META_NAMES,
+    PROFILER_RANGE_CAT,
     THREAD_META_NAMES,
+    TS_LIMIT_NS,
     TS_LIMIT_US,
     IdMap,
-    coerce_int,
     RowBuilder,
+    coerce_int,
     coerce_str,
+    exact_ns_text,
 )
 from kinetoscope.trace.schema import (
     CAT_TO_KIND,
@@ -53,16 +58,24 @@ from kinetoscope.trace.schema import (
 EVENTS_NO_KIND = {c: t for c, t in EVENTS_SCHEMA.items() if c != "kind"}
 _N_XARGS = len(D.XARG_KEYS)
 _LEARN_SAMPLE = 256
-# |value| below this: float(value) * 1000.0 is exact for integers, so int and float paths agree
-_EXACT_FLOAT_LIMIT = 2**53 // 1000
-_FLOW_PH = {D.FlowStart: "s", D.FlowEnd: "f", D.FlowStep: "t"}
-_FLOW_SET = frozenset(_FLOW_PH)
-_INSTANT_SET = frozenset(D.INSTANT_TYPES)
+# |value * 1000| below this: a float64 timestamp is within 1/8 ns of the exact decimal value
+# (two roundings of relative error 2**-53 each), so rounding it gives the exact answer unless
+# it lies near a half nanosecond (only possible with more than 3 decimals): see _ns
+_FLOAT_EXACT_NS = float(2**49)
+_FLOAT_TIE_MARGIN = 0.375
 _INSTANT_COLS = tuple(D.InstantArgs.__struct_fields__)
 
 
 class _Slow(Exception):
     """This chunk needs the reference per-event path."""
+
+
+class _NeedExact(Exception):
+    """Float64 cannot give this chunk's timestamps exactly: decode them as text."""
+
+    def __init__(self, dur: bool) -> None:
+        super().__init__("dur" if dur else "ts")
+        self.dur = dur
 
 
 def _sub(evs: list[Any], tys: list[type], want: type | frozenset, first: int, total: int, count: int):
@@ -76,12 +89,19 @@ def _sub(evs: list[Any], tys: list[type], want: type | frozenset, first: int, to
     return list(compress(evs, mask)), idx
 
 
-def _ns(vals: list[Any] | tuple[Any, ...], *, missing_zero: bool) -> pl.Series:
-    """File microseconds -> int64 ns, exactly as ``reference.ns_value``. Raises _Slow.
+def _ns(vals: list[Any] | tuple[Any, ...], *, missing_zero: bool, dur: bool = False) -> pl.Series:
+    """File microseconds -> int64 ns, exactly as ``reference.ns_value``. Raises _Slow (odd
+    values: the reference path decides) or _NeedExact (float64 is not exact enough here).
 
+    ``vals`` are the typed decoder's numbers, or ``msgspec.Raw`` texts (:func:`_ns_raw`).
     Missing values arrive as ``UNSET`` (Polars rejects them, so the common case never scans
     for them): they are 0 for flows/instants and an error for complete events."""
-    if vals and type(vals[0]) is int:
+    if not vals:
+        return pl.Series([], dtype=pl.Int64)
+    v0 = vals[0]
+    if type(v0) is msgspec.Raw:
+        return _ns_raw(vals, missing_zero=missing_zero)
+    if type(v0) is int:
         try:
             s = pl.Series(vals, dtype=pl.Int64)
         except (TypeError, OverflowError, ValueError):
@@ -96,17 +116,50 @@ def _ns(vals: list[Any] | tuple[Any, ...], *, missing_zero: bool) -> pl.Series:
         f = pl.Series(vals, dtype=pl.Float64)
     except (TypeError, OverflowError, ValueError):
         if missing_zero and any(v is UNSET for v in vals):
-            return _ns([0 if v is UNSET else v for v in vals], missing_zero=False)
+            return _ns([0 if v is UNSET else v for v in vals], missing_zero=False, dur=dur)
         raise _Slow from None
     if f.null_count():
         raise _Slow
-    top = f.abs().max()
-    if top is None or top < _EXACT_FLOAT_LIMIT:  # type: ignore[operator]
-        return (f * 1000.0).round(0, mode="half_to_even").cast(pl.Int64)
-    if top >= TS_LIMIT_US:  # type: ignore[operator]
+    y = f * 1000.0
+    r = y.round(0, mode="half_to_even")
+    top, err = pl.select(top=y.abs().max(), err=(y - r).abs().max()).row(0)
+    if top < _FLOAT_EXACT_NS and err < _FLOAT_TIE_MARGIN:  # type: ignore[operator]
+        return r.cast(pl.Int64)
+    raise _NeedExact(dur)
+
+
+def _float_is_exact(v: float) -> bool:
+    """The float path gives ``v``'s exact ns (the test of :func:`_ns`, for one value)."""
+    y = v * 1000.0
+    return abs(y) < _FLOAT_EXACT_NS and abs(y - round(y)) < _FLOAT_TIE_MARGIN
+
+
+def _ns_raw(raws: Any, *, missing_zero: bool) -> pl.Series:
+    """``msgspec.Raw`` number texts -> int64 ns, exactly (vectorised; odd values one by one)."""
+    got = ns_from_texts(texts_blob(raws), len(raws))
+    if got is not None:
+        return pl.Series(got)
+    return pl.Series([_raw_ns(r, missing_zero) for r in raws], dtype=pl.Int64)
+
+
+_NUMBER_START = frozenset(b"-0123456789")
+
+
+def _raw_ns(raw: Any, missing_zero: bool) -> int:
+    text = bytes(raw)
+    if not text:
+        if missing_zero:
+            return 0
+        raise _Slow  # a complete event without ts/dur: the reference raises
+    if text[0] not in _NUMBER_START:
+        raise _Slow  # a string, bool, null, ...: the reference decides
+    try:
+        ns = exact_ns_text(text.decode())
+    except (ValueError, ArithmeticError):
+        raise _Slow from None
+    if not -TS_LIMIT_NS <= ns <= TS_LIMIT_NS:
         raise _Slow
-    out = [v * 1000 if type(v) is int else round(v * 1000.0) for v in vals]
-    return pl.Series(out, dtype=pl.Int64)
+    return ns
 
 
 def _int_col(vals: Any, warn: Counter[str], column: str) -> pl.Series:
@@ -172,20 +225,72 @@ class TableBuilder:
         self.arg_fields: dict[str | None, set[int]] = {}
         self.n_events = 0
         self.slow_chunks = 0
+        self.exact_chunks = 0  # chunks decoded again for exact timestamps
 
     # ---- public -------------------------------------------------------------------------
-    def add(self, chunk: D.DecodedChunk) -> None:
+    def add(self, chunk: Any) -> None:
+        """One chunk of events: decoded here (DecodedChunk) or built by a worker (BuiltChunk)."""
+        if not isinstance(chunk, D.DecodedChunk):
+            return self.add_built(chunk)
         self.n_events = chunk.first_index + len(chunk.events)
         if chunk.typed:
-            try:
-                self._add_typed(chunk.events, chunk.first_index)
-                return
-            except _Slow:
-                events = [msgspec.to_builtins(e) for e in chunk.events]
+            events, fam = chunk.events, chunk.family
+            while True:
+                try:
+                    self._add_typed(events, chunk.first_index, fam, chunk.redecode)
+                    return
+                except _NeedExact as need:
+                    new = D.EXACT_ALL if (need.dur or fam.raw_ts) else D.EXACT_TS
+                    assert new is not fam
+                    events, fam = chunk.redecode(new.decoder, copy=True), new
+                    self.exact_chunks += 1
+                    if new is D.EXACT_TS and chunk.source is not None:
+                        # this file's timestamps need their text: decode them so from now on
+                        chunk.source.family = D.EXACT_TS
+                except _Slow:
+                    break
+            events = chunk.redecode(D.EXACT_GENERIC_DECODER)
         else:
             events = chunk.events
         self.slow_chunks += 1
         self._add_generic(events, chunk.first_index)
+
+    def reset_chunk(self) -> None:
+        """Forget the tables and labels built so far but keep what was learnt about the
+        file's args (a worker process builds each chunk on its own)."""
+        self.ids = IdMap()
+        self.warn = Counter()
+        self.events, self.flows, self.counters, self.instants, self.meta_rows = [], [], [], [], []
+        self.slow_chunks = 0
+        self.exact_chunks = 0
+
+    def add_built(self, b: Any) -> None:
+        """A worker's frames for one chunk (:class:`kinetoscope.trace.parallel.BuiltChunk`):
+        shift the chunk-local event indices and map the chunk-local pid/tid labels to this
+        file's numbering (first appearance order), then link them like local frames."""
+        first = b.first_index
+        self.n_events = first + b.n_events
+        labels = self.ids.labels
+        remap: dict[int, int] = {}
+        for text, local in b.labels:
+            got = labels.get(text)
+            if got is None:
+                got = labels[text] = -(len(labels) + 1)
+            if got != local:
+                remap[local] = got
+        self.ids.out_of_range += b.out_of_range
+        self.warn.update(b.warn)
+        self.slow_chunks += b.slow
+        self.exact_chunks += b.exact
+        for name, df in b.frames.items():
+            exprs = []
+            if first:
+                exprs.append(pl.col("idx") + first)
+            if remap:
+                exprs += [pl.col(c).replace(remap) for c in ("pid", "tid") if c in df.columns]
+            if exprs:
+                df = df.with_columns(exprs)
+            getattr(self, name).append(df)
 
     # ---- slow path ----------------------------------------------------------------------
     def _add_generic(self, events: list[Any], first: int) -> None:
@@ -204,7 +309,7 @@ class TableBuilder:
             self.meta_rows.append(pl.DataFrame(rb.meta_rows, schema=META_ROWS_SCHEMA))
 
     # ---- fast path ----------------------------------------------------------------------
-    def _add_typed(self, evs: list[Any], first: int) -> None:
+    def _add_typed(self, evs: list[Any], first: int, fam: D.Family, redecode: Any) -> None:
         n = len(evs)
         if not n:
             return
@@ -215,21 +320,26 @@ class TableBuilder:
         pending_ids: list[tuple[str, Any]] = []  # (table.col, raw id list)
 
         x = flows = inst = meta = None
-        n_x = counts.get(D.XEvent, 0)
+        flow_set = frozenset(fam.flows)
+        instant_set = frozenset(fam.instants)
+        n_x = counts.get(fam.X, 0)
         if n_x:
-            xs, xidx = _sub(evs, tys, D.XEvent, first, n, n_x)
+            xs, xidx = _sub(evs, tys, fam.X, first, n, n_x)
             cat, name, pid, tid, ts, dur, args = zip(*map(astuple, xs))
             if None in name:
                 raise _Slow  # complete event without a name: the reference raises
+            if PROFILER_RANGE_CAT in cat:
+                raise _Slow  # CUPTI counters in args (-> counters rows): the reference path
             x = {"idx": xidx, "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
             pending_ids += [("x.pid", pid), ("x.tid", tid)]
-        n_flow = sum(counts.get(t, 0) for t in _FLOW_SET)
+        n_flow = sum(counts.get(t, 0) for t in flow_set)
         if n_flow:
-            fs, fidx = _sub(evs, tys, _FLOW_SET, first, n, n_flow)
+            fs, fidx = _sub(evs, tys, flow_set, first, n, n_flow)
             fcat, fname, fid, fpid, ftid, fts, fbp = zip(*map(astuple, fs))
+            flow_ph = dict(zip(fam.flows, ("s", "f", "t")))
             flows = {
                 "idx": fidx,
-                "ph": list(map(_FLOW_PH.__getitem__, map(type, fs))),
+                "ph": list(map(flow_ph.__getitem__, map(type, fs))),
                 "cat": fcat,
                 "name": fname,
                 "id": fid,
@@ -237,9 +347,9 @@ class TableBuilder:
                 "bp": fbp,
             }
             pending_ids += [("f.pid", fpid), ("f.tid", ftid)]
-        n_inst = sum(counts.get(t, 0) for t in _INSTANT_SET)
+        n_inst = sum(counts.get(t, 0) for t in instant_set)
         if n_inst:
-            ins, iidx = _sub(evs, tys, _INSTANT_SET, first, n, n_inst)
+            ins, iidx = _sub(evs, tys, instant_set, first, n, n_inst)
             icat, iname, ipid, itid, its, iscope, iargs = zip(*map(astuple, ins))
             inst = {"idx": iidx, "cat": icat, "name": iname, "ts": its, "scope": iscope, "args": iargs}
             pending_ids += [("i.pid", ipid), ("i.tid", itid)]
@@ -260,7 +370,7 @@ class TableBuilder:
             except (TypeError, OverflowError, ValueError):
                 failed.append((key, vals))
         if failed or n_counter:
-            self._register_labels(evs, tys, failed, counts)
+            self._register_labels(evs, tys, failed, counts, fam)
         for key, vals in failed:
             id_series[key] = self._map_ids(vals)
 
@@ -277,7 +387,7 @@ class TableBuilder:
                 "pid": id_series["x.pid"].alias("pid"),
                 "tid": id_series["x.tid"].alias("tid"),
                 "ts": _ns(x["ts"], missing_zero=False).alias("ts"),
-                "dur": _ns(x["dur"], missing_zero=False).alias("dur"),
+                "dur": _ns(x["dur"], missing_zero=False, dur=True).alias("dur"),
             }
             df = pl.DataFrame(cols)
             argdf = self._x_args(x["args"], cat_s, warn)
@@ -335,8 +445,22 @@ class TableBuilder:
         if n_counter:
             cs, cidx = _sub(evs, tys, D.Counter, first, n, n_counter)
             rb = RowBuilder(self.path, self.ids, warn)
-            for i, ev in zip(cidx.to_list(), cs):
-                rb.add(msgspec.to_builtins(ev), i)
+            rows = []
+            inexact = False
+            for ev in cs:
+                d = {"ph": "C", "name": ev.name, "pid": ev.pid, "tid": ev.tid, "args": ev.args}
+                ts = ev.ts
+                if ts is not UNSET:
+                    d["ts"] = ts
+                    if type(ts) is float and not _float_is_exact(ts):
+                        inexact = True
+                rows.append(d)
+            positions = cidx.to_list()
+            if inexact:  # the counters' timestamps need their text: decode this chunk again
+                again = redecode(D.EXACT_GENERIC_DECODER)
+                rows = [again[i - first] for i in positions]
+            for i, d in zip(positions, rows):
+                rb.add(d, i)
             if rb.counters["idx"]:
                 counters = pl.DataFrame(rb.counters, schema=COUNTERS_SCHEMA)
 
@@ -354,7 +478,9 @@ class TableBuilder:
             self.counters.append(counters)
         del ids_before
 
-    def _register_labels(self, evs: list[Any], tys: list[type], failed: list, counts: Counter) -> None:
+    def _register_labels(
+        self, evs: list[Any], tys: list[type], failed: list, counts: Counter, fam: D.Family
+    ) -> None:
         """Give new string pids/tids their label ids in file order (pid, then tid, per event)."""
         labels = self.ids.labels
         new = False
@@ -368,7 +494,7 @@ class TableBuilder:
         if not new and not counts.get(D.Counter, 0):
             return
         register = self.ids.register
-        labelled = D.LABELLED_TYPES
+        labelled = fam.labelled
         for e, t in zip(evs, tys):
             if t in labelled:
                 register(e.pid)

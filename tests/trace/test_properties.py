@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import orjson
 import pytest
@@ -115,8 +116,11 @@ def test_random_traces_match_reference(tmp_path_factory, doc, indent, gz, chunk)
     assert got.events["cat"].to_list() == [e["cat"] for e in xs]
 
     def ns(v):
-        v = float(v) if isinstance(v, str) else v
-        return v * 1000 if isinstance(v, int) else round(v * 1000.0)
+        # exact decimal rule: the text orjson wrote for a float is its shortest repr
+        if isinstance(v, int):
+            return v * 1000
+        d = Decimal(v if isinstance(v, str) else repr(v)) * 1000
+        return int(d.to_integral_value(rounding=ROUND_HALF_EVEN))
 
     assert got.events["ts"].to_list() == [ns(e["ts"]) for e in xs]
     assert got.meta.num_trace_events == len(events)
