@@ -19,12 +19,12 @@ import os
 import selectors
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
 from kinetoscope.daemon import wire
 from kinetoscope.daemon.logsetup import RateLimitedLogger
+from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.errors import KinetoscopeError
@@ -122,26 +122,17 @@ class IpcServer:
         # GC runs inside this loop (no extra thread): a quarter of the timeout, 0.05-15 s.
         self.gc_period_s = gc_period_s or min(15.0, max(0.05, registry.gc_timeout_s / 4))
         self._sock: socket.socket | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop_thread = LoopThread("kscope-ipc")
         self._rl = RateLimitedLogger(log)
 
     def start(self) -> None:
         self._sock = bind_endpoint(self.endpoint)
-        self._thread = threading.Thread(target=self._loop, name="kscope-ipc", daemon=True)
-        self._thread.start()
+        self._loop_thread.start(self._loop)
         log.info("IPC fabric listening on %s", self.endpoint.describe())
 
     def stop(self) -> None:
         """Stop the loop, close the socket and unlink the filesystem socket file."""
-        self._stopping.set()
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._loop_thread.stop()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -150,18 +141,17 @@ class IpcServer:
                     os.unlink(str(self.endpoint.address))
                 except OSError:
                     pass
-        self._wake_r.close()
-        self._wake_w.close()
+        self._loop_thread.close()
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         assert self._sock is not None
         sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
+        sel.register(self._loop_thread.wake, selectors.EVENT_READ)
         next_gc = time.monotonic() + self.gc_period_s
         try:
-            while not self._stopping.is_set():
+            while not self._loop_thread.stopping.is_set():
                 timeout = max(0.0, next_gc - time.monotonic())
                 events = sel.select(timeout)
                 if any(key.fileobj is self._sock for key, _ in events):

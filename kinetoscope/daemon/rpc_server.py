@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kinetoscope.daemon import wire
 from kinetoscope.daemon.logsetup import RateLimitedLogger
+from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.errors import KinetoscopeError
 
 log = logging.getLogger("kinetoscope.daemon.rpc")
@@ -87,9 +88,7 @@ class RpcServer:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._listeners: list[socket.socket] = []
         self.addresses: list[tuple[str, int]] = []
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop_thread = LoopThread("kscope-rpc")
         self._rl = RateLimitedLogger(log)
 
     def start(self) -> None:
@@ -111,34 +110,26 @@ class RpcServer:
         if not self._listeners:
             raise KinetoscopeError(f"no address to listen on among {[b.host for b in self.binds]}")
         self.port = port
-        self._thread = threading.Thread(target=self._accept_loop, name="kscope-rpc", daemon=True)
-        self._thread.start()
+        self._loop_thread.start(self._accept_loop)
         for host, p in self.addresses:
             log.info("RPC listening on %s port %d", host, p)
 
     def stop(self) -> None:
-        self._stopping.set()
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._loop_thread.stop()
         for s in self._listeners:
             s.close()
         self._listeners = []
-        self._wake_r.close()
-        self._wake_w.close()
+        self._loop_thread.close()
 
     def _accept_loop(self) -> None:
         sel = selectors.DefaultSelector()
         for s in self._listeners:
             sel.register(s, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
+        sel.register(self._loop_thread.wake, selectors.EVENT_READ)
         try:
-            while not self._stopping.is_set():
+            while not self._loop_thread.stopping.is_set():
                 for key, _ in sel.select():
-                    if key.fileobj is self._wake_r:
+                    if key.fileobj is self._loop_thread.wake:
                         continue
                     self._accept(key.fileobj)  # type: ignore[arg-type]
         finally:

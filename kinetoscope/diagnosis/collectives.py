@@ -226,6 +226,20 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
     )
 
 
+def _instances(events: pl.DataFrame, default_pg: pl.Expr) -> pl.DataFrame:
+    """One row per collective event: its names, process group (``default_pg`` when the event
+    names none), sequence number, arrival (start), end and message size."""
+    return events.select(
+        "name",
+        "collective_name",
+        pl.coalesce(pl.col("pg_name"), default_pg).alias("pg"),
+        "seq",
+        pl.col("ts").alias("arrival"),
+        (pl.col("ts") + pl.col("dur")).alias("end"),
+        pl.col("in_msg_nelems").alias("nelems"),
+    )
+
+
 def extract_collectives(trace: Trace) -> pl.DataFrame:
     """All collective instances of one rank (schema ``COLLECTIVES_SCHEMA``), sorted by arrival."""
     ev = trace.events
@@ -236,30 +250,14 @@ def extract_collectives(trace: Trace) -> pl.DataFrame:
         pl.col("kind").is_in(list(DEVICE_KINDS)) & pl.col("name").str.contains(COMMUNICATION_PATTERN)
     )
     if dev.height:
-        df = dev.select(
-            "name",
-            "collective_name",
-            pl.coalesce(pl.col("pg_name"), pl.format("stream {}", pl.col("stream"))).alias("pg"),
-            "seq",
-            pl.col("ts").alias("arrival"),
-            (pl.col("ts") + pl.col("dur")).alias("end"),
-            pl.col("in_msg_nelems").alias("nelems"),
-        )
+        df = _instances(dev, pl.format("stream {}", pl.col("stream")))
         df = _with_launch_collective(trace, dev, df)
         return _finish(df, rank, "kernel")
     ann = ev.filter(
         (pl.col("kind") == "user_annotation") & pl.col("name").str.contains(BACKEND_ANNOTATION_PATTERN)
     )
     if ann.height:
-        df = ann.select(
-            "name",
-            "collective_name",
-            pl.coalesce(pl.col("pg_name"), pl.lit("default")).alias("pg"),
-            "seq",
-            pl.col("ts").alias("arrival"),
-            (pl.col("ts") + pl.col("dur")).alias("end"),
-            pl.col("in_msg_nelems").alias("nelems"),
-        )
+        df = _instances(ann, pl.lit("default"))
         df = _with_issue_times(ev, df, ann["tid"].unique())
         return _finish(df, rank, "backend_annotation")
     host = ev.filter(
@@ -273,15 +271,7 @@ def extract_collectives(trace: Trace) -> pl.DataFrame:
         host = host.with_columns(_enc=(pl.col("ts") + pl.col("dur")).cum_max().shift(1).over("tid"))
         host = host.filter(pl.col("_enc").is_null() | (pl.col("ts") >= pl.col("_enc")))
         host = host.filter(~pl.col("collective_name").fill_null("").str.contains(_HOST_NON_COLLECTIVE))
-        df = host.select(
-            "name",
-            "collective_name",
-            pl.coalesce(pl.col("pg_name"), pl.lit("default")).alias("pg"),
-            "seq",
-            pl.col("ts").alias("arrival"),
-            (pl.col("ts") + pl.col("dur")).alias("end"),
-            pl.col("in_msg_nelems").alias("nelems"),
-        )
+        df = _instances(host, pl.lit("default"))
         return _finish(df, rank, "host_op")
     return pl.DataFrame(schema=COLLECTIVES_SCHEMA)
 

@@ -361,6 +361,11 @@ def compute_mfu(
                 "CPU-only trace: MFU is relative to an accelerator's peak FLOPs; a CPU's peak depends on "
                 "cores, SIMD width and clock, so it is not assumed. Pass --peak-flops to compute it."
             )
+        elif not res.device:
+            res.reason = (
+                "the trace has no deviceProperties (the GPU's name is unknown), so its peak FLOPs "
+                "are unknown: pass --peak-flops"
+            )
         else:
             res.reason = f"device {res.device!r} is not in the peak-FLOPs table: pass --peak-flops"
         return res

@@ -12,8 +12,7 @@ See docs/report.md for the sections and the escaping guarantees.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kinetoscope.lazy import lazy_exports
 
 _EXPORTS = {
     "render_report": "render",
@@ -23,15 +22,4 @@ _EXPORTS = {
     "plotly_text": "escape",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

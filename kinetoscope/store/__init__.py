@@ -11,8 +11,7 @@ SQLAlchemy, and ``Catalog`` does not pull in s3fs. See docs/storage-and-catalog.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kinetoscope.lazy import lazy_exports
 
 _EXPORTS = {
     "TraceStore": "storage",
@@ -34,15 +33,4 @@ _EXPORTS = {
     "resolve_catalog_url": "catalog",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

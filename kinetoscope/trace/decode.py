@@ -16,7 +16,7 @@ decode; the chunk is then extended to a later boundary. Memory stays bounded by 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -715,16 +715,9 @@ class EventStream:
                         start -= self._compact(start if keep is None else min(start, keep - self.base))
                         continue
                     if sent:  # the last chunk is in flight: take every result
-                        for res in job.drain():
-                            if res is None:
-                                start = job.failed_at - self.base
-                                job.failed_at = None
-                                break
-                            yield self._built(res)
-                            if res.end is not None:
-                                self.pos = res.end - self.base
-                                return
-                        yield from self._serial(start)  # (a chunk failed: from there, here)
+                        start, done = yield from self._take_all(job, start)
+                        if not done:
+                            yield from self._serial(start)  # (a chunk failed: from there, here)
                         return
                 elif job.in_flight():  # wait for a free slot
                     res = job.take()
@@ -736,15 +729,9 @@ class EventStream:
                     continue
                 # no worker can take this chunk (none ready yet, or it is too big): take every
                 # result, then decode it here
-                for res in job.drain():
-                    if res is None:
-                        start = job.failed_at - self.base
-                        job.failed_at = None
-                        break
-                    yield self._built(res)
-                    if res.end is not None:
-                        self.pos = res.end - self.base
-                        return
+                start, done = yield from self._take_all(job, start)
+                if done:
+                    return
                 if final:
                     yield from self._serial(start)
                     return
@@ -754,6 +741,21 @@ class EventStream:
                 start = nxt
         finally:
             job.close()
+
+    def _take_all(self, job: Any, start: int) -> Generator[Any, None, tuple[int, bool]]:
+        """Yield the in-flight chunks' frames in file order. Returns ``(start, done)``: where the
+        serial parse must go on (the first failed chunk's offset, else ``start``), and whether a
+        chunk reached the end of ``traceEvents`` (then ``self.pos`` is past it)."""
+        for res in job.drain():
+            if res is None:
+                start = job.failed_at - self.base
+                job.failed_at = None
+                break
+            yield self._built(res)
+            if res.end is not None:
+                self.pos = res.end - self.base
+                return start, True
+        return start, False
 
     def _built(self, res: Any) -> Any:
         res.first_index = self.n_events

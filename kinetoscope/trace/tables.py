@@ -19,7 +19,6 @@ from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 import msgspec
-import numpy as np
 import polars as pl
 from msgspec import UNSET
 from msgspec.structs import astuple

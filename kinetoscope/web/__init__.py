@@ -5,14 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
+from kinetoscope.lazy import lazy_exports
 
-__all__ = ["WebSettings", "create_app"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from kinetoscope.web import app
-
-        return getattr(app, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {"WebSettings": "app", "create_app": "app"})

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +58,8 @@ class TriggerParams:
             target = Target(pids=parse_pids(self.pids))
         else:
             target = Target(all=True)
-        options = TraceOptions(
-            duration_ms=self.duration_ms, iterations=self.iterations, iteration_roundup=self.iteration_roundup,
-            record_shapes=self.record_shapes, profile_memory=self.profile_memory, with_stack=self.with_stack,
-            with_flops=self.with_flops, with_modules=self.with_modules, process_limit=self.process_limit,
-            include_launchers=self.include_launchers,
-        )
+        # the form mirrors the CLI: every TraceOptions field has a same-named field here
+        options = TraceOptions(**{f.name: getattr(self, f.name) for f in fields(TraceOptions)})
         target.validate()
         options.validate()
         if self.trace_id:

@@ -95,6 +95,14 @@ def test_mfu_formula_and_table():
     assert "batch" in low[0]["action"]
 
 
+def test_mfu_says_when_the_trace_names_no_device():
+    d = diagnose(make_job(2, 6, flavour="nccl"), model_flops=4e13)
+    assert d.mfu.mfu is None and d.mfu.device is None
+    assert "no deviceProperties" in d.mfu.reason and "--peak-flops" in d.mfu.reason
+    d = diagnose(make_job(2, 6, flavour="nccl", device_name="Imaginary X9"), model_flops=4e13)
+    assert "'Imaginary X9' is not in the peak-FLOPs table" in d.mfu.reason
+
+
 def test_mfu_cpu_not_applicable_unless_peak_given():
     d = diagnose(make_job(2, 6), model_flops=1e9)
     assert d.mfu.mfu is None and "CPU-only" in d.mfu.reason

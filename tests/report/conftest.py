@@ -3,24 +3,11 @@ scope: the analysis runs once), and the analysis of a real vendored CPU-only tra
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.report.kscope_testkit import write_job
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_trace_cache(tmp_path_factory):
-    """Keep the loader's Parquet cache and fetch cache out of the user's home."""
-    old = os.environ.get("KSCOPE_CACHE_DIR")
-    os.environ["KSCOPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("kscope-cache"))
-    yield
-    if old is None:
-        os.environ.pop("KSCOPE_CACHE_DIR", None)
-    else:
-        os.environ["KSCOPE_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")

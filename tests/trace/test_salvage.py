@@ -10,7 +10,7 @@ import pytest
 
 from kinetoscope.trace import TraceError, load_trace, load_trace_reference, parse_trace
 from tests.trace.conftest import TABLES, write_doc
-from tests.trace.test_errors import DOC, complete_events, ev
+from tests.trace.test_errors import DOC, complete_events
 
 
 def expected_tables(tmp_path, events, n):

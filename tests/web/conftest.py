@@ -3,7 +3,6 @@ and the app on Starlette's TestClient."""
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -11,17 +10,6 @@ import pytest
 from tests.report.kscope_testkit import write_job
 
 TRACE_ID = "kst-20261121-000000-test"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_trace_cache(tmp_path_factory):
-    old = os.environ.get("KSCOPE_CACHE_DIR")
-    os.environ["KSCOPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("kscope-cache"))
-    yield
-    if old is None:
-        os.environ.pop("KSCOPE_CACHE_DIR", None)
-    else:
-        os.environ["KSCOPE_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="module")
