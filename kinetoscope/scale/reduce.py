@@ -21,7 +21,13 @@ from typing import Any
 import polars as pl
 
 from kinetoscope.analysis import registry
-from kinetoscope.analysis.runner import NO_GPU_NOTE, AnalysisResults, build_document, resolve_names, run_diagnosis
+from kinetoscope.analysis.runner import (
+    NO_GPU_NOTE,
+    AnalysisResults,
+    build_document,
+    resolve_names,
+    run_diagnosis,
+)
 from kinetoscope.scale.mapper import RankResult
 from kinetoscope.trace import TraceList, check_ranks
 from kinetoscope.trace.model import Trace
