@@ -190,7 +190,7 @@ register(
     AnalysisSpec(
         name="kernel_type_breakdown",
         func=kernel_type_breakdown,
-        combine="concat",
+        combine="concat_by_rank",
         description="GPU busy time per rank by kernel type, exclusive and overlapping (compute/comm/memory).",
         options={"include_memory_kernels": True},
         order=30,

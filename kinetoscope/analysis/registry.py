@@ -28,6 +28,8 @@ analysis splits over ranks (see docs/scale.md):
 
 * ``"concat"``: per-rank decomposable: the result over all ranks equals the per-rank results
   concatenated in input order; each rank is analysed on a worker.
+* ``"concat_by_rank"``: the same, for an analysis that sorts its output by ``rank`` first
+  (nulls last): the per-rank results concatenated in rank order.
 * ``"reduce"``: per-rank partials on the workers and a cross-rank reducer on the driver
   (``kinetoscope.scale.reduce.REDUCERS[name]``; the plan refuses a missing one).
 * ``"driver"`` (the default, for analyses that declare nothing): the whole trace of every rank
@@ -45,7 +47,7 @@ from typing import Any
 import polars as pl
 
 AnalysisFunc = Callable[..., pl.DataFrame]
-COMBINE_STRATEGIES = ("concat", "reduce", "driver")
+COMBINE_STRATEGIES = ("concat", "concat_by_rank", "reduce", "driver")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class AnalysisSpec:
     group: str = "core"
     # Shown (in ``notes``) when the analysis ran but produced no rows, e.g. "no steps found".
     empty_note: str | None = None
-    # How the map/reduce path splits it over ranks: "concat" | "reduce" | "driver" (see above).
+    # How the map/reduce path splits it over ranks: one of COMBINE_STRATEGIES (see above).
     combine: str = "driver"
 
     def resolve_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:

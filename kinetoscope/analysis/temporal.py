@@ -119,7 +119,7 @@ register(
     AnalysisSpec(
         name="temporal_breakdown_by_step",
         func=temporal_breakdown_by_step,
-        combine="concat",
+        combine="concat_by_rank",
         description="Temporal breakdown per training step (kernels assigned to the step that launched them).",
         order=11,
         group="steps",

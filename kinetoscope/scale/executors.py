@@ -68,6 +68,27 @@ class LocalExecutor:
             self._pool = None
 
 
+# A loaded machine can take longer than Ray's defaults (30 s) to start a node's processes.
+_RAY_START_ENV = {"RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180"}
+
+
+def local_ray_options(workers: int | None = None) -> dict[str, Any]:
+    """``ray.init`` keywords for a local Ray on this machine: small (``num_cpus=workers``, no
+    dashboard) and with workers that import kinetoscope from where this driver does."""
+    import kinetoscope
+
+    for k, v in _RAY_START_ENV.items():
+        os.environ.setdefault(k, v)  # read by the Ray processes ray.init starts
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kinetoscope.__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return {
+        "num_cpus": workers or default_workers(),
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "runtime_env": {"env_vars": {**_WORKER_ENV, "PYTHONPATH": path}},
+    }
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -86,23 +107,10 @@ class RayExecutor:
         self._started = False
         if not self.ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
-            env = dict(_WORKER_ENV)
             if address:
-                self.ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False)
+                self.ray.init(address=address, runtime_env={"env_vars": dict(_WORKER_ENV)}, log_to_driver=False)
             else:
-                import kinetoscope
-
-                # workers of a local Ray import kinetoscope from where this driver does
-                root = os.path.dirname(os.path.dirname(os.path.abspath(kinetoscope.__file__)))
-                path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-                # a loaded machine can take >30 s (Ray's default) to start the node agent
-                os.environ.setdefault("RAY_agent_register_timeout_ms", "180000")
-                self.ray.init(
-                    num_cpus=workers or default_workers(),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    runtime_env={"env_vars": {**env, "PYTHONPATH": path}},
-                )
+                self.ray.init(**local_ray_options(workers))
             self._started = True
 
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:

@@ -70,7 +70,7 @@ def map_rank(task: RankTask) -> RankResult:
     for name in task.names:
         spec = registry.get(name)
         try:
-            if spec.combine == "concat":
+            if spec.combine in ("concat", "concat_by_rank"):
                 out.results[name] = spec.call([trace], task.options)
             elif spec.combine == "reduce":
                 out.partials[name] = REDUCERS[name].map(trace, spec.resolve_options(task.options))

@@ -15,6 +15,7 @@ class Plan:
 
     names: list[str] = field(default_factory=list)  # all of them, in run order
     concat: list[str] = field(default_factory=list)
+    concat_by_rank: list[str] = field(default_factory=list)
     reduce: list[str] = field(default_factory=list)
     driver: list[str] = field(default_factory=list)
 

@@ -3,7 +3,8 @@
 Per analysis, by its ``AnalysisSpec.combine`` (see docs/scale.md):
 
 * ``concat``: the per-rank frames concatenated in input order (what the analysis itself does
-  over a list of traces);
+  over a list of traces); ``concat_by_rank``: in rank order (nulls last), for analyses that
+  sort their output by rank first;
 * ``reduce``: a ``Reducer`` below: ``map(trace, options)`` on the worker returns a small
   partial, ``reduce(partials, options)`` on the driver the frame;
 * ``driver``: the analysis on the full traces sent back by the workers.
@@ -77,6 +78,11 @@ REDUCERS: dict[str, Reducer] = {
 }
 
 
+def _by_rank(ranks: Sequence[RankResult]) -> list[RankResult]:
+    """Stable rank order, unknown ranks last (as ``sort("rank", nulls_last=True)``)."""
+    return sorted(ranks, key=lambda r: (r.meta is None or r.meta.rank is None, r.meta.rank if r.meta and r.meta.rank is not None else 0))
+
+
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     rows = [f for f in frames if f.height]
     if not rows:
@@ -102,8 +108,9 @@ def combine_results(ranks: Sequence[RankResult], names: Sequence[str] | None, op
         try:
             if failed is not None:
                 raise _RankFailure(failed)
-            if spec.combine == "concat":
-                df = _concat([r.results[name] for r in ranks])
+            if spec.combine in ("concat", "concat_by_rank"):
+                order = _by_rank(ranks) if spec.combine == "concat_by_rank" else ranks
+                df = _concat([r.results[name] for r in order])
             elif spec.combine == "reduce":
                 df = REDUCERS[name].reduce([r.partials[name] for r in ranks], spec.resolve_options(options))
             else:
