@@ -137,7 +137,7 @@ register(
     AnalysisSpec(
         name="gpu_user_annotation_breakdown",
         func=gpu_user_annotation_breakdown,
-        combine="concat",
+        combine="concat_by_rank",
         description="Time per GPU user annotation (record_function ranges on the GPU timeline), per rank.",
         options={"use_gpu_annotation": True, "num_kernels": 1000, "duration_ratio": 0.8, "allowlist_patterns": None},
         order=50,
