@@ -48,7 +48,11 @@ def ray_session():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kinetoscope[scale]')")
     from kinetoscope.scale.executors import local_ray_options
 
-    ray.init(**local_ray_options(2))
+    try:
+        ray.init(**local_ray_options(2))
+    except Exception as exc:  # noqa: BLE001 - as with PostgreSQL: no server here, say why and skip
+        ray.shutdown()
+        pytest.skip(f"a local Ray could not start on this machine ({type(exc).__name__}: {exc})")
     try:
         yield ray
     finally:
