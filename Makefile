@@ -17,7 +17,7 @@ $(VENV)/.base-installed: pyproject.toml
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.base-installed
-	$(PIP) install -q -e '.[s3,postgres,ui,test]'
+	$(PIP) install -q -e '.[s3,postgres,ui,scale,test]'
 	touch $@
 
 demo: $(VENV)/.base-installed

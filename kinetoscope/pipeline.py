@@ -120,7 +120,7 @@ def resolve_inputs(
     opened = None
     try:
         for raw in res.inputs:
-            p = Path(os.path.expanduser(raw[len("file://"):] if raw.startswith("file://") else raw))
+            p = Path(os.path.expanduser(raw.removeprefix("file://")))
             if _is_url(raw):
                 from kinetoscope.store import fetch
 
@@ -177,17 +177,32 @@ def analyze_paths(
     cache: bool = True,
     salvage: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    backend: str | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Load the traces and build the analysis document: ``run_analyses`` (default analyses
-    unless ``names``), the job diagnosis (``run_diagnosis``) and ``build_document``."""
+    unless ``names``), the job diagnosis (``run_diagnosis``) and ``build_document``.
+
+    ``backend`` (``"local"`` process pool or ``"ray"``) analyses the files as a map/reduce
+    (``kinetoscope.scale``: one rank per worker, only small results on the driver; the same
+    document, and a file that fails to load is an ``errors`` entry instead of an exception).
+    ``None`` (default): everything in this process, as below."""
     from kinetoscope.analysis.runner import build_document, run_analyses, run_diagnosis
     from kinetoscope.trace import load_traces
 
+    diag_opts = {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+    if backend is not None:
+        from kinetoscope.scale import analyze_files
+
+        return analyze_files(
+            paths, backend=backend, workers=workers, ray_address=ray_address, names=names, options=options,
+            diagnosis_options=diag_opts, cache=cache, salvage=salvage, cache_dir=cache_dir,
+        ).document
     traces = load_traces([os.fspath(p) for p in paths], cache=cache, salvage=salvage, cache_dir=cache_dir)
     if not traces:
         raise InputError("no trace files to analyse")
     results = run_analyses(traces, names, options)
-    diag_opts = {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
     diagnosis = run_diagnosis(traces, results, **diag_opts)
     return build_document(traces, results, diagnosis=diagnosis)
 

@@ -132,6 +132,7 @@ register(
     AnalysisSpec(
         name="aten_op_kernels",
         func=aten_op_kernels,
+        combine="concat",
         description="Kernels each ATen op launches, how often, and its mean op-to-launch and launch-to-kernel delays.",
         default=False,
         order=87,

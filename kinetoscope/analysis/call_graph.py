@@ -471,6 +471,7 @@ register(
     AnalysisSpec(
         name="call_graph",
         func=call_graph_summary,
+        combine="concat",
         description="CPU ops with the GPU work they launch (call stacks + kernels): count, depth, CPU and kernel time per op name.",
         default=False,
         order=80,

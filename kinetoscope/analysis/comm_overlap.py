@@ -63,6 +63,7 @@ register(
     AnalysisSpec(
         name="comm_comp_overlap",
         func=comm_comp_overlap,
+        combine="concat_by_rank",
         description="Share of communication-kernel time overlapped by computation kernels, per rank.",
         order=40,
     )

@@ -270,6 +270,7 @@ register(
     AnalysisSpec(
         name="queue_length_summary",
         func=queue_length_summary,
+        combine="concat_by_rank",
         description="Launch-queue length per rank and stream (operations launched but not yet started).",
         order=70,
         group="counters",
@@ -280,6 +281,7 @@ register(
     AnalysisSpec(
         name="time_blocked_on_full_queue",
         func=time_blocked_on_full_queue,
+        combine="concat_by_rank",
         description="Time each stream's launch queue is full (>= max_queue_length, default 1024).",
         options={"max_queue_length": CUDA_MAX_LAUNCH_QUEUE_PER_STREAM},
         order=71,
@@ -291,6 +293,7 @@ register(
     AnalysisSpec(
         name="queue_length_time_series",
         func=queue_length_time_series,
+        combine="concat",
         description="Launch-queue length per stream at every change (one row per launch and per kernel start).",
         default=False,
         order=72,
@@ -302,6 +305,7 @@ register(
     AnalysisSpec(
         name="memory_bw_summary",
         func=memory_bw_summary,
+        combine="concat_by_rank",
         description="Memory copy/set bandwidth (GB/s) per rank and kind: statistics over time.",
         order=73,
         group="counters",
@@ -312,6 +316,7 @@ register(
     AnalysisSpec(
         name="memory_bw_time_series",
         func=memory_bw_time_series,
+        combine="concat",
         description="Aggregate memory copy/set bandwidth (GB/s) per kind at every change.",
         default=False,
         order=74,

@@ -1076,6 +1076,7 @@ register(
     AnalysisSpec(
         name="critical_path",
         func=critical_path_summary,
+        combine="concat",
         description="Lightweight critical path of a step (or the whole trace): share bound by CPU, GPU compute, communication, launch and kernel-kernel overhead.",
         default=False,
         options=_CP_OPTIONS,
@@ -1088,6 +1089,7 @@ register(
     AnalysisSpec(
         name="critical_path_breakdown",
         func=critical_path_breakdown,
+        combine="concat",
         description="Every edge on the critical path with the event it is attributed to and what it is bound by.",
         default=False,
         options=_CP_OPTIONS,

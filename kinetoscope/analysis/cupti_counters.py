@@ -146,6 +146,7 @@ register(
     AnalysisSpec(
         name="cupti_counters",
         func=cupti_counters,
+        combine="concat",
         description="CUPTI profiler counters per kernel (cuda_profiler_range events) with the ops that launched it.",
         default=False,
         needs_gpu=False,

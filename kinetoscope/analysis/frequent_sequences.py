@@ -192,6 +192,7 @@ register(
     AnalysisSpec(
         name="frequent_kernel_sequences",
         func=frequent_sequences,
+        combine="concat",
         description="Most frequent GPU kernel sequences launched by CPU ops whose name contains operator_name.",
         default=False,
         options={"operator_name": "aten::", "min_pattern_len": 3, "outermost": True},

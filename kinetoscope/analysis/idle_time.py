@@ -165,6 +165,7 @@ register(
     AnalysisSpec(
         name="idle_time_breakdown",
         func=idle_time_breakdown,
+        combine="concat_by_rank",
         description="GPU idle time per rank and stream: host wait, kernel wait (< 30 µs gaps), other.",
         options=_OPTS,
         order=20,
@@ -174,6 +175,7 @@ register(
     AnalysisSpec(
         name="idle_time_interval_stats",
         func=idle_time_interval_stats,
+        combine="concat_by_rank",
         description="Statistics of the idle gaps per rank, stream and idle category.",
         options=_OPTS,
         default=False,

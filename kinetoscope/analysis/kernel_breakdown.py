@@ -190,6 +190,7 @@ register(
     AnalysisSpec(
         name="kernel_type_breakdown",
         func=kernel_type_breakdown,
+        combine="concat_by_rank",
         description="GPU busy time per rank by kernel type, exclusive and overlapping (compute/comm/memory).",
         options={"include_memory_kernels": True},
         order=30,
@@ -199,6 +200,7 @@ register(
     AnalysisSpec(
         name="kernel_breakdown",
         func=kernel_breakdown,
+        combine="concat",
         description="Top kernels per rank and kernel type with per-call duration statistics.",
         options=_OPTS,
         order=31,

@@ -89,6 +89,7 @@ register(
     AnalysisSpec(
         name="kernel_distribution",
         func=kernel_distribution,
+        combine="reduce",
         description="Per top kernel and rank: call count and duration distribution (mean, min, max, std, p50/p90/p99).",
         options={"num_kernels": 10, "duration_ratio": 0.8, "include_memory_kernels": True},
         order=32,

@@ -160,6 +160,7 @@ register(
     AnalysisSpec(
         name="kernel_launch_summary",
         func=kernel_launch_summary,
+        combine="concat_by_rank",
         description="Kernel launches per rank: short kernels, runtime and launch-delay outliers, duration stats.",
         options={"runtime_cutoff_us": 50.0, "launch_delay_cutoff_us": 100.0, "include_memory_events": True},
         order=60,
@@ -171,6 +172,7 @@ register(
     AnalysisSpec(
         name="kernel_launch_stats",
         func=kernel_launch_stats,
+        combine="concat",
         description="Every kernel launch: CPU duration, GPU duration and launch delay (one row per launch).",
         options={"include_memory_events": True},
         default=False,

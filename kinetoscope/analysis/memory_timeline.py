@@ -260,6 +260,7 @@ register(
     AnalysisSpec(
         name="memory_summary",
         func=memory_summary,
+        combine="concat",
         description="Memory per device from the memory events: allocations, frees, peak allocated/reserved and when.",
         default=False,
         needs_gpu=False,
@@ -272,6 +273,7 @@ register(
     AnalysisSpec(
         name="memory_allocation_sites",
         func=memory_allocation_sites,
+        combine="concat",
         description="Ops that allocate the most memory (innermost op enclosing each allocation).",
         default=False,
         needs_gpu=False,
@@ -285,6 +287,7 @@ register(
     AnalysisSpec(
         name="memory_timeline",
         func=memory_timeline,
+        combine="concat",
         description="Every memory event: bytes, total allocated and reserved over time, per device.",
         default=False,
         needs_gpu=False,

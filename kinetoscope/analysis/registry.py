@@ -16,11 +16,25 @@ Adding an analysis (other modules do this at import time, see ``_BUILTIN_MODULES
         needs_gpu=True,                    # skipped with "no GPU events" when no trace has any
         options={"num_kernels": 10},       # keyword options the func accepts, with defaults
         empty_note="no X events",          # note shown when it returns no rows
+        combine="concat",                  # how the map/reduce path (kinetoscope.scale) runs it
     ))
 
 ``func`` receives the traces as a list and only the options it declares; it must return a
 Polars DataFrame with a ``rank`` column (times in µs) and must cope with traces lacking the
 events it needs (return an empty frame with the right schema rather than raising).
+
+``combine`` tells the map/reduce path (``kinetoscope.scale``, thousands of ranks) how the
+analysis splits over ranks (see docs/scale.md):
+
+* ``"concat"``: per-rank decomposable: the result over all ranks equals the per-rank results
+  concatenated in input order; each rank is analysed on a worker.
+* ``"concat_by_rank"``: the same, for an analysis that sorts its output by ``rank`` first
+  (nulls last): the per-rank results concatenated in rank order.
+* ``"reduce"``: per-rank partials on the workers and a cross-rank reducer on the driver
+  (``kinetoscope.scale.reduce.REDUCERS[name]``; the plan refuses a missing one).
+* ``"driver"`` (the default, for analyses that declare nothing): the whole trace of every rank
+  comes back to the driver and the analysis runs there, as in one process: correct, not
+  memory-scalable.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ from typing import Any
 import polars as pl
 
 AnalysisFunc = Callable[..., pl.DataFrame]
+COMBINE_STRATEGIES = ("concat", "concat_by_rank", "reduce", "driver")
 
 
 @dataclass(frozen=True)
@@ -49,12 +64,18 @@ class AnalysisSpec:
     group: str = "core"
     # Shown (in ``notes``) when the analysis ran but produced no rows, e.g. "no steps found".
     empty_note: str | None = None
+    # How the map/reduce path splits it over ranks: one of COMBINE_STRATEGIES (see above).
+    combine: str = "driver"
 
-    def call(self, traces: list[Any], options: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    def resolve_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The declared options with the caller's values for the keys this analysis takes."""
         opts = dict(self.options)
         if options:
             opts.update({k: v for k, v in options.items() if k in self.options})
-        return self.func(traces, **opts)
+        return opts
+
+    def call(self, traces: list[Any], options: Mapping[str, Any] | None = None) -> pl.DataFrame:
+        return self.func(traces, **self.resolve_options(options))
 
 
 _REGISTRY: dict[str, AnalysisSpec] = {}
@@ -83,6 +104,8 @@ _loaded = False
 
 def register(spec: AnalysisSpec, *, replace: bool = False) -> AnalysisSpec:
     """Add an analysis. Registering the same name twice is an error unless ``replace``."""
+    if spec.combine not in COMBINE_STRATEGIES:
+        raise ValueError(f"analysis {spec.name!r}: combine must be one of {COMBINE_STRATEGIES}, got {spec.combine!r}")
     if spec.name in _REGISTRY and not replace and _REGISTRY[spec.name].func is not spec.func:
         raise ValueError(f"analysis {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec

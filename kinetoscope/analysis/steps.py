@@ -201,6 +201,7 @@ register(
     AnalysisSpec(
         name="step_durations",
         func=step_durations,
+        combine="concat_by_rank",
         description="Training steps per rank (ProfilerStep#N, else optimizer steps) and their durations.",
         needs_gpu=False,
         order=5,

@@ -110,6 +110,7 @@ register(
     AnalysisSpec(
         name="temporal_breakdown",
         func=temporal_breakdown,
+        combine="concat",
         description="GPU time per rank split into idle, compute and non-compute (HTA temporal breakdown).",
         order=10,
     )
@@ -118,6 +119,7 @@ register(
     AnalysisSpec(
         name="temporal_breakdown_by_step",
         func=temporal_breakdown_by_step,
+        combine="concat_by_rank",
         description="Temporal breakdown per training step (kernels assigned to the step that launched them).",
         order=11,
         group="steps",

@@ -137,6 +137,7 @@ register(
     AnalysisSpec(
         name="gpu_user_annotation_breakdown",
         func=gpu_user_annotation_breakdown,
+        combine="concat_by_rank",
         description="Time per GPU user annotation (record_function ranges on the GPU timeline), per rank.",
         options={"use_gpu_annotation": True, "num_kernels": 1000, "duration_ratio": 0.8, "allowlist_patterns": None},
         order=50,
@@ -148,6 +149,7 @@ register(
     AnalysisSpec(
         name="gpu_kernels_with_user_annotations",
         func=gpu_kernels_with_user_annotations,
+        combine="concat",
         description="Every GPU kernel with the innermost GPU user annotation it runs under (one row per kernel).",
         default=False,
         order=51,

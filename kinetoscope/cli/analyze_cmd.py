@@ -146,6 +146,78 @@ def _render_human(console: Console, traces: list[Any], doc: dict[str, Any], resu
         console.print(f"\n[red]diagnosis failed:[/] {results.errors['diagnosis']}", highlight=False)
 
 
+def _output(out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any], results: Any) -> None:
+    if as_json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        sys.stdout.buffer.write(b"\n")
+        sys.stdout.flush()
+    else:
+        _render_human(out, traces, doc, results)
+
+
+def _in_process(resolved: Any, inputs: list[str], only: list[str] | None, only_analyses: list[str],
+                only_diagnosis: list[str], opts: dict[str, Any], wanted: set[int] | None, ranks: str | None,
+                no_cache: bool, salvage: bool, model_flops: float | None, peak_flops: float | None) -> Any:
+    """The default path: every trace loaded into this process (a handful of files)."""
+    from kinetoscope.analysis import build_document, run_analyses, run_diagnosis
+    from kinetoscope.trace import load_traces
+
+    traces = load_traces([str(p) for p in resolved.paths], cache=not no_cache, salvage=salvage)
+    if not traces:
+        raise UsageError("no trace files found in " + ", ".join(inputs))
+    if wanted is not None:
+        have = sorted({t.meta.rank for t in traces if t.meta.rank is not None})
+        traces = [t for t in traces if t.meta.rank in wanted]
+        if not traces:
+            raise UsageError(
+                f"--ranks {ranks}: no trace has those ranks (loaded ranks: {', '.join(map(str, have)) or 'none known'})"
+            )
+
+    if only and not only_analyses:  # only diagnosis keys asked for
+        from kinetoscope.analysis import AnalysisResults
+
+        results = AnalysisResults()
+    else:
+        results = run_analyses(traces, only_analyses or None, opts)
+    diagnosis: dict[str, Any] = {}
+    if not only or only_diagnosis:
+        diagnosis = run_diagnosis(traces, results, model_flops=model_flops, peak_flops=peak_flops)
+        if only_diagnosis:
+            diagnosis = {k: v for k, v in diagnosis.items() if k in only_diagnosis or k == "summary"}
+    doc = build_document(traces, results, diagnosis=diagnosis)
+    return traces, results, doc
+
+
+def _scaled(resolved: Any, backend: str, workers: int | None, ray_address: str | None, only: list[str] | None,
+            only_analyses: list[str], only_diagnosis: list[str], opts: dict[str, Any], wanted: set[int] | None,
+            ranks: str | None, no_cache: bool, salvage: bool, model_flops: float | None, peak_flops: float | None) -> Any:
+    """``--backend``: the map/reduce path (kinetoscope.scale), with a progress bar of ranks mapped."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kinetoscope.scale import analyze_files
+
+    err = Console(stderr=True, highlight=False)
+    diag_opts = {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+    with Progress(TextColumn("ranks mapped"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("map", total=len(resolved.paths))
+        run = analyze_files(
+            [str(p) for p in resolved.paths], backend=backend, workers=workers, ray_address=ray_address,
+            names=only_analyses or None, options=opts, analyses=not (only and not only_analyses),
+            diagnosis=not only or bool(only_diagnosis), diagnosis_options=diag_opts,
+            only_diagnosis=only_diagnosis or None, wanted_ranks=wanted, cache=not no_cache, salvage=salvage,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    for why in run.load_errors.values():
+        err.print(f"[red]error:[/] not analysed: {escape(str(why))}")
+    if not run.traces:
+        raise UsageError(f"--ranks {ranks}: no trace has those ranks")
+    return run.traces, run.results, run.document
+
+
 def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quiet: bool) -> None:
     """Record the analysis in the catalog; a catalog problem is a warning, never a failed analysis."""
     from rich.markup import escape
@@ -198,6 +270,16 @@ def register(app: typer.Typer) -> None:
             None, "--catalog", help="Catalog URL for trace ids and for recording the analysis "
             "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db)."
         ),
+        backend: str | None = typer.Option(
+            None, "--backend", help="Map/reduce over ranks for many rank files: 'local' (process pool) or 'ray'. "
+            "Default: everything in this process (best for a handful of files). See docs/scale.md.",
+        ),
+        workers: int | None = typer.Option(
+            None, "--workers", min=1, help="With --backend: worker processes (local) or local Ray CPUs (default: CPU count).",
+        ),
+        ray_address: str | None = typer.Option(
+            None, "--ray-address", help="With --backend ray: the Ray cluster to join (default: $RAY_ADDRESS, else a local Ray).",
+        ),
         record: bool | None = typer.Option(
             None, "--record/--no-record",
             help="Record the analysis in the catalog. Default: when --catalog or $KSCOPE_CATALOG is given, "
@@ -205,7 +287,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Analyse traces: temporal, idle-time, kernel and overlap breakdowns and more (HTA-compatible)."""
-        from kinetoscope.analysis import build_document, registry, run_analyses, run_diagnosis
+        from kinetoscope.analysis import registry
 
         out = Console(highlight=False, soft_wrap=False)
         if not out.is_terminal:
@@ -222,7 +304,6 @@ def register(app: typer.Typer) -> None:
             raise UsageError("give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)")
         from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
         from kinetoscope.pipeline import resolve_inputs
-        from kinetoscope.trace import load_traces
 
         known = set(registry.names())
         only_analyses = [n for n in only or [] if n not in DIAGNOSIS_KEYS]
@@ -236,37 +317,15 @@ def register(app: typer.Typer) -> None:
         wanted = _parse_ranks(ranks)
 
         resolved = resolve_inputs(inputs, catalog_url=catalog)
-        traces = load_traces([str(p) for p in resolved.paths], cache=not no_cache, salvage=salvage)
-        if not traces:
-            raise UsageError("no trace files found in " + ", ".join(inputs))
-        if wanted is not None:
-            have = sorted({t.meta.rank for t in traces if t.meta.rank is not None})
-            traces = [t for t in traces if t.meta.rank in wanted]
-            if not traces:
-                raise UsageError(
-                    f"--ranks {ranks}: no trace has those ranks (loaded ranks: {', '.join(map(str, have)) or 'none known'})"
-                )
-
-        if only and not only_analyses:  # only diagnosis keys asked for
-            from kinetoscope.analysis import AnalysisResults
-
-            results = AnalysisResults()
+        if backend is not None:
+            traces, results, doc = _scaled(resolved, backend, workers, ray_address, only, only_analyses, only_diagnosis,
+                                           opts, wanted, ranks, no_cache, salvage, model_flops, peak_flops)
         else:
-            results = run_analyses(traces, only_analyses or None, opts)
-        diagnosis: dict[str, Any] = {}
-        if not only or only_diagnosis:
-            diagnosis = run_diagnosis(traces, results, model_flops=model_flops, peak_flops=peak_flops)
-            if only_diagnosis:
-                diagnosis = {k: v for k, v in diagnosis.items() if k in only_diagnosis or k == "summary"}
-        doc = build_document(traces, results, diagnosis=diagnosis)
-        if as_json:
-            import orjson
-
-            sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-            sys.stdout.buffer.write(b"\n")
-            sys.stdout.flush()
-        else:
-            _render_human(out, traces, doc, results)
+            if ray_address is not None or workers is not None:
+                raise UsageError("--workers and --ray-address go with --backend local|ray")
+            traces, results, doc = _in_process(resolved, inputs, only, only_analyses, only_diagnosis, opts, wanted,
+                                               ranks, no_cache, salvage, model_flops, peak_flops)
+        _output(out, as_json, traces, doc, results)
         want_record = record if record is not None else bool(
             catalog or os.environ.get("KSCOPE_CATALOG") or resolved.trace_id
         )
