@@ -11,7 +11,7 @@ The CLI, the HTML report and the web app all go through here; they differ only i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
@@ -69,7 +69,25 @@ def run_analyses(
     (or re-raised with ``raise_errors``) and the others still run.
     """
     tl = as_traces(traces)
-    gpu = has_device_events(tl)
+    return collect_results(names, has_device_events(tl), lambda spec: spec.call(tl, options), raise_errors=raise_errors)
+
+
+class AnalysisFailure(Exception):
+    """Raised by a ``collect_results`` callback with a message that is already the one to
+    record (e.g. a worker's, in ``kinetoscope.scale``)."""
+
+
+def collect_results(
+    names: Sequence[str] | None,
+    gpu: bool,
+    compute: Callable[[registry.AnalysisSpec], pl.DataFrame],
+    *,
+    raise_errors: bool = False,
+) -> AnalysisResults:
+    """The loop every way of running analyses shares: in display order, an analysis that needs
+    GPU events is skipped with a note when there are none (``gpu``), ``compute(spec)`` gives its
+    frame, a failure is recorded in ``errors`` (the others still run), an empty result gets the
+    analysis's ``empty_note``."""
     results = AnalysisResults()
     for name in resolve_names(names):
         spec = registry.get(name)
@@ -78,12 +96,12 @@ def run_analyses(
             results.notes[name] = NO_GPU_NOTE
             continue
         try:
-            df = spec.call(tl, options)
+            df = compute(spec)
         except Exception as exc:  # noqa: BLE001 - reported per analysis, the rest still run
             if raise_errors:
                 raise
             results[name] = pl.DataFrame()
-            results.errors[name] = f"{type(exc).__name__}: {exc}"
+            results.errors[name] = str(exc) if isinstance(exc, AnalysisFailure) else f"{type(exc).__name__}: {exc}"
             continue
         results[name] = df
         if df.is_empty() and spec.empty_note:

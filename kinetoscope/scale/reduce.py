@@ -21,12 +21,11 @@ from typing import Any
 
 import polars as pl
 
-from kinetoscope.analysis import registry
 from kinetoscope.analysis.runner import (
-    NO_GPU_NOTE,
+    AnalysisFailure,
     AnalysisResults,
     build_document,
-    resolve_names,
+    collect_results,
     run_diagnosis,
 )
 from kinetoscope.scale.mapper import RankResult
@@ -96,39 +95,19 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
 def combine_results(ranks: Sequence[RankResult], names: Sequence[str] | None, options: Mapping[str, Any] | None) -> AnalysisResults:
     """Per-rank results (loaded ranks, input order) -> the results ``run_analyses`` would give."""
     traces = [r.trace for r in ranks if r.trace is not None]
-    gpu = any(r.has_gpu for r in ranks)
-    results = AnalysisResults()
-    for name in resolve_names(names):
-        spec = registry.get(name)
-        if spec.needs_gpu and not gpu:
-            results[name] = pl.DataFrame()
-            results.notes[name] = NO_GPU_NOTE
-            continue
-        failed = next((r.errors[name] for r in ranks if name in r.errors), None)
-        try:
-            if failed is not None:
-                raise _RankFailure(failed)
-            if spec.combine in ("concat", "concat_by_rank"):
-                order = _by_rank(ranks) if spec.combine == "concat_by_rank" else ranks
-                df = _concat([r.results[name] for r in order])
-            elif spec.combine == "reduce":
-                df = REDUCERS[name].reduce([r.partials[name] for r in ranks], spec.resolve_options(options))
-            else:
-                df = spec.call(traces, options)
-        except _RankFailure as exc:
-            results[name], results.errors[name] = pl.DataFrame(), str(exc)
-            continue
-        except Exception as exc:  # noqa: BLE001 - as run_analyses: the others still run
-            results[name], results.errors[name] = pl.DataFrame(), f"{type(exc).__name__}: {exc}"
-            continue
-        results[name] = df
-        if df.is_empty() and spec.empty_note:
-            results.notes[name] = spec.empty_note
-    return results
 
+    def compute(spec: Any) -> pl.DataFrame:
+        failed = next((r.errors[spec.name] for r in ranks if spec.name in r.errors), None)
+        if failed is not None:
+            raise AnalysisFailure(failed)
+        if spec.combine in ("concat", "concat_by_rank"):
+            order = _by_rank(ranks) if spec.combine == "concat_by_rank" else ranks
+            return _concat([r.results[spec.name] for r in order])
+        if spec.combine == "reduce":
+            return REDUCERS[spec.name].reduce([r.partials[spec.name] for r in ranks], spec.resolve_options(options))
+        return spec.call(traces, options)
 
-class _RankFailure(Exception):
-    """An analysis failed on a worker; its message is already formatted."""
+    return collect_results(names, any(r.has_gpu for r in ranks), compute)
 
 
 @dataclass
