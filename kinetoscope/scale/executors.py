@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Protocol, TypeVar
 
-from kinetoscope.errors import UsageError
+from kinetoscope.errors import KinetoscopeError, UsageError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -107,10 +107,15 @@ class RayExecutor:
         self._started = False
         if not self.ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
-            if address:
-                self.ray.init(address=address, runtime_env={"env_vars": dict(_WORKER_ENV)}, log_to_driver=False)
-            else:
-                self.ray.init(**local_ray_options(workers))
+            try:
+                if address:
+                    self.ray.init(address=address, runtime_env={"env_vars": dict(_WORKER_ENV)}, log_to_driver=False)
+                else:
+                    self.ray.init(**local_ray_options(workers))
+            except Exception as exc:  # noqa: BLE001 - Ray raises many types; the user needs the reason
+                self.ray.shutdown()
+                where = f"the Ray cluster at {address}" if address else "a local Ray"
+                raise KinetoscopeError(f"--backend ray: could not start {where}: {type(exc).__name__}: {exc}") from exc
             self._started = True
 
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
@@ -119,7 +124,10 @@ class RayExecutor:
         while pending:
             done, pending = self.ray.wait(pending, num_returns=1)
             for ref in done:
-                yield self.ray.get(ref)
+                try:
+                    yield self.ray.get(ref)
+                except self.ray.exceptions.RayError as exc:  # a worker died or the task failed outside map_rank
+                    raise KinetoscopeError(f"--backend ray: a map task failed: {type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
         if self._started:
