@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -41,6 +42,8 @@ from kinetoscope.store.retry import (
     call_with_retries,
     describe_error,
 )
+
+log = logging.getLogger("kinetoscope.store")
 
 CHUNK = 4 * 2**20
 TMP_MARK = ".kscope-tmp-"
@@ -570,9 +573,32 @@ class _S3Backend(_Backend):
         if single:
             self._put_object(key, data, digest)
         else:
-            self.fs.put_file(str(src), f"{self.bucket}/{self._key(key)}", chunksize=self.chunksize,
-                             Metadata={SHA_META: digest})
+            try:
+                self.fs.put_file(str(src), f"{self.bucket}/{self._key(key)}", chunksize=self.chunksize,
+                                 Metadata={SHA_META: digest})
+            except BaseException:
+                self._abort_open_uploads(key)
+                raise
         return StoredObject(url, key, size, digest, self._verify(key, size, digest), True)
+
+    def _abort_open_uploads(self, key: str, rounds: int = 3) -> None:
+        """After a failed multipart upload, abort what is still open at ``key``. s3fs aborts its
+        own upload, but an abort that races with a part still in flight can fail or leave parts
+        behind (S3's docs say to repeat it), and an open upload keeps billing for its parts.
+        Trace keys are unique per request, so every open upload at this exact key is ours."""
+        k = self._key(key)
+        for attempt in range(rounds):
+            try:
+                resp = self.fs.call_s3("list_multipart_uploads", Bucket=self.bucket, Prefix=k)
+                open_ids = [u["UploadId"] for u in resp.get("Uploads", []) if u.get("Key") == k]
+                if not open_ids:
+                    return
+                for upload_id in open_ids:
+                    self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=k, UploadId=upload_id)
+            except Exception as exc:  # noqa: BLE001 - best effort: the upload's own error is what matters
+                if attempt == rounds - 1:
+                    log.warning("could not abort the failed multipart upload at %s: %s", join_url(self.base_url, key), exc)
+            time.sleep(0.1 * (attempt + 1))
 
     def _put_object(self, key: str, data: bytes, digest: str) -> None:
         self.fs.call_s3(
