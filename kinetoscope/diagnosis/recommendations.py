@@ -123,8 +123,15 @@ def recommend(
             "steps for accuracy."
         )
         if worth and not frequent:
+            if len(s.ranks) == 1:
+                who = (
+                    f"Only rank {s.ranks[0]} was late, in some steps but not most (if it stays the only "
+                    "one, inspect its host as for a persistent straggler)"
+                )
+            else:
+                who = "Stragglers hit different ranks at different times"
             action = (
-                "Stragglers hit different ranks at different times: use hierarchical SGD or post-local "
+                who + ": use hierarchical SGD or post-local "
                 "SGD so a random straggler only delays a small group: register "
                 "post_localSGD_hook(PostLocalSGDState(subgroup=..., start_localSGD_iter=warmup)) and wrap "
                 "the optimizer in PostLocalSGDOptimizer(averager=HierarchicalModelAverager("
@@ -149,7 +156,9 @@ def recommend(
             _rec(
                 "straggler-intermittent",
                 "medium" if worth else "low",
-                "Intermittent stragglers: different ranks arrive late in some steps",
+                "Intermittent stragglers: different ranks arrive late in some steps"
+                if len(s.ranks) != 1
+                else f"Intermittent straggler: rank {s.ranks[0]} arrives late in some steps",
                 {**what_if, "late_ranks": s.ranks, "recurrent_ranks": s.recurrent_ranks, "frequent": frequent},
                 action,
             )

@@ -171,9 +171,26 @@ def test_two_ranks_noise_and_frequent_intermittent_straggler():
     assert s.kind == "none" and s.sigma_us > 1000
     # rank 1 stalls 80 ms in 4 of 10 steps: every stall found (noise measured without them)
     late = [[0.0] * steps, [80.0 if st in (0, 1, 4, 8) else 0.0 for st in range(steps)]]
-    s = diagnose(make_job(world, steps, late_ms=late, period_ms=120.0, compute_ms=[10.0] * world, jitter_ns=jit)).stragglers
+    d = diagnose(make_job(world, steps, late_ms=late, period_ms=120.0, compute_ms=[10.0] * world, jitter_ns=jit))
+    s = d.stragglers
     found = {st for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr}
     assert found == {0, 1, 4, 8} and s.kind == "intermittent" and s.ranks == [1]
+    # one late rank: the recommendation names it rather than "different ranks"
+    rec = next(r for r in d.recommendations if r["id"] == "straggler-intermittent")
+    assert rec["title"] == "Intermittent straggler: rank 1 arrives late in some steps"
+    assert "too frequent" in rec["action"]  # one of two ranks late: every subgroup would wait
+
+
+def test_one_rank_late_in_a_few_steps_is_named():
+    world, steps = 4, 12
+    late = [[0.0] * steps for _ in range(world)]
+    for st in (2, 6, 9):
+        late[2][st] = 60.0
+    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, seed=5)))
+    assert d.stragglers.kind == "intermittent" and d.stragglers.ranks == [2]
+    rec = next(r for r in d.recommendations if r["id"] == "straggler-intermittent")
+    assert rec["title"] == "Intermittent straggler: rank 2 arrives late in some steps"
+    assert rec["action"].startswith("Only rank 2 was late") and "hierarchical SGD" in rec["action"]
 
 
 @pytest.mark.parametrize("straggled", [range(12), (1, 2, 3, 5, 6, 8, 10, 11)])
