@@ -85,6 +85,27 @@ def _worker_usage() -> dict:
     return {"workers_n": len(rss), "worker_rss": rss, "worker_cpu": cpu}
 
 
+def _hta_four(out: dict, ranks: list[int], **trace_analysis_kw: object) -> dict:
+    """HTA's load (``TraceAnalysis(**trace_analysis_kw)``) + the four analyses, timed into ``out``."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    from hta.trace_analysis import TraceAnalysis
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    ta = TraceAnalysis(**trace_analysis_kw)
+    t1 = time.perf_counter()
+    ta.get_temporal_breakdown(visualize=False)
+    ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
+    ta.get_gpu_kernel_breakdown(visualize=False)
+    ta.get_comm_comp_overlap(visualize=False)
+    out["load"] = t1 - t0
+    out["analyses"] = time.perf_counter() - t1
+    out["wall"] = time.perf_counter() - t0
+    out["cpu"] = time.process_time() - c0
+    return out
+
+
 def child(mode: str, path: str, extra: str) -> dict:
     sys.path.insert(0, str(REPO))
     out: dict = {}
@@ -137,24 +158,8 @@ def child(mode: str, path: str, extra: str) -> dict:
     if mode == "raw-size":
         return {"size": raw_size(Path(path)), "wall": 0.0, "cpu": 0.0}
     if mode == "hta":
-        import logging
-
-        logging.disable(logging.CRITICAL)
-        from hta.trace_analysis import TraceAnalysis
-
         rank = int(extra)
-        t0, c0 = time.perf_counter(), time.process_time()
-        ta = TraceAnalysis(trace_files={rank: path}, trace_dir=os.path.dirname(path))
-        t1 = time.perf_counter()
-        ta.get_temporal_breakdown(visualize=False)
-        ta.get_idle_time_breakdown(ranks=[rank], visualize=False)
-        ta.get_gpu_kernel_breakdown(visualize=False)
-        ta.get_comm_comp_overlap(visualize=False)
-        out["load"] = t1 - t0
-        out["analyses"] = time.perf_counter() - t1
-        out["wall"] = time.perf_counter() - t0
-        out["cpu"] = time.process_time() - c0
-        return out
+        return _hta_four(out, [rank], trace_files={rank: path}, trace_dir=os.path.dirname(path))
     if mode == "floor-chunked":
         from kinetoscope.trace.decode import EventStream
         from kinetoscope.trace.reader import BlockReader
@@ -186,24 +191,7 @@ def child(mode: str, path: str, extra: str) -> dict:
         out["events"] = sum(len(t.events) for t in traces)
         return out
     if mode == "hta-multi":
-        import logging
-
-        logging.disable(logging.CRITICAL)
-        from hta.trace_analysis import TraceAnalysis
-
-        ranks = list(range(int(extra)))
-        t0, c0 = time.perf_counter(), time.process_time()
-        ta = TraceAnalysis(trace_dir=path)
-        t1 = time.perf_counter()
-        ta.get_temporal_breakdown(visualize=False)
-        ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
-        ta.get_gpu_kernel_breakdown(visualize=False)
-        ta.get_comm_comp_overlap(visualize=False)
-        out["load"] = t1 - t0
-        out["analyses"] = time.perf_counter() - t1
-        out["wall"] = time.perf_counter() - t0
-        out["cpu"] = time.process_time() - c0
-        return out
+        return _hta_four(out, list(range(int(extra))), trace_dir=path)
     if mode == "make-ranks":
         return {"path": str(make_ranks(Path(path), int(extra))), "wall": 0.0, "cpu": 0.0}
     if mode in ("floor-json", "floor-typed"):

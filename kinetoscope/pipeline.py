@@ -167,6 +167,11 @@ def resolve_inputs(
     return res
 
 
+def diagnosis_options(model_flops: float | None, peak_flops: float | None) -> dict[str, float]:
+    """The ``diagnose`` keywords the user gave (``--model-flops``/``--peak-flops``), unset ones left out."""
+    return {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+
+
 def analyze_paths(
     paths: Sequence[str | os.PathLike[str]],
     *,
@@ -191,7 +196,7 @@ def analyze_paths(
     from kinetoscope.analysis.runner import build_document, run_analyses, run_diagnosis
     from kinetoscope.trace import load_traces
 
-    diag_opts = {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+    diag_opts = diagnosis_options(model_flops, peak_flops)
     if backend is not None:
         from kinetoscope.scale import analyze_files
 

@@ -197,10 +197,11 @@ def _scaled(resolved: Any, backend: str, workers: int | None, ray_address: str |
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kinetoscope.pipeline import diagnosis_options
     from kinetoscope.scale import analyze_files
 
     err = Console(stderr=True, highlight=False)
-    diag_opts = {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+    diag_opts = diagnosis_options(model_flops, peak_flops)
     with Progress(TextColumn("ranks mapped"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("map", total=len(resolved.paths))

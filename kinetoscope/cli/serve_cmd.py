@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from kinetoscope.collect.client import parse_host
+        from kinetoscope.pipeline import diagnosis_options
         from kinetoscope.web import WebSettings, create_app
 
         if not 0 <= port < 65536:
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
         allowed = None
         if loopback:
             allowed = ["127.0.0.1", "localhost", "::1", host.strip("[]").lower()]
-        opts = {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+        opts = diagnosis_options(model_flops, peak_flops)
         settings = WebSettings(catalog_url=catalog, daemons=daemons, token=token, allowed_hosts=allowed,
                                analysis_options=opts, workers=workers)
         webapp = create_app(settings)

@@ -418,18 +418,21 @@ class RowBuilder:
 
     def _range_counters(self, args: dict[str, Any], i: int, name: str, pid: int | None, ts: int) -> None:
         """CUPTI profiler counters of a ``cuda_profiler_range`` event -> counters rows."""
-        c = self.counters
         for key, value in args.items():
             if isinstance(value, bool):
                 value = int(value)
             elif not isinstance(value, (int, float)):
                 continue
-            c["idx"].append(i)
-            c["name"].append(name)
-            c["pid"].append(pid)
-            c["ts"].append(ts)
-            c["key"].append(str(key))
-            c["value"].append(coerce_float(value))
+            self._counter_row(i, name, pid, ts, key, value)
+
+    def _counter_row(self, i: int, name: Any, pid: Any, ts: Any, key: Any, value: Any) -> None:
+        c = self.counters
+        c["idx"].append(i)
+        c["name"].append(name)
+        c["pid"].append(pid)
+        c["ts"].append(ts)
+        c["key"].append(str(key))
+        c["value"].append(coerce_float(value))
 
     def add(self, ev: Any, i: int) -> None:
         path = self.path
@@ -496,17 +499,11 @@ class RowBuilder:
         elif ph == "C":
             args = ev.get("args")
             if isinstance(args, dict):
-                c = self.counters
                 ts = ns_value(ev.get("ts", 0), path, i, "ts")
                 name = coerce_str(ev.get("name"))
                 pid = ids(raw_pid)
                 for key, value in args.items():
-                    c["idx"].append(i)
-                    c["name"].append(name)
-                    c["pid"].append(pid)
-                    c["ts"].append(ts)
-                    c["key"].append(str(key))
-                    c["value"].append(coerce_float(value))
+                    self._counter_row(i, name, pid, ts, key, value)
         elif ph == "i" or ph == "I":
             args = ev.get("args")
             if not isinstance(args, dict):

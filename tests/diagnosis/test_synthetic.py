@@ -184,8 +184,8 @@ def test_two_ranks_noise_and_frequent_intermittent_straggler():
 def test_one_rank_late_in_a_few_steps_is_named():
     world, steps = 4, 12
     late = [[0.0] * steps for _ in range(world)]
-    for st in (2, 6, 9):
-        late[2][st] = 60.0
+    for step in (2, 6, 9):
+        late[2][step] = 60.0
     d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, seed=5)))
     assert d.stragglers.kind == "intermittent" and d.stragglers.ranks == [2]
     rec = next(r for r in d.recommendations if r["id"] == "straggler-intermittent")
