@@ -19,6 +19,8 @@ import functools
 import hashlib
 import os
 import re
+import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -50,6 +52,7 @@ DEFAULT_CATALOG = Path("~/.kinetoscope/catalog.db")
 ENV_CATALOG = "KSCOPE_CATALOG"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x6B73636F7065  # "kscope": serialises concurrent schema upgrades on PostgreSQL
+_SQLITE_BUSY_TIMEOUT_S = 60.0  # how long a writer queues behind another before giving up
 
 
 class CatalogError(KinetoscopeError):
@@ -111,7 +114,7 @@ def make_engine(url: str) -> Engine:
                 raise CatalogError(f"cannot open catalog {redact(url)}: directory {parent} does not exist")
         if not db or db == ":memory:":
             kwargs["poolclass"] = sa.pool.StaticPool
-        kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
+        kwargs["connect_args"] = {"timeout": _SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
     elif backend == "postgresql":
         if "connect_timeout" not in u.query:
             kwargs["connect_args"] = {"connect_timeout": 10}
@@ -131,9 +134,9 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
         cur = dbapi_conn.cursor()
         try:
-            cur.execute("PRAGMA busy_timeout = 60000")
+            cur.execute(f"PRAGMA busy_timeout = {int(_SQLITE_BUSY_TIMEOUT_S * 1000)}")
             if engine.url.database not in (None, "", ":memory:"):
-                cur.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cur)
             cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -143,6 +146,29 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(conn: Connection) -> None:
         mode = "DEFERRED" if conn.get_execution_options().get("kscope_readonly") else "IMMEDIATE"
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _enable_wal(cur: Any, timeout_s: float = _SQLITE_BUSY_TIMEOUT_S) -> None:
+    """Switch the database to WAL, retrying while another connection holds a lock.
+
+    Why a loop: the switch upgrades a read lock to a write lock, and SQLite answers a contended
+    upgrade with ``SQLITE_BUSY`` at once, without calling the busy handler (waiting could
+    deadlock), so ``busy_timeout`` does not cover it. This bites only while a fresh catalog is
+    still in rollback mode, e.g. two ``kscope`` processes creating it at the same moment; once
+    the file is in WAL (a persistent setting) the pragma is a no-op that takes no write lock.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.002
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 def _first_line(exc: BaseException) -> str:

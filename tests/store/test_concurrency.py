@@ -3,11 +3,14 @@ create the schema)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from kinetoscope.store.catalog import Catalog
 
@@ -15,6 +18,8 @@ from .conftest import REPO_ROOT
 
 WRITER = r"""
 import os, sys, time
+import pytest
+
 from kinetoscope.store.catalog import Catalog
 
 url, who, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -69,3 +74,32 @@ def test_two_processes_record_at_once(catalog_url: str, tmp_path: Path) -> None:
         assert jobs["hosts"][0].to_list() == ["host-a", "host-b"] and jobs["traces"][0] == 2 * n + 1
         assert cat.list_trace_files(job_id="shared").height == 2 * (2 * n) + 2 * n
         assert cat.list_analyses(limit=None).height == 2 * n
+
+
+def test_open_waits_for_a_writer_holding_a_fresh_rollback_mode_catalog(tmp_path: Path) -> None:
+    """A catalog file still in rollback mode, write-locked by another connection: switching it to
+    WAL fails at once with SQLITE_BUSY (SQLite skips the busy handler for that lock upgrade), so
+    ``Catalog.open`` must wait for the lock instead of failing (this failed CI under load)."""
+    import sqlite3
+    import threading
+
+    db = tmp_path / "catalog.db"
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other_tool(i INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO other_tool VALUES (1)")
+    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as probe:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            probe.execute("PRAGMA busy_timeout = 5000")
+            probe.execute("PRAGMA journal_mode = WAL")  # the SQLite behaviour this test relies on
+    release = threading.Timer(0.4, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with Catalog.open(str(db)) as cat:
+            with cat.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert cat.list_traces(limit=None).height == 0
+    finally:
+        release.join()
+        holder.close()
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM other_tool").fetchone() == (1,)
