@@ -18,9 +18,9 @@ import contextlib
 import functools
 import hashlib
 import os
+import logging
 import re
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -43,6 +43,7 @@ from kinetoscope.collect.manifest import (
     validate_manifest,
 )
 from kinetoscope.store.models import analyses, jobs, trace_files, trace_requests
+from kinetoscope.store.retry import RetryPolicy, call_with_retries
 from kinetoscope.store.storage import StoredObject, join_url
 
 if TYPE_CHECKING:
@@ -148,27 +149,26 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _enable_wal(cur: Any, timeout_s: float = _SQLITE_BUSY_TIMEOUT_S) -> None:
+def _sqlite_locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+# 2 ms doubling to 0.1 s, then 0.1 s steps: about _SQLITE_BUSY_TIMEOUT_S in all
+_WAL_RETRY = RetryPolicy(attempts=int(_SQLITE_BUSY_TIMEOUT_S / 0.1) + 7, base_delay=0.002, max_delay=0.1, jitter=0.25)
+
+
+def _enable_wal(cur: Any) -> None:
     """Switch the database to WAL, retrying while another connection holds a lock.
 
-    Why a loop: the switch upgrades a read lock to a write lock, and SQLite answers a contended
+    Why retries: the switch upgrades a read lock to a write lock, and SQLite answers a contended
     upgrade with ``SQLITE_BUSY`` at once, without calling the busy handler (waiting could
     deadlock), so ``busy_timeout`` does not cover it. This bites only while a fresh catalog is
     still in rollback mode, e.g. two ``kscope`` processes creating it at the same moment; once
     the file is in WAL (a persistent setting) the pragma is a no-op that takes no write lock.
     """
-    deadline = time.monotonic() + timeout_s
-    delay = 0.002
-    while True:
-        try:
-            cur.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            text = str(exc).lower()
-            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    call_with_retries(lambda: cur.execute("PRAGMA journal_mode = WAL"), _WAL_RETRY, "switching the catalog to WAL",
+                      transient=_sqlite_locked, log_level=logging.DEBUG)
 
 
 def _first_line(exc: BaseException) -> str:

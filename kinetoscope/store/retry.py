@@ -142,10 +142,15 @@ def call_with_retries(
     *,
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[int, BaseException], None] | None = None,
+    transient: Callable[[BaseException], bool] = is_transient,
+    log_level: int = logging.WARNING,
 ) -> T:
     """Call ``fn`` until it succeeds, a permanent error occurs, or ``policy`` is used up.
 
-    The last error propagates unchanged (callers wrap it into a user-facing message).
+    ``transient`` says which errors are worth another try (storage errors by default);
+    ``log_level`` is the level of the line logged per retry (an expected wait, such as a lock,
+    need not warn). The last error propagates unchanged (callers wrap it into a user-facing
+    message).
     """
     delays = policy.delays()
     attempt = 0
@@ -154,13 +159,13 @@ def call_with_retries(
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_transient(exc):
+            if not transient(exc):
                 raise
             delay = next(delays, None)
             if delay is None:
                 raise
-            log.warning("%s: transient error on attempt %d (%s); retrying in %.2fs",
-                        what, attempt, describe_error(exc), delay)
+            log.log(log_level, "%s: transient error on attempt %d (%s); retrying in %.2fs",
+                    what, attempt, describe_error(exc), delay)
             if on_retry is not None:
                 on_retry(attempt, exc)
             sleep(delay)

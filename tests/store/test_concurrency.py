@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -80,9 +82,6 @@ def test_open_waits_for_a_writer_holding_a_fresh_rollback_mode_catalog(tmp_path:
     """A catalog file still in rollback mode, write-locked by another connection: switching it to
     WAL fails at once with SQLITE_BUSY (SQLite skips the busy handler for that lock upgrade), so
     ``Catalog.open`` must wait for the lock instead of failing (this failed CI under load)."""
-    import sqlite3
-    import threading
-
     db = tmp_path / "catalog.db"
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("CREATE TABLE other_tool(i INTEGER)")
