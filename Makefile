@@ -1,4 +1,6 @@
 # Two set-up commands on a fresh machine: `make demo` and `make test` (see README).
+# `make demo` installs the runtime dependencies only (no test extras): .ci/run runs it first, in a
+# fresh virtualenv, so a module importing an undeclared package fails CI as it would a new user.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv

@@ -122,6 +122,9 @@ def make_engine(url: str) -> Engine:
         kwargs["pool_pre_ping"] = True
     try:
         engine = sa.create_engine(u, **kwargs)
+    except ImportError as exc:  # the driver of an optional extra is not installed
+        extra = " (pip install 'kinetoscope[postgres]')" if backend == "postgresql" else ""
+        raise CatalogError(f"cannot open catalog {redact(url)}: driver not installed: {exc.name or exc}{extra}") from exc
     except Exception as exc:  # noqa: BLE001 - unknown driver, bad argument...
         raise CatalogError(f"cannot open catalog {redact(url)}: {_first_line(exc)}") from exc
     if backend == "sqlite":
