@@ -15,12 +15,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from kinetoscope.analysis.names import display_name
 from kinetoscope.errors import UsageError
 
-MAX_ROWS = 25
+MAX_ROWS = 25  # rows per table with --all
+COMPACT_ROWS = 10  # rows per table by default: the output should fit a screen or two
 MAX_NAME = 70
 
 
@@ -80,73 +81,121 @@ def _fmt(v: Any, col: str) -> str:
     return s if len(s) <= MAX_NAME else s[: MAX_NAME - 1] + "…"
 
 
-def _render_human(console: Console, traces: list[Any], doc: dict[str, Any], results: Any) -> None:
+def _render_human(console: Console, traces: list[Any], doc: dict[str, Any], results: Any, *, show_all: bool,
+                  max_rows: int = MAX_ROWS) -> None:
+    """Verdict first, then the traces and the analysis tables that have rows; ``show_all`` adds the
+    empty ones and longer tables."""
     from kinetoscope.analysis import registry
 
     summary = doc.get("diagnosis_summary")
     if summary:
         console.print("[bold]Diagnosis[/]")
-        for line in summary:
-            console.print(f"  {line}", highlight=False)
+        for line in summary:  # soft-wrapped: one verdict line stays one line when piped
+            console.print(f"  {escape(str(line))}", highlight=False, soft_wrap=True)
         console.print()
         from kinetoscope.diagnosis.render import render_rich
 
-        render_rich(console, doc)
+        render_rich(console, doc if show_all else _compact_diagnosis(doc))
         console.print()
 
-    t = Table(title="Traces", title_justify="left", show_lines=False)
-    for c in ("rank", "device", "events", "path"):
-        t.add_column(c)
+    _print_traces(console, traces)
+
+    quiet: dict[str, list[str]] = {}  # note -> analyses with nothing to show
+    for name, df in results.items():
+        spec = registry.get(name)
+        title = f"[bold]{name}[/] — {spec.description}"
+        if name in results.errors:
+            console.print()
+            console.print(title)
+            console.print(f"  [red]failed:[/] {escape(str(results.errors[name]))}", highlight=False)
+            continue
+        if df.is_empty():
+            note = results.notes.get(name, "no rows")
+            if not show_all:
+                quiet.setdefault(note, []).append(name)
+                continue
+            console.print()
+            console.print(title)
+            console.print(f"  {escape(note)}", highlight=False)
+            continue
+        console.print()
+        _print_table(console, title, df, max_rows if show_all else min(max_rows, COMPACT_ROWS))
+    if quiet:
+        console.print()
+        for note, names in quiet.items():
+            console.print(f"[dim]nothing to show ({escape(note.rstrip('.'))}): {', '.join(names)}[/]",
+                          highlight=False)
+        console.print("[dim]--all prints every table in full; --json has every row[/]", highlight=False)
+    if "diagnosis" in results.errors:
+        console.print(f"\n[red]diagnosis failed:[/] {escape(str(results.errors['diagnosis']))}", highlight=False)
+
+
+def _compact_diagnosis(doc: dict[str, Any]) -> dict[str, Any]:
+    """The diagnosis tables worth a screen by default: the per-rank straggler table and the job
+    line. The per-step what-if, the clock offsets, an MFU with no value and the recommendations
+    table (its actions are in the verdict lines above) print with ``--all``. A shallow copy:
+    the JSON document stays complete."""
+    out = dict(doc)
+    strag = out.get("stragglers")
+    if isinstance(strag, dict):
+        out["stragglers"] = {k: v for k, v in strag.items() if k != "per_step"}
+    job = out.get("job")
+    if isinstance(job, dict):
+        out["job"] = {k: v for k, v in job.items() if k != "clock"}
+    mfu = out.get("mfu")
+    if isinstance(mfu, dict) and mfu.get("mfu") is None:
+        out.pop("mfu")
+    out.pop("recommendations", None)
+    return out
+
+
+def _print_traces(console: Console, traces: list[Any]) -> None:
+    """One line per trace file: rank, device, events, path. Not a table: a table column folds a
+    long path mid-token on an 80-column terminal, and a path must stay whole to be copied."""
+    console.print("[bold]Traces[/]")
     for tr in traces:
         m = tr.meta
         rank = "?" if m.rank is None else str(m.rank)
         if m.rank is not None and m.rank_source not in ("distributedInfo",):
             rank += f" ({m.rank_source})"
-        t.add_row(rank, m.device_type, f"{m.num_trace_events:,}", str(m.path))
-    console.print(t)
+        console.print(f"  rank {escape(rank)}  {m.device_type}  {m.num_trace_events:,} events  {escape(str(m.path))}",
+                      highlight=False, soft_wrap=True)
     for tr in traces:
         for w in tr.meta.warnings:
-            console.print(f"[yellow]warning:[/] {tr.meta.path}: {w}", highlight=False)
-
-    for name, df in results.items():
-        spec = registry.get(name)
-        console.print()
-        title = f"[bold]{name}[/] — {spec.description}"
-        if name in results.errors:
-            console.print(title)
-            console.print(f"  [red]failed:[/] {results.errors[name]}", highlight=False)
-            continue
-        if df.is_empty():
-            console.print(title)
-            console.print(f"  {results.notes.get(name, 'no rows')}", highlight=False)
-            continue
-        shown = df.head(MAX_ROWS)
-        # Absolute trace-clock times are unreadable: show them relative to the first one.
-        times = [c for c in _TIME_COLS if c in shown.columns]
-        if times:
-            base = min(v for c in times for v in shown[c].to_list() if v is not None)
-            shown = shown.with_columns([(shown[c] - base).alias(c) for c in times]).rename(
-                {c: f"{c} from {base:,.0f}" if c == times[0] else c for c in times}
-            )
-        table = Table(title=title, title_justify="left")
-        for col in shown.columns:
-            numeric = shown.schema[col].is_numeric()
-            table.add_column(col, justify="right" if numeric else "left", overflow="fold")
-        for row in shown.iter_rows():
-            cells = []
-            for v, c in zip(row, shown.columns):
-                if c in _NAME_COLS and isinstance(v, str):
-                    v = display_name(v)
-                cells.append(_fmt(v, c))
-            table.add_row(*cells)
-        console.print(table)
-        if df.height > MAX_ROWS:
-            console.print(f"  … {df.height - MAX_ROWS:,} more rows (all of them with --json)", highlight=False)
-    if "diagnosis" in results.errors:
-        console.print(f"\n[red]diagnosis failed:[/] {results.errors['diagnosis']}", highlight=False)
+            console.print(f"[yellow]warning:[/] {escape(str(tr.meta.path))}: {escape(str(w))}", highlight=False,
+                          soft_wrap=True)
 
 
-def _output(out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any], results: Any) -> None:
+def _print_table(console: Console, title: str, df: Any, max_rows: int) -> None:
+    """One analysis result as a Rich table of at most ``max_rows`` rows (ids and paths whole)."""
+    from kinetoscope.analysis.names import display_name
+
+    shown = df.head(max_rows)
+    # Absolute trace-clock times are unreadable: show them relative to the first one.
+    times = [c for c in _TIME_COLS if c in shown.columns]
+    if times:
+        base = min(v for c in times for v in shown[c].to_list() if v is not None)
+        shown = shown.with_columns([(shown[c] - base).alias(c) for c in times]).rename(
+            {c: f"{c} from {base:,.0f}" if c == times[0] else c for c in times}
+        )
+    table = Table(title=title, title_justify="left")
+    for col in shown.columns:
+        numeric = shown.schema[col].is_numeric()
+        table.add_column(col, justify="right" if numeric else "left", overflow="fold")
+    for row in shown.iter_rows():
+        cells = []
+        for v, c in zip(row, shown.columns):
+            if c in _NAME_COLS and isinstance(v, str):
+                v = display_name(v)
+            cells.append(_fmt(v, c))
+        table.add_row(*cells)
+    console.print(table)
+    if df.height > max_rows:
+        console.print(f"  … {df.height - max_rows:,} more rows (--all for {MAX_ROWS}, --json for all)", highlight=False)
+
+
+def _output(out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any], results: Any,
+            show_all: bool = False) -> None:
     if as_json:
         import orjson
 
@@ -154,7 +203,7 @@ def _output(out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any],
         sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
     else:
-        _render_human(out, traces, doc, results)
+        _render_human(out, traces, doc, results, show_all=show_all)
 
 
 def _in_process(resolved: Any, inputs: list[str], only: list[str] | None, only_analyses: list[str],
@@ -258,9 +307,14 @@ def register(app: typer.Typer) -> None:
         no_cache: bool = typer.Option(False, "--no-cache", help="Parse the files again, ignoring the cache."),
         salvage: bool = typer.Option(False, "--salvage", help="Keep the complete events of damaged/truncated files."),
         option: list[str] = typer.Option(
-            None, "--option", "-o", help="Analysis option KEY=VALUE (repeatable), e.g. -o num_kernels=20."
+            None, "--option", metavar="KEY=VALUE",
+            help="Analysis option (repeatable), e.g. --option num_kernels=20. (-o means output in every command.)"
         ),
         list_: bool = typer.Option(False, "--list", help="List the analyses and exit."),
+        show_all: bool = typer.Option(
+            False, "--all", help="Print every analysis table, the empty ones too, up to 25 rows each "
+            "(default: the verdict and the tables with rows, 10 rows each). --json is always complete.",
+        ),
         model_flops: float | None = typer.Option(
             None, "--model-flops", help="FLOPs of one global training step for MFU, e.g. 6*tokens_per_batch*num_params."
         ),
@@ -291,7 +345,7 @@ def register(app: typer.Typer) -> None:
         from kinetoscope.analysis import registry
 
         out = Console(highlight=False, soft_wrap=False)
-        if not out.is_terminal:
+        if not out.is_terminal and "COLUMNS" not in os.environ:  # piped: wide tables, unless told
             out = Console(highlight=False, soft_wrap=False, width=200)
         if list_:
             t = Table(title="Analyses", title_justify="left")
@@ -326,7 +380,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("--workers and --ray-address go with --backend local|ray")
             traces, results, doc = _in_process(resolved, inputs, only, only_analyses, only_diagnosis, opts, wanted,
                                                ranks, no_cache, salvage, model_flops, peak_flops)
-        _output(out, as_json, traces, doc, results)
+        _output(out, as_json, traces, doc, results, show_all)
         want_record = record if record is not None else bool(
             catalog or os.environ.get("KSCOPE_CATALOG") or resolved.trace_id
         )

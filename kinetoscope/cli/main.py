@@ -1,36 +1,99 @@
-"""The `kscope` entry point: one Typer app; each sub-command lives in its own module."""
+"""The `kscope` entry point: one Typer app; each sub-command lives in its own module.
+
+Start-up is part of the interface (`kscope --help` should answer at once), so sub-command modules
+are imported lazily: the root group lists the commands from the table below, and imports a
+command's module only when that command runs or prints its own help. A module's heavy
+libraries (Polars, Plotly, SQLAlchemy, FastAPI, ...) load inside its command function.
+"""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+from typer import _click
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from kinetoscope import __version__
 from kinetoscope.errors import KinetoscopeError
 
+# name -> (module exposing ``register(app)``, one-line help shown by `kscope --help`).
+# Order is the order of `kscope --help`; tests/cli/test_cli_help.py checks each line against
+# the command's own docstring so the two cannot drift apart.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "daemon": ("kinetoscope.cli.daemon_cmd", "Run the per-host daemon: PyTorch processes register over IPC, "
+               "`dyno` and `kscope trace` trigger traces over RPC."),
+    "trace": ("kinetoscope.cli.trace_cmd", "Trigger an on-demand trace of running PyTorch processes, like "
+              "`dyno gputrace`."),
+    "analyze": ("kinetoscope.cli.analyze_cmd", "Analyse traces: temporal, idle-time, kernel and overlap "
+                "breakdowns and more (HTA-compatible)."),
+    "diff": ("kinetoscope.cli.diff_cmd", "Compare two traces: op/kernel counts and durations added, removed "
+             "and changed."),
+    "jobs": ("kinetoscope.cli.catalog_cmd", "List the jobs the catalog has seen, most recent first."),
+    "traces": ("kinetoscope.cli.catalog_cmd", "List recorded trace requests, newest first."),
+    "report": ("kinetoscope.cli.report_cmd", "Write a self-contained HTML report (diagnosis, step-time "
+               "breakdown, stragglers, kernels, ...)."),
+    "serve": ("kinetoscope.cli.serve_cmd", "Serve the web app: catalog browser, HTML reports, trace trigger "
+              "form and a local Perfetto UI."),
+    "demo": ("kinetoscope.cli.demo_cmd", "Run the end-to-end demo: daemon + DDP job + on-demand trace + "
+             "diagnosis + report (about 30-60 s on 2 cores)."),
+    "catalog": ("kinetoscope.cli.catalog_cmd", "Manage the trace catalog (record existing trace folders, "
+                "show requests)."),
+}
+
+
+def _flag_type_rich(self: TyperOption, ctx: _click.Context) -> str | None:
+    """A flag (``--json``, ``--wait``, ``--record/--no-record``) takes no value, so its help row
+    shows no type; Typer 0.29 prints ``<bool>`` there, which reads as if it wanted one."""
+    if self.is_flag and self.metavar is None:
+        return None
+    return _typed_option_type_rich(self, ctx)
+
+
+_typed_option_type_rich = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type_rich  # type: ignore[method-assign]
+
+
+def load_commands(module: str) -> dict[str, _click.Command]:
+    """Import ``module`` and return the click commands its ``register(app)`` defines."""
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    importlib.import_module(module).register(sub)
+    sub.callback()(lambda: None)  # a callback makes Typer build a group even for one command
+    return dict(typer.main.get_group(sub).commands)
+
+
+class LazyGroup(TyperGroup):
+    """The root group: lists every command from :data:`COMMANDS` without importing it, and
+    loads the real command (its module) only when the command line names it."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        return TyperCommand(cmd_name, help=entry[1])  # a listing entry; never invoked
+
+    def resolve_command(self, ctx: _click.Context, args: list[str]) -> Any:
+        if args and args[0] in COMMANDS and args[0] not in self.commands:
+            self.commands.update(load_commands(COMMANDS[args[0]][0]))
+        return super().resolve_command(ctx, args)
+
+
 app = typer.Typer(
     name="kscope",
+    cls=LazyGroup,
     help="Kinetoscope: trace running PyTorch jobs without code changes, and diagnose them.",
+    epilog="Every command's --help ends with examples; conventions (-o, --json, --all): docs/cli.md.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-# Each module exposes ``register(app)``; order is the order of `kscope --help`.
-COMMAND_MODULES = [
-    "kinetoscope.cli.daemon_cmd",
-    "kinetoscope.cli.trace_cmd",
-    "kinetoscope.cli.analyze_cmd",
-    "kinetoscope.cli.diff_cmd",
-    "kinetoscope.cli.catalog_cmd",
-    "kinetoscope.cli.report_cmd",
-    "kinetoscope.cli.serve_cmd",
-    "kinetoscope.cli.demo_cmd",
-]
 
 
 @app.callback(invoke_without_command=True)
@@ -42,21 +105,40 @@ def _root(
         raise typer.Exit(0)
 
 
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
-
-
 def main() -> None:
-    """Run the CLI; user-facing errors become one message and an exit code, never a traceback."""
-    err = Console(stderr=True)
+    """Run the CLI; user-facing errors (a bad option too) become one line on stderr and a
+    non-zero exit status, never a traceback or a boxed usage panel."""
     try:
-        app()
+        rv = app(standalone_mode=False)
     except KinetoscopeError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
+        _print_error(str(exc))
         sys.exit(exc.exit_code)
+    except _click.exceptions.ClickException as exc:  # unknown option, bad value, missing argument
+        _print_error(_usage_message(exc))
+        sys.exit(exc.exit_code)
+    except _click.exceptions.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _usage_message(exc: _click.exceptions.ClickException) -> str:
+    """Click's message plus where to look: ``No such option: -x (see: kscope analyze --help)``."""
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+    return " ".join(exc.format_message().split()) + where
+
+
+def _print_error(message: str) -> None:
+    """``error: <message>`` on stderr, on one line whatever the terminal width."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 if __name__ == "__main__":
