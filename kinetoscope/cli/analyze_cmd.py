@@ -18,7 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
+
+EXAMPLES = examples(
+    ('kscope analyze run/traces/kst-20261121-053012-3f9a/', 'verdict, then the tables'),
+    ('kscope analyze kst-20261121-053012-3f9a --json > doc.json', 'a catalog trace id'),
+    ('kscope analyze trace.json --only kernel_breakdown --all', 'one table, every row up to 25'),
+)
+
 
 MAX_ROWS = 25  # rows per table with --all
 COMPACT_ROWS = 10  # rows per table by default: the output should fit a screen or two
@@ -291,7 +299,7 @@ def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quie
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("analyze")
+    @app.command("analyze", epilog=EXAMPLES)
     def analyze(
         inputs: list[str] = typer.Argument(
             None,

@@ -15,6 +15,29 @@ from typing import Any, Optional, TypeVar
 
 import typer
 
+from kinetoscope.cli.examples import examples
+
+JOBS_EXAMPLES = examples(
+    ("kscope jobs", "jobs in ~/.kinetoscope/catalog.db, newest first"),
+    ("kscope jobs --catalog postgresql://kscope@db/kscope --json", "a shared catalog, as JSON"),
+)
+TRACES_EXAMPLES = examples(
+    ("kscope traces --job-id 36199 --files", "one job's requests and their files"),
+    ("kscope traces --limit 5 --json", "the five newest requests, as JSON"),
+)
+CATALOG_EXAMPLES = examples(
+    ("kscope catalog import /tmp/kinetoscope/traces/", "record trace folders written earlier"),
+    ("kscope catalog show kst-20261121-053012-3f9a", "one request: files, sizes, analyses"),
+)
+IMPORT_EXAMPLES = examples(
+    ("kscope catalog import /tmp/kinetoscope/traces/kst-20261121-053012-3f9a/", "one request folder"),
+    ("kscope catalog import /data/traces/ --store s3://bucket/traces", "upload, then record"),
+)
+SHOW_EXAMPLES = examples(
+    ("kscope catalog show kst-20261121-053012-3f9a", "files, sizes, sha256, analyses"),
+    ("kscope catalog show kst-20261121-053012-3f9a --json", "the same, as JSON"),
+)
+
 JSON_VERSION = 1
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -113,7 +136,7 @@ def _files_table(title: str, traces: list[Any]) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("jobs")
+    @app.command("jobs", epilog=JOBS_EXAMPLES)
     @_user_errors
     def jobs_cmd(
         catalog: Optional[str] = CatalogOpt,
@@ -137,7 +160,7 @@ def register(app: typer.Typer) -> None:
                           _when(j.first_seen), _when(j.last_seen), j.cmdline or "-")
             _print(t)
 
-    @app.command("traces")
+    @app.command("traces", epilog=TRACES_EXAMPLES)
     @_user_errors
     def traces_cmd(
         job_id: Optional[str] = typer.Option(None, "--job-id", help="Only trace requests of this job."),
@@ -168,11 +191,11 @@ def register(app: typer.Typer) -> None:
                 _print(_files_table("Files", found))
 
     catalog_app = typer.Typer(
-        help="Manage the trace catalog (record existing trace folders, show requests).",
+        help="Manage the trace catalog (record existing trace folders, show requests).", epilog=CATALOG_EXAMPLES,
         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     )
 
-    @catalog_app.command("import")
+    @catalog_app.command("import", epilog=IMPORT_EXAMPLES)
     @_user_errors
     def import_cmd(
         trace_dir: Path = typer.Argument(..., help="A request folder with manifest.json "
@@ -220,7 +243,7 @@ def register(app: typer.Typer) -> None:
                 return
             _print(_traces_table(f"Recorded in {cat.display_url}", records))
 
-    @catalog_app.command("show")
+    @catalog_app.command("show", epilog=SHOW_EXAMPLES)
     @_user_errors
     def show_cmd(
         trace_id: str = typer.Argument(..., help="Trace request id."),

@@ -7,11 +7,18 @@ from typing import Optional
 
 import typer
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
+
+EXAMPLES = examples(
+    ('kscope daemon', 'RPC on 127.0.0.1:1778, traces to /tmp/kinetoscope/traces'),
+    ('kscope daemon --bind 0.0.0.0 --token "$KSCOPE_TOKEN"', 'reachable from other hosts'),
+    ('kscope daemon --metrics-port 9464', 'also export host/GPU metrics to Prometheus'),
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("daemon")
+    @app.command("daemon", epilog=EXAMPLES)
     def daemon(
         port: int = typer.Option(1778, "--port", help="RPC TCP port (dyno's default 1778); 0 = pick a free one."),
         bind: Optional[list[str]] = typer.Option(  # noqa: UP007 - typer needs Optional here

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import typer
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
+
+EXAMPLES = examples(
+    ('kscope demo', '2 ranks, an intermittent straggler, report in demo-output/'),
+    ('kscope demo --ranks 4 --straggler persistent --workdir /tmp/demo', '4 ranks, one always slow'),
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("demo")
+    @app.command("demo", epilog=EXAMPLES)
     def demo(
         workdir: str = typer.Option("demo-output", "--workdir", help="Where traces and logs go (kept afterwards)."),
         ranks: int = typer.Option(2, "--ranks", help="Number of DDP ranks (processes)."),

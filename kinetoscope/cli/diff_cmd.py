@@ -15,7 +15,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.errors import KinetoscopeError, UsageError
+
+EXAMPLES = examples(
+    ('kscope diff before.json after.json', 'ops and kernels added, removed, changed'),
+    ('kscope diff run1/ run2/ --rank 0 --top 20', 'rank 0 of two trace folders'),
+)
+
 
 MAX_NAME = 80
 
@@ -83,7 +90,7 @@ def _signed(v: float | int) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("diff")
+    @app.command("diff", epilog=EXAMPLES)
     def diff(
         control: Path = typer.Argument(..., help="Control trace (file, or directory of traces with --rank)."),
         test: Path = typer.Argument(..., help="Test trace (file, or directory of traces with --rank)."),

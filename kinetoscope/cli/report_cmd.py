@@ -11,11 +11,17 @@ from pathlib import Path
 
 import typer
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
+
+EXAMPLES = examples(
+    ('kscope report run/traces/kst-20261121-053012-3f9a/ -o report.html', 'analyse and write'),
+    ('kscope report --document doc.json -o report.html', 'from kscope analyze --json'),
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("report")
+    @app.command("report", epilog=EXAMPLES)
     def report(
         inputs: list[str] = typer.Argument(
             None,
@@ -48,7 +54,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from kinetoscope.pipeline import AnalysisRun, analyze_inputs, record_run
-        from kinetoscope.report.render import write_report
+        from kinetoscope.report.render import check_output_path, write_report
 
         err = Console(stderr=True, highlight=False)
         out = Console(highlight=False)
@@ -58,6 +64,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("give either inputs to analyse or --document, not both")
         if max_rows < 1:
             raise UsageError("--max-rows must be at least 1")
+        check_output_path(output)  # before minutes of analysis, not after
         if document is not None:
             try:
                 doc = orjson.loads(document.read_bytes())

@@ -12,7 +12,14 @@ import socket
 
 import typer
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.errors import KinetoscopeError, UsageError
+
+EXAMPLES = examples(
+    ('kscope serve', 'web app on http://127.0.0.1:8000'),
+    ('kscope serve --catalog demo-output/catalog.db --daemon node01:1778', 'with a trigger form'),
+)
+
 
 READY_PREFIX = "kscope serve ready:"
 
@@ -27,7 +34,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("serve")
+    @app.command("serve", epilog=EXAMPLES)
     def serve(
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: this machine only)."),
         port: int = typer.Option(8000, "--port", help="Port (0: any free port)."),

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from kinetoscope.cli.examples import examples
 from kinetoscope.collect.client import DEFAULT_PORT, parse_hosts
 from kinetoscope.collect.deliver import parse_store_options, record_trace_result, store_trace_result
 from kinetoscope.collect.render import files_table, matched_table, stored_table
@@ -28,6 +29,13 @@ from kinetoscope.collect.trigger import (
     wait_for_trace,
 )
 from kinetoscope.errors import UsageError
+
+EXAMPLES = examples(
+    ('kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait', 'one job, 10 steps'),
+    ('kscope trace -H node01 -H node02 -p 4242 --duration-ms 2000 -w', 'by pid, 2 s'),
+    ('kscope trace --all --iterations 5 --store s3://bucket/traces', 'upload when done'),
+)
+
 
 DEFAULT_WAIT_TIMEOUT_S = 120.0
 
@@ -77,7 +85,7 @@ def _record(err: Console, result: TraceResult, catalog: str | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("trace")
+    @app.command("trace", epilog=EXAMPLES)
     def trace(
         host: list[str] | None = typer.Option(
             None, "--host", "-H", metavar="HOST[:PORT]",

@@ -17,6 +17,8 @@ from kinetoscope.lazy import lazy_exports
 _EXPORTS = {
     "render_report": "render",
     "write_report": "render",
+    "check_output_path": "render",
+    "ReportWriteError": "render",
     "plotly_js": "render",
     "json_for_script": "escape",
     "plotly_text": "escape",

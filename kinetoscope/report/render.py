@@ -22,6 +22,7 @@ from typing import Any
 import jinja2
 
 import kinetoscope
+from kinetoscope.errors import KinetoscopeError
 from kinetoscope.report.escape import js_for_script, json_for_script
 from kinetoscope.report.sections import build_view, fmt_bytes
 
@@ -101,17 +102,49 @@ def render_report(
     return html
 
 
+class ReportWriteError(KinetoscopeError):
+    """The report file cannot be written where asked (the message names the path and why)."""
+
+
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """Refuse, before any work, an output path that cannot be a report file: an existing folder,
+    or a folder that cannot be created or written. Raises :class:`ReportWriteError` (one line)."""
+    out = Path(path)
+    if out.is_dir():
+        raise ReportWriteError(f"cannot write the report to {out}: it is a directory (give a file name, "
+                               f"e.g. {out / 'report.html'})")
+    parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise ReportWriteError(f"cannot write the report to {out}: {parent} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportWriteError(f"cannot write the report to {out}: {_os_reason(exc)}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ReportWriteError(f"cannot write the report to {out}: folder {parent} is not writable")
+    return out
+
+
 def write_report(document: Mapping[str, Any], path: str | os.PathLike[str], **kwargs: Any) -> Path:
     """``render_report`` written atomically to ``path`` (a temporary file in the same folder,
-    then renamed). Returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    then renamed). Returns the path. Raises :class:`ReportWriteError` (one line) when the file
+    cannot be written: a folder in the way, a read-only file system, no space, ..."""
+    out = check_output_path(path)
     html = render_report(document, **kwargs)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, out)
+    except OSError as exc:
+        raise ReportWriteError(f"cannot write the report to {out}: {_os_reason(exc)}") from None
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder refused the file in the first place
     return out
+
+
+def _os_reason(exc: OSError) -> str:
+    """``Read-only file system`` rather than ``[Errno 30] Read-only file system: '/x/.r.html.tmp-1'``."""
+    return exc.strerror or str(exc)
