@@ -99,6 +99,9 @@ def _open(url: Optional[str]) -> Any:
     return Catalog.open(url)
 
 
+PIPE_WIDTH = 250  # piped output (no terminal, no $COLUMNS): wide enough that no table folds
+
+
 def _table(title: str, columns: list[str]) -> Any:
     from rich.table import Table
 
@@ -108,31 +111,98 @@ def _table(title: str, columns: list[str]) -> Any:
     return t
 
 
-def _print(renderable: Any) -> None:
+def _console() -> Any:
+    import os
+
     from rich.console import Console
 
-    Console().print(renderable)
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=PIPE_WIDTH)
+    return console
+
+
+def _print(renderable: Any) -> None:
+    """A message on one (soft-wrapped) line; a table as a table when it fits the width, else as
+    one block of ``column value`` pairs per row, so that no id, file name or path is folded
+    mid-token on an 80-column terminal."""
+    from rich.table import Table
+
+    console = _console()
+    if isinstance(renderable, str):
+        console.print(renderable, soft_wrap=True, markup=False)
+    elif isinstance(renderable, Table) and _natural_width(console, renderable) > console.width:
+        _print_records(console, renderable)
+    else:
+        console.print(renderable)
+
+
+def _natural_width(console: Any, table: Any) -> int:
+    """The width ``table`` takes when nothing is folded."""
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update_width(100_000), table).maximum
+
+
+def _print_records(console: Any, table: Any) -> None:
+    """``table`` row by row as ``header: value`` pairs, packed into lines of the console's width;
+    a line breaks between pairs, never inside one (free text alone may wrap between words)."""
+    if table.title:
+        console.print(str(table.title), style="bold", markup=False)
+    for i in range(table.row_count):
+        pairs = [f"{str(col.header).lower()}: {col._cells[i]}" for col in table.columns]
+        line = ""
+        for pair in pairs:
+            if line and len(line) + 3 + len(pair) > console.width - 2:
+                console.print("  " + line, markup=False, soft_wrap=True)
+                line = ""
+            line = f"{line}   {pair}" if line else pair
+        console.print("  " + line, markup=False, overflow="fold")
+    console.print()
 
 
 def _traces_table(title: str, traces: list[Any]) -> Any:
-    t = _table(title, ["TRACE ID", "CREATED (UTC)", "STATUS", "JOBS", "HOSTS", "FILES", "SIZE", "STORE"])
+    t = _table(title, ["TRACE ID", "CREATED (UTC)", "STATUS", "JOBS", "HOSTS", "FILES", "SIZE"])
     for r in traces:
         t.add_row(r.trace_id, _when(r.created), r.status, ", ".join(r.job_ids) or "-", _hosts(r.hosts),
-                  f"{r.complete_files}/{r.file_count}", _size(r.total_bytes), r.store_url or "-")
+                  f"{r.complete_files}/{r.file_count}", _size(r.total_bytes))
     return t
+
+
+def _print_stores(traces: list[Any]) -> None:
+    """Where each request was stored, one whole URL per line (a table would fold it)."""
+    for r in traces:
+        if r.store_url:
+            _print(f"{r.trace_id} stored in {r.store_url}")
 
 
 def _files_table(title: str, traces: list[Any]) -> Any:
     many = len(traces) > 1
     t = _table(title, (["TRACE ID"] if many else []) + ["RANK", "HOST", "PID", "JOB", "FILE", "SIZE", "COMPLETE",
-                                                         "SHA256", "STORED AT"])
+                                                         "SHA256"])
     for r in traces:
         for f in r.files:
             t.add_row(*([r.trace_id] if many else []), "-" if f.rank is None else str(f.rank), f.host or "-",
                       str(f.pid or "-"), f.job_id or "-", f.file, _size(f.bytes),
-                      {True: "yes", False: "no", None: "?"}[f.complete], (f.sha256 or "-")[:12],
-                      f.storage_url or f.path or "-")
+                      {True: "yes", False: "no", None: "?"}[f.complete], (f.sha256 or "-")[:12])
     return t
+
+
+def _print_file_locations(traces: list[Any]) -> None:
+    """Each file's full location (storage URL, else local path) on its own line, never folded:
+    ``in <folder>`` once when every file of a request shares one folder."""
+    import posixpath
+
+    for r in traces:
+        where = [f.storage_url or f.path for f in r.files if f.storage_url or f.path]
+        if not where:
+            continue
+        folders = {posixpath.dirname(w) for w in where}
+        if len(folders) == 1 and len(where) == len(r.files):
+            _print(f"files of {r.trace_id} in {folders.pop()}/")
+        else:
+            for f in r.files:
+                _print(f"{r.trace_id} rank {'-' if f.rank is None else f.rank}: {f.storage_url or f.path or '-'}")
 
 
 def register(app: typer.Typer) -> None:
@@ -187,8 +257,10 @@ def register(app: typer.Typer) -> None:
                 _print(f"No trace requests{what} in catalog {cat.display_url}.")
                 return
             _print(_traces_table(f"Trace requests in {cat.display_url}", found))
+            _print_stores(found)
             if files:
                 _print(_files_table("Files", found))
+                _print_file_locations(found)
 
     catalog_app = typer.Typer(
         help="Manage the trace catalog (record existing trace folders, show requests).", epilog=CATALOG_EXAMPLES,
@@ -265,7 +337,9 @@ def register(app: typer.Typer) -> None:
                 _emit_json({"kinetoscope_catalog": JSON_VERSION, "catalog": cat.display_url, "trace": doc})
                 return
             _print(_traces_table(f"Trace request {trace_id}", [rec]))
+            _print_stores([rec])
             _print(_files_table("Files", [rec]))
+            _print_file_locations([rec])
             if found:
                 a = _table("Analyses", ["ID", "CREATED (UTC)", "NAME", "VERSION", "STEP TIME", "STRAGGLER"])
                 for r in found:

@@ -109,14 +109,14 @@ def main() -> None:
     """Run the CLI; user-facing errors (a bad option too) become one line on stderr and a
     non-zero exit status, never a traceback or a boxed usage panel."""
     try:
-        rv = app(standalone_mode=False)
+        rv = app(standalone_mode=False, prog_name="kscope")
     except KinetoscopeError as exc:
         _print_error(str(exc))
         sys.exit(exc.exit_code)
     except _click.exceptions.ClickException as exc:  # unknown option, bad value, missing argument
         _print_error(_usage_message(exc))
         sys.exit(exc.exit_code)
-    except _click.exceptions.Abort:
+    except typer.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
