@@ -9,6 +9,8 @@ they become chart labels.
 from __future__ import annotations
 
 import math
+import re
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -281,9 +283,12 @@ def _rank_label(r: Any) -> str:
 
 def _base_layout(title: str | None = None, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
-        "margin": {"l": 60, "r": 20, "t": 40 if title else 20, "b": 50},
+        # The legend sits above the plot: below it, it collided with the axis title of a
+        # two-row (rank / step) category axis.
+        "margin": {"l": 60, "r": 20, "t": 70 if title else 50, "b": 50},
         "font": {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12},
-        "legend": {"orientation": "h", "y": -0.2, "traceorder": "normal"},
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom",
+                   "traceorder": "normal"},
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "rgba(0,0,0,0)",
         "hoverlabel": {"namelength": -1},
@@ -335,7 +340,9 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
     s = document_summary(doc)
     out = []
     if "step_time_ms" in s:
-        out.append(Kpi("Step time (median)", f"{s['step_time_ms']:,.1f} ms"))
+        mean = _mean_step_ms(doc)
+        out.append(Kpi("Step time (median)", f"{s['step_time_ms']:,.1f} ms",
+                       f"mean {mean:,.1f} ms (slow steps weigh in)" if mean is not None else None))
     parts = step_parts_by_rank_step(doc)
     if parts:
         tot = defaultdict(float)
@@ -355,34 +362,113 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
     if "straggler_kind" in s:
         kind = s["straggler_kind"]
         ranks = s.get("straggler_ranks") or []
-        out.append(Kpi("Stragglers", kind + (f": {', '.join(map(str, ranks[:8]))}" if ranks else ""),
+        named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:8]))}"
+        out.append(Kpi("Stragglers", kind + (f": {named}" if ranks else ""),
                        None, {"persistent": "bad", "intermittent": "warn"}.get(kind)))
     mfu = doc.get("mfu") if isinstance(doc.get("mfu"), Mapping) else None
     if mfu is not None:
         out.append(Kpi("MFU", fmt_pct(mfu.get("mfu")) if _num(mfu.get("mfu")) is not None else "n/a",
-                       None if _num(mfu.get("mfu")) is not None else str(mfu.get("reason") or "")[:80]))
+                       None if _num(mfu.get("mfu")) is not None else _short_reason(mfu.get("reason"))))
     return out
+
+
+def _mean_step_ms(doc: Mapping[str, Any]) -> float | None:
+    """The mean step time the diagnosis headline quotes (its what-if), else the mean over steps of
+    the median over ranks: shown beside the median card so the two numbers reconcile."""
+    strag = doc.get("stragglers")
+    what_if = strag.get("what_if") if isinstance(strag, Mapping) else None
+    if isinstance(what_if, Mapping) and _num(what_if.get("mean_step_time_us")) is not None:
+        return _ms(what_if["mean_step_time_us"])
+    per_step: dict[Any, list[float]] = defaultdict(list)
+    for row in _rows(doc.get("steps")):
+        if _num(row.get("step_time(us)")) is not None:
+            per_step[row.get("step")].append(float(row["step_time(us)"]))
+    if not per_step:
+        return None
+    return statistics.fmean(statistics.median(v) for v in per_step.values()) / 1000.0
+
+
+def _short_reason(reason: Any) -> str | None:
+    """A card-sized reason: the text before its first explanation (``no FLOPs: pass ...`` ->
+    ``no FLOPs``), pointing at the section that has the whole of it."""
+    text = str(reason or "").strip()
+    if not text:
+        return None
+    head = re.split(r"[:;(]", text, maxsplit=1)[0].strip()
+    return f"{head or text[:40]} — see the MFU section"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 rank``, ``4 ranks``."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 # ---------------------------------------------------------------------------------------
 # Recommendations
 # ---------------------------------------------------------------------------------------
-def _evidence_rows(ev: Any, prefix: str = "") -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
+# Unit suffixes of evidence keys (the diagnosis' naming convention) -> how the value prints.
+_EVIDENCE_UNITS: tuple[tuple[str, str], ...] = (
+    ("_fraction", "pct"), ("_share", "pct"), ("_pct", "pct_already"), ("_ms", "ms"), ("_us", "us"),
+    ("(us)", "us"), ("(ms)", "ms"), ("(bytes)", "bytes"),
+    ("_s", "s"), ("_bytes", "bytes"), ("_flops", "flops"),
+)
+# Words of evidence keys spelt out in their labels.
+_EVIDENCE_WORDS = {"est": "estimated", "comm": "communication", "mfu": "MFU", "cpu": "CPU", "gpu": "GPU",
+                   "ddp": "DDP", "vs": "vs.", "num": "number of", "bw": "bandwidth", "h2d": "host-to-device",
+                   "d2h": "device-to-host", "nccl": "NCCL"}
+
+
+def evidence_label(key: str) -> tuple[str, str]:
+    """``mean_step_time_ms`` -> ``("Mean step time", "ms")``: a readable label and the unit kind
+    its suffix names (``""`` when none)."""
+    unit = ""
+    for suffix, kind in _EVIDENCE_UNITS:
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key, unit = key[: -len(suffix)], kind
+            break
+    words = [_EVIDENCE_WORDS.get(w.lower(), w) for w in key.replace("(", " ").replace(")", " ").split("_") if w]
+    text = " ".join(" ".join(words).split())
+    return (text[:1].upper() + text[1:]) if text else key, unit
+
+
+def evidence_value(v: Any, unit: str) -> str:
+    """An evidence value with its unit: fractions as percentages, times in ms/s, bytes in KiB/MiB."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return fmt_num(v) if isinstance(v, bool) else str(v)
+    if unit == "pct":
+        return fmt_pct(v)
+    if unit == "pct_already":
+        return f"{v:.1f} %"
+    if unit == "ms":
+        return f"{fmt_num(float(v), 2)} ms"
+    if unit == "us":
+        return fmt_ms(v)
+    if unit == "s":
+        return f"{fmt_num(float(v), 3)} s"
+    if unit == "bytes":
+        return fmt_bytes(v)
+    if unit == "flops":
+        return f"{v:.3g} FLOPs"
+    return fmt_num(v, 3) if isinstance(v, float) else fmt_num(v)
+
+
+def _evidence_rows(ev: Any, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``(label, value with unit, raw key)`` per evidence entry; nested mappings flatten as
+    ``Label · sub-label``. The raw key stays available (a tooltip) to find it in the JSON."""
+    out: list[tuple[str, str, str]] = []
     if isinstance(ev, Mapping):
         for k, v in ev.items():
-            key = f"{prefix}{k}"
+            label, unit = evidence_label(str(k))
+            raw = f"{prefix}{k}"
             if isinstance(v, Mapping):
-                out.extend(_evidence_rows(v, key + " · "))
-            elif isinstance(v, float):
-                out.append((key, fmt_num(v, 3)))
+                out.extend((f"{label} · {sub}", val, key) for sub, val, key in _evidence_rows(v, raw + "."))
             elif isinstance(v, list):
-                out.append((key, ", ".join(fmt_num(x, 3) if isinstance(x, float) else str(x) for x in v[:20])
-                            + (" …" if len(v) > 20 else "")))
+                shown = ", ".join(evidence_value(x, unit) for x in v[:20]) + (" …" if len(v) > 20 else "")
+                out.append((label, shown, raw))
             else:
-                out.append((key, fmt_num(v) if isinstance(v, int) else str(v)))
+                out.append((label, evidence_value(v, unit), raw))
     elif ev is not None:
-        out.append(("", str(ev)))
+        out.append(("", str(ev), ""))
     return out
 
 
@@ -466,6 +552,8 @@ def _stacked(x: list[Any], series: dict[str, list[float]], *, xtitle: str, ytitl
         data.append(tr)
     layout = _base_layout(barmode="stack", xaxis={"title": {"text": xtitle}, "type": "multicategory" if multicategory else "category"},
                           yaxis={"title": {"text": ytitle}})
+    if multicategory:  # two rows of tick labels, then the axis title: room for all three
+        layout["margin"]["b"] = 95
     return {"data": data, "layout": layout}
 
 
@@ -530,14 +618,14 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     _narrow(fig["layout"], len(steps))
     sec.charts.append(ChartView(
         "chart-steps", fig,
-        f"Per step, mean over {len(ranks)} rank(s)."))
+        f"Per step, mean over {plural(len(ranks), 'rank')}."))
     if len(ranks) > 1:
         series_r = {k: [mean(by_rank[r], k) for r in ranks] for k in keys}
         fig = _stacked([_rank_label(r) for r in ranks], series_r, xtitle="rank")
         _narrow(fig["layout"], len(ranks))
         sec.charts.append(ChartView(
             "chart-ranks", fig,
-            f"Per rank, mean over {len(steps)} step(s) (the distributed view: ranks that compute less and "
+            f"Per rank, mean over {plural(len(steps), 'step')} (the distributed view: ranks that compute less and "
             "wait more are waiting for a straggler)."))
     if 1 < len(ranks) and len(parts) <= MAX_CHART_BARS:
         ordered = sorted(parts, key=lambda p: ((p["rank"] is None, p["rank"]), (p["step"] is None, p["step"])))
@@ -637,7 +725,8 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         return sec
     kind = str(strag.get("kind") or "unknown")
     ranks = strag.get("ranks") if isinstance(strag.get("ranks"), list) else []
-    sec.kpis.append(Kpi("Verdict", kind + (f": rank {', '.join(map(str, ranks[:10]))}" if ranks else ""), None,
+    named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:10]))}"
+    sec.kpis.append(Kpi("Verdict", kind + (f": {named}" if ranks else ""), None,
                         {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind)))
     if _num(strag.get("lost_fraction")) is not None:
         sec.kpis.append(Kpi("Time lost to stragglers", fmt_pct(strag.get("lost_fraction")), "share of step time"))

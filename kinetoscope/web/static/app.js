@@ -13,12 +13,20 @@
   function list(elId, items) {
     var ul = document.getElementById(elId);
     if (!ul) { return; }
+    var box = document.getElementById(elId + "-box");  // heading + list, hidden while empty
+    if (box) { box.hidden = !(items && items.length); }
     clear(ul);
     (items || []).forEach(function (s) {
       var li = document.createElement("li");
       li.textContent = String(s);
       ul.appendChild(li);
     });
+  }
+  function humanBytes(n) {  // as fmt_bytes in kinetoscope/report/sections.py
+    if (n === null || n === undefined || isNaN(n)) { return "–"; }
+    var units = ["B", "KiB", "MiB", "GiB", "TiB"], v = Number(n), i = 0;
+    while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+    return i === 0 ? v.toFixed(0) + " B" : v.toFixed(1) + " " + units[i];
   }
   function link(elId, href) {
     var a = document.getElementById(elId);
@@ -42,11 +50,11 @@
       clear(tb);
       (t.files || []).forEach(function (f) {
         var tr = document.createElement("tr");
-        [f.rank === null ? "–" : f.rank, f.host, f.pid, f.file, f.bytes === null ? "–" : f.bytes,
+        [f.rank === null ? "–" : f.rank, f.host, f.pid, f.file, humanBytes(f.bytes),
          f.delivered ? "yes" : "no", f.complete ? "yes" : "no"].forEach(function (v, i) {
           var td = document.createElement("td");
           td.textContent = String(v);
-          if (i === 4) { td.className = "num"; }
+          if (i === 4) { td.className = "num"; td.title = f.bytes === null ? "" : f.bytes + " bytes"; }
           tr.appendChild(td);
         });
         tb.appendChild(tr);
