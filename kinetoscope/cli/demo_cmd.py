@@ -33,6 +33,11 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(True, "--report/--no-report", help="Analyse, record and write the HTML report."),
     ) -> None:
         """Run the end-to-end demo: daemon + DDP job + on-demand trace + diagnosis + report (about 30-60 s on 2 cores)."""
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:  # the job is a real PyTorch job: say so up front
+            raise UsageError("kscope demo runs a real PyTorch job, and torch is not installed: `make demo` "
+                             "installs the CPU wheel (or: pip install torch==2.13.0)")
         from kinetoscope.demo.driver import DemoOptions, run_demo
         from kinetoscope.demo.train_ddp import MODEL_SIZES, STRAGGLER_MODES
 

@@ -124,6 +124,7 @@ def _kscope_without(blocked: str, *args: str) -> subprocess.CompletedProcess[str
         ("ray", ["analyze", "tests/data/traces/hta/cpu_only", "--backend", "ray"], "scale"),
         ("s3fs", ["analyze", "s3://bucket/traces/kst-1"], "s3"),
         ("psycopg", ["jobs", "--catalog", "postgresql://user@127.0.0.1:9/db"], "postgres"),
+        ("torch", ["demo", "--workdir", "/nonexistent/kscope-demo"], "torch"),
     ],
 )
 def test_missing_optional_extra_is_one_line_naming_it(blocked: str, args: list[str], extra: str) -> None:
@@ -132,7 +133,7 @@ def test_missing_optional_extra_is_one_line_naming_it(blocked: str, args: list[s
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert f"kinetoscope[{extra}]" in lines[0]
+    assert (f"kinetoscope[{extra}]" if extra != "torch" else "pip install torch==") in lines[0]
 
 
 def test_missing_viztracer_is_a_note_not_a_failure() -> None:
