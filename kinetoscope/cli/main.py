@@ -113,6 +113,10 @@ def main() -> None:
     except KinetoscopeError as exc:
         _print_error(str(exc))
         sys.exit(exc.exit_code)
+    except _click.exceptions.NoArgsIsHelpError as exc:  # bare `kscope` / `kscope catalog`: the help
+        if exc.format_message().strip():  # Rich has printed it already; plain click returns it
+            print(exc.format_message(), file=sys.stderr)
+        sys.exit(exc.exit_code)
     except _click.exceptions.ClickException as exc:  # unknown option, bad value, missing argument
         _print_error(_usage_message(exc))
         sys.exit(exc.exit_code)

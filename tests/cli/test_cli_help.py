@@ -130,3 +130,12 @@ def test_command_help_loads_no_heavy_library(command: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY:", f"kscope {command} --help imports a heavy library"
+
+
+@pytest.mark.parametrize("args", [[], ["catalog"]])
+def test_bare_group_prints_its_help_and_nothing_else(args: list[str]) -> None:
+    """`kscope` alone shows the help (exit 2, as Click does), without an empty error line."""
+    proc = _kscope(*args)
+    assert proc.returncode == 2
+    assert "Usage: kscope" in proc.stdout
+    assert proc.stderr == ""
