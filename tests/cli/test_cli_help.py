@@ -73,11 +73,12 @@ def test_every_command_ends_its_help_with_real_examples(path: str) -> None:
         target.make_context(path, list(args))  # raises on an unknown option or a bad value
 
 
-def test_examples_fit_80_columns_unbroken() -> None:
-    proc = _kscope("trace", "--help")
+@pytest.mark.parametrize("path", COMMAND_PATHS)
+def test_examples_fit_80_columns_unbroken(path: str) -> None:
+    proc = _kscope(*path.split(), "--help")
     assert proc.returncode == 0, proc.stderr
     help_lines = [ln.strip() for ln in proc.stdout.splitlines()]
-    cmd = _all_commands()["trace"]
+    cmd = _all_commands()[path]
     for example in _example_lines(cmd.epilog or ""):
         assert example.replace(r"\[", "[") in help_lines, f"example wrapped at 80 columns: {example}"
 
