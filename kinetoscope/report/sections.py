@@ -341,8 +341,9 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
     out = []
     if "step_time_ms" in s:
         mean = _mean_step_ms(doc)
+        differs = mean is not None and abs(mean - s["step_time_ms"]) > 0.005 * max(abs(mean), 1e-9)
         out.append(Kpi("Step time (median)", f"{s['step_time_ms']:,.1f} ms",
-                       f"mean {mean:,.1f} ms (slow steps weigh in)" if mean is not None else None))
+                       f"mean {mean:,.1f} ms (slow steps weigh in)" if differs else None))
     parts = step_parts_by_rank_step(doc)
     if parts:
         tot = defaultdict(float)
@@ -426,6 +427,8 @@ def evidence_label(key: str) -> tuple[str, str]:
         if key.endswith(suffix) and len(key) > len(suffix):
             key, unit = key[: -len(suffix)], kind
             break
+    if not unit and "fraction" in key.split("_"):  # overlap_fraction_of_comm: a share all the same
+        unit = "pct"
     words = [_EVIDENCE_WORDS.get(w.lower(), w) for w in key.replace("(", " ").replace(")", " ").split("_") if w]
     text = " ".join(" ".join(words).split())
     return (text[:1].upper() + text[1:]) if text else key, unit

@@ -29,6 +29,7 @@ MFU_REASON = ("no FLOPs: pass --model-flops (e.g. 6 * tokens_per_batch * num_par
     ("est_step_time_without_stragglers_ms", "Estimated step time without stragglers", "ms"),
     ("exposed_transfer_fraction", "Exposed transfer", "pct"),
     ("steps_analysed", "Steps analysed", ""),
+    ("overlap_fraction_of_comm", "Overlap fraction of communication", "pct"),
     ("mean_lateness(us)", "Mean lateness", "us"),
 ])
 def test_evidence_keys_become_labels(key: str, label: str, unit: str) -> None:
@@ -74,6 +75,9 @@ def test_step_time_card_says_median_and_shows_the_mean(hostile_doc: dict[str, An
                                                           "mean_step_time_us": 89_685.0}}
     (card,) = [k for k in _kpis(doc) if k.label == "Step time (median)"]
     assert card.hint is not None and card.hint.startswith("mean 89.7 ms")
+    doc["stragglers"]["what_if"]["mean_step_time_us"] = float(card.value.split()[0].replace(",", "")) * 1000
+    (card,) = [k for k in _kpis(doc) if k.label == "Step time (median)"]
+    assert card.hint is None  # one number when mean and median agree
 
 
 @pytest.mark.parametrize(("ranks", "text"), [([3], "intermittent: rank 3"), ([1, 3], "intermittent: ranks 1, 3")])
