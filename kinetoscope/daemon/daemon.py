@@ -48,8 +48,9 @@ class DaemonOptions:
     gpu_metrics: bool = True
     hostname: str | None = None
     include_launchers: bool = False
-    rpc_timeout_s: float = 5.0
-    max_connections: int = 64
+    rpc_timeout_s: float = 5.0  # whole request, from accept to its last byte
+    rpc_min_rate_bps: float = 1024.0  # after the first second (see rpc_server)
+    max_connections: int = 64  # requests handled at once (status is answered besides)
 
 
 class Daemon:
@@ -85,6 +86,8 @@ class Daemon:
             self.handlers.frame_error,
             timeout_s=options.rpc_timeout_s,
             max_connections=options.max_connections,
+            fast=self.handlers.is_fast,
+            min_rate_bps=options.rpc_min_rate_bps,
         )
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)

@@ -45,6 +45,10 @@ log = logging.getLogger("kinetoscope.daemon.rpc")
 DYNOLOG_COMPAT_VERSION = "0.6.0"
 VERSION = f"{DYNOLOG_COMPAT_VERSION}+kscope.{__version__}"
 
+# Answered on the RPC loop itself, never queued behind slow handlers (see RpcServer).
+FAST_FUNCTIONS = frozenset({"getStatus", "getVersion"})
+FAST_MAX_BYTES = 4096
+
 DYNO_DEFAULT_PROCESS_LIMIT = 1000  # Dynolog's server-side default (the CLI sends 3)
 _EMPTY_DYNO_RESULT: dict[str, Any] = {
     "activityProfilersBusy": 0,
@@ -159,6 +163,21 @@ class RpcHandlers:
             log.exception("RPC handler failed")
             response = failure(f"internal error: {type(exc).__name__}: {exc}")
         return encode_rpc_json(response)
+
+    def is_fast(self, body: bytes) -> bool:
+        """Whether answering ``body`` is cheap enough for the RPC loop itself: ``getStatus``,
+        ``getVersion`` and every request that ends in an error before any handler runs (bad
+        JSON, unknown function, wrong token). Keeps status answerable when workers are busy."""
+        if len(body) > FAST_MAX_BYTES:
+            return False
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(req, dict):
+            return True
+        fn = req.get("fn")
+        return fn in FAST_FUNCTIONS or not isinstance(fn, str) or fn not in self._functions
 
     def frame_error(self, message: str) -> bytes:
         """The response to a frame that could not be read (bad length, timeout, ...)."""
