@@ -22,6 +22,7 @@ localhost`` connects to the *first* address ``localhost`` resolves to, which may
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import resource
 import selectors
@@ -73,6 +74,15 @@ def _family_and_addr(host: str) -> tuple[socket.AddressFamily, str]:
         raise KinetoscopeError(f"cannot resolve --bind {host!r}: {exc}") from exc
     family, _t, _p, _c, sockaddr = infos[0]
     return family, str(sockaddr[0])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``--bind host`` listens on loopback only (a name is resolved like the bind does)."""
+    _family, addr = _family_and_addr(host)
+    try:
+        return ipaddress.ip_address(addr.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
