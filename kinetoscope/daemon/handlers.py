@@ -177,7 +177,7 @@ class RpcHandlers:
         if not isinstance(req, dict):
             return True
         fn = req.get("fn")
-        return fn in FAST_FUNCTIONS or not isinstance(fn, str) or fn not in self._functions
+        return not isinstance(fn, str) or fn in FAST_FUNCTIONS or fn not in self._functions
 
     def frame_error(self, message: str) -> bytes:
         """The response to a frame that could not be read (bad length, timeout, ...)."""

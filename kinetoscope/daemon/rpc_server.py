@@ -197,7 +197,7 @@ class RpcServer:
                     if key.data is None:
                         self._accept(key.fileobj)  # type: ignore[arg-type]
                     else:
-                        self._on_readable(key.data)
+                        self._guarded(key.data)
                 now = time.monotonic()
                 if now - last_sweep >= _SWEEP_S:
                     self._sweep(now)
@@ -207,6 +207,17 @@ class RpcServer:
                 self._forget(p)
                 p.conn.close()
             sel.close()
+
+    def _guarded(self, p: _Pending) -> None:
+        """Serve one readable connection; a bug costs that connection, never the loop."""
+        try:
+            self._on_readable(p)
+        except Exception:
+            self._rl.exception("loop", "error while serving RPC connection from %s", p.peer)
+            try:
+                self._send_small(p.conn, self._frame_error("internal error while reading the request"))
+            finally:
+                self._close(p)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -227,7 +238,7 @@ class RpcServer:
             self._pending[conn] = p
             assert self._sel is not None
             self._sel.register(conn, selectors.EVENT_READ, p)
-            self._on_readable(p)  # the request is often there already
+            self._guarded(p)  # the request is often there already
 
     def _on_readable(self, p: _Pending) -> None:
         if p.draining_until is not None:

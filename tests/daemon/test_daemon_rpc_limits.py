@@ -144,3 +144,11 @@ def test_partial_requests_then_complete_ones_are_served(daemon, n):
         for i in range(0, len(frame), n):
             s.sendall(frame[i : i + n])
         assert wire.read_rpc_frame(s) == b'{"status":1}'
+
+
+@pytest.mark.parametrize("fn", [{"a": 1}, [1, 2], None, 3.5])
+def test_unhashable_or_odd_fn_is_answered_and_the_loop_survives(daemon, fn):
+    """Found by tests/fuzz: ``{"fn": {...}}`` crashed the fast-path check and with it the RPC loop."""
+    reply = rpc(daemon.rpc_port, {"fn": fn})
+    assert reply["status"] == "failed" and "fn" in reply["error"]
+    assert rpc(daemon.rpc_port, {"fn": "getStatus"}) == {"status": 1}
