@@ -119,3 +119,13 @@ def test_writes_under_the_root_never_follow_symlinks(tmp_path, elsewhere):
     write_file_under(root, f"{root}/d/m.json", b"{}")  # replaces the planted link, not its target
     assert not os.path.islink(f"{root}/d/m.json") and list(elsewhere.iterdir()) == []
     assert ensure_dir_under(root, f"{root}/d/new/er") == [f"{root}/d/new", f"{root}/d/new/er"]
+
+
+@pytest.mark.parametrize("log_file", ["/r/t.json ", " /r/t.json", "/r/\x0bt.json", "/r/t\t"])
+def test_built_config_refuses_values_kineto_would_change(log_file):
+    """Found by tests/fuzz: Kineto trims blanks around a value, so the file written was not the
+    one named; control characters are refused as in every other path."""
+    from kinetoscope.daemon import kineto_config as kc
+
+    with pytest.raises(ValueError):
+        kc.build_config(log_file=log_file)

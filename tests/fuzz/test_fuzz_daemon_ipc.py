@@ -80,7 +80,7 @@ def _parse(data: bytes) -> None:
         wire.parse_context(payload)
 
 
-@fuzz_settings(3000)
+@fuzz_settings(2000)
 @given(hostile_datagrams)
 def test_parsers_raise_only_frame_error(fuzz_counts, data):
     fuzz_counts["ipc: datagram parser"] += 1

@@ -137,7 +137,7 @@ def test_every_byte_stream_gets_one_json_answer(live_daemon, registered, fuzz_co
     _status_ok(live_daemon.rpc_port)
 
 
-@fuzz_settings(400)
+@fuzz_settings(300)
 @given(st.data())
 def test_every_request_object_gets_a_clean_answer(live_daemon, registered, fuzz_counts, data):
     request = data.draw(requests(live_daemon.trace_root))
