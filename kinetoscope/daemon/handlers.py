@@ -287,6 +287,9 @@ class RpcHandlers:
         """
         if "\0" in config:
             raise RequestError("config contains a NUL byte")
+        if any((ord(c) < 32 and c not in "\n\t") or c == "\x7f" for c in config):
+            # CR, vertical tab, ...: whether Kineto trims them around a key is not ours to bet on
+            raise RequestError("config contains control characters other than newline and tab")
         for key, _value, well_formed in kc.iter_options(config):
             if not well_formed:  # Kineto stops parsing there and writes to its default /tmp path
                 raise RequestError(f"config line for {key[:100]!r} is not one KEY=VALUE (Kineto would stop parsing there)")

@@ -129,3 +129,13 @@ def test_built_config_refuses_values_kineto_would_change(log_file):
 
     with pytest.raises(ValueError):
         kc.build_config(log_file=log_file)
+
+
+@pytest.mark.parametrize("sep", ["\r\n", "\n\x0b", "\n\x0c"])
+def test_config_with_other_control_characters_is_refused(daemon, clients, trace_root, sep):
+    """A second log-file line whose key only a whitespace-trimming parser would recognise."""
+    c = _registered(clients)
+    config = f"ACTIVITIES_LOG_FILE={trace_root}/ok.json{sep}ACTIVITIES_LOG_FILE\x0b=/etc/x.json"
+    reply = rpc(daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": config, "pids": [0]})
+    assert reply["status"] == "failed" and "control characters" in reply["error"]
+    assert c.poll([8800]) == ""
