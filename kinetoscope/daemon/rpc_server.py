@@ -230,9 +230,11 @@ class RpcServer:
                 return
             conn.setblocking(False)
             if len(self._pending) >= self.max_pending:
-                oldest = min(self._pending.values(), key=lambda p: p.started)
+                oldest = next(iter(self._pending.values()))  # dicts keep insertion (= accept) order
                 self._rl.warning("pending", "%d RPC connections being read; dropping the oldest, %s", len(self._pending), oldest.peer)
-                self._fail(oldest, "server busy: too many connections sending requests")
+                if oldest.draining_until is None:  # not answered yet; no drain, to stay within the bound
+                    self._send_small(oldest.conn, self._frame_error("server busy: too many connections sending requests"))
+                self._close(oldest)
             now = time.monotonic()
             p = _Pending(conn, peer, now, now + self.timeout_s)
             self._pending[conn] = p
