@@ -37,7 +37,7 @@ test-fast: $(VENV)/.test-installed
 # as part of `make test`); KSCOPE_FUZZ_BUDGET=100 make fuzz for a longer run.
 fuzz: $(VENV)/.test-installed
 	KSCOPE_FUZZ_BUDGET=$${KSCOPE_FUZZ_BUDGET:-20} KSCOPE_FUZZ_RANDOM=$${KSCOPE_FUZZ_RANDOM:-1} \
-		$(PY) -m pytest tests/fuzz -q -p no:cacheprovider
+		$(PY) -m pytest tests/fuzz -q -p no:cacheprovider --timeout=0
 
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/bench_daemon.py

@@ -92,6 +92,16 @@ def requests(root: str) -> st.SearchStrategy[dict]:
     return st.builds(lambda f, rest: {**rest, "fn": f}, fn, fields)
 
 
+_STRATEGIES: dict[str, st.SearchStrategy[dict]] = {}
+
+
+def _requests_for(root: str) -> st.SearchStrategy[dict]:
+    """One strategy object per root: building it per example made generation dominate."""
+    if root not in _STRATEGIES:
+        _STRATEGIES[root] = requests(root)
+    return _STRATEGIES[root]
+
+
 def exchange(port: int, payload: bytes) -> dict:
     """Send ``payload``, half-close, read the one answer; it must be a framed JSON object."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
@@ -140,7 +150,7 @@ def test_every_byte_stream_gets_one_json_answer(live_daemon, registered, fuzz_co
 @fuzz_settings(300)
 @given(st.data())
 def test_every_request_object_gets_a_clean_answer(live_daemon, registered, fuzz_counts, data):
-    request = data.draw(requests(live_daemon.trace_root))
+    request = data.draw(_requests_for(live_daemon.trace_root))
     body = orjson.dumps(request, option=orjson.OPT_NON_STR_KEYS)
     fuzz_counts["rpc: handler requests"] += 1
     exchange(live_daemon.rpc_port, wire.frame_rpc(body))
