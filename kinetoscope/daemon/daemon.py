@@ -119,6 +119,8 @@ class Daemon:
             fast=self.handlers.is_fast,
             min_rate_bps=options.rpc_min_rate_bps,
         )
+        self.metrics.contexts.set_function(self.registry.context_count)
+        self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)
         self.exporter: MetricsExporter | None = None
