@@ -167,7 +167,7 @@ class RpcHandlers:
     def is_fast(self, body: bytes) -> bool:
         """Whether answering ``body`` is cheap enough for the RPC loop itself: ``getStatus``,
         ``getVersion`` and every request that ends in an error before any handler runs (bad
-        JSON, unknown function, wrong token). Keeps status answerable when workers are busy."""
+        JSON, not an object, no string ``fn``, unknown function). Keeps status answerable when workers are busy."""
         if len(body) > FAST_MAX_BYTES:
             return False
         try:
