@@ -23,14 +23,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import stat
 from collections.abc import Iterable
 
 log = logging.getLogger("kinetoscope.daemon.paths")
-
-# A plain file/directory name: what trace ids and generated names must look like.
-PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # Characters that end or split a Kineto config line (AbstractConfig::parse: one KEY=VALUE per
 # line, '#' starts a comment, a second '=' aborts parsing - and Kineto then writes to its
