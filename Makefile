@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 # (asking for plain `torch` would let the resolver pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast system-deps bench lint clean
+.PHONY: demo test test-fast system-deps bench fuzz lint clean
 
 $(VENV)/.base-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test: $(VENV)/.test-installed system-deps
 # Everything but the real multi-process jobs and the browser: for quick local iteration.
 test-fast: $(VENV)/.test-installed
 	$(PY) -m pytest -m "not slow and not browser"
+
+# The fuzz suite with 20x the CI budget and fresh random inputs (CI runs it with fixed seeds
+# as part of `make test`); KSCOPE_FUZZ_BUDGET=100 make fuzz for a longer run.
+fuzz: $(VENV)/.test-installed
+	KSCOPE_FUZZ_BUDGET=$${KSCOPE_FUZZ_BUDGET:-20} KSCOPE_FUZZ_RANDOM=$${KSCOPE_FUZZ_RANDOM:-1} \
+		$(PY) -m pytest tests/fuzz -q -p no:cacheprovider --timeout=0
 
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/bench_daemon.py

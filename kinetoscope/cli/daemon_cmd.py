@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -28,8 +29,13 @@ def register(app: typer.Typer) -> None:
             "(127.0.0.1 and ::1). '::' = every interface, IPv4 and IPv6, like Dynolog.",
         ),
         token: Optional[str] = typer.Option(  # noqa: UP007
-            None, "--token", envvar="KSCOPE_TOKEN", help="Require this \"token\" in every RPC request.",
+            None, "--token", envvar="KSCOPE_TOKEN",
+            help="Require this \"token\" in every RPC request (an empty one is refused).",
             show_default=False,
+        ),
+        insecure: bool = typer.Option(
+            False, "--insecure",
+            help="Allow --bind to a non-loopback address without --token (anyone who reaches the port may trace).",
         ),
         trace_root: str = typer.Option(
             "/tmp/kinetoscope/traces", "--trace-root", help="Trace files may only be written under this directory."
@@ -55,7 +61,9 @@ def register(app: typer.Typer) -> None:
             "torchrun's agent) as trace targets, as Dynolog does. Default: ranks only.",
         ),
         hostname: Optional[str] = typer.Option(None, "--hostname", help="Host name used in file names and answers."),  # noqa: UP007
-        rpc_timeout: float = typer.Option(5.0, "--rpc-timeout", help="Seconds a client has to send its request."),
+        rpc_timeout: float = typer.Option(
+            5.0, "--rpc-timeout", help="Seconds a client has to send its whole request (from connect to the last byte)."
+        ),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_json: bool = typer.Option(False, "--log-json", help="Log JSON lines to stderr."),
     ) -> None:
@@ -71,11 +79,14 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--metrics-port must be -1 (off) or 0-65535, got {metrics_port}")
         if gc_timeout <= 0 or metrics_interval <= 0 or rpc_timeout <= 0:
             raise UsageError("--gc-timeout, --metrics-interval and --rpc-timeout must be positive")
+        if token is None and "KSCOPE_TOKEN" in os.environ:
+            token = os.environ["KSCOPE_TOKEN"]  # click drops an empty variable; the daemon refuses it
         configure_logging(log_level, json_lines=log_json)
         options = DaemonOptions(
             port=port,
             bind=list(bind or []),
-            token=token or None,
+            token=token,
+            insecure=insecure,
             trace_root=trace_root,
             ipc_name=ipc_name,
             ipc_socket_dir=ipc_socket_dir or None,

@@ -21,7 +21,7 @@ from kinetoscope.daemon.ipc_server import IpcEndpoint, IpcServer
 from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter
 from kinetoscope.daemon.paths import ensure_dir
 from kinetoscope.daemon.registry import Registry
-from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer
+from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
 
@@ -38,7 +38,8 @@ class DaemonOptions:
 
     port: int = DEFAULT_PORT  # RPC; 0 = ephemeral
     bind: list[str] = field(default_factory=list)  # empty = loopback (127.0.0.1 and ::1)
-    token: str | None = None
+    token: str | None = None  # None = no authentication; "" is refused
+    insecure: bool = False  # allow a non-loopback bind without a token (loudly warned)
     trace_root: str = DEFAULT_TRACE_ROOT
     ipc_name: str = "dynolog"
     ipc_socket_dir: str | None = None  # KINETO_IPC_SOCKET_DIR
@@ -48,8 +49,37 @@ class DaemonOptions:
     gpu_metrics: bool = True
     hostname: str | None = None
     include_launchers: bool = False
-    rpc_timeout_s: float = 5.0
-    max_connections: int = 64
+    rpc_timeout_s: float = 5.0  # whole request, from accept to its last byte
+    rpc_min_rate_bps: float = 1024.0  # after the first second (see rpc_server)
+    max_connections: int = 64  # requests handled at once (status is answered besides)
+
+
+def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
+    """Refuse an empty token, and a non-loopback ``--bind`` without a token unless ``insecure``.
+
+    Why: whoever reaches the RPC port can trigger traces, choose directories under the trace
+    root and list every registered process with its command line; an empty token used to
+    switch authentication off silently (issue 16).
+    """
+    if token is not None and not token.strip():
+        raise KinetoscopeError(
+            "the RPC token (--token / KSCOPE_TOKEN) is empty: set a secret, or unset it to run "
+            "without authentication on loopback"
+        )
+    exposed = [h for h in bind if not is_loopback(h)]
+    if not exposed or token is not None:
+        return
+    if not insecure:
+        raise KinetoscopeError(
+            f"--bind {exposed[0]} exposes the RPC port beyond this host without --token: anyone who "
+            "can reach it may trigger traces and list processes. Set --token (or KSCOPE_TOKEN), or "
+            "pass --insecure to accept that (see docs/security.md)"
+        )
+    log.warning(
+        "INSECURE: RPC listens on %s without a token (--insecure): anyone who can reach it may "
+        "trigger traces and list processes; see docs/security.md",
+        ", ".join(exposed),
+    )
 
 
 class Daemon:
@@ -62,6 +92,7 @@ class Daemon:
         if not root or not os.path.isabs(root):
             raise KinetoscopeError(f"--trace-root must be an absolute path, got {root!r}")
         self.trace_root = os.path.normpath(root)
+        check_exposure(options.bind, options.token, options.insecure)
         self.metrics = DaemonMetrics()
         self.registry = Registry(gc_timeout_s=options.gc_timeout_s)
         self.metrics.registered.set_function(lambda: len(self.registry))
@@ -73,7 +104,7 @@ class Daemon:
             metrics=self.metrics,
             hostname=self.hostname,
             trace_root=self.trace_root,
-            token=options.token or None,
+            token=options.token,
             include_launchers=options.include_launchers,
         )
         self.ipc = IpcServer(IpcEndpoint(options.ipc_name, options.ipc_socket_dir or None), self.registry, self.metrics)
@@ -85,7 +116,11 @@ class Daemon:
             self.handlers.frame_error,
             timeout_s=options.rpc_timeout_s,
             max_connections=options.max_connections,
+            fast=self.handlers.is_fast,
+            min_rate_bps=options.rpc_min_rate_bps,
         )
+        self.metrics.contexts.set_function(self.registry.context_count)
+        self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)
         self.exporter: MetricsExporter | None = None

@@ -25,7 +25,7 @@ import orjson
 from kinetoscope import __version__
 from kinetoscope.daemon import kineto_config as kc
 from kinetoscope.daemon.metrics import DaemonMetrics
-from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir
+from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir_under
 from kinetoscope.daemon.registry import (
     BUSY,
     LAUNCHER,
@@ -44,6 +44,10 @@ log = logging.getLogger("kinetoscope.daemon.rpc")
 # (semver precedence ignores it, so tools comparing against "0.6.0" see an equal version).
 DYNOLOG_COMPAT_VERSION = "0.6.0"
 VERSION = f"{DYNOLOG_COMPAT_VERSION}+kscope.{__version__}"
+
+# Answered on the RPC loop itself, never queued behind slow handlers (see RpcServer).
+FAST_FUNCTIONS = frozenset({"getStatus", "getVersion"})
+FAST_MAX_BYTES = 4096
 
 DYNO_DEFAULT_PROCESS_LIMIT = 1000  # Dynolog's server-side default (the CLI sends 3)
 _EMPTY_DYNO_RESULT: dict[str, Any] = {
@@ -160,6 +164,21 @@ class RpcHandlers:
             response = failure(f"internal error: {type(exc).__name__}: {exc}")
         return encode_rpc_json(response)
 
+    def is_fast(self, body: bytes) -> bool:
+        """Whether answering ``body`` is cheap enough for the RPC loop itself: ``getStatus``,
+        ``getVersion`` and every request that ends in an error before any handler runs (bad
+        JSON, not an object, no string ``fn``, unknown function). Keeps status answerable when workers are busy."""
+        if len(body) > FAST_MAX_BYTES:
+            return False
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(req, dict):
+            return True
+        fn = req.get("fn")
+        return not isinstance(fn, str) or fn in FAST_FUNCTIONS or fn not in self._functions
+
     def frame_error(self, message: str) -> bytes:
         """The response to a frame that could not be read (bad length, timeout, ...)."""
         self.metrics.rpc_requests.labels("<frame>", "failed").inc()
@@ -181,16 +200,16 @@ class RpcHandlers:
             self.metrics.rpc_requests.labels("<json>", "failed").inc()
             return failure("request has no string 'fn'")
         handler = self._functions.get(fn)
+        dyno_extra = _EMPTY_DYNO_RESULT if fn == "setKinetOnDemandRequest" else {}
+        if self.token is not None:  # before anything about the function is said
+            given = req.get("token")
+            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
+                self.metrics.rpc_requests.labels(fn if handler else "<unknown>", "unauthorized").inc()
+                reason = "missing" if given is None else "wrong"
+                return failure(f"unauthorized: {reason} 'token' (this daemon runs with --token)", **dyno_extra)
         if handler is None:
             self.metrics.rpc_requests.labels("<unknown>", "failed").inc()
             return failure(f"unknown function {fn[:100]!r}; known: {', '.join(sorted(self._functions))}")
-        dyno_extra = _EMPTY_DYNO_RESULT if fn == "setKinetOnDemandRequest" else {}
-        if self.token is not None:
-            given = req.get("token")
-            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
-                self.metrics.rpc_requests.labels(fn, "unauthorized").inc()
-                reason = "missing" if given is None else "wrong"
-                return failure(f"unauthorized: {reason} 'token' (this daemon runs with --token)", **dyno_extra)
         try:
             response = handler(req)
         except RequestError as exc:
@@ -268,6 +287,12 @@ class RpcHandlers:
         """
         if "\0" in config:
             raise RequestError("config contains a NUL byte")
+        if any((ord(c) < 32 and c not in "\n\t") or c == "\x7f" for c in config):
+            # CR, vertical tab, ...: whether Kineto trims them around a key is not ours to bet on
+            raise RequestError("config contains control characters other than newline and tab")
+        for key, _value, well_formed in kc.iter_options(config):
+            if not well_formed:  # Kineto stops parsing there and writes to its default /tmp path
+                raise RequestError(f"config line for {key[:100]!r} is not one KEY=VALUE (Kineto would stop parsing there)")
         files = kc.option_values(config, kc.ACTIVITIES_LOG_FILE)
         if not files:
             raise RequestError(
@@ -306,8 +331,8 @@ class RpcHandlers:
         uids = {p.info.uid if p.info else None for p in targets}
         for d in dict.fromkeys(dirs):
             try:
-                created = ensure_dir(d, uids)
-            except OSError as exc:
+                created = ensure_dir_under(self.trace_root, d, uids)
+            except (OSError, PathRefused) as exc:
                 raise RequestError(f"cannot create trace directory {d}: {exc}") from None
             if created:
                 log.info("created trace directory %s", d)
@@ -376,11 +401,13 @@ class RpcHandlers:
         output_dir = req.get("output_dir") or self.trace_root
         try:
             output_dir = confine(output_dir, self.trace_root, "output_dir")
+            trace_dir = confine(os.path.join(output_dir, trace_id), self.trace_root, "output_dir/trace_id")
         except PathRefused as exc:
             raise RequestError(str(exc)) from None
-        trace_dir = os.path.join(output_dir, trace_id)
         host = safe_name(self.hostname)
-        record = TraceRecord(trace_id=trace_id, output_dir=output_dir, trace_dir=trace_dir, config=shared_config)
+        record = TraceRecord(
+            trace_id=trace_id, output_dir=output_dir, trace_dir=trace_dir, config=shared_config, root=self.trace_root
+        )
         if not self.book.reserve(record):
             raise RequestError(f"trace_id {trace_id!r} was already used on this daemon")
 
@@ -388,8 +415,8 @@ class RpcHandlers:
         created: list[str] = []
         if candidates:
             try:
-                created = ensure_dir(trace_dir, {p.info.uid if p.info else None for p in candidates})
-            except OSError as exc:
+                created = ensure_dir_under(self.trace_root, trace_dir, {p.info.uid if p.info else None for p in candidates})
+            except (OSError, PathRefused) as exc:
                 self.book.discard(trace_id)
                 raise RequestError(f"cannot create trace directory {trace_dir}: {exc}") from None
         files: dict[int, TraceFile] = {}

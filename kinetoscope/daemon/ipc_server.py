@@ -170,8 +170,10 @@ class IpcServer:
         except Exception:  # pragma: no cover
             log.exception("registry GC failed")
             return
-        for p in dead:
-            log.info("process %d (job %s) stopped polling; forgotten", p.pid, p.job_id)
+        if dead:  # one line per GC round, however many keys a client invented
+            shown = ", ".join(f"{p.pid} (job {p.job_id})" for p in dead[:10])
+            more = f" and {len(dead) - 10} more" if len(dead) > 10 else ""
+            log.info("%d processes stopped polling; forgotten: %s%s", len(dead), shown, more)
         self.stats.gc_removed += len(dead)
 
     def _drain(self) -> None:

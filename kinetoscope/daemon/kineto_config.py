@@ -86,9 +86,12 @@ def build_config(
 
 def _check_value(key: str, value: str) -> None:
     # A newline would start a new config line; '#' starts a comment and '=' splits the line
-    # into three parts, which makes Kineto stop parsing there (spec §4.4).
-    if not value or any(c in value for c in "\n\r#=\0"):
-        raise ValueError(f"{key} value {value!r} is empty or contains a newline, '#', '=' or NUL")
+    # into three parts, which makes Kineto stop parsing there (spec §4.4). Kineto trims blanks
+    # around the value, so a value with them would not be the file written (found by fuzzing).
+    if not value or any(c in value for c in "\n\r#=\0") or any(ord(c) < 32 or c == "\x7f" for c in value):
+        raise ValueError(f"{key} value {value!r} is empty or contains a newline, '#', '=' or a control character")
+    if value != value.strip(" \t"):
+        raise ValueError(f"{key} value {value!r} has leading or trailing blanks (Kineto strips them)")
 
 
 def wrap_with_trace_id(config: str, trace_id: str) -> str:

@@ -87,6 +87,9 @@ class RateLimitedLogger:
             msg += f" ({suppressed} similar messages suppressed)"
         self.logger.log(level, msg, *args, exc_info=exc_info)
 
+    def info(self, key: str, msg: str, *args: object) -> None:
+        self._log(logging.INFO, key, msg, args)
+
     def warning(self, key: str, msg: str, *args: object) -> None:
         self._log(logging.WARNING, key, msg, args)
 

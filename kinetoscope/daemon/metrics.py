@@ -102,6 +102,12 @@ class DaemonMetrics:
         self.registered = Gauge(
             "kscope_daemon_registered_processes", "Processes currently registered (polled recently)", registry=r
         )
+        self.contexts = Gauge(
+            "kscope_daemon_ipc_context_registrations", "'ctxt' registrations kept (bounded)", registry=r
+        )
+        self.rpc_pending = Gauge(
+            "kscope_daemon_rpc_pending_connections", "RPC connections whose request is still being read", registry=r
+        )
         self.rpc_requests = Counter(
             "kscope_daemon_rpc_requests", "RPC requests by function and outcome", ["fn", "status"], registry=r
         )

@@ -1,64 +1,215 @@
-"""Where trace files may go: confinement to the trace root, and directory creation.
+"""Where trace files may go: confinement to the trace root, and directory/file creation.
 
 Why: the RPC port lets a caller choose a file path that a *traced process* (often another
-user, sometimes root) will write - Kineto's own fix for that is commit 9ea826ec (spec §4.3).
-The daemon therefore refuses any ``ACTIVITIES_LOG_FILE``/output directory that is relative,
-contains ``..``, lies outside ``--trace-root`` or escapes it through a symlink. It also
-creates the directory (Kineto silently writes nothing when it is missing) and makes it
-writable by the traced processes, which may run as a different user than the daemon.
+user, sometimes root) will write - Kineto's own fix for that is commit 9ea826ec (spec §4.3) -
+and the daemon itself (often root) creates directories and writes manifests there. So:
+
+* ``confine`` refuses any ``ACTIVITIES_LOG_FILE``/output directory that is not a string, is
+  relative, contains ``..``, control characters or a character that breaks a Kineto
+  ``KEY=VALUE`` line (``=``, ``#``, see :func:`check_config_value`), lies outside
+  ``--trace-root``, or has a component below the root that is a symbolic link. Symlinks are
+  refused even when they point back inside the root: the check is then one ``lstat`` per
+  component, with nothing to resolve.
+* Every write *at use* walks the path again component by component from an ``O_DIRECTORY``
+  descriptor of the root with ``openat(..., O_NOFOLLOW)`` (``ensure_dir_under``,
+  ``write_file_under``): a symlink planted between the check and the write makes the write
+  fail instead of landing outside the root.
+
+Directories are created so that the traced processes (maybe another uid) can write into them.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from collections.abc import Iterable
 
 log = logging.getLogger("kinetoscope.daemon.paths")
+
+# Characters that end or split a Kineto config line (AbstractConfig::parse: one KEY=VALUE per
+# line, '#' starts a comment, a second '=' aborts parsing - and Kineto then writes to its
+# default /tmp path, outside the root).
+_CONFIG_BREAKERS = frozenset("\n\r=#\0")
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PathRefused(ValueError):
     """A path outside the trace root (message says why, for the RPC error response)."""
 
 
+def check_config_value(value: str, what: str) -> None:
+    """Refuse a value that cannot sit in one Kineto ``KEY=VALUE`` line unchanged.
+
+    Refused: empty, control characters (newline, CR, NUL, ...), ``=``, ``#``, and leading or
+    trailing blanks (Kineto trims them, so the file written would not be the one checked).
+    """
+    if not value:
+        raise PathRefused(f"{what} must not be empty")
+    if any(ord(c) < 32 or c == "\x7f" for c in value):
+        raise PathRefused(f"{what} {value!r} contains control characters")
+    bad = sorted(set(value) & _CONFIG_BREAKERS)
+    if bad:
+        raise PathRefused(f"{what} {value!r} contains {', '.join(map(repr, bad))}, which breaks a Kineto config line")
+    if value != value.strip(" \t"):
+        raise PathRefused(f"{what} {value!r} has leading or trailing blanks (Kineto strips them)")
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def relative_parts(path: str, root: str) -> list[str]:
+    """The components of normalised ``path`` below ``root`` (given as configured or resolved)."""
+    for prefix in dict.fromkeys((root, os.path.realpath(root))):
+        if _inside(path, prefix):
+            rest = path[len(prefix.rstrip("/")) :].strip("/")
+            return rest.split("/") if rest else []
+    raise PathRefused(f"{path!r} is outside the daemon's trace root {root} (see --trace-root)")
 
 
 def confine(path: object, root: str, what: str = "path") -> str:
     """``path`` normalised, if it lies under ``root`` (an absolute, normalised directory).
 
-    Raises PathRefused when it is not a string, is relative, contains ``..`` or control
-    characters, is outside ``root``, or its deepest existing ancestor resolves (symlinks)
-    outside ``root``.
+    Raises PathRefused when it is not a string, is relative, contains ``..``, control
+    characters or config-breaking characters, is outside ``root``, or one of its existing
+    components below ``root`` is a symlink or not a directory.
     """
     if not isinstance(path, str) or not path:
         raise PathRefused(f"{what} must be a non-empty string")
-    if any(ord(c) < 32 or c == "\x7f" for c in path):
-        raise PathRefused(f"{what} {path!r} contains control characters")
+    check_config_value(path, what)
     if not path.startswith("/"):
         raise PathRefused(f"{what} {path!r} is not absolute (Kineto would resolve it in the traced process's cwd)")
     if ".." in path.split("/"):
         raise PathRefused(f"{what} {path!r} contains '..'")
     norm = os.path.normpath(path)
-    real_root = os.path.realpath(root)
-    if not (_inside(norm, root) or _inside(norm, real_root)):
-        raise PathRefused(f"{what} {path!r} is outside the daemon's trace root {root} (see --trace-root)")
-    probe = norm
-    while not os.path.lexists(probe):
-        probe = os.path.dirname(probe)
-    if not _inside(os.path.realpath(probe), real_root):
-        raise PathRefused(f"{what} {path!r} leaves the trace root {root} through a symlink")
+    try:
+        parts = relative_parts(norm, root)
+    except PathRefused:
+        raise PathRefused(f"{what} {path!r} is outside the daemon's trace root {root} (see --trace-root)") from None
+    probe = os.path.realpath(root)
+    for i, name in enumerate(parts):
+        probe = os.path.join(probe, name)
+        try:
+            st = os.lstat(probe)
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise PathRefused(f"{what} {path!r}: cannot inspect {probe}: {exc.strerror}") from None
+        if os.path.islink(probe):
+            raise PathRefused(
+                f"{what} {path!r} goes through the symlink {probe} (symlinks under the trace root are not followed)"
+            )
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise PathRefused(f"{what} {path!r}: {probe} is not a directory")
     return norm
+
+
+def _check_name(name: str, path: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise PathRefused(f"{path!r}: bad path component {name!r}")
+
+
+def _is_link(parent_fd: int, name: str) -> bool:
+    try:
+        os.readlink(name, dir_fd=parent_fd)
+    except OSError:
+        return False
+    return True
+
+
+def _open_child(parent_fd: int, name: str, path: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(parent_fd, name):  # O_NOFOLLOW met a symlink
+            raise PathRefused(f"{path!r}: {name!r} is a symlink (symlinks under the trace root are not followed)") from None
+        raise
+
+
+def open_dir_under(
+    root: str, path: str, *, create: bool = False, writer_uids: Iterable[int | None] = ()
+) -> tuple[int, list[str]]:
+    """Open (and with ``create`` make) directory ``path`` below ``root`` without following
+    any symlink below the root. Returns (an O_DIRECTORY fd the caller closes, dirs created).
+
+    Parents created on the way are 0755; a created leaf is given to the traced processes
+    (``writer_uids``) as :func:`ensure_dir` describes. Raises PathRefused or OSError.
+    """
+    parts = relative_parts(os.path.normpath(path), root)
+    fd = os.open(os.path.realpath(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    created: list[str] = []
+    here = root.rstrip("/")
+    try:
+        for i, name in enumerate(parts):
+            _check_name(name, path)
+            here = f"{here}/{name}"
+            if create:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    created.append(here)
+                except FileExistsError:
+                    pass
+            child = _open_child(fd, name, path)
+            os.close(fd)
+            fd = child
+            if created and created[-1] == here:
+                os.fchmod(fd, 0o755)  # independent of the daemon's umask
+                if i == len(parts) - 1:
+                    _grant(fd, here, set(writer_uids))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def ensure_dir_under(root: str, path: str, writer_uids: Iterable[int | None] = ()) -> list[str]:
+    """Create directory ``path`` below ``root`` (no symlinks followed); return those created."""
+    fd, created = open_dir_under(root, path, create=True, writer_uids=writer_uids)
+    os.close(fd)
+    return created
+
+
+def write_file_under(root: str, path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write ``path`` (below ``root``) atomically: a fresh temporary file created with
+    ``O_EXCL|O_NOFOLLOW`` in the directory's fd, then renamed over the final name (rename
+    replaces a symlink planted there; it never writes through it). Raises PathRefused/OSError.
+    """
+    directory, name = os.path.split(os.path.normpath(path))
+    _check_name(name, path)
+    dir_fd, _ = open_dir_under(root, directory)
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(dir_fd)
 
 
 def ensure_dir(path: str, writer_uids: Iterable[int | None] = ()) -> list[str]:
     """Create ``path`` (and missing parents); return the directories created.
 
-    Created directories are made usable by the traced processes (``writer_uids``; None =
-    unknown): if they all run as the daemon's user nothing changes; if the daemon is root and
-    they share one uid, the leaf directory is given to that uid; otherwise the leaf becomes
-    world-writable with the sticky bit (like /tmp). Parents created on the way are 0755.
+    For the trace root itself (chosen by the operator, so symlinks are allowed); paths below
+    it go through :func:`ensure_dir_under`. Created directories are made usable by the traced
+    processes (``writer_uids``; None = unknown): if they all run as the daemon's user nothing
+    changes; if the daemon is root and they share one uid, the leaf directory is given to that
+    uid; otherwise the leaf becomes world-writable with the sticky bit (like /tmp). Parents
+    created on the way are 0755.
     """
     missing = []
     probe = path
@@ -77,11 +228,15 @@ def ensure_dir(path: str, writer_uids: Iterable[int | None] = ()) -> list[str]:
         os.chmod(d, 0o755)  # independent of the daemon's umask
         created.append(d)
     if path in created:
-        _grant(path, set(writer_uids))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _grant(fd, path, set(writer_uids))
+        finally:
+            os.close(fd)
     return created
 
 
-def _grant(path: str, uids: set[int | None]) -> None:
+def _grant(fd: int, path: str, uids: set[int | None]) -> None:
     me = os.geteuid()
     foreign = {u for u in uids if u != me}
     if not foreign:
@@ -90,8 +245,8 @@ def _grant(path: str, uids: set[int | None]) -> None:
     if me == 0 and None not in foreign and len(known) == 1:
         uid = known.pop()
         try:
-            os.chown(path, uid, -1)
+            os.fchown(fd, uid, -1)
             return
         except OSError as exc:  # pragma: no cover - e.g. a root-squashed NFS trace root
             log.warning("cannot chown %s to uid %d (%s); making it world-writable", path, uid, exc)
-    os.chmod(path, 0o1777)
+    os.fchmod(fd, 0o1777)

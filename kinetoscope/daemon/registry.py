@@ -17,16 +17,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kinetoscope.daemon import procinfo
+from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.procinfo import ProcInfo
 from kinetoscope.daemon.wire import CONFIG_ACTIVITIES
 
 log = logging.getLogger("kinetoscope.daemon.registry")
 
 ProcessKey = tuple[str, frozenset[int]]
+ContextKey = tuple[str, int, int]  # (job, gpu, pid) of one "ctxt" registration
+
+# Memory bounds against clients that invent keys (issue 16): a real host has a few hundred
+# polling processes and a few contexts per GPU. Beyond these, the least recently seen goes.
+MAX_PROCESSES = 16384
+MAX_CONTEXTS = 4096
+# "registered process" lines per minute before they are counted instead of logged.
+REGISTER_LOG_BURST = 200
 
 # Outcomes of matching one process against a trace request.
 TRIGGERED = "triggered"
@@ -112,15 +122,22 @@ class Registry:
         gc_timeout_s: float = 60.0,
         info_reader: InfoReader = default_info_reader,
         clock: Callable[[], float] = time.monotonic,
+        max_processes: int = MAX_PROCESSES,
+        max_contexts: int = MAX_CONTEXTS,
     ) -> None:
         self.gc_timeout_s = gc_timeout_s
         self._read_info = info_reader
         self._clock = clock
         self._lock = threading.Lock()
-        self._procs: dict[ProcessKey, Process] = {}
-        # "ctxt" registrations: (job, gpu) -> pids, and when each job's entry was last touched.
-        self._contexts: dict[tuple[str, int], set[int]] = {}
-        self._context_touched: dict[str, float] = {}
+        self.max_processes = max_processes
+        self.max_contexts = max_contexts
+        # Least recently polled first (every poll moves its process to the end).
+        self._procs: OrderedDict[ProcessKey, Process] = OrderedDict()
+        # "ctxt" registrations, least recently touched first -> when; and per (job, gpu) counts.
+        self._contexts: OrderedDict[ContextKey, float] = OrderedDict()
+        self._context_counts: dict[tuple[str, int], int] = {}
+        self._rl = RateLimitedLogger(log, burst=REGISTER_LOG_BURST)
+        self.evicted = 0
         self.polls = 0
         self.delivered = 0
 
@@ -146,11 +163,19 @@ class Registry:
                 proc = Process(job_id=key[0], pids=tuple(pids), info=info, first_seen=now, last_poll=now)
                 self._procs[key] = proc
                 new = True
+                evicted = self._evict_processes()
             else:
                 new = False
+                evicted = None
             reply = self._serve(proc, config_type, now)
+        if evicted is not None:
+            self._rl.warning(
+                "evict", "more than %d registered processes: forgot process %d (job %s), the least recently polled",
+                self.max_processes, evicted.pid, evicted.job_id,
+            )  # fmt: skip
         if new:
-            log.info(
+            self._rl.info(
+                "registered",
                 "registered process %d (job %s, ancestors %s, rank %s): %s",
                 proc.pid,
                 proc.job_id,
@@ -160,7 +185,16 @@ class Registry:
             )
         return reply
 
+    def _evict_processes(self) -> Process | None:
+        """Keep at most ``max_processes`` (caller holds the lock); returns the one dropped."""
+        if len(self._procs) <= self.max_processes:
+            return None
+        _key, oldest = self._procs.popitem(last=False)
+        self.evicted += 1
+        return oldest
+
     def _serve(self, proc: Process, config_type: int, now: float) -> str:
+        self._procs.move_to_end(proc.key)
         proc.last_poll = now
         proc.polls += 1
         proc.last_type = config_type
@@ -174,19 +208,42 @@ class Registry:
         return ""
 
     def register_context(self, job_id: int, gpu: int, pid: int) -> int:
-        """A "ctxt" message: number of distinct pids registered for (job, gpu) (spec §2.5)."""
+        """A "ctxt" message: number of distinct pids registered for (job, gpu) (spec §2.5).
+
+        At most ``max_contexts`` registrations are kept; beyond, the least recently touched
+        one is dropped (Dynolog keeps them all, forever).
+        """
         job = str(job_id)
+        key = (job, gpu, pid)
         with self._lock:
-            pids = self._contexts.setdefault((job, gpu), set())
-            pids.add(pid)
-            self._context_touched[job] = self._clock()
-            return len(pids)
+            if key in self._contexts:
+                self._contexts.move_to_end(key)
+            else:
+                self._context_counts[(job, gpu)] = self._context_counts.get((job, gpu), 0) + 1
+            self._contexts[key] = self._clock()
+            while len(self._contexts) > self.max_contexts:
+                self._drop_context(next(iter(self._contexts)))
+            return self._context_counts.get((job, gpu), 0)
+
+    def _drop_context(self, key: ContextKey) -> None:
+        del self._contexts[key]
+        count_key = (key[0], key[1])
+        left = self._context_counts[count_key] - 1
+        if left:
+            self._context_counts[count_key] = left
+        else:
+            del self._context_counts[count_key]
+
+    def context_count(self) -> int:
+        """How many "ctxt" registrations are kept (for tests and metrics)."""
+        with self._lock:
+            return len(self._contexts)
 
     def gc(self) -> list[Process]:
         """Drop processes that have not polled for ``gc_timeout_s`` (their pending config too).
 
-        Context registrations go with their job, or after the same timeout if the job never
-        polled at all (Dynolog would keep those forever).
+        A context registration goes after the same timeout unless its pid belongs to a
+        registered process of its job (Dynolog would keep them all forever).
         """
         now = self._clock()
         cutoff = now - self.gc_timeout_s
@@ -194,12 +251,10 @@ class Registry:
             dead = [p for p in self._procs.values() if p.last_poll < cutoff]
             for p in dead:
                 del self._procs[p.key]
-            live_jobs = {p.job_id for p in self._procs.values()}
-            for job, touched in list(self._context_touched.items()):
-                if job not in live_jobs and touched < cutoff:
-                    del self._context_touched[job]
-                    for ctx_key in [k for k in self._contexts if k[0] == job]:
-                        del self._contexts[ctx_key]
+            live = {(p.job_id, pid) for p in self._procs.values() for pid in p.pids}
+            stale = [k for k, touched in self._contexts.items() if touched < cutoff and (k[0], k[2]) not in live]
+            for k in stale:
+                self._drop_context(k)
         return dead
 
     # ----------------------------------------------------------------- RPC side

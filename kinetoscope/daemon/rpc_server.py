@@ -1,9 +1,18 @@
 """The TCP side ``dyno`` talks to: native int32 length + JSON, one request per connection.
 
 Why not Dynolog's design (spec §3.1): its single thread reads with no timeout, so one client
-that connects and says nothing blocks every ``dyno`` call forever. Here an acceptor thread
-hands each connection to its own short-lived thread (bounded), every connection has a
-deadline, and every request - even an unreadable one - gets a JSON answer before the close.
+that connects and says nothing blocks every ``dyno`` call forever. Why not a thread per
+connection either: slow clients then hold the threads (issue 16: 64 connections trickling one
+byte every 1.5 s kept every slot, and every ``getStatus`` got "server busy").
+
+Here one selector thread accepts and *reads* every connection without blocking, so a slow
+client costs a buffer, not a worker. Each request has a total deadline (``timeout_s``, from
+accept to the last byte) and a minimum rate (after a grace second, ``min_rate_bps`` bytes per
+second on average); at most ``max_pending`` connections are being read at once (the oldest is
+dropped for a new one). A complete request is answered on the loop itself when it is cheap
+(``fast``: ``getStatus``, ``getVersion``, errors), else by one of at most ``max_connections``
+worker threads. So status stays answerable under any flood of slow connections. Every
+request - even an unreadable one - gets a JSON answer before the close.
 
 Listening addresses: loopback by default (127.0.0.1 and ::1, because ``dyno --hostname
 localhost`` connects to the *first* address ``localhost`` resolves to, which may be ::1);
@@ -13,12 +22,15 @@ localhost`` connects to the *first* address ``localhost`` resolves to, which may
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
+import resource
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kinetoscope.daemon import wire
 from kinetoscope.daemon.logsetup import RateLimitedLogger
@@ -28,6 +40,19 @@ from kinetoscope.errors import KinetoscopeError
 log = logging.getLogger("kinetoscope.daemon.rpc")
 
 DEFAULT_BINDS = ("127.0.0.1", "::1")
+DEFAULT_MIN_RATE_BPS = 1024  # a request must average this after the grace period
+RATE_GRACE_S = 1.0
+DRAIN_S = 0.5  # after an error reply, read (and discard) what the client still sends
+MAX_BUFFERED_BYTES = 64 << 20  # all partly received requests together
+_SWEEP_S = 0.2
+
+
+def default_max_pending() -> int:
+    """Connections read at once: 1024, or half the open-file limit if that is lower."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(16, min(1024, soft // 2))
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,15 @@ def _family_and_addr(host: str) -> tuple[socket.AddressFamily, str]:
     return family, str(sockaddr[0])
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``--bind host`` listens on loopback only (a name is resolved like the bind does)."""
+    _family, addr = _family_and_addr(host)
+    try:
+        return ipaddress.ip_address(addr.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     family, addr = _family_and_addr(host)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -68,8 +102,20 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(eq=False)
+class _Pending:
+    """A connection whose request is being read (or, after an error reply, drained)."""
+
+    conn: socket.socket
+    peer: object
+    started: float
+    deadline: float
+    frame: wire.FrameAssembler = field(default_factory=wire.FrameAssembler)
+    draining_until: float | None = None
+
+
 class RpcServer:
-    """Accepts connections and serves one framed request on each, concurrently."""
+    """Accepts connections and serves one framed request on each. See the module docstring."""
 
     def __init__(
         self,
@@ -79,17 +125,27 @@ class RpcServer:
         frame_error: Callable[[str], bytes],
         timeout_s: float = 5.0,
         max_connections: int = 64,
+        *,
+        fast: Callable[[bytes], bool] = lambda body: False,
+        max_pending: int | None = None,
+        min_rate_bps: float = DEFAULT_MIN_RATE_BPS,
     ) -> None:
         self.binds = binds
         self.port = port
         self._handle = handle
         self._frame_error = frame_error
+        self._fast = fast
         self.timeout_s = timeout_s
+        self.min_rate_bps = min_rate_bps
+        self.max_pending = max_pending or default_max_pending()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._listeners: list[socket.socket] = []
         self.addresses: list[tuple[str, int]] = []
         self._loop_thread = LoopThread("kscope-rpc")
         self._rl = RateLimitedLogger(log)
+        self._pending: dict[socket.socket, _Pending] = {}
+        self._buffered = 0
+        self._sel: selectors.BaseSelector | None = None
 
     def start(self) -> None:
         port = self.port
@@ -121,19 +177,47 @@ class RpcServer:
         self._listeners = []
         self._loop_thread.close()
 
+    @property
+    def pending_count(self) -> int:
+        """Connections whose request is still being read (for tests and metrics)."""
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ the loop
     def _accept_loop(self) -> None:
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
         for s in self._listeners:
             sel.register(s, selectors.EVENT_READ)
         sel.register(self._loop_thread.wake, selectors.EVENT_READ)
+        last_sweep = time.monotonic()
         try:
             while not self._loop_thread.stopping.is_set():
-                for key, _ in sel.select():
+                for key, _ in sel.select(_SWEEP_S if self._pending else None):
                     if key.fileobj is self._loop_thread.wake:
                         continue
-                    self._accept(key.fileobj)  # type: ignore[arg-type]
+                    if key.data is None:
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
+                    else:
+                        self._guarded(key.data)
+                now = time.monotonic()
+                if now - last_sweep >= _SWEEP_S:
+                    self._sweep(now)
+                    last_sweep = now
         finally:
+            for p in list(self._pending.values()):
+                self._forget(p)
+                p.conn.close()
             sel.close()
+
+    def _guarded(self, p: _Pending) -> None:
+        """Serve one readable connection; a bug costs that connection, never the loop."""
+        try:
+            self._on_readable(p)
+        except Exception:
+            self._rl.exception("loop", "error while serving RPC connection from %s", p.peer)
+            try:
+                self._send_small(p.conn, self._frame_error("internal error while reading the request"))
+            finally:
+                self._close(p)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -144,47 +228,143 @@ class RpcServer:
             except OSError as exc:  # EMFILE etc.: do not spin; the next wake-up retries
                 self._rl.warning("accept", "accept failed: %s", exc)
                 return
+            conn.setblocking(False)
+            if len(self._pending) >= self.max_pending:
+                oldest = next(iter(self._pending.values()))  # dicts keep insertion (= accept) order
+                self._rl.warning("pending", "%d RPC connections being read; dropping the oldest, %s", len(self._pending), oldest.peer)
+                if oldest.draining_until is None:  # not answered yet; no drain, to stay within the bound
+                    self._send_small(oldest.conn, self._frame_error("server busy: too many connections sending requests"))
+                self._close(oldest)
+            now = time.monotonic()
+            p = _Pending(conn, peer, now, now + self.timeout_s)
+            self._pending[conn] = p
+            assert self._sel is not None
+            self._sel.register(conn, selectors.EVENT_READ, p)
+            self._guarded(p)  # the request is often there already
+
+    def _on_readable(self, p: _Pending) -> None:
+        if p.draining_until is not None:
+            self._drain(p)
+            return
+        try:
+            data = p.conn.recv(min(p.frame.wanted, 65536))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._rl.debug("conn", "RPC connection from %s failed: %s", p.peer, exc)
+            self._close(p)
+            return
+        if not data:
+            expected = "?" if p.frame.length is None else str(p.frame.length + wire.RPC_LENGTH.size)
+            self._frame_failed(p, f"connection closed after {p.frame.received} of {expected} bytes")
+            return
+        self._buffered += len(data)
+        try:
+            p.frame.feed(data)
+        except wire.FrameError as exc:
+            self._frame_failed(p, str(exc))
+            return
+        if self._buffered > MAX_BUFFERED_BYTES:
+            self._rl.warning("memory", "RPC requests being read hold %d bytes; refusing %s", self._buffered, p.peer)
+            self._fail(p, "server busy: too much request data in flight")
+        elif p.frame.done:
+            self._dispatch(p)
+
+    def _sweep(self, now: float) -> None:
+        """Answer and drop every connection past its deadline or below the minimum rate."""
+        for p in list(self._pending.values()):
+            if p.draining_until is not None:
+                if now >= p.draining_until:
+                    self._close(p)
+                continue
+            elapsed = now - p.started
+            if now >= p.deadline:
+                self._rl.warning("timeout", "RPC client %s sent no complete request in %.1f s", p.peer, self.timeout_s)
+                self._fail(p, f"timed out after {self.timeout_s:g} s waiting for the request (--rpc-timeout is per request)")
+            elif elapsed > RATE_GRACE_S and p.frame.received < self.min_rate_bps * (elapsed - RATE_GRACE_S):
+                self._rl.warning("slow", "RPC client %s too slow: %d bytes in %.1f s", p.peer, p.frame.received, elapsed)
+                self._fail(
+                    p,
+                    f"timed out: {p.frame.received} request bytes in {elapsed:.1f} s, below the minimum of "
+                    f"{self.min_rate_bps:g} bytes/s",
+                )
+
+    # ------------------------------------------------------------------ answers
+    def _dispatch(self, p: _Pending) -> None:
+        """A whole request: answer it here if cheap, else on a worker thread (or say busy)."""
+        self._forget(p)
+        body = p.frame.body
+        if self._fast(body):
+            self._send_small(p.conn, self._handle(body))
+            p.conn.close()
+            return
+        if not self._slots.acquire(blocking=False):
+            self._rl.warning("busy", "too many concurrent RPC requests; refusing %s", p.peer)
+            self._send_small(p.conn, self._frame_error("server busy: too many concurrent requests"))
+            p.conn.close()
+            return
+        t = threading.Thread(target=self._serve, args=(p.conn, body), name="kscope-rpc-conn", daemon=True)
+        t.start()
+
+    def _serve(self, conn: socket.socket, body: bytes) -> None:
+        try:
+            response = wire.frame_rpc(self._handle(body))
             conn.setblocking(True)
             conn.settimeout(self.timeout_s)
-            if not self._slots.acquire(blocking=False):
-                self._rl.warning("busy", "too many concurrent RPC connections; refusing %s", peer)
-                self._reply_and_close(conn, self._frame_error("server busy: too many concurrent connections"), drain=True)
-                continue
-            t = threading.Thread(target=self._serve, args=(conn, peer), name="kscope-rpc-conn", daemon=True)
-            t.start()
-
-    def _serve(self, conn: socket.socket, peer: object) -> None:
-        try:
-            try:
-                body = wire.read_rpc_frame(conn)
-            except wire.FrameError as exc:
-                self._rl.warning("frame", "bad RPC frame from %s: %s", peer, exc)
-                self._reply_and_close(conn, self._frame_error(f"bad request frame: {exc}"), drain=True)
-                return
-            except TimeoutError:
-                self._rl.warning("timeout", "RPC client %s sent no complete request in %.1f s", peer, self.timeout_s)
-                self._reply_and_close(conn, self._frame_error(f"timed out after {self.timeout_s:g} s waiting for the request"))
-                return
-            except OSError as exc:
-                self._rl.debug("conn", "RPC connection from %s failed: %s", peer, exc)
-                conn.close()
-                return
-            self._reply_and_close(conn, self._handle(body))
-        finally:
-            self._slots.release()
-
-    def _reply_and_close(self, conn: socket.socket, body: bytes, drain: bool = False) -> None:
-        """Send one framed response and close. ``drain`` reads (briefly) what the client may
-        still be sending, so the close does not reset the connection before it reads us."""
-        try:
-            conn.sendall(wire.frame_rpc(body))
-            if drain:
-                conn.shutdown(socket.SHUT_WR)
-                conn.settimeout(0.2)
-                for _ in range(64):
-                    if not conn.recv(65536):
-                        break
+            conn.sendall(response)
         except OSError:
             pass
         finally:
             conn.close()
+            self._slots.release()
+
+    def _frame_failed(self, p: _Pending, message: str) -> None:
+        self._rl.warning("frame", "bad RPC frame from %s: %s", p.peer, message)
+        self._fail(p, f"bad request frame: {message}")
+
+    def _fail(self, p: _Pending, message: str) -> None:
+        """Answer with an error, then drain what the client still sends for a moment, so the
+        close does not reset the connection before the client reads the answer."""
+        self._send_small(p.conn, self._frame_error(message))
+        try:
+            p.conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(p)
+            return
+        self._buffered -= p.frame.received
+        p.frame = wire.FrameAssembler()
+        p.draining_until = time.monotonic() + DRAIN_S
+        self._drain(p)
+
+    def _drain(self, p: _Pending) -> None:
+        for _ in range(16):
+            try:
+                if not p.conn.recv(65536):
+                    break
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                break
+        self._close(p)
+
+    @staticmethod
+    def _send_small(conn: socket.socket, body: bytes) -> None:
+        """Send a short answer without blocking the loop: it fits any fresh socket's buffer;
+        a client that does not read even that loses it."""
+        try:
+            conn.send(wire.frame_rpc(body))
+        except OSError:
+            pass
+
+    def _forget(self, p: _Pending) -> None:
+        if self._pending.pop(p.conn, None) is not None:
+            self._buffered -= p.frame.received
+            if self._sel is not None:
+                try:
+                    self._sel.unregister(p.conn)
+                except (KeyError, ValueError):
+                    pass
+
+    def _close(self, p: _Pending) -> None:
+        self._forget(p)
+        p.conn.close()

@@ -27,6 +27,7 @@ from kinetoscope.collect.manifest import (
     format_time,
     write_bytes_atomic,
 )
+from kinetoscope.daemon.paths import PathRefused, write_file_under
 from kinetoscope.daemon.registry import PendingConfig, Process
 
 log = logging.getLogger("kinetoscope.daemon.traces")
@@ -73,6 +74,7 @@ class TraceRecord:
     output_dir: str
     trace_dir: str
     config: str  # the part shared by every process (no ACTIVITIES_LOG_FILE line)
+    root: str | None = None  # the daemon's trace root: the manifest is written without following symlinks below it
     created_at: float = field(default_factory=time.time)
     files: list[TraceFile] = field(default_factory=list)
     manifest_path: str | None = None
@@ -190,8 +192,11 @@ def write_manifest(record: TraceRecord, hostname: str, statuses: list[dict[str, 
         return path
     try:
         # no fsync: rewritten on every status change; a lost version is rewritten on the next call
-        write_bytes_atomic(path, data, fsync=False)
-    except OSError as exc:
+        if record.root is not None:
+            write_file_under(record.root, path, data)
+        else:
+            write_bytes_atomic(path, data, fsync=False)
+    except (OSError, PathRefused) as exc:
         log.warning("cannot write manifest %s: %s", path, exc)
         return None
     record._last_manifest = data

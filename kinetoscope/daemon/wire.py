@@ -138,3 +138,50 @@ def read_rpc_frame(sock: socket.socket, max_bytes: int = MAX_RPC_BYTES) -> bytes
     if length > max_bytes:
         raise FrameError(f"frame length {length} exceeds the {max_bytes}-byte limit")
     return _recv_exact(sock, length)
+
+
+class FrameAssembler:
+    """Incremental reader of one RPC request frame from a non-blocking socket.
+
+    Feed it what ``recv`` returned; ``done`` once the body is complete. Raises FrameError as
+    soon as the length prefix is impossible (<= 0 or over ``max_bytes``), so a client that
+    claims a huge frame is answered at once instead of being waited for.
+    """
+
+    def __init__(self, max_bytes: int = MAX_RPC_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray()
+        self.length: int | None = None
+        self.received = 0  # bytes seen so far, prefix included
+
+    @property
+    def wanted(self) -> int:
+        """Bytes still missing (the prefix first, then the body)."""
+        if self.length is None:
+            return RPC_LENGTH.size - len(self._buf)
+        return self.length - len(self._buf)
+
+    @property
+    def done(self) -> bool:
+        return self.length is not None and len(self._buf) == self.length
+
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+        while data:
+            take = self.wanted
+            self._buf += data[:take]
+            data = data[take:]
+            if self.length is None and len(self._buf) == RPC_LENGTH.size:
+                (length,) = RPC_LENGTH.unpack(self._buf)
+                if length <= 0:
+                    raise FrameError(f"frame length {length} is not positive")
+                if length > self.max_bytes:
+                    raise FrameError(f"frame length {length} exceeds the {self.max_bytes}-byte limit")
+                self.length = length
+                self._buf = bytearray()
+            elif self.done:
+                return  # one request per connection: anything after the frame is ignored
+
+    @property
+    def body(self) -> bytes:
+        return bytes(self._buf)

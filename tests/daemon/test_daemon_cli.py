@@ -69,6 +69,8 @@ def test_sigterm_shuts_down_cleanly(cli_daemon, sockdir, tmp_path):
     body = urllib.request.urlopen(f"http://127.0.0.1:{fields['metrics_port']}/metrics", timeout=5).read().decode()
     assert "kscope_daemon_ipc_polls_total 1.0" in body
     assert "kscope_daemon_registered_processes 1.0" in body
+    assert "kscope_daemon_ipc_context_registrations 0.0" in body
+    assert "kscope_daemon_rpc_pending_connections" in body
     assert "kscope_host_cpu_utilization_percent" in body and "kscope_host_memory_total_bytes" in body
     assert "kscope_daemon_ipc_reply_latency_seconds_bucket" in body
     p.send_signal(signal.SIGTERM)

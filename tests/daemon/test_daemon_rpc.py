@@ -329,7 +329,7 @@ def test_log_dir_is_created_inside_the_root(daemon, clients, trace_root):
 def test_dual_stack_bind(make_daemon):
     if not socket.has_ipv6:
         pytest.skip("no IPv6")
-    d = make_daemon(bind=["::"])
+    d = make_daemon(bind=["::"], insecure=True)  # every interface without a token: explicit opt-in
     _get_status_ok(d.rpc_port)  # IPv4 client on a v6 socket
     assert rpc(d.rpc_port, {"fn": "getStatus"}, host="::1") == {"status": 1}
 
