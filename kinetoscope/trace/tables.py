@@ -725,6 +725,21 @@ def content_meta(
 _KIND_EXPR = pl.col("cat").replace_strict(CAT_TO_KIND, default="other", return_dtype=KIND).alias("kind")
 
 
+def clamp_negative_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
+    """Complete events with a negative ``dur`` get ``dur`` 0, and a warning naming the first.
+
+    A negative duration is never real (an event cannot end before it starts; seen in traces
+    whose clocks were adjusted mid-run): the event's start is kept, so analyses still see it,
+    but it covers no time rather than undoing other events' time in sums."""
+    bad = events.filter(pl.col("dur") < 0)
+    if bad.height == 0:
+        return events, None
+    first = bad.row(0, named=True)
+    msg = (f"{bad.height} complete event(s) have a negative dur and were given dur 0 (first: "
+           f"traceEvents[{first['idx']}] {first['name']!r}, dur {first['dur'] / 1000:g} us)")
+    return events.with_columns(pl.when(pl.col("dur") < 0).then(0).otherwise(pl.col("dur")).alias("dur")), msg
+
+
 def add_kind(events: pl.DataFrame) -> pl.DataFrame:
     """The ``kind`` column from ``cat`` (a no-op when the chunks already carry it)."""
     if "kind" in events.columns:
@@ -749,9 +764,10 @@ def assemble_trace(
     locate: bool = True,
 ) -> Trace:
     """Typed tables + metadata -> Trace (rank resolved from the file's location too)."""
-    events = add_kind(events)
+    events, negative = clamp_negative_durations(add_kind(events))
     meta = content_meta(
-        path, top, num_events=num_events, events=events, ids=ids, warn=warn, extra_warnings=extra_warnings
+        path, top, num_events=num_events, events=events, ids=ids, warn=warn,
+        extra_warnings=list(extra_warnings or []) + ([negative] if negative else []),
     )
     if locate:
         apply_location(meta, path)

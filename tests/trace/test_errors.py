@@ -70,13 +70,28 @@ def test_truncated_gzip_stream(tmp_path):
     assert "gzip stream ends early" in err.problem and err.offset is not None
 
 
-def test_corrupt_gzip(tmp_path):
-    gz = bytearray(gzip.compress(orjson.dumps(DOC)))
-    gz[-8] ^= 0xFF  # CRC
+@pytest.mark.parametrize("members", [1, 3])
+def test_corrupt_gzip_crc_names_the_end_of_the_stream(tmp_path, members):
+    """Regression (issue 16): a CRC error said "byte 0"; it now says what failed and where the
+    damaged member ends in the decompressed data."""
+    raw = orjson.dumps(DOC)
+    parts = [gzip.compress(b" " * 100) for _ in range(members - 1)] + [gzip.compress(raw)]
+    gz = bytearray(b"".join(parts))
+    gz[-8] ^= 0xFF  # CRC of the last member
     p = tmp_path / "t.json.gz"
     p.write_bytes(bytes(gz))
     err = load_err(p)
-    assert "corrupt gzip" in err.problem
+    assert "gzip CRC mismatch at the end of the stream" in err.problem
+    assert err.offset == 100 * (members - 1) + len(raw) and "(byte 0)" not in str(err)
+
+
+def test_corrupt_deflate_data(tmp_path):
+    gz = bytearray(gzip.compress(orjson.dumps(DOC) * 50))
+    gz[len(gz) // 2 : len(gz) // 2 + 8] = b"\xff" * 8
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(bytes(gz))
+    err = load_err(p)
+    assert "gzip" in err.problem and err.offset is not None
 
 
 def test_garbage_after_gzip_magic(tmp_path):
