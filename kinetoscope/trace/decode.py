@@ -519,7 +519,10 @@ class EventStream:
                 break
             raise self._error("invalid JSON: expected ',' or '}' in the top-level object")
         if not self.state.saw_events:
-            raise TraceError(self.path, "not a trace: no 'traceEvents' key" + not_a_trace_hint(self.state.top))
+            raise TraceError(  # at the '}' that closed the document
+                self.path, "not a trace: no 'traceEvents' key" + not_a_trace_hint(self.state.top),
+                offset=self.base + self.pos - 1,
+            )
         self._expect_end()
 
     def _eof_in_object(self, where: str) -> None:
@@ -1035,15 +1038,18 @@ class EventStream:
         try:
             return self._chunk(EXACT_GENERIC_DECODER.decode(view), first, False, base_off, end), done
         except msgspec.ValidationError as exc:  # e.g. a number out of range (1e400)
-            raise self._invalid_value(exc, first) from None
+            raise self._invalid_value(exc, first, base_off) from None
         except msgspec.DecodeError as exc:
             return self._decode_failed(exc, view, start, base_off, first, final, typed=False)
         except UnicodeDecodeError:
             raise self._bad_utf8(view, base_off) from None
 
-    def _invalid_value(self, exc: Exception, first: int) -> TraceError:
+    def _invalid_value(self, exc: Exception, first: int, chunk_offset: int) -> TraceError:
+        """A value msgspec rejects; located by event index, else by the chunk's offset."""
         k = error_event_index(exc)
-        return TraceError(self.path, f"invalid value: {exc}", event_index=None if k is None else first + k)
+        if k is None:
+            return TraceError(self.path, f"invalid value: {exc}", offset=chunk_offset)
+        return TraceError(self.path, f"invalid value: {exc}", event_index=first + k)
 
     def _decode_failed(self, exc, view, start, base_off, first, final, typed):
         text = str(exc)
@@ -1060,7 +1066,7 @@ class EventStream:
                 except msgspec.ValidationError:
                     evs, is_typed = EXACT_GENERIC_DECODER.decode(sub), False
             except msgspec.ValidationError as exc2:
-                raise self._invalid_value(exc2, first) from None
+                raise self._invalid_value(exc2, first, base_off) from None
             finally:
                 sub.release()
             return self._chunk(evs, first, is_typed, base_off, start - 1 + end), start - 1 + end
@@ -1094,7 +1100,7 @@ class EventStream:
                 except RecursionError:
                     raise nesting_error(self.path, view, chunk.lo) from None
                 except msgspec.ValidationError as exc:
-                    raise self._invalid_value(exc, chunk.first_index) from None
+                    raise self._invalid_value(exc, chunk.first_index, chunk.lo) from None
                 except UnicodeDecodeError:  # in a field the typed decode skipped
                     raise self._bad_utf8(view, chunk.lo) from None
                 finally:

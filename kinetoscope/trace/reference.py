@@ -478,8 +478,8 @@ class RowBuilder:
         if not isinstance(ev, dict):
             raise TraceError(path, f"event is {_json_type(ev)}, not an object", event_index=i)
         ph = ev.get("ph")
-        if ph not in LABELLED_PHASES:
-            return
+        if type(ph) is not str or ph not in LABELLED_PHASES:
+            return  # an unknown phase (or not even a string: a list is unhashable) is ignored
         ids = self.ids
         raw_pid, raw_tid = ev.get("pid"), ev.get("tid")
         ids.register(raw_pid)

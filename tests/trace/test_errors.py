@@ -256,3 +256,15 @@ def test_hostile_strings_load_as_data(tmp_path):
         assert t.processes["name"].to_list() == [HOSTILE[2]]
         assert t.meta.extra[HOSTILE[0]] == HOSTILE[2]
         assert_same_trace(t, load_trace_reference(p))
+
+
+@pytest.mark.parametrize("ph", [[], {}, 1, None, ["X"]])
+def test_a_phase_that_is_not_a_string_is_ignored(tmp_path, ph):
+    """Found by tests/fuzz: a list or object as ``ph`` raised TypeError (unhashable) in the
+    reference rules that odd chunks fall back to; it is an unknown phase, like a number."""
+    from kinetoscope.trace import load_trace_reference, parse_trace
+
+    p = tmp_path / "t.json"
+    p.write_bytes(orjson.dumps({"traceEvents": [{"ph": ph, "name": "a"}, {"ph": "X", "name": "b", "ts": 1, "dur": 1}]}))
+    for t in (parse_trace(p), load_trace_reference(p)):
+        assert t.events["name"].to_list() == ["b"] and t.meta.num_trace_events == 2
