@@ -251,7 +251,8 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
         return rec
 
     def analysis_or_404(analysis_id: int) -> Any:
-        rec = catalog.get_analysis(analysis_id)
+        # ids are SQL integers: a number outside int64 names no analysis (and would overflow)
+        rec = catalog.get_analysis(analysis_id) if 0 < analysis_id < 2**63 else None
         if rec is None:
             raise HTTPException(404, f"no analysis {analysis_id} in the catalog")
         return rec
@@ -316,7 +317,8 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
             return running
         return tasks.submit(
             "analyze", f"Analyse {trace_id}",
-            lambda t: analyze_request(tasks, t, catalog, trace_id, analysis_options=settings.analysis_options),
+            lambda t: analyze_request(tasks, t, catalog, trace_id, analysis_options=settings.analysis_options,
+                                      roots=roots),
             trace_id=trace_id,
         )
 
@@ -549,7 +551,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
                 "daemons": settings.daemons, "perfetto": perfetto is not None}
 
     @app.get("/api/jobs", tags=["catalog"], summary="Jobs, most recently seen first")
-    def api_jobs(limit: int | None = Query(None, ge=1)) -> dict[str, Any]:
+    def api_jobs(limit: int | None = Query(None, ge=1, le=1_000_000)) -> dict[str, Any]:
         return {"jobs": [j.to_dict() for j in catalog.jobs(limit=limit)]}
 
     @app.get("/api/jobs/{job_id}", tags=["catalog"], summary="One job with its trace requests")

@@ -193,3 +193,27 @@ def test_real_server_on_all_interfaces_keeps_the_host_check_and_body_limit(tmp_p
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_the_analyze_action_refuses_files_outside_the_roots(rooted):
+    """A hostile manifest cannot make the server analyse (and report on) files outside the
+    roots either."""
+    client, _root, outside = rooted
+    (outside / "rank-0.json").write_text(TRACE_DOC)
+    _record(client, "kst-outside", [{"file": "rank-0.json", "path": str(outside / "rank-0.json")}])
+    r = client.post("/api/traces/kst-outside/analyze")
+    assert r.status_code == 202
+    tasks = client.app.state.tasks
+    t = tasks.wait(r.json()["task"]["id"], 60)
+    assert t is not None and t.finished
+    task = client.get(f"/api/tasks/{t.id}").json()["task"]
+    assert task["state"] == "failed" and "outside the serving roots" in task["message"]
+
+
+def test_out_of_range_numbers_are_client_errors(rooted):
+    """Found by tests/fuzz: ids and limits beyond int64 overflowed in SQLite (500)."""
+    client, _root, _outside = rooted
+    for url in ("/analyses/9223372036854775808", "/api/analyses/99999999999999999999",
+                "/api/analyses/9223372036854775808/document", "/analyses/9223372036854775808/report"):
+        assert client.get(url).status_code == 404, url
+    assert client.get("/api/jobs?limit=99999999999999999999").status_code == 422
