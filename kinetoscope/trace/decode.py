@@ -713,8 +713,9 @@ class EventStream:
             while True:
                 cut = self._last_boundary(scan, len(self.buf))
                 if cut is None:
-                    scan = self._read_past_blanks(start, lo)
-                    if scan is not None:
+                    nxt = self._read_past_blanks(start, lo, scan)
+                    if nxt is not None:
+                        scan = nxt
                         continue
                     yield from self._final(start)
                     return None
@@ -746,12 +747,14 @@ class EventStream:
                 if steps <= 0:
                     return start
 
-    def _read_past_blanks(self, start: int, lo: int) -> int | None:
-        """No boundary starts in ``[lo, len(buf))``: read more data (past blocks of only
-        whitespace and commas, which cannot complete a boundary) and return where the next
-        search must start, or None at the end of the data."""
+    def _read_past_blanks(self, start: int, lo: int, scan: int) -> int | None:
+        """No boundary starts in ``[lo, len(buf))`` (the last search began at ``scan``): read
+        more data (past blocks of only whitespace and commas, which cannot complete a
+        boundary) and return where the next search must start, or None at the end of the
+        data. ``[scan, len(buf))`` holds a non-blank byte unless ``scan == lo``, so the blank
+        run at the end starts at or after ``scan``: only the new bytes are looked at."""
         n = len(self.buf)
-        run = self._blank_run_start(lo, n)
+        run = self._blank_run_start(scan, n)
         scan = run - 1 if run - 1 >= lo and self.buf[run - 1] == 0x7D else n  # a '}' that may straddle
         while True:
             self._check_value_size(start)
