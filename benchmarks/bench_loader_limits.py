@@ -59,7 +59,8 @@ def whitespace(sizes: list[int], workdir: Path) -> None:
             dt = time_parse(p)
             per_mb.append(dt / mb)
             print(f"{name:10s} {mb:5d} MB blanks: {dt:6.2f} s ({1000 * dt / mb:.1f} ms/MB)", flush=True)
-        print(f"{name:10s} time per MB, {sizes[-1]} MB vs {sizes[0]} MB: {per_mb[-1] / per_mb[0]:.2f}x (linear: ~1)")
+        ratio = per_mb[-1] / per_mb[0]
+        print(f"{name:10s} time per MB, {sizes[-1]} MB vs {sizes[0]} MB: {ratio:.2f}x (linear: ~1)")
 
 
 def bomb(gb: float, workdir: Path) -> None:

@@ -70,7 +70,8 @@ def register(app: typer.Typer) -> None:
         allowed_host: list[str] = typer.Option(
             None, "--allowed-host",
             help="Host name browsers may use to reach the server, besides IP addresses, localhost and this "
-                 "machine's names (DNS-rebinding guard). Repeatable; '*' accepts any; also $KSCOPE_ALLOWED_HOSTS.",
+                 "machine's names (DNS-rebinding guard). Repeatable; '*' accepts any; "
+                 "also $KSCOPE_ALLOWED_HOSTS.",
         ),
         max_body_bytes: int = typer.Option(
             DEFAULT_MAX_BODY_BYTES, "--max-body-bytes", envvar=MAX_BODY_ENV, metavar="BYTES",
@@ -99,7 +100,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--max-body-bytes must be at least 1024")
         loopback = _is_loopback(host)
         allowed = allowed_hosts(host, loopback, list(allowed_host or []))
-        roots = [r for v in (serve_root or []) for r in split_list(v)] + split_list(os.environ.get(SERVE_ROOTS_ENV))
+        roots = [r for v in (serve_root or []) for r in split_list(v)]
+        roots += split_list(os.environ.get(SERVE_ROOTS_ENV))
         opts = diagnosis_options(model_flops, peak_flops)
         settings = WebSettings(catalog_url=catalog, daemons=daemons, token=token, allowed_hosts=allowed,
                                analysis_options=opts, workers=workers, serve_roots=roots,
@@ -124,7 +126,8 @@ def register(app: typer.Typer) -> None:
         if not loopback:
             out.print(f"[yellow]warning:[/] listening on {escape(host)}: the app has no login; anyone who can reach "
                       "this address can read traces and trigger tracing. Prefer 127.0.0.1 with an SSH tunnel.")
-            out.print(f"host names accepted (besides IP addresses): {escape(', '.join(allowed))} (--allowed-host)")
+            names = escape(", ".join(allowed))
+            out.print(f"host names accepted (besides IP addresses): {names} (--allowed-host)")
         config = uvicorn.Config(webapp, log_level=log_level, access_log=log_level in ("info", "debug", "trace"),
                                 lifespan="on", timeout_graceful_shutdown=3)
         server = uvicorn.Server(config)

@@ -401,7 +401,8 @@ class EventStream:
             if self.base + p - run_from > self.limits.max_value_bytes:
                 raise TraceError(
                     self.path,
-                    f"more than {fmt_size(self.limits.max_value_bytes)} of whitespace: over {self.limits.value_hint()}",
+                    f"more than {fmt_size(self.limits.max_value_bytes)} of whitespace: "
+                    f"over {self.limits.value_hint()}",
                     offset=run_from,
                 )
             if p < len(self.buf):
@@ -547,7 +548,8 @@ class EventStream:
                 self.pos = m.end()
                 return key
             if len(self.buf) - self.pos > MAX_KEY_BYTES:
-                raise self._error(f"a top-level key string longer than {fmt_size(MAX_KEY_BYTES)} (not a trace?)")
+                too_long = fmt_size(MAX_KEY_BYTES)
+                raise self._error(f"a top-level key string longer than {too_long} (not a trace?)")
             if not self._more():
                 return None
 
@@ -776,8 +778,8 @@ class EventStream:
         if len(self.buf) - start > self.limits.max_value_bytes + self.chunk_bytes:
             raise TraceError(
                 self.path,
-                f"no end of traceEvents[{self.n_events}] within {fmt_size(self.limits.max_value_bytes)}: one event "
-                f"(or run of whitespace) is over {self.limits.value_hint()}",
+                f"no end of traceEvents[{self.n_events}] within {fmt_size(self.limits.max_value_bytes)}: "
+                f"one event (or run of whitespace) is over {self.limits.value_hint()}",
                 offset=self.base + start,
                 event_index=self.n_events,
             )

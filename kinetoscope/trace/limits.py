@@ -62,7 +62,8 @@ class Limits:
         )
 
     def trace_hint(self) -> str:
-        return f"the {fmt_size(self.max_trace_bytes)} limit on decompressed JSON ({MAX_TRACE_ENV} / --max-trace-bytes)"
+        size = fmt_size(self.max_trace_bytes)
+        return f"the {size} limit on decompressed JSON ({MAX_TRACE_ENV} / --max-trace-bytes)"
 
     def value_hint(self) -> str:
         return f"the {fmt_size(self.max_value_bytes)} limit on one value ({MAX_VALUE_ENV})"

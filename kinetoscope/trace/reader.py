@@ -65,7 +65,12 @@ class BlockReader:
     """``read_block()`` returns the next decompressed block, or ``b""`` at the end."""
 
     def __init__(
-        self, path: str, *, salvage: bool = False, block_bytes: int = BLOCK_BYTES, limits: Limits | None = None
+        self,
+        path: str,
+        *,
+        salvage: bool = False,
+        block_bytes: int = BLOCK_BYTES,
+        limits: Limits | None = None,
     ):
         self.path = path
         self.salvage = salvage

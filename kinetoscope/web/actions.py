@@ -83,8 +83,10 @@ def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str,
     if roots is not None:
         outside = [p for p in paths if roots.local_file(p) is None]
         if outside:
-            raise KinetoscopeError(f"{len(outside)} file(s) of trace {trace_id} lie outside the serving roots "
-                                   f"(first: {outside[0]}); add their folder with kscope serve --serve-root")
+            raise KinetoscopeError(
+                f"{len(outside)} file(s) of trace {trace_id} lie outside the serving roots "
+                f"(first: {outside[0]}); add their folder with kscope serve --serve-root"
+            )
     tasks.update(task, phase="analysing", message=f"analysing {len(paths)} trace file(s)",
                  log="analysing " + ", ".join(p.name for p in paths))
     doc = analyze_paths(paths, **(analysis_options or {}))

@@ -307,8 +307,8 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
         path = local_copy(f)
         if path is not None:
             return f, path
-        raise HTTPException(404, f"{file_name} is recorded but not available on this machine under the serving "
-                                 f"roots ({f.path or 'no path'}; kscope serve --serve-root)")
+        raise HTTPException(404, f"{file_name} is recorded but not available on this machine under the "
+                                 f"serving roots ({f.path or 'no path'}; kscope serve --serve-root)")
 
     def start_analysis(trace_id: str) -> Any:
         trace_or_404(trace_id)
