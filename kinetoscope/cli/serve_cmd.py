@@ -62,13 +62,13 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(2, "--workers", help="Background tasks (analyses, triggers) run at once."),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level (info logs every request)."),
         serve_root: list[str] = typer.Option(
-            None, "--serve-root",
+            None, "--serve-root", metavar="DIR",
             help="Folder (or s3://... prefix) trace files may be served from, besides the defaults "
                  "(/tmp/kinetoscope/traces, the download cache, <catalog folder>/traces). Repeatable; "
                  "also $KSCOPE_SERVE_ROOTS (comma-separated).",
         ),
         allowed_host: list[str] = typer.Option(
-            None, "--allowed-host",
+            None, "--allowed-host", metavar="NAME",
             help="Host name browsers may use to reach the server, besides IP addresses, localhost and this "
                  "machine's names (DNS-rebinding guard). Repeatable; '*' accepts any; "
                  "also $KSCOPE_ALLOWED_HOSTS.",
