@@ -10,6 +10,25 @@ from pathlib import Path
 
 import pytest
 
+# Hypothesis profiles (docs/trace-loading.md, "Property tests and fuzzing"). CI must be
+# reproducible: ``ci`` (the default) derandomizes, so every run tries the same examples, keeps
+# no example database and prints the blob that replays a failure. ``slow`` and ``fuzz`` search
+# more widely with random seeds: ``HYPOTHESIS_PROFILE=slow pytest tests/trace/test_properties.py``.
+# A test's own ``@settings(max_examples=...)`` still wins over the profile's count.
+HYPOTHESIS_PROFILES = {
+    "ci": {"derandomize": True, "max_examples": 60, "database": None},
+    "slow": {"max_examples": 1000},
+    "fuzz": {"max_examples": 5000},
+}
+try:
+    from hypothesis import settings as _hyp_settings
+except ImportError:  # pragma: no cover - the test extras are not installed
+    pass
+else:
+    for _name, _opts in HYPOTHESIS_PROFILES.items():
+        _hyp_settings.register_profile(_name, deadline=None, print_blob=True, **_opts)
+    _hyp_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 # Fixtures shared across test folders (tests/fixtures_*.py).
 pytest_plugins = ["tests.fixtures_s3"]
 

@@ -99,10 +99,18 @@ app = typer.Typer(
 @app.callback(invoke_without_command=True)
 def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+    max_trace_bytes: str | None = typer.Option(
+        None, "--max-trace-bytes", metavar="SIZE",
+        help="Largest decompressed JSON of one trace file, e.g. 32G (default 16G; $KSCOPE_MAX_TRACE_BYTES).",
+    ),
 ) -> None:
     if version:
         typer.echo(__version__)
         raise typer.Exit(0)
+    if max_trace_bytes is not None:
+        from kinetoscope.trace.limits import set_max_trace_bytes
+
+        set_max_trace_bytes(max_trace_bytes)
 
 
 def main() -> None:

@@ -14,6 +14,14 @@ import typer
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.web.guards import (
+    ALLOWED_HOSTS_ENV,
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_BODY_ENV,
+    SERVE_ROOTS_ENV,
+    machine_names,
+    split_list,
+)
 
 EXAMPLES = examples(
     ('kscope serve', 'web app on http://127.0.0.1:8000'),
@@ -33,6 +41,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def allowed_hosts(bind: str, loopback: bool, extra: list[str]) -> list[str]:
+    """Host header names the server answers (IP literals and loopback names always pass, see
+    ``kinetoscope.web.guards.HostCheck``): the bind address, this machine's names when it
+    listens beyond loopback, ``--allowed-host`` and ``$KSCOPE_ALLOWED_HOSTS``."""
+    names = [bind.strip("[]").lower()]
+    if not loopback:
+        names += machine_names()
+    names += [h for v in extra for h in split_list(v)] + split_list(os.environ.get(ALLOWED_HOSTS_ENV))
+    return list(dict.fromkeys(names))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve", epilog=EXAMPLES)
     def serve(
@@ -49,6 +68,22 @@ def register(app: typer.Typer) -> None:
         peak_flops: float | None = typer.Option(None, "--peak-flops", help="Peak FLOP/s of one device, for MFU."),
         workers: int = typer.Option(2, "--workers", help="Background tasks (analyses, triggers) run at once."),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level (info logs every request)."),
+        serve_root: list[str] = typer.Option(
+            None, "--serve-root", metavar="DIR",
+            help="Folder (or s3://... prefix) trace files may be served from, besides the defaults "
+                 "(/tmp/kinetoscope/traces, the download cache, <catalog folder>/traces). Repeatable; "
+                 "also $KSCOPE_SERVE_ROOTS (comma-separated).",
+        ),
+        allowed_host: list[str] = typer.Option(
+            None, "--allowed-host", metavar="NAME",
+            help="Host name browsers may use to reach the server, besides IP addresses, localhost and this "
+                 "machine's names (DNS-rebinding guard). Repeatable; '*' accepts any; "
+                 "also $KSCOPE_ALLOWED_HOSTS.",
+        ),
+        max_body_bytes: int = typer.Option(
+            DEFAULT_MAX_BODY_BYTES, "--max-body-bytes", envvar=MAX_BODY_ENV, metavar="BYTES",
+            help="Largest request body accepted (larger: 413).",
+        ),
     ) -> None:
         """Serve the web app: catalog browser, HTML reports, trace trigger form and a local Perfetto UI."""
         import uvicorn
@@ -68,13 +103,16 @@ def register(app: typer.Typer) -> None:
             for part in value.split(","):
                 if part.strip():
                     daemons.append(str(parse_host(part)))
+        if max_body_bytes < 1024:
+            raise UsageError("--max-body-bytes must be at least 1024")
         loopback = _is_loopback(host)
-        allowed = None
-        if loopback:
-            allowed = ["127.0.0.1", "localhost", "::1", host.strip("[]").lower()]
+        allowed = allowed_hosts(host, loopback, list(allowed_host or []))
+        roots = [r for v in (serve_root or []) for r in split_list(v)]
+        roots += split_list(os.environ.get(SERVE_ROOTS_ENV))
         opts = diagnosis_options(model_flops, peak_flops)
         settings = WebSettings(catalog_url=catalog, daemons=daemons, token=token, allowed_hosts=allowed,
-                               analysis_options=opts, workers=workers)
+                               analysis_options=opts, workers=workers, serve_roots=roots,
+                               max_body_bytes=max_body_bytes)
         webapp = create_app(settings)
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -95,6 +133,8 @@ def register(app: typer.Typer) -> None:
         if not loopback:
             out.print(f"[yellow]warning:[/] listening on {escape(host)}: the app has no login; anyone who can reach "
                       "this address can read traces and trigger tracing. Prefer 127.0.0.1 with an SSH tunnel.")
+            names = escape(", ".join(allowed))
+            out.print(f"host names accepted (besides IP addresses): {names} (--allowed-host)")
         config = uvicorn.Config(webapp, log_level=log_level, access_log=log_level in ("info", "debug", "trace"),
                                 lifespan="on", timeout_graceful_shutdown=3)
         server = uvicorn.Server(config)

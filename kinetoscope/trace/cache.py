@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover
     _xxhash = None
 
 # Bump when the tables a given file produces change (parsing rules, schema, coercions).
-LOADER_VERSION = 2  # 2: exact decimal timestamps, cuda_profiler_range counters
+LOADER_VERSION = 3  # 2: exact decimal timestamps, cuda_profiler_range counters; 3: negative dur -> 0
 HASH_READ = 4 << 20
 PARQUET_COMPRESSION = "snappy"
 

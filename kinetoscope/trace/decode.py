@@ -24,12 +24,14 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from kinetoscope.trace.errors import TraceError
+from kinetoscope.trace.limits import MAX_KEY_BYTES, Limits, fmt_size
 from kinetoscope.trace.reader import BlockReader
 from kinetoscope.trace.reference import (
     EXACT_DECODER,
     FLOAT_ARG_COLUMNS,
     INSTANT_ARG_KEYS,
     INT_ARG_COLUMNS,
+    nesting_error,
     not_a_trace_hint,
 )
 from kinetoscope.trace.schema import ARG_COLUMNS
@@ -218,6 +220,9 @@ _PATH_INDEX_RE = re.compile(r"at `\$\[(\d+)\]")
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _SALVAGE_END = re.compile(rb"\}[ \t\r\n]*(?:,|\Z)")
 _WS = b" \t\r\n"
+_WS_COMMA = b" \t\r\n,"
+_SCALAR_END = re.compile(rb"[ \t\r\n,}\]]")
+SEP_MAX_WS = 64  # whitespace kept in the preferred separator (self.sep)
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _SPECIAL = re.compile(rb'["\\\[\]{}]')
 _QUOTE = re.compile(rb'["\\]')
@@ -229,6 +234,34 @@ _QUOTE = re.compile(rb'["\\]')
 _EPOCH_TS = re.compile(rb'"ts"[ \t\r\n]*:[ \t\r\n]*-?[0-9]{12,}\.')
 EPOCH_SNIFF_BYTES = 1 << 16
 
+
+
+def _next_in_string(buf: bytearray, p: int, n: int) -> int:
+    """Index of the next '"' or backslash at or after ``p`` (-1: none), by ``find`` (memchr)."""
+    q = buf.find(b'"', p, n)
+    b = buf.find(b"\\", p, n if q < 0 else q)
+    return b if b >= 0 else q
+
+
+def _next_special(buf: bytearray, p: int) -> int:
+    m = _SPECIAL.search(buf, p)
+    return -1 if m is None else m.start()
+
+
+def _skip_ws(buf: bytearray, p: int) -> int:
+    """Index of the first non-whitespace byte of ``buf`` at or after ``p`` (``len(buf)`` if
+    none). C-speed ``lstrip`` over windows that grow, so a short gap costs little and a long
+    run is skipped at memory speed (a regex character class is ~100x slower)."""
+    n = len(buf)
+    window = 64
+    while p < n:
+        seg = buf[p : p + window]
+        rest = seg.lstrip(_WS)
+        if rest:
+            return p + len(seg) - len(rest)
+        p += len(seg)
+        window = min(window * 16, 1 << 22)
+    return n
 
 
 def sniff_family(view: Any, family: Family) -> Family:
@@ -312,9 +345,11 @@ class EventStream:
         salvage: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
         pool: Any = None,
+        limits: Limits | None = None,
     ) -> None:
         self.path = path
         self.reader = reader
+        self.limits = limits or getattr(reader, "limits", None) or Limits.from_env()
         self.salvage = salvage
         self.chunk_bytes = chunk_bytes
         self.buf = bytearray()
@@ -356,16 +391,23 @@ class EventStream:
         return 0
 
     def _peek(self) -> int | None:
-        """Skip whitespace; the next byte (not consumed), or None at the end of the data."""
+        """Skip whitespace; the next byte (not consumed), or None at the end of the data.
+        Linear in the whitespace skipped, and skipped bytes are dropped from the buffer; a run
+        longer than the single-value limit is an error (a decompression bomb of blanks)."""
+        run_from = self.base + self.pos
         while True:
-            buf = self.buf
-            n = len(buf)
-            p = self.pos
-            while p < n and buf[p] in _WS:
-                p += 1
+            p = _skip_ws(self.buf, self.pos)
             self.pos = p
-            if p < n:
-                return buf[p]
+            if self.base + p - run_from > self.limits.max_value_bytes:
+                raise TraceError(
+                    self.path,
+                    f"more than {fmt_size(self.limits.max_value_bytes)} of whitespace: "
+                    f"over {self.limits.value_hint()}",
+                    offset=run_from,
+                )
+            if p < len(self.buf):
+                return self.buf[p]
+            self._compact(p)
             if not self._more():
                 return None
 
@@ -478,7 +520,10 @@ class EventStream:
                 break
             raise self._error("invalid JSON: expected ',' or '}' in the top-level object")
         if not self.state.saw_events:
-            raise TraceError(self.path, "not a trace: no 'traceEvents' key" + not_a_trace_hint(self.state.top))
+            raise TraceError(  # at the '}' that closed the document
+                self.path, "not a trace: no 'traceEvents' key" + not_a_trace_hint(self.state.top),
+                offset=self.base + self.pos - 1,
+            )
         self._expect_end()
 
     def _eof_in_object(self, where: str) -> None:
@@ -502,6 +547,9 @@ class EventStream:
                     raise self._error(f"invalid JSON in a key: {exc}") from None
                 self.pos = m.end()
                 return key
+            if len(self.buf) - self.pos > MAX_KEY_BYTES:
+                too_long = fmt_size(MAX_KEY_BYTES)
+                raise self._error(f"a top-level key string longer than {too_long} (not a trace?)")
             if not self._more():
                 return None
 
@@ -531,6 +579,8 @@ class EventStream:
                             ) from None
                     except (msgspec.ValidationError, UnicodeDecodeError) as exc:
                         raise self._error(f"invalid value for top-level key {key!r}: {exc}") from None
+                    except RecursionError:
+                        raise nesting_error(self.path, view, self.base + self.pos) from None
                 finally:
                     view.release()
             if complete:
@@ -549,11 +599,15 @@ class EventStream:
             want *= 2
 
     def _skip_value(self, key: str) -> bool:
-        """Skip a huge top-level value without decoding it (memory stays bounded)."""
+        """Skip a huge top-level value without decoding it (memory stays bounded): an object or
+        array to its matching bracket, a string to its closing quote, a number or literal to
+        the next delimiter."""
+        start = self.base + self.pos
+        if self.buf[self.pos] not in b'[{"':
+            return self._skip_scalar(key, start)
         depth = 0
         in_str = False
         esc = False
-        start = self.base + self.pos
         p = self.pos
         while True:
             buf = self.buf
@@ -563,37 +617,61 @@ class EventStream:
                     esc = False
                     p += 1
                     continue
-                m = (_QUOTE if in_str else _SPECIAL).search(buf, p)
-                if m is None:
+                at = _next_in_string(buf, p, n) if in_str else _next_special(buf, p)
+                if at < 0:
                     p = n
                     break
-                ch = buf[m.start()]
-                p = m.start() + 1
+                ch = buf[at]
+                p = at + 1
                 if in_str:
                     if ch == 0x5C:
                         esc = True
-                    else:
-                        in_str = False
+                        continue
+                    in_str = False
+                    if depth > 0:
+                        continue
                 elif ch == 0x22:
                     in_str = True
+                    continue
                 elif ch in (0x5B, 0x7B):
                     depth += 1
+                    continue
                 elif ch in (0x5D, 0x7D):
                     depth -= 1
-                    if depth <= 0:
-                        self.pos = p
-                        self.state.warnings.append(
-                            f"top-level key {key!r} holds {self.base + p - start} bytes; skipped, not decoded"
-                        )
-                        return True
+                    if depth > 0:
+                        continue
+                else:
+                    continue
+                # the value ended at p (its closing quote or bracket)
+                self.pos = p
+                self._skipped(key, self.base + p - start)
+                return True
             self.pos = p
             self._compact(p)
             p = self.pos
             if not self._more():
-                if self.salvage and self.state.saw_events:
-                    self._stop(f"file ends inside top-level key {key!r} at byte {self._end_offset()}")
-                    return False
-                raise self._truncated(f"inside top-level key {key!r}")
+                return self._eof_in_value(key)
+
+    def _skip_scalar(self, key: str, start: int) -> bool:
+        while True:
+            m = _SCALAR_END.search(self.buf, self.pos)
+            if m is not None:
+                self.pos = m.start()
+                self._skipped(key, self.base + self.pos - start)
+                return True
+            self.pos = len(self.buf)
+            self._compact(self.pos)
+            if not self._more():
+                return self._eof_in_value(key)
+
+    def _skipped(self, key: str, size: int) -> None:
+        self.state.warnings.append(f"top-level key {key!r} holds {size} bytes; skipped, not decoded")
+
+    def _eof_in_value(self, key: str) -> bool:
+        if self.salvage and self.state.saw_events:
+            self._stop(f"file ends inside top-level key {key!r} at byte {self._end_offset()}")
+            return False
+        raise self._truncated(f"inside top-level key {key!r}")
 
     # ---- the events array ---------------------------------------------------------------
     def _events(self) -> Iterator[DecodedChunk]:
@@ -613,9 +691,10 @@ class EventStream:
             raise self._error(f"event is {self._describe()}, not an object", event_index=0)
         start = self.pos  # at '{'; buf[start - 1] is overwritten with '['
         k = start - 1
-        while k > 0 and self.buf[k] in _WS:
+        while k > 0 and start - k <= SEP_MAX_WS and self.buf[k] in _WS:
             k -= 1
-        self.sep = b"}," + bytes(self.buf[k + 1 : start]) + b"{"  # ("[" + whitespace + "{")
+        # ("[" + whitespace + "{"); odd amounts of whitespace: no preferred separator
+        self.sep = b"}," + bytes(self.buf[k + 1 : start]) + b"{" if start - k <= SEP_MAX_WS else b""
         if self.pool is not None and not self.salvage:
             yield from self._events_parallel(start)
         else:
@@ -624,21 +703,29 @@ class EventStream:
     def _serial(self, start: int, steps: int | None = None) -> Iterator[DecodedChunk]:
         """Decode chunks here, from the event at ``buf[start]`` (a true event start). Returns
         (as the generator's value) the start of the next chunk after ``steps`` chunks, or None
-        when the array (or the data) ended; then ``pos`` is after the array."""
+        when the array (or the data) ended; then ``pos`` is after the array.
+
+        The search for a boundary is linear in the data: after a block without one, only a
+        boundary that straddles the old end (a ``}`` followed by whitespace and commas up to
+        it) or starts after it can appear, and blocks of nothing but whitespace and commas are
+        read on without searching (see :meth:`_read_past_blanks`)."""
         while True:
             self._fill(start + self.chunk_bytes)
-            lo = start + 1
+            lo = scan = start + 1
             while True:
-                cut = self._last_boundary(lo, len(self.buf))
+                cut = self._last_boundary(scan, len(self.buf))
                 if cut is None:
-                    if self._more():
+                    nxt = self._read_past_blanks(start, lo, scan)
+                    if nxt is not None:
+                        scan = nxt
                         continue
                     yield from self._final(start)
                     return None
                 try:
                     chunk, ended_at = self._decode_range(start, cut)
                 except _Split:
-                    lo = cut + 1
+                    lo = scan = cut + 1
+                    self._check_value_size(start)
                     if not self._more() and self._last_boundary(lo, len(self.buf)) is None:
                         yield from self._final(start)
                         return None
@@ -662,6 +749,41 @@ class EventStream:
                 if steps <= 0:
                     return start
 
+    def _read_past_blanks(self, start: int, lo: int, scan: int) -> int | None:
+        """No boundary starts in ``[lo, len(buf))`` (the last search began at ``scan``): read
+        more data (past blocks of only whitespace and commas, which cannot complete a
+        boundary) and return where the next search must start, or None at the end of the
+        data. ``[scan, len(buf))`` holds a non-blank byte unless ``scan == lo``, so the blank
+        run at the end starts at or after ``scan``: only the new bytes are looked at."""
+        n = len(self.buf)
+        run = self._blank_run_start(scan, n)
+        scan = run - 1 if run - 1 >= lo and self.buf[run - 1] == 0x7D else n  # a '}' that may straddle
+        while True:
+            self._check_value_size(start)
+            old = len(self.buf)
+            if not self._more():
+                return None
+            if self._blank_run_start(old, len(self.buf)) > old:  # something besides blanks
+                return scan
+
+    def _blank_run_start(self, lo: int, hi: int) -> int:
+        """Start of the run of whitespace and commas that ends ``buf[lo:hi]`` (``hi`` if none)."""
+        with memoryview(self.buf) as whole:
+            tail = bytes(whole[lo:hi])
+        return lo + len(tail.rstrip(_WS_COMMA))
+
+    def _check_value_size(self, start: int) -> None:
+        """The event starting at ``buf[start]`` (with what follows it) has grown past the
+        single-value limit without a boundary: refuse rather than buffer without end."""
+        if len(self.buf) - start > self.limits.max_value_bytes + self.chunk_bytes:
+            raise TraceError(
+                self.path,
+                f"no end of traceEvents[{self.n_events}] within {fmt_size(self.limits.max_value_bytes)}: "
+                f"one event (or run of whitespace) is over {self.limits.value_hint()}",
+                offset=self.base + start,
+                event_index=self.n_events,
+            )
+
     def _events_parallel(self, start: int) -> Iterator[Any]:
         """Like :meth:`_serial`, but chunks are decoded and turned into tables by the worker
         processes of ``self.pool`` (see :mod:`kinetoscope.trace.parallel`).
@@ -682,7 +804,16 @@ class EventStream:
                 cut = self._last_boundary(start + 1, min(hi, len(self.buf)))
                 if cut is None:
                     cut = self._last_boundary(start + 1, len(self.buf))
-                if cut is None and self._more():
+                if cut is None and not self.eof:
+                    # no boundary within reach (a huge event or run of whitespace): take the
+                    # results in flight, then this chunk by the serial rules (linear, limited)
+                    start, done = yield from self._take_all(job, start)
+                    if done:
+                        return
+                    nxt = yield from self._serial(start, steps=1)
+                    if nxt is None:
+                        return
+                    start = nxt
                     continue
                 final = cut is None  # the rest of the data: the array's end should be in it
                 while job.has_result():  # take finished results first
@@ -891,6 +1022,12 @@ class EventStream:
         return DecodedChunk(events, first, typed, base_off, self.family if typed else FLOAT, hi=hi)
 
     def _decode_mv(self, view, start, end, base_off, first, final):
+        try:
+            return self._decode_mv_inner(view, start, end, base_off, first, final)
+        except RecursionError:
+            raise nesting_error(self.path, view, base_off) from None
+
+    def _decode_mv_inner(self, view, start, end, base_off, first, final):
         done = start - 1 + len(view) if final else None
         try:
             fam = self.family = sniff_family(view, self.family)
@@ -906,15 +1043,18 @@ class EventStream:
         try:
             return self._chunk(EXACT_GENERIC_DECODER.decode(view), first, False, base_off, end), done
         except msgspec.ValidationError as exc:  # e.g. a number out of range (1e400)
-            raise self._invalid_value(exc, first) from None
+            raise self._invalid_value(exc, first, base_off) from None
         except msgspec.DecodeError as exc:
             return self._decode_failed(exc, view, start, base_off, first, final, typed=False)
         except UnicodeDecodeError:
             raise self._bad_utf8(view, base_off) from None
 
-    def _invalid_value(self, exc: Exception, first: int) -> TraceError:
+    def _invalid_value(self, exc: Exception, first: int, chunk_offset: int) -> TraceError:
+        """A value msgspec rejects; located by event index, else by the chunk's offset."""
         k = error_event_index(exc)
-        return TraceError(self.path, f"invalid value: {exc}", event_index=None if k is None else first + k)
+        if k is None:
+            return TraceError(self.path, f"invalid value: {exc}", offset=chunk_offset)
+        return TraceError(self.path, f"invalid value: {exc}", event_index=first + k)
 
     def _decode_failed(self, exc, view, start, base_off, first, final, typed):
         text = str(exc)
@@ -931,7 +1071,7 @@ class EventStream:
                 except msgspec.ValidationError:
                     evs, is_typed = EXACT_GENERIC_DECODER.decode(sub), False
             except msgspec.ValidationError as exc2:
-                raise self._invalid_value(exc2, first) from None
+                raise self._invalid_value(exc2, first, base_off) from None
             finally:
                 sub.release()
             return self._chunk(evs, first, is_typed, base_off, start - 1 + end), start - 1 + end
@@ -962,8 +1102,10 @@ class EventStream:
                 view = whole[lo:hi]
                 try:
                     return decoder.decode(bytes(view) if copy else view)
+                except RecursionError:
+                    raise nesting_error(self.path, view, chunk.lo) from None
                 except msgspec.ValidationError as exc:
-                    raise self._invalid_value(exc, chunk.first_index) from None
+                    raise self._invalid_value(exc, chunk.first_index, chunk.lo) from None
                 except UnicodeDecodeError:  # in a field the typed decode skipped
                     raise self._bad_utf8(view, chunk.lo) from None
                 finally:

@@ -21,6 +21,7 @@ from kinetoscope.trace import cache as _cache
 from kinetoscope.trace.decode import CHUNK_BYTES, EventStream
 from kinetoscope.trace.discover import TraceList, check_ranks, expand_paths
 from kinetoscope.trace.errors import TraceError
+from kinetoscope.trace.limits import Limits
 from kinetoscope.trace.metadata import apply_location
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.reader import BLOCK_BYTES, BlockReader
@@ -111,16 +112,19 @@ def parse_trace(
     chunk_bytes: int | None = None,
     block_bytes: int | None = None,
     workers: int | None = None,
+    limits: Limits | None = None,
 ) -> Trace:
     """Parse one file (no cache). ``salvage=True`` keeps the complete events of a truncated or
     damaged file and says what was lost in ``meta.warnings``. ``chunk_bytes``/``block_bytes``
     tune the decode chunk and decompression block sizes (tests use tiny ones). ``workers``:
     worker processes that decode chunks in parallel (0: none; None: automatic, for files of
-    ``PARALLEL_FILE_MIN_BYTES`` of JSON or more; results are identical either way)."""
+    ``PARALLEL_FILE_MIN_BYTES`` of JSON or more; results are identical either way). ``limits``:
+    the resource limits (:class:`~kinetoscope.trace.limits.Limits`; default: from the
+    environment), exceeding one raises TraceError naming it."""
     spath = os.fspath(path)
     pool = _pool_for(spath, workers, salvage)
     try:
-        return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool)
+        return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits)
     finally:
         if pool is not None:
             from kinetoscope.trace.parallel import release_pool
@@ -128,8 +132,10 @@ def parse_trace(
             release_pool(pool)
 
 
-def _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool) -> Trace:
-    with _gc_paused(), BlockReader(spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES) as reader:
+def _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits) -> Trace:
+    with _gc_paused(), BlockReader(
+        spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES, limits=limits or Limits.from_env()
+    ) as reader:
         stream = EventStream(spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES, pool=pool)
         builder = TableBuilder(spath)
         for chunk in stream.chunks():

@@ -16,6 +16,7 @@ from typing import BinaryIO
 from isal import isal_zlib
 
 from kinetoscope.trace.errors import TraceError
+from kinetoscope.trace.limits import Limits
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_BYTES = 1 << 20  # compressed bytes per read
@@ -39,13 +40,44 @@ def open_trace_file(path: str) -> BinaryIO:
     return fh
 
 
+def gzip_header_length(head: bytes) -> int | None:
+    """Bytes of the gzip member header at the start of ``head`` (RFC 1952), or None."""
+    if len(head) < 10 or head[:3] != b"\x1f\x8b\x08":
+        return None
+    flags = head[3]
+    pos = 10
+    if flags & 4:  # FEXTRA
+        if len(head) < pos + 2:
+            return None
+        pos += 2 + int.from_bytes(head[pos : pos + 2], "little")
+    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
+        if flags & bit:
+            end = head.find(b"\0", pos)
+            if end < 0:
+                return None
+            pos = end + 1
+    if flags & 2:  # FHCRC
+        pos += 2
+    return pos if pos <= len(head) else None
+
+
 class BlockReader:
     """``read_block()`` returns the next decompressed block, or ``b""`` at the end."""
 
-    def __init__(self, path: str, *, salvage: bool = False, block_bytes: int = BLOCK_BYTES):
+    def __init__(
+        self,
+        path: str,
+        *,
+        salvage: bool = False,
+        block_bytes: int = BLOCK_BYTES,
+        limits: Limits | None = None,
+    ):
         self.path = path
         self.salvage = salvage
         self.block_bytes = block_bytes
+        self.limits = limits or Limits.from_env()
+        self.member_start = 0  # compressed offset of the current gzip member
+        self.member_produced = 0  # decompressed bytes handed out before the current member
         self.fh = open_trace_file(path)
         self.problem: str | None = None  # salvage: why the data ended early
         self.produced = 0  # decompressed bytes handed out
@@ -73,6 +105,14 @@ class BlockReader:
                 self.problem = f"read error: {exc.strerror or exc}"
                 return b""
             raise TraceError(self.path, f"cannot read: {exc.strerror or exc}", offset=self.produced) from None
+        if self.produced + len(out) > self.limits.max_trace_bytes:
+            self._finish()
+            raise TraceError(
+                self.path,
+                f"the decompressed JSON is larger than {self.limits.trace_hint()}"
+                + (f"; {self.consumed} compressed bytes read so far" if self.gzip else ""),
+                offset=self.limits.max_trace_bytes,
+            )
         self.produced += len(out)
         if not out:
             self._finish()
@@ -139,6 +179,8 @@ class BlockReader:
                         continue
                 if rest.startswith(GZIP_MAGIC):
                     self._d = isal_zlib.decompressobj(31)
+                    self.member_start = self.consumed - len(rest)
+                    self.member_produced = self.produced
                 elif not rest.strip(b"\x00"):
                     self._tail = b""  # padding after the stream: ignore
                     continue
@@ -165,12 +207,48 @@ class BlockReader:
         raise TraceError(self.path, msg, offset=self.produced)
 
     def _corrupt(self, exc: Exception) -> bytes:
-        msg = f"corrupt gzip data near compressed byte {self.consumed}: {exc}"
+        offset = self.produced
+        text = str(exc).lower()
+        if "incorrect data check" in text or "incorrect length check" in text or "checksum" in text:
+            # the member inflated completely but its CRC-32 / length trailer disagrees: the
+            # output of that last call is lost with the exception, so count it again
+            end = self._member_end()
+            what = "length" if "length" in text else "CRC"
+            msg = (f"gzip {what} mismatch at the end of the stream (compressed byte {self.consumed}): "
+                   "the decompressed data is damaged")
+            if end is not None:
+                offset = end
+        else:
+            msg = f"corrupt gzip data near compressed byte {self.consumed}: {exc}"
         if self.salvage:
             self.problem = msg
             self._finish()
             return b""
-        raise TraceError(self.path, msg, offset=self.produced)
+        raise TraceError(self.path, msg, offset=offset)
+
+    def _member_end(self) -> int | None:
+        """Decompressed offset of the end of the current gzip member, by inflating it again
+        as raw deflate (no trailer check). None when that is not possible."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.member_start)
+                head = fh.read(1 << 16)
+                skip = gzip_header_length(head)
+                if skip is None:
+                    return None
+                fh.seek(self.member_start + skip)
+                d = isal_zlib.decompressobj(-15)
+                total = 0
+                while not d.eof:
+                    data = d.unconsumed_tail or fh.read(READ_BYTES)
+                    if not data:
+                        return None
+                    total += len(d.decompress(data, self.block_bytes))
+                    if total > self.limits.max_trace_bytes:
+                        return None
+        except (OSError, isal_zlib.error):
+            return None
+        return self.member_produced + total
 
     def _trailing_garbage(self, n: int) -> bytes:
         msg = f"{n}+ bytes of non-gzip data after the end of the gzip stream"

@@ -184,6 +184,41 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
+_NEST_TOKEN = re.compile(rb'["\\\[\]{}]')
+
+
+def deepest_nesting(data: Any) -> tuple[int, int]:
+    """(levels, offset): the deepest nesting of arrays/objects in JSON text ``data`` and where
+    it is first reached (strings skipped). For errors only: a Python-level scan."""
+    depth = best = at = 0
+    in_str = False
+    escaped = -1  # position of the character a backslash escapes
+    for m in _NEST_TOKEN.finditer(data):
+        if m.start() == escaped:
+            continue
+        ch = data[m.start()]
+        if in_str:
+            if ch == 0x5C:
+                escaped = m.start() + 1
+            elif ch == 0x22:
+                in_str = False
+        elif ch == 0x22:
+            in_str = True
+        elif ch in (0x5B, 0x7B):
+            depth += 1
+            if depth > best:
+                best, at = depth, m.start()
+        elif ch in (0x5D, 0x7D):
+            depth -= 1
+    return best, at
+
+
+def nesting_error(path: str, data: Any, base: int = 0) -> TraceError:
+    """The TraceError for JSON nested deeper than the decoder's recursion limit."""
+    levels, at = deepest_nesting(data)
+    return TraceError(path, f"JSON nested too deeply ({levels} levels of arrays/objects)", offset=base + at)
+
+
 def _decode(path: str, data: bytes) -> Any:
     """Validate with orjson (its error messages and offsets), then decode the values with
     :data:`EXACT_DECODER` (floats keep their text, for exact nanoseconds)."""
@@ -192,9 +227,13 @@ def _decode(path: str, data: bytes) -> Any:
     try:
         orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if "recursion" in exc.msg:
+            raise nesting_error(path, data) from None
         raise TraceError(path, f"invalid JSON: {exc.msg}", offset=exc.pos) from None
     try:
         return EXACT_DECODER.decode(data)
+    except RecursionError:
+        raise nesting_error(path, data) from None
     except msgspec.ValidationError as exc:
         raise TraceError(path, f"invalid value: {exc}") from None
     except msgspec.DecodeError as exc:  # pragma: no cover - orjson accepted it
@@ -439,8 +478,8 @@ class RowBuilder:
         if not isinstance(ev, dict):
             raise TraceError(path, f"event is {_json_type(ev)}, not an object", event_index=i)
         ph = ev.get("ph")
-        if ph not in LABELLED_PHASES:
-            return
+        if type(ph) is not str or ph not in LABELLED_PHASES:
+            return  # an unknown phase (or not even a string: a list is unhashable) is ignored
         ids = self.ids
         raw_pid, raw_tid = ev.get("pid"), ev.get("tid")
         ids.register(raw_pid)
@@ -577,8 +616,12 @@ def load_trace_reference(path: str | os.PathLike[str]):  # -> Trace
     from kinetoscope.trace.tables import assemble_trace  # local: tables imports this module
 
     spath = str(path)
-    doc = _decode(spath, read_bytes(spath))
-    events, top = parse_document(spath, doc)
+    data = read_bytes(spath)
+    doc = _decode(spath, data)
+    try:
+        events, top = parse_document(spath, doc)
+    except RecursionError:
+        raise nesting_error(spath, data) from None
     ids = IdMap()
     warn: Counter[str] = Counter()
     rb = RowBuilder(spath, ids, warn)

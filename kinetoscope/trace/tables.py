@@ -41,6 +41,7 @@ from kinetoscope.trace.reference import (
     coerce_int,
     coerce_str,
     exact_ns_text,
+    int_out_of_range,
 )
 from kinetoscope.trace.schema import (
     CAT_TO_KIND,
@@ -314,8 +315,10 @@ class TableBuilder:
             return
         tys = list(map(type, evs))
         counts = {t: tys.count(t) for t in set(tys)}
-        warn: Counter[str] = Counter()  # committed only if the whole chunk succeeds
-        ids_before = self.ids.out_of_range
+        # committed only if the whole chunk succeeds: a chunk that falls back (_Slow) or is
+        # decoded again (_NeedExact) is counted once, by the attempt that succeeds
+        warn: Counter[str] = Counter()
+        ids_out_of_range = 0
         pending_ids: list[tuple[str, Any]] = []  # (table.col, raw id list)
 
         x = flows = inst = meta = None
@@ -371,7 +374,8 @@ class TableBuilder:
         if failed or n_counter:
             self._register_labels(evs, tys, failed, counts, fam)
         for key, vals in failed:
-            id_series[key] = self._map_ids(vals)
+            id_series[key], bad = self._map_ids(vals)
+            ids_out_of_range += bad
 
         # build frames (nothing is committed until every table of the chunk is built)
         frames: dict[str, pl.DataFrame] = {}
@@ -465,6 +469,7 @@ class TableBuilder:
 
         # commit
         self.warn.update(warn)
+        self.ids.out_of_range += ids_out_of_range
         if "events" in frames:
             self.events.append(frames["events"])
         if "flows" in frames:
@@ -475,7 +480,6 @@ class TableBuilder:
             self.meta_rows.append(frames["meta"])
         if counters is not None:
             self.counters.append(counters)
-        del ids_before
 
     def _register_labels(
         self, evs: list[Any], tys: list[type], failed: list, counts: Counter, fam: D.Family
@@ -499,16 +503,19 @@ class TableBuilder:
                 register(e.pid)
                 register(e.tid)
 
-    def _map_ids(self, vals: Any) -> pl.Series:
+    def _map_ids(self, vals: Any) -> tuple[pl.Series, int]:
+        """pid/tid values -> Int64 ids, and how many did not fit in int64 (not yet added to
+        ``self.ids.out_of_range``: the caller commits the count with its chunk)."""
         ids = self.ids
         mapping: dict[Any, Any] = {}
+        bad = 0
         for v in set(vals):
-            if type(v) is str:
+            if type(v) is str and not int_out_of_range(v):
                 mapping[v] = ids(v)
-            elif type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            elif (type(v) is int or type(v) is str) and int_out_of_range(v):
                 mapping[v] = None
-                ids.out_of_range += vals.count(v)
-        return pl.Series(list(map(mapping.get, vals, vals)), dtype=pl.Int64)
+                bad += vals.count(v)
+        return pl.Series(list(map(mapping.get, vals, vals)), dtype=pl.Int64), bad
 
     def _x_args(self, args: tuple[Any, ...], cat_s: pl.Series, warn: Counter[str]) -> pl.DataFrame | None:
         """Columns of the args fields present in this chunk, in event order."""
@@ -718,6 +725,21 @@ def content_meta(
 _KIND_EXPR = pl.col("cat").replace_strict(CAT_TO_KIND, default="other", return_dtype=KIND).alias("kind")
 
 
+def clamp_negative_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
+    """Complete events with a negative ``dur`` get ``dur`` 0, and a warning naming the first.
+
+    A negative duration is never real (an event cannot end before it starts; seen in traces
+    whose clocks were adjusted mid-run): the event's start is kept, so analyses still see it,
+    but it covers no time rather than undoing other events' time in sums."""
+    bad = events.filter(pl.col("dur") < 0)
+    if bad.height == 0:
+        return events, None
+    first = bad.row(0, named=True)
+    msg = (f"{bad.height} complete event(s) have a negative dur and were given dur 0 (first: "
+           f"traceEvents[{first['idx']}] {first['name']!r}, dur {first['dur'] / 1000:g} us)")
+    return events.with_columns(pl.when(pl.col("dur") < 0).then(0).otherwise(pl.col("dur")).alias("dur")), msg
+
+
 def add_kind(events: pl.DataFrame) -> pl.DataFrame:
     """The ``kind`` column from ``cat`` (a no-op when the chunks already carry it)."""
     if "kind" in events.columns:
@@ -742,9 +764,10 @@ def assemble_trace(
     locate: bool = True,
 ) -> Trace:
     """Typed tables + metadata -> Trace (rank resolved from the file's location too)."""
-    events = add_kind(events)
+    events, negative = clamp_negative_durations(add_kind(events))
     meta = content_meta(
-        path, top, num_events=num_events, events=events, ids=ids, warn=warn, extra_warnings=extra_warnings
+        path, top, num_events=num_events, events=events, ids=ids, warn=warn,
+        extra_warnings=list(extra_warnings or []) + ([negative] if negative else []),
     )
     if locate:
         apply_location(meta, path)

