@@ -12,6 +12,7 @@ Nothing here raises for a per-host problem: results carry :class:`TraceProblem` 
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -269,6 +270,11 @@ class TraceFile:
     delivered: bool | None = None  # the process picked up the config
     alive: bool | None = None
     partial: bool = False  # Kineto's "<path>.tmp" exists (writing, or a failed trace)
+    tmp_bytes: int | None = None  # size of that "<path>.tmp"
+    last_poll_s_ago: float | None = None  # when the process last polled its daemon
+    # time.monotonic() at which the process picked up the config (from the daemon's
+    # delivered_s_ago, else when this trigger first saw it delivered); None until then
+    delivered_mono: float | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -284,7 +290,7 @@ class TraceFile:
 @dataclass
 class TraceProblem:
     """Why something did not work. ``kind``: unreachable | no_answer | failed | no_match | busy |
-    timeout | manifest."""
+    timeout | exited | stalled | manifest (docs/collect.md)."""
 
     kind: str
     message: str
@@ -628,6 +634,7 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
     """Update ``result.files`` from kscopeTraceStatus answers (and local checks). Returns host errors."""
     problems: list[TraceProblem] = []
     index = {(f.host, f.pid): f for f in result.files}
+    now = time.monotonic()
     for hr in replies:
         if hr.error is not None:
             problems.append(_problem_from_error(hr.error))
@@ -659,6 +666,12 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
                 f.alive = bool(entry.get("alive"))
             if entry.get("writing") is not None:
                 f.partial = bool(entry.get("writing"))
+            f.tmp_bytes = _as_int(entry.get("tmp_bytes"))
+            poll_ago = entry.get("last_poll_s_ago")
+            f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
+            if f.delivered and f.delivered_mono is None:
+                ago = entry.get("delivered_s_ago")
+                f.delivered_mono = now - (float(ago) if isinstance(ago, (int, float)) else 0.0)
     if check_local:
         for f in result.files:
             addr = next((h for h in result.hosts if str(h) == f.host), None)
@@ -668,6 +681,9 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             if st["exists"]:
                 f.exists, f.bytes, f.complete = True, st["bytes"], st["complete"]
             f.partial = f.partial or st["writing"]
+            if st["writing"] and f.tmp_bytes is None:
+                with contextlib.suppress(OSError):
+                    f.tmp_bytes = os.stat(f.path + ".tmp").st_size
     return problems
 
 
@@ -753,6 +769,70 @@ def explain_missing(
     )
 
 
+STALL_GRACE_S = 6.0  # a duration trace not started/written this long after its window should have ended
+
+
+def _exited_message(f: TraceFile, result: TraceResult) -> str:
+    """Why the file of a process the daemon reports dead will never be complete."""
+    who = f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "")
+    where = f"{who} on {f.host}: {f.path}"
+    if f.exists:
+        return f"{where} is incomplete ({f.bytes} bytes) and will stay so: the process exited while Kineto was writing it"
+    return explain_missing(f, result, 0.0) + " (the daemon reports it dead, so nothing more will come)"
+
+
+def _stalled_message(f: TraceFile, result: TraceResult, late: float) -> str:
+    """Why a duration trace that should have been written ``late`` seconds ago is not."""
+    who = f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "")
+    where = f"{who} on {f.host}: {f.path}"
+    dur = result.options.duration_ms
+    name = os.path.basename(f.path)
+    window = f"{late:.0f} s after its {dur} ms window should have ended"
+    last = f.last_poll_s_ago
+    if last is not None and last > STALE_POLL_S:
+        return (
+            f"{where} was not written {window}: the process picked up the config, then stopped polling the "
+            f"daemon {last:.0f} s ago (stopped, hung, or stuck in a long call holding the GIL?); nothing will "
+            "be written while it is stuck. The other processes' files are not affected."
+        )
+    if not f.partial:
+        return (
+            f"{where} was not written {window}: the process picked up the config and still polls the daemon, "
+            f"but Kineto never started the trace (no {name}.tmp): it ignores a request while an earlier trace "
+            "of the process is still running, or when the request's start time has passed. Trace again "
+            "(--iterations N waits for optimizer steps); KINETO_LOG_LEVEL=0 in the job's environment logs why."
+        )
+    return (
+        f"{where} was not written {window}: Kineto started it ({name}.tmp exists, {f.tmp_bytes or 0} bytes) "
+        "and the process is alive and polling, but its on-demand duration trace stalled before writing "
+        "(an intermittent Kineto problem with duration traces of multi-rank jobs; iteration traces are not "
+        "affected). Trace again, preferably with --iterations N; KINETO_LOG_LEVEL=0 in the job's environment "
+        "logs Kineto's states. The other processes' files are not affected."
+    )
+
+
+def settled_problem(f: TraceFile, result: TraceResult, now: float) -> TraceProblem | None:
+    """A problem of an incomplete file that waiting longer cannot fix, or None while it may still come.
+
+    * ``exited``: the daemon reports the process dead (it picked up the config or not) - known at
+      the next status call, so ``--wait`` returns within seconds of the death;
+    * ``stalled``: a duration trace that the process picked up, whose window should have ended
+      ``STALL_GRACE_S`` ago (pickup + Kineto's 5 s warmup + duration), and of which nothing was
+      written (no final file, Kineto's ``.tmp`` absent or empty). A ``.tmp`` with bytes is being
+      written: that is waited for (up to the timeout)."""
+    if f.complete:
+        return None
+    if f.alive is False:
+        return TraceProblem(kind="exited", host=f.host, pid=f.pid, path=f.path, message=_exited_message(f, result))
+    dur = result.options.duration_ms
+    if dur is None or not f.delivered or f.delivered_mono is None or f.exists or (f.tmp_bytes or 0) > 0:
+        return None
+    late = now - (f.delivered_mono + KINETO_WARMUP_S + dur / 1000.0)
+    if late < STALL_GRACE_S:
+        return None
+    return TraceProblem(kind="stalled", host=f.host, pid=f.pid, path=f.path, message=_stalled_message(f, result, late))
+
+
 def _list_processes_by_host(
     hosts: list[HostAddress], token: str | None, rpc_timeout: float
 ) -> dict[str, dict[int, dict[str, Any]]]:
@@ -776,21 +856,26 @@ def wait_for_trace(
     check_local: bool = True,
     write_manifest_file: bool = True,
 ) -> TraceResult:
-    """Poll the daemons until every triggered process's file is complete, or ``timeout`` passes.
+    """Poll the daemons until every triggered process's file is complete or cannot come any more
+    (:func:`settled_problem`: its process died, or its duration trace stalled), or ``timeout`` passes.
 
-    Missing files become ``timeout`` problems naming the process, the path and the likely cause.
-    A host that stops answering is reported only if it still had files missing at the end."""
+    Missing files become ``exited``/``stalled``/``timeout`` problems naming the process, the path
+    and the likely cause. A host that stops answering is reported only if it still had files
+    missing at the end."""
     deadline = time.monotonic() + timeout
     hosts_with_files = [h for h in result.hosts if any(f.host == str(h) for f in result.files)]
     last_host_problems: list[TraceProblem] = []
+    settled: dict[int, TraceProblem] = {}
     while True:
         pending_hosts = [h for h in hosts_with_files if any(f.host == str(h) and not f.complete for f in result.files)]
         if pending_hosts:
             replies = _ask_all(pending_hosts, token, rpc_timeout, lambda c: c.trace_status(result.trace_id))
             last_host_problems = _merge_status(result, replies, check_local)
+        now = time.monotonic()
+        settled = {id(f): p for f in result.files if (p := settled_problem(f, result, now)) is not None}
         if on_progress is not None:
             on_progress(result)
-        if all(f.complete for f in result.files) or time.monotonic() >= deadline:
+        if all(f.complete or id(f) in settled for f in result.files) or now >= deadline:
             break
         time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
     result.waited = True
@@ -800,11 +885,15 @@ def wait_for_trace(
             result.errors.append(p)
     undelivered_hosts = [
         h for h in result.hosts
-        if str(h) not in failed_hosts and any(f.host == str(h) and not f.complete and not f.delivered for f in result.files)
+        if str(h) not in failed_hosts
+        and any(f.host == str(h) and not f.complete and not f.delivered and id(f) not in settled for f in result.files)
     ]
     listing = _list_processes_by_host(undelivered_hosts, token, rpc_timeout) if undelivered_hosts else {}
     for f in result.files:
         if f.complete:
+            continue
+        if id(f) in settled and f.host not in failed_hosts:
+            result.errors.append(settled[id(f)])
             continue
         if f.host in failed_hosts:
             msg = f"pid {f.pid} on {f.host}: {f.path}: status unknown, the daemon did not answer (see above)"

@@ -116,6 +116,14 @@ def _job_id(req: dict) -> str | None:
     raise RequestError("'job_id' must be an integer or a decimal string")
 
 
+def _tmp_bytes(path: str) -> int | None:
+    """Size of Kineto's ``<path>.tmp`` (it writes the trace there, then renames it), or None."""
+    try:
+        return os.stat(path + ".tmp").st_size
+    except OSError:
+        return None
+
+
 # ----------------------------------------------------------------------- handlers
 class RpcHandlers:
     """Turns request bytes into response bytes. One instance per daemon; thread-safe."""
@@ -463,8 +471,10 @@ class RpcHandlers:
             }
         statuses = [file_status(f.path) for f in record.files]
         files = []
+        now_wall, now_mono = time.time(), time.monotonic()
         for tf, st in zip(record.files, statuses):
             info = tf.process.info
+            delivered_at = tf.pending.delivered_at
             files.append(
                 {
                     "pid": tf.process.pid,
@@ -479,6 +489,11 @@ class RpcHandlers:
                     "writing": st["writing"],
                     "host_pid": info.pid if info else None,
                     "log_file": tf.log_file,
+                    # how long ago the process picked up the config / last polled, and the size of
+                    # Kineto's "<path>.tmp": what the trigger needs to tell a stalled trace (issue 10)
+                    "delivered_s_ago": None if delivered_at is None else round(max(0.0, now_wall - delivered_at), 3),
+                    "last_poll_s_ago": round(now_mono - tf.process.last_poll, 3),
+                    "tmp_bytes": _tmp_bytes(tf.path) if st["writing"] else None,
                 }
             )
         manifest = write_manifest(record, self.hostname, statuses)
