@@ -15,7 +15,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kinetoscope.collect.client import DEFAULT_PORT, parse_hosts
-from kinetoscope.collect.deliver import parse_store_options, record_trace_result, store_trace_result
+from kinetoscope.collect.deliver import (
+    mark_abandoned_requests,
+    parse_store_options,
+    record_trace_result,
+    store_trace_result,
+    waiter_info,
+)
 from kinetoscope.collect.render import files_table, matched_table, stored_table
 from kinetoscope.collect.trigger import (
     Target,
@@ -74,6 +80,21 @@ def _record(err: Console, result: TraceResult, catalog: str | None) -> None:
     record_trace_result(result, catalog)
     for note in result.notes[before:]:
         err.print(f"[yellow]warning:[/] {escape(note)}")
+
+
+def _mark_abandoned(err: Console, result: TraceResult, catalog: str | None) -> None:
+    """Earlier requests of this host whose `kscope trace --wait` was killed: ``abandoned``."""
+    if not result.files:
+        return
+    marked = mark_abandoned_requests(catalog)
+    if marked:
+        note = (
+            f"catalog: marked {len(marked)} earlier request(s) abandoned ({', '.join(marked)}): the `kscope trace` "
+            "that waited for them was killed before it recorded their outcome; `kscope catalog import <dir>` "
+            "records what their folders hold"
+        )
+        result.notes.append(note)
+        err.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -224,6 +245,9 @@ def register(app: typer.Typer) -> None:
             if result.triggered and result.output_dir:
                 out.print(f"trace files go to [bold]{escape(result.output_dir)}[/]")
         if not no_catalog:  # as soon as the request is made (status "requested")
+            if wait:  # so that a later run can tell when this one was killed while waiting
+                result.waiter = waiter_info()
+            _mark_abandoned(err, result, catalog)
             _record(err, result, catalog)
 
         if wait and result.files:

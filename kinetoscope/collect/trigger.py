@@ -329,6 +329,9 @@ class TraceResult:
     stored: list[StoredObject] = field(default_factory=list)
     store_url: str | None = None
     catalog: str | None = None
+    # Who waits for the files (deliver.waiter_info: host, pid, process start time), recorded with
+    # the "requested" catalog row so a later run can tell the waiter was killed (status "abandoned").
+    waiter: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
