@@ -120,7 +120,12 @@ def register(app: typer.Typer) -> None:
         ),
         iteration_roundup: int | None = typer.Option(
             None, "--iteration-roundup", metavar="R",
-            help="Start at the next iteration that is a multiple of R (aligns ranks; default 1 = next step).",
+            help="Start at the next iteration that is a multiple of R. Default for several processes: a "
+            "multiple chosen so that every rank starts at the same iteration (docs/collect.md); for one: 1.",
+        ),
+        no_align: bool = typer.Option(
+            False, "--no-align",
+            help="With --iterations: start each process at its own next step (no common start iteration).",
         ),
         output_dir: str | None = typer.Option(
             None, "--output-dir", "-o",
@@ -189,6 +194,7 @@ def register(app: typer.Typer) -> None:
             with_modules=with_modules,
             process_limit=process_limit,
             include_launchers=include_launchers,
+            align=not no_align,
         )
         options.validate()
         if no_catalog and catalog is not None:

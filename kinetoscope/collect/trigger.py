@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,9 @@ class TraceOptions:
     with_modules: bool = False
     process_limit: int | None = None
     include_launchers: bool = False
+    # Iteration traces of several processes: pick an --iteration-roundup that starts every rank at
+    # the same iteration (align_roundup) unless one is given; False = each rank's next step.
+    align: bool = True
 
     def validate(self) -> None:
         if (self.duration_ms is None) == (self.iterations is None):
@@ -71,6 +74,10 @@ class TraceOptions:
                 raise UsageError("--iteration-roundup only applies to --iterations")
             if self.iteration_roundup <= 0:
                 raise UsageError(f"--iteration-roundup must be at least 1, got {self.iteration_roundup}")
+            if not self.align:
+                raise UsageError("--no-align and --iteration-roundup contradict each other; give one")
+        if not self.align and self.iterations is None:
+            raise UsageError("--no-align only applies to --iterations (duration traces start by time)")
         if self.profile_memory and self.iterations is not None:
             raise UsageError(
                 "--profile-memory needs --duration-ms: Kineto's memory profiling is time-based "
@@ -439,6 +446,82 @@ def _problem_from_error(exc: DaemonError) -> TraceProblem:
 
 
 # ---------------------------------------------------------------------------------------
+# Aligned iteration windows
+# ---------------------------------------------------------------------------------------
+# Ranks pick the request up at their own polls, up to one poll interval apart, and Kineto starts
+# each at the next multiple of PROFILE_START_ITERATION_ROUNDUP after its pickup: they start
+# together unless a multiple passes while they pick it up. With R >= ALIGN_SAFETY x (steps done
+# in a pickup spread) that happens at most once in ALIGN_SAFETY requests, for a job that steps at
+# most ALIGN_STEPS_PER_S (unknown to kscope: Kineto reports no iteration count). docs/collect.md.
+ALIGN_STEPS_PER_S = 10.0  # assumed step rate
+ALIGN_SAFETY = 10.0
+ALIGN_SLACK_S = 0.5  # pickup spread beyond the poll interval (RPC, a step in flight)
+DEFAULT_POLL_INTERVAL_S = 1.0  # `kscope daemon`'s KINETO_CONFIG; Kineto's own default is 5 s
+
+
+def nice_ceil(value: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, 100, ... that is >= ``value``."""
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale >= value:
+                return m * scale
+        scale *= 10
+
+
+def align_roundup(poll_interval_s: float, steps_per_s: float = ALIGN_STEPS_PER_S) -> int:
+    """The default ``--iteration-roundup`` for ranks that poll every ``poll_interval_s``."""
+    return nice_ceil(ALIGN_SAFETY * steps_per_s * (poll_interval_s + ALIGN_SLACK_S))
+
+
+def poll_interval_of(proc: dict[str, Any]) -> float | None:
+    """A process's poll interval (s) from the daemon's listing (time registered / polls)."""
+    age, polls = proc.get("registered_s_ago"), _as_int(proc.get("polls"))
+    if not isinstance(age, (int, float)) or not polls or polls < 3:
+        return None
+    return min(10.0, max(1.0, float(age) / polls))
+
+
+def _targets(target: Target, procs: list[dict[str, Any]], include_launchers: bool) -> list[dict[str, Any]]:
+    """The listed processes a request for ``target`` would trace (the daemon's matching rules)."""
+    out = []
+    for p in procs:
+        if p.get("is_launcher") and not include_launchers:
+            continue
+        if target.job_id is not None and str(p.get("job_id")) != str(target.job_id):
+            continue
+        if target.pids and not set(target.pids) & {_as_int(x) for x in (p.get("pids") or [p.get("pid")])}:
+            continue
+        out.append(p)
+    return out
+
+
+def aligned_options(
+    hosts: list[HostAddress], target: Target, options: TraceOptions, token: str | None, rpc_timeout: float
+) -> tuple[TraceOptions, str | None]:
+    """``options`` with the roundup that aligns the ranks' iteration windows, and a note saying so.
+
+    Only for iteration traces without ``--iteration-roundup`` or ``--no-align`` that match more
+    than one process (a listing of every host first): one process needs no alignment."""
+    if options.iterations is None or options.iteration_roundup is not None or not options.align:
+        return options, None
+    listing = _list_processes_by_host(hosts, token, rpc_timeout)
+    procs = [p for by_pid in listing.values() for p in by_pid.values()]
+    matched = _targets(target, procs, options.include_launchers)
+    if len(matched) < 2:
+        return options, None
+    intervals = [i for p in matched if (i := poll_interval_of(p)) is not None]
+    interval = max(intervals, default=DEFAULT_POLL_INTERVAL_S)
+    roundup = align_roundup(interval)
+    note = (
+        f"aligning {len(matched)} processes: each starts at the next multiple of {roundup} iterations "
+        f"(--iteration-roundup {roundup}, from their {interval:.0f} s poll interval), so every rank traces the "
+        f"same steps; this waits up to {roundup} steps first. --no-align starts each at its next step"
+    )
+    return replace(options, iteration_roundup=roundup), note
+
+
+# ---------------------------------------------------------------------------------------
 # Trigger
 # ---------------------------------------------------------------------------------------
 def trigger_trace(
@@ -468,8 +551,11 @@ def trigger_trace(
                 "(kinetoscope.collect.deliver.store_trace_result)"
             )
         output_dir = str(output_dir)[len("file://"):]
+    options, align_note = aligned_options(hosts, target, options, token, rpc_timeout)
     result = TraceResult(trace_id=trace_id, hosts=hosts, target=target, options=options, created=utc_now_iso(),
                          requested_by=requested_by())
+    if align_note:
+        result.notes.append(align_note)
     fields: dict[str, Any] = {"trace_id": trace_id, **target.rpc_fields(), **options.rpc_fields()}
     if output_dir is not None:
         fields["output_dir"] = os.path.abspath(output_dir)

@@ -68,7 +68,8 @@ def test_array_job_note_and_no_match(kscope_main, rpc_server):
                               "--iterations", "3")
     flat = " ".join(err.split())
     assert code == 1
-    assert srv.requests[0]["job_id"] == 36199
+    (req,) = [r for r in srv.requests if r["fn"] == "kscopeTrace"]  # after a listing (alignment)
+    assert req["job_id"] == 36199
     assert "looks like a Slurm array task" in flat
     assert "no process on host n1" in flat and "has job id 36199 (from '36199_0'); registered: job 0 (3 processes)" in flat
 
@@ -99,3 +100,11 @@ def test_cli_flags_reach_the_daemon(kscope_main, rpc_server, tmp_path, monkeypat
         "with_modules": True, "process_limit": 4, "include_launchers": True,
         "output_dir": str(tmp_path / "rel"), "token": "tok",
     }
+
+
+def test_align_options_are_validated(kscope_main):
+    code, _out, err = kscope_main("trace", "--job-id", "7", "--iterations", "3", "--no-align",
+                                  "--iteration-roundup", "10")
+    assert code == 2 and "--no-align and --iteration-roundup contradict each other" in err
+    code, _out, err = kscope_main("trace", "--job-id", "7", "--duration-ms", "300", "--no-align")
+    assert code == 2 and "--no-align only applies to --iterations" in err
