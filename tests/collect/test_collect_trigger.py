@@ -246,3 +246,42 @@ def test_alignment_is_overridable_and_skipped_for_one_process(rpc_server, tmp_pa
         req = [r for r in srv.requests if r["fn"] == "kscopeTrace"][-1]
         assert req["iteration_roundup"] == expected, (i, req)
         assert not any(n.startswith("aligning") for n in res.notes)
+
+
+def test_stalled_duration_trace_is_reported_without_waiting_out_the_timeout(rpc_server, tmp_path):
+    """The daemon's view of issue 10's lost rank: picked up 20 s ago, Kineto's .tmp still empty,
+    process alive and polling. Others: no .tmp at all; a .tmp with bytes (being written: waited for)."""
+    procs = [{"pid": 11, "rank": 0}, {"pid": 12, "rank": 1}, {"pid": 13, "rank": 2}, {"pid": 14, "rank": 3}]
+    picked = {"delivered": True, "delivered_s_ago": 20.0, "last_poll_s_ago": 0.4}
+    status = {
+        11: {**picked, "writing": True, "tmp_bytes": 0},  # the reported symptom
+        12: {**picked, "writing": False},  # Kineto never started it
+        13: {**picked, "writing": True, "tmp_bytes": 0, "last_poll_s_ago": 19.0},  # hung process
+        14: {**picked, "writing": True, "tmp_bytes": 4096},  # being written
+    }
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, status)
+    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=500),
+                        output_dir=str(tmp_path), trace_id="t-st")
+    res = wait_for_trace(res, timeout=2, poll_interval=0.05)
+    kinds = {e.pid: e.kind for e in res.errors}
+    assert kinds == {11: "stalled", 12: "stalled", 13: "stalled", 14: "timeout"}
+    msgs = {e.pid: e.message for e in res.errors}
+    path11 = str(tmp_path / "t-st" / "rank-0_11.pt.trace.json")
+    assert msgs[11].startswith(f"pid 11 (rank 0) on {srv.address}: {path11} was not written 1")  # 14.5 s
+    assert msgs[11].split(" s after", 1)[1].startswith(" its 500 ms "
+                               "window should have ended: Kineto started it (rank-0_11.pt.trace.json.tmp exists, "
+                               "0 bytes) and the process is alive and polling, but its on-demand duration trace "
+                               "stalled before writing")
+    assert "Trace again, preferably with --iterations N" in msgs[11]
+    assert "Kineto never started the trace (no rank-1_12.pt.trace.json.tmp)" in msgs[12]
+    assert "then stopped polling the daemon 19 s ago" in msgs[13]
+    assert "did not appear within 2 s" in msgs[14]
+
+
+def test_iteration_trace_is_never_called_stalled(rpc_server, tmp_path):
+    status = {11: {"delivered": True, "delivered_s_ago": 60.0, "last_poll_s_ago": 0.4, "writing": True, "tmp_bytes": 0}}
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0}], status)
+    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(iterations=5),
+                        output_dir=str(tmp_path))
+    res = wait_for_trace(res, timeout=0.5, poll_interval=0.05)
+    assert [e.kind for e in res.errors] == ["timeout"]  # it waits for optimizer steps: nothing to judge

@@ -148,6 +148,10 @@ def test_kscope_trace_end_to_end_with_launcher(daemon, spawn, trace_root):
     for f in st["files"]:
         assert f["exists"] and f["complete"] and f["delivered"] and f["bytes"] > 0
         assert json.loads(Path(f["path"]).read_text())["trace_id"] == "kst-test-1"
+        # what `kscope trace --wait` needs to tell dead/stalled from in progress (added fields)
+        assert isinstance(f["delivered_s_ago"], float) and 0 <= f["delivered_s_ago"] < 60
+        assert isinstance(f["last_poll_s_ago"], float) and f["last_poll_s_ago"] >= 0
+        assert f["tmp_bytes"] is None  # renamed: no .tmp left
     # The rank processes exit after tracing (fake_kineto), the launcher reaps them.
     st = _wait_for(
         lambda: (s := rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "kst-test-1"}))
