@@ -858,7 +858,7 @@ def explain_missing(
     )
 
 
-STALL_GRACE_S = 6.0  # a duration trace not started/written this long after its window should have ended
+STALL_GRACE_S = 8.0  # a duration trace not started/written this long after its window should have ended
 
 
 def _exited_message(f: TraceFile, result: TraceResult) -> str:

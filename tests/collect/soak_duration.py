@@ -21,7 +21,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace  # noqa: E402
+from kinetoscope.collect.trigger import (  # noqa: E402
+    KINETO_WARMUP_S,
+    STALL_GRACE_S,
+    Target,
+    TraceOptions,
+    trigger_trace,
+    wait_for_trace,
+)
 from kinetoscope.demo.local import LocalDaemon, TrainingJob  # noqa: E402
 
 
@@ -39,6 +46,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     complete = 0
+    worst_all = 0.0
     with LocalDaemon(args.out) as daemon:
         env = dict(daemon.kineto_env())
         if args.kineto_log_level is not None:
@@ -55,15 +63,29 @@ def main(argv: list[str]) -> int:
                     print(f"trace {i}: triggered {len(res.files)}/{args.ranks}: {[e.message for e in res.errors]}",
                           flush=True)
                     continue
-                res = wait_for_trace(res, timeout=args.timeout, poll_interval=0.3)
+                # how long after its nominal window end (pickup + 5 s warmup + duration) each file
+                # was seen complete: the margin a healthy trace leaves below STALL_GRACE_S
+                lateness: dict[int, float] = {}
+
+                def seen(r: object) -> None:
+                    now = time.monotonic()
+                    for f in r.files:  # type: ignore[attr-defined]
+                        if f.complete and f.pid not in lateness and f.delivered_mono is not None:
+                            lateness[f.pid] = now - (f.delivered_mono + KINETO_WARMUP_S + args.duration_ms / 1000)
+
+                res = wait_for_trace(res, timeout=args.timeout, poll_interval=0.3, on_progress=seen)
                 took = time.monotonic() - t0
                 done = sum(f.complete for f in res.files)
                 complete += res.ok
-                print(f"trace {i}: {res.trace_id} {done}/{len(res.files)} complete in {took:.1f} s"
+                worst = max(lateness.values(), default=float("nan"))
+                worst_all = max(worst_all, worst) if lateness else worst_all
+                print(f"trace {i}: {res.trace_id} {done}/{len(res.files)} complete in {took:.1f} s, "
+                      f"at most {worst:.1f} s after the nominal window end"
                       + ("" if res.ok else " | " + " | ".join(e.message for e in res.errors)), flush=True)
             if not job.alive():
                 print(f"job exited:\n{job.tail()}")
-    print(f"{complete}/{args.traces} duration traces complete on all {args.ranks} ranks", flush=True)
+    print(f"{complete}/{args.traces} duration traces complete on all {args.ranks} ranks; the latest file came "
+          f"{worst_all:.1f} s after its nominal window end (stalled after {STALL_GRACE_S:g} s)", flush=True)
     return 0 if complete == args.traces else 1
 
 
