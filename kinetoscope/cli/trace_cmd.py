@@ -7,6 +7,7 @@ render the result (Rich tables on stderr/stdout, or one JSON document with ``--j
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import orjson
 import typer
@@ -16,6 +17,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from kinetoscope.collect.client import DEFAULT_PORT, parse_hosts
 from kinetoscope.collect.deliver import (
+    job_step_rate,
     mark_abandoned_requests,
     parse_store_options,
     record_trace_result,
@@ -197,6 +199,12 @@ def register(app: typer.Typer) -> None:
             align=not no_align,
         )
         options.validate()
+        if (jid is not None and iterations is not None and iteration_roundup is None and not no_align
+                and not no_catalog):
+            known = job_step_rate(jid, catalog)  # a tighter alignment roundup (docs/collect.md)
+            if known is not None:
+                options = replace(options, steps_per_s=known[0])
+                notes.append(f"job {jid} steps at {known[0]:.3g} steps/s (catalog: analysis of {known[1]})")
         if no_catalog and catalog is not None:
             raise UsageError("--catalog and --no-catalog contradict each other; give one")
         store_url = store

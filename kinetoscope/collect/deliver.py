@@ -214,6 +214,24 @@ def record_trace_result(
 ABANDONED = "abandoned"
 
 
+def job_step_rate(job_id: str | int, catalog_url: str | os.PathLike[str] | None = None) -> tuple[float, str] | None:
+    """The job's step rate (steps/s) from the newest analysis in the catalog of a trace of that
+    job (its ``step_time_ms``), with the trace id it came from; None when the catalog knows none
+    (or cannot be opened: the caller's own recording reports that). Used to align iteration
+    windows (``TraceOptions.steps_per_s``)."""
+    try:
+        from kinetoscope.store.catalog import Catalog
+
+        with Catalog.open(catalog_url) as cat:
+            for rec in cat.trace_requests(job_id=str(job_id), limit=20):
+                for a in cat.analyses(trace_id=rec.trace_id, limit=5):
+                    if a.step_time_ms and a.step_time_ms > 0:
+                        return 1000.0 / a.step_time_ms, rec.trace_id
+    except (KinetoscopeError, OSError, ImportError):
+        return None
+    return None
+
+
 def waiter_info() -> dict[str, Any]:
     """This process as the waiter of a request: host name, pid and start time (epoch seconds;
     with the pid it identifies the process even after the pid is reused)."""
@@ -269,6 +287,7 @@ def mark_abandoned_requests(catalog_url: str | os.PathLike[str] | None = None) -
 
 
 __all__ = [
+    "job_step_rate",
     "mark_abandoned_requests",
     "waiter_info",
     "parse_store_options",

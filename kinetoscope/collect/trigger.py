@@ -61,6 +61,9 @@ class TraceOptions:
     # Iteration traces of several processes: pick an --iteration-roundup that starts every rank at
     # the same iteration (align_roundup) unless one is given; False = each rank's next step.
     align: bool = True
+    # The job's step rate when known (e.g. from an earlier analysis in the catalog): a tighter
+    # alignment roundup than the assumed ALIGN_STEPS_PER_S. Not sent to the daemons.
+    steps_per_s: float | None = None
 
     def validate(self) -> None:
         if (self.duration_ms is None) == (self.iterations is None):
@@ -512,10 +515,12 @@ def aligned_options(
         return options, None
     intervals = [i for p in matched if (i := poll_interval_of(p)) is not None]
     interval = max(intervals, default=DEFAULT_POLL_INTERVAL_S)
-    roundup = align_roundup(interval)
+    rate = options.steps_per_s if options.steps_per_s and options.steps_per_s > 0 else None
+    roundup = align_roundup(interval, rate or ALIGN_STEPS_PER_S)
+    basis = f"their {interval:.0f} s poll interval" + (f" and the job's {rate:.3g} steps/s" if rate else "")
     note = (
         f"aligning {len(matched)} processes: each starts at the next multiple of {roundup} iterations "
-        f"(--iteration-roundup {roundup}, from their {interval:.0f} s poll interval), so every rank traces the "
+        f"(--iteration-roundup {roundup}, from {basis}), so every rank traces the "
         f"same steps; this waits up to {roundup} steps first. --no-align starts each at its next step"
     )
     return replace(options, iteration_roundup=roundup), note
