@@ -282,6 +282,7 @@ class TraceFile:
     partial: bool = False  # Kineto's "<path>.tmp" exists (writing, or a failed trace)
     tmp_bytes: int | None = None  # size of that "<path>.tmp"
     last_poll_s_ago: float | None = None  # when the process last polled its daemon
+    retries: int = 0  # times the daemon re-sent the config after Kineto dropped it
     # time.monotonic() at which the process picked up the config (from the daemon's
     # delivered_s_ago, else when this trigger first saw it delivered); None until then
     delivered_mono: float | None = field(default=None, repr=False)
@@ -763,9 +764,14 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             f.tmp_bytes = _as_int(entry.get("tmp_bytes"))
             poll_ago = entry.get("last_poll_s_ago")
             f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
-            if f.delivered and f.delivered_mono is None:
-                ago = entry.get("delivered_s_ago")
-                f.delivered_mono = now - (float(ago) if isinstance(ago, (int, float)) else 0.0)
+            f.retries = _as_int(entry.get("retries")) or 0
+            ago = entry.get("delivered_s_ago")
+            if isinstance(ago, (int, float)):  # the daemon's clock; restarts when it re-sends the config
+                f.delivered_mono = now - float(ago)
+            elif not f.delivered:
+                f.delivered_mono = None
+            elif f.delivered_mono is None:
+                f.delivered_mono = now
     if check_local:
         for f in result.files:
             addr = next((h for h in result.hosts if str(h) == f.host), None)
@@ -896,12 +902,13 @@ def _stalled_message(f: TraceFile, result: TraceResult, late: float) -> str:
             "of the process is still running, or when the request's start time has passed. Trace again "
             "(--iterations N waits for optimizer steps); KINETO_LOG_LEVEL=0 in the job's environment logs why."
         )
+    resent = f" (the daemon re-sent it {f.retries} time(s))" if f.retries else ""
     return (
-        f"{where} was not written {window}: Kineto started it ({name}.tmp exists, {f.tmp_bytes or 0} bytes) "
-        "and the process is alive and polling, but its on-demand duration trace stalled before writing "
-        "(an intermittent Kineto problem with duration traces of multi-rank jobs; iteration traces are not "
-        "affected). Trace again, preferably with --iterations N; KINETO_LOG_LEVEL=0 in the job's environment "
-        "logs Kineto's states. The other processes' files are not affected."
+        f"{where} was not written {window}{resent}: Kineto created {name}.tmp ({f.tmp_bytes or 0} bytes) but "
+        "never wrote the trace, although the process is alive and polling: Kineto dropped the request (torch "
+        "2.13 logs 'Not starting tracing - insufficient time for warmup' when its profiler thread wakes too "
+        "late, e.g. on a loaded host, to start a duration trace) or stalled before writing. Trace again, "
+        "preferably with --iterations N (not affected); the other processes' files are not affected."
     )
 
 
@@ -995,6 +1002,15 @@ def wait_for_trace(
             procs = listing.get(f.host)
             msg = explain_missing(f, result, timeout, procs.get(f.pid) if procs else None, procs is not None)
         result.errors.append(TraceProblem(kind="timeout", host=f.host, pid=f.pid, path=f.path, message=msg))
+    resent = [f for f in result.files if f.retries]
+    if resent:
+        result.notes.append(
+            "Kineto dropped the duration trace in "
+            + ", ".join(f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "") + f" ({f.retries}x)"
+                        for f in resent)
+            + " (its profiler thread woke too late to start it: 'Not starting tracing - insufficient time for "
+            "warmup'); the daemon sent it again, so that window starts a few seconds after the others'"
+        )
     if write_manifest_file and result.files:
         save_manifest(result)
     return result

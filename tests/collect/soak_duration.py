@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
                 worst = max(lateness.values(), default=float("nan"))
                 worst_all = max(worst_all, worst) if lateness else worst_all
                 print(f"trace {i}: {res.trace_id} {done}/{len(res.files)} complete in {took:.1f} s, "
-                      f"at most {worst:.1f} s after the nominal window end"
+                      f"at most {worst:.1f} s after the nominal window end, "
+                      f"{sum(f.retries for f in res.files)} re-sent"
                       + ("" if res.ok else " | " + " | ".join(e.message for e in res.errors)), flush=True)
             if not job.alive():
                 print(f"job exited:\n{job.tail()}")

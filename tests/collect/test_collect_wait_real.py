@@ -121,3 +121,30 @@ def test_wait_reports_a_stalled_duration_trace_of_a_hung_process(daemon, tmp_pat
     assert "s after its 3000 ms window should have ended: the process picked up the config, then stopped " \
         "polling the daemon" in msg
     assert "The other processes' files are not affected." in msg
+
+
+def test_duration_trace_dropped_by_kineto_is_sent_again(daemon, tmp_path):
+    """Issue 10's lost rank, reproduced: Kineto (torch 2.13) must activate a duration request on
+    a profiler tick 1-2 s after it got it; stopping the process over that second (as a loaded
+    host delays the tick) makes Kineto create the 0-byte ``.tmp`` and then refuse to start
+    ("Not starting tracing - insufficient time for warmup"). The daemon sees the process poll
+    idle again without a file and sends the config again: the trace completes."""
+    job = start_job(daemon, tmp_path)
+    pid = job.pid
+    try:
+        cli = start_trace(daemon, pid, "kst-dropped-1", duration_ms=300)
+        wait_delivered(daemon, "kst-dropped-1", cli)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGSTOP)  # over the whole activation second
+        time.sleep(2.5)
+        os.kill(pid, signal.SIGCONT)
+        out, err = cli.communicate(timeout=WAIT_TIMEOUT_S + 60)
+    finally:
+        job.stop()
+    assert cli.returncode == 0, err
+    doc = orjson.loads(out)
+    (f,) = doc["files"]
+    assert f["complete"] is True and f["bytes"] > 0 and not doc["errors"]
+    assert f"Kineto dropped the duration trace in pid {pid} (1x)" in " ".join(doc["notes"]), doc["notes"]
+    # what Kineto itself said the first time (the cause the daemon worked around)
+    assert "Not starting tracing - insufficient time for warmup" in Path(job.log_path).read_text(errors="replace")
