@@ -686,8 +686,10 @@ def build_manifest(result: TraceResult) -> Manifest:
         )
     request = {
         "target": {k: v for k, v in asdict(result.target).items() if v not in (None, (), False)},
-        "options": {k: v for k, v in asdict(result.options).items() if v not in (None, False)},
+        "options": {k: v for k, v in asdict(result.options).items() if v not in (None, False) and k != "align"},
     }
+    if not result.options.align:
+        request["options"]["align"] = False  # --no-align
     if "pids" in request["target"]:
         request["target"]["pids"] = list(request["target"]["pids"])
     return Manifest(
