@@ -7,6 +7,7 @@ render the result (Rich tables on stderr/stdout, or one JSON document with ``--j
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import orjson
 import typer
@@ -16,7 +17,14 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.collect.client import DEFAULT_PORT, parse_hosts
-from kinetoscope.collect.deliver import parse_store_options, record_trace_result, store_trace_result
+from kinetoscope.collect.deliver import (
+    job_step_rate,
+    mark_abandoned_requests,
+    parse_store_options,
+    record_trace_result,
+    store_trace_result,
+    waiter_info,
+)
 from kinetoscope.collect.render import files_table, matched_table, stored_table
 from kinetoscope.collect.trigger import (
     Target,
@@ -84,6 +92,21 @@ def _record(err: Console, result: TraceResult, catalog: str | None) -> None:
         err.print(f"[yellow]warning:[/] {escape(note)}")
 
 
+def _mark_abandoned(err: Console, result: TraceResult, catalog: str | None) -> None:
+    """Earlier requests of this host whose `kscope trace --wait` was killed: ``abandoned``."""
+    if not result.files:
+        return
+    marked = mark_abandoned_requests(catalog)
+    if marked:
+        note = (
+            f"catalog: marked {len(marked)} earlier request(s) abandoned ({', '.join(marked)}): the `kscope trace` "
+            "that waited for them was killed before it recorded their outcome; `kscope catalog import <dir>` "
+            "records what their folders hold"
+        )
+        result.notes.append(note)
+        err.print(f"[yellow]note:[/] {escape(note)}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("trace", epilog=EXAMPLES)
     def trace(
@@ -107,7 +130,12 @@ def register(app: typer.Typer) -> None:
         ),
         iteration_roundup: int | None = typer.Option(
             None, "--iteration-roundup", metavar="R",
-            help="Start at the next iteration that is a multiple of R (aligns ranks; default 1 = next step).",
+            help="Start at the next iteration that is a multiple of R. Default for several processes: a "
+            "multiple chosen so that every rank starts at the same iteration (docs/collect.md); for one: 1.",
+        ),
+        no_align: bool = typer.Option(
+            False, "--no-align",
+            help="With --iterations: start each process at its own next step (no common start iteration).",
         ),
         output_dir: str | None = typer.Option(
             None, "--output-dir", "-o",
@@ -176,8 +204,15 @@ def register(app: typer.Typer) -> None:
             with_modules=with_modules,
             process_limit=process_limit,
             include_launchers=include_launchers,
+            align=not no_align,
         )
         options.validate()
+        if (jid is not None and iterations is not None and iteration_roundup is None and not no_align
+                and not no_catalog):
+            known = job_step_rate(jid, catalog)  # a tighter alignment roundup (docs/collect.md)
+            if known is not None:
+                options = replace(options, steps_per_s=known[0])
+                notes.append(f"job {jid} steps at {known[0]:.3g} steps/s (catalog: analysis of {known[1]})")
         if no_catalog and catalog is not None:
             raise UsageError("--catalog and --no-catalog contradict each other; give one")
         store_url = store
@@ -232,6 +267,9 @@ def register(app: typer.Typer) -> None:
             if result.triggered and result.output_dir:
                 out.print(f"trace files go to [bold]{escape(result.output_dir)}[/]")
         if not no_catalog:  # as soon as the request is made (status "requested")
+            if wait:  # so that a later run can tell when this one was killed while waiting
+                result.waiter = waiter_info()
+            _mark_abandoned(err, result, catalog)
             _record(err, result, catalog)
 
         if wait and result.files:

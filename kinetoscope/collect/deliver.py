@@ -164,6 +164,8 @@ def trace_result_manifest(result: TraceResult) -> tuple[dict[str, Any], Path | N
     doc["hosts"] = list(dict.fromkeys(names.get(str(h), h.host) for h in result.hosts))
     if not result.waited:
         doc["status"] = "requested"  # triggered; completeness not checked yet
+        if result.waiter:
+            doc["waiter"] = dict(result.waiter)
     else:
         doc.pop("status", None)  # the catalog works it out from the files
     return doc, trace_dir
@@ -209,7 +211,85 @@ def record_trace_result(
         return None
 
 
+ABANDONED = "abandoned"
+
+
+def job_step_rate(job_id: str | int, catalog_url: str | os.PathLike[str] | None = None) -> tuple[float, str] | None:
+    """The job's step rate (steps/s) from the newest analysis in the catalog of a trace of that
+    job (its ``step_time_ms``), with the trace id it came from; None when the catalog knows none
+    (or cannot be opened: the caller's own recording reports that). Used to align iteration
+    windows (``TraceOptions.steps_per_s``)."""
+    try:
+        from kinetoscope.store.catalog import Catalog
+
+        with Catalog.open(catalog_url) as cat:
+            for rec in cat.trace_requests(job_id=str(job_id), limit=20):
+                for a in cat.analyses(trace_id=rec.trace_id, limit=5):
+                    if a.step_time_ms and a.step_time_ms > 0:
+                        return 1000.0 / a.step_time_ms, rec.trace_id
+    except (KinetoscopeError, OSError, ImportError):
+        return None
+    return None
+
+
+def waiter_info() -> dict[str, Any]:
+    """This process as the waiter of a request: host name, pid and start time (epoch seconds;
+    with the pid it identifies the process even after the pid is reused)."""
+    import socket
+
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": round(psutil.Process().create_time(), 3)}
+
+
+def _waiter_gone(waiter: Any, hostname: str) -> bool:
+    """Whether ``waiter`` (a catalog row's ``waiter``) was a process of this host that is gone.
+    Waiters on other hosts cannot be checked from here and are left alone."""
+    import psutil
+
+    if not isinstance(waiter, Mapping) or waiter.get("host") != hostname:
+        return False
+    pid, started = waiter.get("pid"), waiter.get("started")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(started, (int, float)):
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - float(started)) > 1.0  # pid reused
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # e.g. access denied: it exists
+        return False
+
+
+def mark_abandoned_requests(catalog_url: str | os.PathLike[str] | None = None) -> list[str]:
+    """Mark ``abandoned`` the catalog's ``requested`` rows whose waiter (a ``kscope trace --wait`` /
+    ``--store`` of this host) is gone: it was killed before it could record the outcome, so the
+    row would otherwise say "requested" forever. Returns their trace ids; a catalog that cannot be
+    opened gives [] (the caller's own recording reports that)."""
+    import socket
+
+    from kinetoscope.store.catalog import Catalog
+
+    hostname = socket.gethostname()
+    marked: list[str] = []
+    try:
+        with Catalog.open(catalog_url) as cat:
+            for rec in cat.trace_requests(status="requested", limit=None, with_manifest=True):
+                if not _waiter_gone(rec.manifest.get("waiter"), hostname):
+                    continue
+                doc = {k: v for k, v in rec.manifest.items() if k != "waiter"}
+                doc["status"] = ABANDONED
+                doc["abandoned_waiter"] = rec.manifest.get("waiter")
+                cat.record_trace_request(doc)
+                marked.append(rec.trace_id)
+    except (KinetoscopeError, OSError, ImportError):
+        return marked
+    return marked
+
+
 __all__ = [
+    "job_step_rate",
+    "mark_abandoned_requests",
+    "waiter_info",
     "parse_store_options",
     "record_trace_result",
     "store_trace_result",

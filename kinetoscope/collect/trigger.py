@@ -12,6 +12,7 @@ Nothing here raises for a per-host problem: results carry :class:`TraceProblem` 
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -20,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,12 @@ class TraceOptions:
     with_modules: bool = False
     process_limit: int | None = None
     include_launchers: bool = False
+    # Iteration traces of several processes: pick an --iteration-roundup that starts every rank at
+    # the same iteration (align_roundup) unless one is given; False = each rank's next step.
+    align: bool = True
+    # The job's step rate when known (e.g. from an earlier analysis in the catalog): a tighter
+    # alignment roundup than the assumed ALIGN_STEPS_PER_S. Not sent to the daemons.
+    steps_per_s: float | None = None
 
     def validate(self) -> None:
         if (self.duration_ms is None) == (self.iterations is None):
@@ -70,6 +77,10 @@ class TraceOptions:
                 raise UsageError("--iteration-roundup only applies to --iterations")
             if self.iteration_roundup <= 0:
                 raise UsageError(f"--iteration-roundup must be at least 1, got {self.iteration_roundup}")
+            if not self.align:
+                raise UsageError("--no-align and --iteration-roundup contradict each other; give one")
+        if not self.align and self.iterations is None:
+            raise UsageError("--no-align only applies to --iterations (duration traces start by time)")
         if self.profile_memory and self.iterations is not None:
             raise UsageError(
                 "--profile-memory needs --duration-ms: Kineto's memory profiling is time-based "
@@ -269,6 +280,12 @@ class TraceFile:
     delivered: bool | None = None  # the process picked up the config
     alive: bool | None = None
     partial: bool = False  # Kineto's "<path>.tmp" exists (writing, or a failed trace)
+    tmp_bytes: int | None = None  # size of that "<path>.tmp"
+    last_poll_s_ago: float | None = None  # when the process last polled its daemon
+    retries: int = 0  # times the daemon re-sent the config after Kineto dropped it
+    # time.monotonic() at which the process picked up the config (from the daemon's
+    # delivered_s_ago, else when this trigger first saw it delivered); None until then
+    delivered_mono: float | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -284,7 +301,7 @@ class TraceFile:
 @dataclass
 class TraceProblem:
     """Why something did not work. ``kind``: unreachable | no_answer | failed | no_match | busy |
-    timeout | manifest."""
+    timeout | exited | stalled | manifest (docs/collect.md)."""
 
     kind: str
     message: str
@@ -323,6 +340,9 @@ class TraceResult:
     stored: list[StoredObject] = field(default_factory=list)
     store_url: str | None = None
     catalog: str | None = None
+    # Who waits for the files (deliver.waiter_info: host, pid, process start time), recorded with
+    # the "requested" catalog row so a later run can tell the waiter was killed (status "abandoned").
+    waiter: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -430,6 +450,84 @@ def _problem_from_error(exc: DaemonError) -> TraceProblem:
 
 
 # ---------------------------------------------------------------------------------------
+# Aligned iteration windows
+# ---------------------------------------------------------------------------------------
+# Ranks pick the request up at their own polls, up to one poll interval apart, and Kineto starts
+# each at the next multiple of PROFILE_START_ITERATION_ROUNDUP after its pickup: they start
+# together unless a multiple passes while they pick it up. With R >= ALIGN_SAFETY x (steps done
+# in a pickup spread) that happens at most once in ALIGN_SAFETY requests, for a job that steps at
+# most ALIGN_STEPS_PER_S (unknown to kscope: Kineto reports no iteration count). docs/collect.md.
+ALIGN_STEPS_PER_S = 10.0  # assumed step rate
+ALIGN_SAFETY = 10.0
+ALIGN_SLACK_S = 0.5  # pickup spread beyond the poll interval (RPC, a step in flight)
+DEFAULT_POLL_INTERVAL_S = 1.0  # `kscope daemon`'s KINETO_CONFIG; Kineto's own default is 5 s
+
+
+def nice_ceil(value: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, 100, ... that is >= ``value``."""
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale >= value:
+                return m * scale
+        scale *= 10
+
+
+def align_roundup(poll_interval_s: float, steps_per_s: float = ALIGN_STEPS_PER_S) -> int:
+    """The default ``--iteration-roundup`` for ranks that poll every ``poll_interval_s``."""
+    return nice_ceil(ALIGN_SAFETY * steps_per_s * (poll_interval_s + ALIGN_SLACK_S))
+
+
+def poll_interval_of(proc: dict[str, Any]) -> float | None:
+    """A process's poll interval (s) from the daemon's listing (time registered / polls)."""
+    age, polls = proc.get("registered_s_ago"), _as_int(proc.get("polls"))
+    if not isinstance(age, (int, float)) or not polls or polls < 3:
+        return None
+    return min(10.0, max(1.0, float(age) / polls))
+
+
+def _targets(target: Target, procs: list[dict[str, Any]], include_launchers: bool) -> list[dict[str, Any]]:
+    """The listed processes a request for ``target`` would trace (the daemon's matching rules)."""
+    out = []
+    for p in procs:
+        if p.get("is_launcher") and not include_launchers:
+            continue
+        if target.job_id is not None and str(p.get("job_id")) != str(target.job_id):
+            continue
+        if target.pids and not set(target.pids) & {_as_int(x) for x in (p.get("pids") or [p.get("pid")])}:
+            continue
+        out.append(p)
+    return out
+
+
+def aligned_options(
+    hosts: list[HostAddress], target: Target, options: TraceOptions, token: str | None, rpc_timeout: float
+) -> tuple[TraceOptions, str | None]:
+    """``options`` with the roundup that aligns the ranks' iteration windows, and a note saying so.
+
+    Only for iteration traces without ``--iteration-roundup`` or ``--no-align`` that match more
+    than one process (a listing of every host first): one process needs no alignment."""
+    if options.iterations is None or options.iteration_roundup is not None or not options.align:
+        return options, None
+    listing = _list_processes_by_host(hosts, token, rpc_timeout)
+    procs = [p for by_pid in listing.values() for p in by_pid.values()]
+    matched = _targets(target, procs, options.include_launchers)
+    if len(matched) < 2:
+        return options, None
+    intervals = [i for p in matched if (i := poll_interval_of(p)) is not None]
+    interval = max(intervals, default=DEFAULT_POLL_INTERVAL_S)
+    rate = options.steps_per_s if options.steps_per_s and options.steps_per_s > 0 else None
+    roundup = align_roundup(interval, rate or ALIGN_STEPS_PER_S)
+    basis = f"their {interval:.0f} s poll interval" + (f" and the job's {rate:.3g} steps/s" if rate else "")
+    note = (
+        f"aligning {len(matched)} processes: each starts at the next multiple of {roundup} iterations "
+        f"(--iteration-roundup {roundup}, from {basis}), so every rank traces the "
+        f"same steps; this waits up to {roundup} steps first. --no-align starts each at its next step"
+    )
+    return replace(options, iteration_roundup=roundup), note
+
+
+# ---------------------------------------------------------------------------------------
 # Trigger
 # ---------------------------------------------------------------------------------------
 def trigger_trace(
@@ -459,8 +557,11 @@ def trigger_trace(
                 "(kinetoscope.collect.deliver.store_trace_result)"
             )
         output_dir = str(output_dir)[len("file://"):]
+    options, align_note = aligned_options(hosts, target, options, token, rpc_timeout)
     result = TraceResult(trace_id=trace_id, hosts=hosts, target=target, options=options, created=utc_now_iso(),
                          requested_by=requested_by())
+    if align_note:
+        result.notes.append(align_note)
     fields: dict[str, Any] = {"trace_id": trace_id, **target.rpc_fields(), **options.rpc_fields()}
     if output_dir is not None:
         fields["output_dir"] = os.path.abspath(output_dir)
@@ -585,8 +686,10 @@ def build_manifest(result: TraceResult) -> Manifest:
         )
     request = {
         "target": {k: v for k, v in asdict(result.target).items() if v not in (None, (), False)},
-        "options": {k: v for k, v in asdict(result.options).items() if v not in (None, False)},
+        "options": {k: v for k, v in asdict(result.options).items() if v not in (None, False) and k != "align"},
     }
+    if not result.options.align:
+        request["options"]["align"] = False  # --no-align
     if "pids" in request["target"]:
         request["target"]["pids"] = list(request["target"]["pids"])
     return Manifest(
@@ -628,6 +731,7 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
     """Update ``result.files`` from kscopeTraceStatus answers (and local checks). Returns host errors."""
     problems: list[TraceProblem] = []
     index = {(f.host, f.pid): f for f in result.files}
+    now = time.monotonic()
     for hr in replies:
         if hr.error is not None:
             problems.append(_problem_from_error(hr.error))
@@ -659,6 +763,17 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
                 f.alive = bool(entry.get("alive"))
             if entry.get("writing") is not None:
                 f.partial = bool(entry.get("writing"))
+            f.tmp_bytes = _as_int(entry.get("tmp_bytes"))
+            poll_ago = entry.get("last_poll_s_ago")
+            f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
+            f.retries = _as_int(entry.get("retries")) or 0
+            ago = entry.get("delivered_s_ago")
+            if isinstance(ago, (int, float)):  # the daemon's clock; restarts when it re-sends the config
+                f.delivered_mono = now - float(ago)
+            elif not f.delivered:
+                f.delivered_mono = None
+            elif f.delivered_mono is None:
+                f.delivered_mono = now
     if check_local:
         for f in result.files:
             addr = next((h for h in result.hosts if str(h) == f.host), None)
@@ -668,6 +783,9 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             if st["exists"]:
                 f.exists, f.bytes, f.complete = True, st["bytes"], st["complete"]
             f.partial = f.partial or st["writing"]
+            if st["writing"] and f.tmp_bytes is None:
+                with contextlib.suppress(OSError):
+                    f.tmp_bytes = os.stat(f.path + ".tmp").st_size
     return problems
 
 
@@ -753,6 +871,71 @@ def explain_missing(
     )
 
 
+STALL_GRACE_S = 8.0  # a duration trace not started/written this long after its window should have ended
+
+
+def _exited_message(f: TraceFile, result: TraceResult) -> str:
+    """Why the file of a process the daemon reports dead will never be complete."""
+    who = f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "")
+    where = f"{who} on {f.host}: {f.path}"
+    if f.exists:
+        return f"{where} is incomplete ({f.bytes} bytes) and will stay so: the process exited while Kineto was writing it"
+    return explain_missing(f, result, 0.0) + " (the daemon reports it dead, so nothing more will come)"
+
+
+def _stalled_message(f: TraceFile, result: TraceResult, late: float) -> str:
+    """Why a duration trace that should have been written ``late`` seconds ago is not."""
+    who = f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "")
+    where = f"{who} on {f.host}: {f.path}"
+    dur = result.options.duration_ms
+    name = os.path.basename(f.path)
+    window = f"{late:.0f} s after its {dur} ms window should have ended"
+    last = f.last_poll_s_ago
+    if last is not None and last > STALE_POLL_S:
+        return (
+            f"{where} was not written {window}: the process picked up the config, then stopped polling the "
+            f"daemon {last:.0f} s ago (stopped, hung, or stuck in a long call holding the GIL?); nothing will "
+            "be written while it is stuck. The other processes' files are not affected."
+        )
+    if not f.partial:
+        return (
+            f"{where} was not written {window}: the process picked up the config and still polls the daemon, "
+            f"but Kineto never started the trace (no {name}.tmp): it ignores a request while an earlier trace "
+            "of the process is still running, or when the request's start time has passed. Trace again "
+            "(--iterations N waits for optimizer steps); KINETO_LOG_LEVEL=0 in the job's environment logs why."
+        )
+    resent = f" (the daemon re-sent it {f.retries} time(s))" if f.retries else ""
+    return (
+        f"{where} was not written {window}{resent}: Kineto created {name}.tmp ({f.tmp_bytes or 0} bytes) but "
+        "never wrote the trace, although the process is alive and polling: Kineto dropped the request (torch "
+        "2.13 logs 'Not starting tracing - insufficient time for warmup' when its profiler thread wakes too "
+        "late, e.g. on a loaded host, to start a duration trace) or stalled before writing. Trace again, "
+        "preferably with --iterations N (not affected); the other processes' files are not affected."
+    )
+
+
+def settled_problem(f: TraceFile, result: TraceResult, now: float) -> TraceProblem | None:
+    """A problem of an incomplete file that waiting longer cannot fix, or None while it may still come.
+
+    * ``exited``: the daemon reports the process dead (it picked up the config or not) - known at
+      the next status call, so ``--wait`` returns within seconds of the death;
+    * ``stalled``: a duration trace that the process picked up, whose window should have ended
+      ``STALL_GRACE_S`` ago (pickup + Kineto's 5 s warmup + duration), and of which nothing was
+      written (no final file, Kineto's ``.tmp`` absent or empty). A ``.tmp`` with bytes is being
+      written: that is waited for (up to the timeout)."""
+    if f.complete:
+        return None
+    if f.alive is False:
+        return TraceProblem(kind="exited", host=f.host, pid=f.pid, path=f.path, message=_exited_message(f, result))
+    dur = result.options.duration_ms
+    if dur is None or not f.delivered or f.delivered_mono is None or f.exists or (f.tmp_bytes or 0) > 0:
+        return None
+    late = now - (f.delivered_mono + KINETO_WARMUP_S + dur / 1000.0)
+    if late < STALL_GRACE_S:
+        return None
+    return TraceProblem(kind="stalled", host=f.host, pid=f.pid, path=f.path, message=_stalled_message(f, result, late))
+
+
 def _list_processes_by_host(
     hosts: list[HostAddress], token: str | None, rpc_timeout: float
 ) -> dict[str, dict[int, dict[str, Any]]]:
@@ -776,21 +959,26 @@ def wait_for_trace(
     check_local: bool = True,
     write_manifest_file: bool = True,
 ) -> TraceResult:
-    """Poll the daemons until every triggered process's file is complete, or ``timeout`` passes.
+    """Poll the daemons until every triggered process's file is complete or cannot come any more
+    (:func:`settled_problem`: its process died, or its duration trace stalled), or ``timeout`` passes.
 
-    Missing files become ``timeout`` problems naming the process, the path and the likely cause.
-    A host that stops answering is reported only if it still had files missing at the end."""
+    Missing files become ``exited``/``stalled``/``timeout`` problems naming the process, the path
+    and the likely cause. A host that stops answering is reported only if it still had files
+    missing at the end."""
     deadline = time.monotonic() + timeout
     hosts_with_files = [h for h in result.hosts if any(f.host == str(h) for f in result.files)]
     last_host_problems: list[TraceProblem] = []
+    settled: dict[int, TraceProblem] = {}
     while True:
         pending_hosts = [h for h in hosts_with_files if any(f.host == str(h) and not f.complete for f in result.files)]
         if pending_hosts:
             replies = _ask_all(pending_hosts, token, rpc_timeout, lambda c: c.trace_status(result.trace_id))
             last_host_problems = _merge_status(result, replies, check_local)
+        now = time.monotonic()
+        settled = {id(f): p for f in result.files if (p := settled_problem(f, result, now)) is not None}
         if on_progress is not None:
             on_progress(result)
-        if all(f.complete for f in result.files) or time.monotonic() >= deadline:
+        if all(f.complete or id(f) in settled for f in result.files) or now >= deadline:
             break
         time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
     result.waited = True
@@ -800,11 +988,15 @@ def wait_for_trace(
             result.errors.append(p)
     undelivered_hosts = [
         h for h in result.hosts
-        if str(h) not in failed_hosts and any(f.host == str(h) and not f.complete and not f.delivered for f in result.files)
+        if str(h) not in failed_hosts
+        and any(f.host == str(h) and not f.complete and not f.delivered and id(f) not in settled for f in result.files)
     ]
     listing = _list_processes_by_host(undelivered_hosts, token, rpc_timeout) if undelivered_hosts else {}
     for f in result.files:
         if f.complete:
+            continue
+        if id(f) in settled and f.host not in failed_hosts:
+            result.errors.append(settled[id(f)])
             continue
         if f.host in failed_hosts:
             msg = f"pid {f.pid} on {f.host}: {f.path}: status unknown, the daemon did not answer (see above)"
@@ -812,6 +1004,15 @@ def wait_for_trace(
             procs = listing.get(f.host)
             msg = explain_missing(f, result, timeout, procs.get(f.pid) if procs else None, procs is not None)
         result.errors.append(TraceProblem(kind="timeout", host=f.host, pid=f.pid, path=f.path, message=msg))
+    resent = [f for f in result.files if f.retries]
+    if resent:
+        result.notes.append(
+            "Kineto dropped the duration trace in "
+            + ", ".join(f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "") + f" ({f.retries}x)"
+                        for f in resent)
+            + " (its profiler thread woke too late to start it: 'Not starting tracing - insufficient time for "
+            "warmup'); the daemon sent it again, so that window starts a few seconds after the others'"
+        )
     if write_manifest_file and result.files:
         save_manifest(result)
     return result

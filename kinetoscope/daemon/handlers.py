@@ -36,7 +36,7 @@ from kinetoscope.daemon.registry import (
     Registry,
 )
 from kinetoscope.daemon.traces import TraceBook, TraceFile, TraceRecord, file_status, safe_name, write_manifest
-from kinetoscope.daemon.wire import encode_rpc_json
+from kinetoscope.daemon.wire import CONFIG_ACTIVITIES, encode_rpc_json
 
 log = logging.getLogger("kinetoscope.daemon.rpc")
 
@@ -118,6 +118,18 @@ def _job_id(req: dict) -> str | None:
     if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
         return str(int(value))
     raise RequestError("'job_id' must be an integer or a decimal string")
+
+
+DROP_GRACE_S = 3.0  # Kineto activates a duration request 1-2 s after it got it (see _resend_dropped)
+MAX_RESENDS = 2
+
+
+def _tmp_bytes(path: str) -> int | None:
+    """Size of Kineto's ``<path>.tmp`` (it writes the trace there, then renames it), or None."""
+    try:
+        return os.stat(path + ".tmp").st_size
+    except OSError:
+        return None
 
 
 # ----------------------------------------------------------------------- handlers
@@ -477,6 +489,38 @@ class RpcHandlers:
             out["reason"] = "launcher (its children are registered; pass include_launchers to trace it)"
         return out
 
+    def _resend_dropped(self, record: TraceRecord) -> None:
+        """Re-send a duration trace's config to a process whose Kineto dropped it.
+
+        Kineto (torch 2.13) activates a duration request on a 1 s profiler tick that must fall
+        within one second (between 1 and 2 s after it got the config: start = receipt + 5 s
+        warmup + 2 ticks, activation at most 1 s ahead of the warmup, which must not be cut
+        short). A tick that comes late (a loaded host) fails "Not starting tracing -
+        insufficient time for warmup" *after* Kineto created ``<file>.tmp``: a 0-byte file that
+        never completes, in a live process that polls idle again (ACTIVITIES bit set). A
+        healthy trace polls busy from activation until its file is renamed into place. So a
+        process that polled idle ``DROP_GRACE_S`` after it got the config, with no final file,
+        dropped it: queue the same config again (at most ``MAX_RESENDS`` times)."""
+        if not kc.is_duration_config(record.config):
+            return  # iteration requests wait idle for their iteration: nothing to judge
+        now_wall, now_mono = time.time(), time.monotonic()
+        for tf in record.files:
+            pending, proc = tf.pending, tf.process
+            if tf.retries >= MAX_RESENDS or pending.delivered_at is None or not proc.last_type & CONFIG_ACTIVITIES:
+                continue
+            polled_at = now_wall - (now_mono - proc.last_poll)
+            if polled_at < pending.delivered_at + DROP_GRACE_S or os.path.exists(tf.path) or proc.alive() is False:
+                continue
+            again = self.registry.requeue(proc, lambda p=pending: PendingConfig(p.text, p.trace_id))
+            if again is not None:
+                tf.pending = again
+                tf.retries += 1
+                log.warning(
+                    "trace %s: pid %d dropped the duration trace (idle again %.1f s after it got the config, "
+                    "no %s); sending it again (%d of %d)",
+                    record.trace_id, proc.pid, polled_at - pending.delivered_at, tf.path, tf.retries, MAX_RESENDS,
+                )
+
     def kscope_trace_status(self, req: dict) -> dict[str, Any]:
         trace_id = req.get("trace_id")
         if not kc.valid_trace_id(trace_id):
@@ -488,10 +532,13 @@ class RpcHandlers:
                 "status": "ok", "hostname": self.hostname, "trace_id": trace_id, "known": False,
                 "trace_dir": None, "manifest": None, "files": [], "all_complete": True,
             }
+        self._resend_dropped(record)
         statuses = [file_status(f.path) for f in record.files]
         files = []
+        now_wall, now_mono = time.time(), time.monotonic()
         for tf, st in zip(record.files, statuses):
             info = tf.process.info
+            delivered_at = tf.pending.delivered_at
             files.append(
                 {
                     "pid": tf.process.pid,
@@ -506,6 +553,12 @@ class RpcHandlers:
                     "writing": st["writing"],
                     "host_pid": info.pid if info else None,
                     "log_file": tf.log_file,
+                    # how long ago the process picked up the config / last polled, and the size of
+                    # Kineto's "<path>.tmp": what the trigger needs to tell a stalled trace (issue 10)
+                    "delivered_s_ago": None if delivered_at is None else round(max(0.0, now_wall - delivered_at), 3),
+                    "last_poll_s_ago": round(now_mono - tf.process.last_poll, 3),
+                    "tmp_bytes": _tmp_bytes(tf.path) if st["writing"] else None,
+                    "retries": tf.retries,
                 }
             )
         manifest = write_manifest(record, self.hostname, statuses)

@@ -117,6 +117,14 @@ def iter_options(config: str) -> Iterator[tuple[str, str, bool]]:
         yield parts[0], "=".join(parts[1:]), len(parts) == 2
 
 
+def is_duration_config(config: str) -> bool:
+    """Whether Kineto runs ``config`` as a time-based (duration) trace: no
+    ``PROFILE_START_ITERATION`` and no memory profiling (which Kineto runs on its own loop)."""
+    if option_values(config, "PROFILE_START_ITERATION"):
+        return False
+    return not any(v.lower() == "true" for v in option_values(config, "PROFILE_PROFILE_MEMORY"))
+
+
 def option_values(config: str, key: str) -> list[str]:
     """Every value given to ``key`` (Kineto keys are case-sensitive), malformed lines included."""
     return [value for k, value, _ok in iter_options(config) if k == key]

@@ -334,6 +334,15 @@ class Registry:
                     out.append(Match(p, TRIGGERED, pending=p.pending, is_launcher=is_launcher))
         return out
 
+    def requeue(self, proc: Process, make_config: Callable[[], PendingConfig]) -> PendingConfig | None:
+        """Queue a config for ``proc`` again (a trace its Kineto dropped: handlers), unless one is
+        already pending or the process is no longer registered. Returns the new pending config."""
+        with self._lock:
+            if proc.pending is not None or self._procs.get(proc.key) is not proc:
+                return None
+            proc.pending = make_config()
+            return proc.pending
+
     def candidates(
         self, *, job_id: str | None, pids: Iterable[int], include_launchers: bool
     ) -> list[Process]:

@@ -50,6 +50,7 @@ class TraceFile:
     log_file: str  # ACTIVITIES_LOG_FILE as configured
     path: str  # the file Kineto really writes (pid inserted)
     pending: PendingConfig
+    retries: int = 0  # times the daemon re-sent the config after Kineto dropped it (handlers)
 
     def manifest_entry(self, hostname: str, status: dict[str, Any]) -> ManifestFile:
         info = self.process.info

@@ -814,7 +814,7 @@ class Catalog:
         return _frame([_row(j.__dict__, "JOBS_SCHEMA") for j in self.jobs(limit)], "JOBS_SCHEMA")
 
     def trace_requests(self, job_id: str | None = None, limit: int | None = 100,
-                       status: str | None = None) -> list[TraceRequestRecord]:
+                       status: str | None = None, *, with_manifest: bool = False) -> list[TraceRequestRecord]:
         q = sa.select(trace_requests)
         if job_id is not None:
             q = q.where(sa.exists(sa.select(trace_files.c.id).where(
@@ -826,7 +826,7 @@ class Catalog:
         if limit:
             q = q.limit(limit)
         with self._read() as conn:
-            return [_trace_record(r) for r in conn.execute(q)]
+            return [_trace_record(r, with_manifest) for r in conn.execute(q)]
 
     def list_traces(self, job_id: str | None = None, limit: int | None = 100,
                     status: str | None = None) -> pl.DataFrame:

@@ -29,6 +29,7 @@ class TriggerParams:
     all: bool = False
     iterations: int | None = None
     iteration_roundup: int | None = None
+    align: bool = True  # False = `kscope trace --no-align`
     duration_ms: int | None = None
     record_shapes: bool = False
     profile_memory: bool = False
@@ -58,8 +59,8 @@ class TriggerParams:
             target = Target(pids=parse_pids(self.pids))
         else:
             target = Target(all=True)
-        # the form mirrors the CLI: every TraceOptions field has a same-named field here
-        options = TraceOptions(**{f.name: getattr(self, f.name) for f in fields(TraceOptions)})
+        # the form mirrors the CLI: TraceOptions fields with a same-named field here (not steps_per_s)
+        options = TraceOptions(**{f.name: getattr(self, f.name) for f in fields(TraceOptions) if hasattr(self, f.name)})
         target.validate()
         options.validate()
         if self.trace_id:

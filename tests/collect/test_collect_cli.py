@@ -68,7 +68,8 @@ def test_array_job_note_and_no_match(kscope_main, rpc_server):
                               "--iterations", "3")
     flat = " ".join(err.split())
     assert code == 1
-    assert srv.requests[0]["job_id"] == 36199
+    (req,) = [r for r in srv.requests if r["fn"] == "kscopeTrace"]  # after a listing (alignment)
+    assert req["job_id"] == 36199
     assert "looks like a Slurm array task" in flat
     assert "no process on host n1" in flat and "has job id 36199 (from '36199_0'); registered: job 0 (3 processes)" in flat
 
@@ -99,3 +100,33 @@ def test_cli_flags_reach_the_daemon(kscope_main, rpc_server, tmp_path, monkeypat
         "with_modules": True, "process_limit": 4, "include_launchers": True,
         "output_dir": str(tmp_path / "rel"), "token": "tok",
     }
+
+
+def test_align_options_are_validated(kscope_main):
+    code, _out, err = kscope_main("trace", "--job-id", "7", "--iterations", "3", "--no-align",
+                                  "--iteration-roundup", "10")
+    assert code == 2 and "--no-align and --iteration-roundup contradict each other" in err
+    code, _out, err = kscope_main("trace", "--job-id", "7", "--duration-ms", "300", "--no-align")
+    assert code == 2 and "--no-align only applies to --iterations" in err
+
+
+def test_alignment_uses_the_job_step_rate_the_catalog_knows(kscope_main, rpc_server, tmp_path):
+    from kinetoscope.store.catalog import Catalog
+
+    from tests.collect.test_collect_trigger import _listed, fake_daemon
+
+    db = tmp_path / "rate.db"
+    with Catalog.open(str(db)) as cat:  # an earlier trace of job 7, analysed: 1 step per second
+        cat.record_trace_request({"kinetoscope_manifest": 1, "trace_id": "kst-old",
+                                  "files": [{"file": "rank-0_5.pt.trace.json", "rank": 0, "job_id": "7"}]})
+        cat.record_analysis(["kst-old"], {"summary": {"step_time_ms": 1000.0}}, trace_id="kst-old")
+    procs = [{"pid": 11, "rank": 0, "job_id": "7"}, {"pid": 12, "rank": 1, "job_id": "7"}]
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, listing=[_listed(11), _listed(12)])
+    code, out, err = kscope_main("trace", "-H", srv.address, "--job-id", "7", "--iterations", "3",
+                                 "--catalog", str(db), "--json")
+    assert code == 0, err
+    (req,) = [r for r in srv.requests if r["fn"] == "kscopeTrace"]
+    assert req["iteration_roundup"] == 20  # 10 x 1 step/s x (1 s poll + 0.5 s), not the assumed 10 steps/s's 200
+    notes = orjson.loads(out)["notes"]
+    assert "job 7 steps at 1 steps/s (catalog: analysis of kst-old)" in notes
+    assert any("from their 1 s poll interval and the job's 1 steps/s" in n for n in notes), notes

@@ -66,8 +66,10 @@ def test_two_hosts_matched_files_and_manifest(rpc_server, tmp_path):
     hosts = [parse_host(a.address), parse_host(b.address)]
     res = trigger_trace(hosts, Target(job_id=7), TraceOptions(iterations=5), output_dir=str(tmp_path), trace_id="t-1")
     assert res.ok, res.errors
-    assert a.requests[0]["job_id"] == 7 and a.requests[0]["iterations"] == 5
-    assert a.requests[0]["output_dir"] == str(tmp_path)
+    (req,) = [r for r in a.requests if r["fn"] == "kscopeTrace"]
+    assert req["job_id"] == 7 and req["iterations"] == 5
+    assert req["output_dir"] == str(tmp_path)
+    assert req["iteration_roundup"] == 1  # these daemons answer no listing: nothing known to align
     assert [(m.hostname, m.pid, m.rank) for m in res.matched] == [("node-a", 11, 0), ("node-b", 22, 1)]
     assert res.output_dir == str(tmp_path / "t-1")
     manifest = read_manifest(tmp_path / "t-1")
@@ -136,7 +138,8 @@ def test_timeout_names_process_path_and_cause(rpc_server, tmp_path):
                         output_dir=str(tmp_path), trace_id="t-2")
     res = wait_for_trace(res, timeout=0.3, poll_interval=0.05)
     msgs = {e.pid: e.message for e in res.errors}
-    assert [e.kind for e in res.errors] == ["timeout"] * 4
+    # a process the daemon reports dead cannot deliver any more: "exited", not a timeout
+    assert {e.pid: e.kind for e in res.errors} == {11: "timeout", 12: "timeout", 13: "exited", 14: "exited"}
     path11 = str(tmp_path / "t-2" / "rank-0_11.pt.trace.json")
     assert msgs[11].startswith(f"pid 11 (rank 0) on {srv.address}: {path11} did not appear within 0.3 s")
     assert "never picked up the trace config, so it is not polling the daemon" in msgs[11]
@@ -202,3 +205,83 @@ def test_unwritable_manifest_is_a_note_not_a_failure(rpc_server, tmp_path):
     res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100))
     assert res.ok and res.manifest_paths == []
     assert any("could not write manifest.json into" in n for n in res.notes)
+
+
+def _listed(pid: int, job: str = "7", **extra) -> dict:
+    # registered 30 s ago, 30 polls: a 1 s poll interval
+    return {"pid": pid, "pids": [pid, 1], "job_id": job, "registered_s_ago": 30.0, "polls": 30, **extra}
+
+
+def test_iteration_trace_of_several_processes_is_aligned_by_default(rpc_server, tmp_path):
+    from kinetoscope.collect.trigger import align_roundup, nice_ceil
+
+    assert [nice_ceil(v) for v in (0.5, 1, 3, 7, 150, 200, 201)] == [1, 1, 5, 10, 200, 200, 500]
+    assert align_roundup(1.0) == 200 and align_roundup(5.0) == 1000  # 10 x 10 steps/s x (poll + 0.5 s)
+    procs = [{"pid": 11, "rank": 0, "job_id": "7"}, {"pid": 12, "rank": 1, "job_id": "7"}]
+    listing = [_listed(11), _listed(12), _listed(1, is_launcher=True)]
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, listing=listing)
+    res = trigger_trace([parse_host(srv.address)], Target(job_id=7), TraceOptions(iterations=5),
+                        output_dir=str(tmp_path), trace_id="t-al")
+    (req,) = [r for r in srv.requests if r["fn"] == "kscopeTrace"]
+    assert req["iteration_roundup"] == 200 and res.options.iteration_roundup == 200
+    assert res.notes == [
+        "aligning 2 processes: each starts at the next multiple of 200 iterations (--iteration-roundup 200, from "
+        "their 1 s poll interval), so every rank traces the same steps; this waits up to 200 steps first. "
+        "--no-align starts each at its next step"
+    ]
+    assert read_manifest(tmp_path / "t-al").request["options"]["iteration_roundup"] == 200
+
+
+def test_alignment_is_overridable_and_skipped_for_one_process(rpc_server, tmp_path):
+    procs = [{"pid": 11, "rank": 0, "job_id": "7"}, {"pid": 12, "rank": 1, "job_id": "7"}]
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, listing=[_listed(11), _listed(12)])
+    host = [parse_host(srv.address)]
+    cases = [
+        (Target(job_id=7), TraceOptions(iterations=5, align=False), 1),  # --no-align
+        (Target(job_id=7), TraceOptions(iterations=5, iteration_roundup=50), 50),  # explicit
+        (Target(pids=(11,)), TraceOptions(iterations=5), 1),  # one process: nothing to align
+    ]
+    for i, (target, options, expected) in enumerate(cases):
+        res = trigger_trace(host, target, options, output_dir=str(tmp_path), trace_id=f"t-o{i}")
+        req = [r for r in srv.requests if r["fn"] == "kscopeTrace"][-1]
+        assert req["iteration_roundup"] == expected, (i, req)
+        assert not any(n.startswith("aligning") for n in res.notes)
+
+
+def test_stalled_duration_trace_is_reported_without_waiting_out_the_timeout(rpc_server, tmp_path):
+    """The daemon's view of issue 10's lost rank: picked up 20 s ago, Kineto's .tmp still empty,
+    process alive and polling. Others: no .tmp at all; a .tmp with bytes (being written: waited for)."""
+    procs = [{"pid": 11, "rank": 0}, {"pid": 12, "rank": 1}, {"pid": 13, "rank": 2}, {"pid": 14, "rank": 3}]
+    picked = {"delivered": True, "delivered_s_ago": 20.0, "last_poll_s_ago": 0.4}
+    status = {
+        11: {**picked, "writing": True, "tmp_bytes": 0},  # the reported symptom
+        12: {**picked, "writing": False},  # Kineto never started it
+        13: {**picked, "writing": True, "tmp_bytes": 0, "last_poll_s_ago": 19.0},  # hung process
+        14: {**picked, "writing": True, "tmp_bytes": 4096},  # being written
+    }
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, status)
+    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=500),
+                        output_dir=str(tmp_path), trace_id="t-st")
+    res = wait_for_trace(res, timeout=2, poll_interval=0.05)
+    kinds = {e.pid: e.kind for e in res.errors}
+    assert kinds == {11: "stalled", 12: "stalled", 13: "stalled", 14: "timeout"}
+    msgs = {e.pid: e.message for e in res.errors}
+    path11 = str(tmp_path / "t-st" / "rank-0_11.pt.trace.json")
+    assert msgs[11].startswith(f"pid 11 (rank 0) on {srv.address}: {path11} was not written 1")  # 14.5 s
+    assert msgs[11].split(" s after", 1)[1].startswith(" its 500 ms "
+                               "window should have ended: Kineto created rank-0_11.pt.trace.json.tmp (0 bytes) but "
+                               "never wrote the trace, although the process is alive and polling: Kineto dropped "
+                               "the request (torch 2.13 logs 'Not starting tracing - insufficient time for warmup'")
+    assert "Trace again, preferably with --iterations N" in msgs[11]
+    assert "Kineto never started the trace (no rank-1_12.pt.trace.json.tmp)" in msgs[12]
+    assert "then stopped polling the daemon 19 s ago" in msgs[13]
+    assert "did not appear within 2 s" in msgs[14]
+
+
+def test_iteration_trace_is_never_called_stalled(rpc_server, tmp_path):
+    status = {11: {"delivered": True, "delivered_s_ago": 60.0, "last_poll_s_ago": 0.4, "writing": True, "tmp_bytes": 0}}
+    srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0}], status)
+    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(iterations=5),
+                        output_dir=str(tmp_path))
+    res = wait_for_trace(res, timeout=0.5, poll_interval=0.05)
+    assert [e.kind for e in res.errors] == ["timeout"]  # it waits for optimizer steps: nothing to judge

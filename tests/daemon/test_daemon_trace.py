@@ -148,6 +148,10 @@ def test_kscope_trace_end_to_end_with_launcher(daemon, spawn, trace_root):
     for f in st["files"]:
         assert f["exists"] and f["complete"] and f["delivered"] and f["bytes"] > 0
         assert json.loads(Path(f["path"]).read_text())["trace_id"] == "kst-test-1"
+        # what `kscope trace --wait` needs to tell dead/stalled from in progress (added fields)
+        assert isinstance(f["delivered_s_ago"], float) and 0 <= f["delivered_s_ago"] < 60
+        assert isinstance(f["last_poll_s_ago"], float) and f["last_poll_s_ago"] >= 0
+        assert f["tmp_bytes"] is None  # renamed: no .tmp left
     # The rank processes exit after tracing (fake_kineto), the launcher reaps them.
     st = _wait_for(
         lambda: (s := rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "kst-test-1"}))
@@ -220,3 +224,53 @@ def test_kscope_trace_busy_and_process_limit(daemon, spawn, trace_root):
     procs = _processes(daemon.rpc_port)
     assert sum(p["pending"] for p in procs) == 3
     assert {p["pending_trace_id"] for p in procs if p["pending"]} == {"lim", "lim2"}
+
+
+def _handlers(trace_root: str):
+    from kinetoscope.daemon.handlers import RpcHandlers
+    from kinetoscope.daemon.metrics import DaemonMetrics
+    from kinetoscope.daemon.traces import TraceBook
+
+    registry = Registry(info_reader=lambda pid, sender: None)
+    h = RpcHandlers(registry=registry, book=TraceBook(), metrics=DaemonMetrics(), hostname="h", trace_root=trace_root)
+    return registry, h
+
+
+def test_duration_trace_dropped_by_kineto_is_sent_again_once_it_polls_idle(tmp_path):
+    """Kineto that took a duration config and polls idle (type 3) 3 s later with no file dropped
+    it (torch 2.13's late-tick 'Not starting tracing'): the status call queues it again, up to
+    twice. A busy poll (type 1), a written file or an iteration request are left alone."""
+    registry, h = _handlers(str(tmp_path))
+    for pid in (11, 12, 13):
+        registry.poll(7, (pid, 1), 3)
+
+    def status(trace_id):
+        return {f["pid"]: f for f in h.kscope_trace_status({"trace_id": trace_id})["files"]}
+
+    h.kscope_trace({"trace_id": "d-1", "all": True, "duration_ms": 300})
+    got = {pid: registry.poll(7, (pid, 1), 3) for pid in (11, 12, 13)}  # all three pick it up
+    assert all("ACTIVITIES_DURATION_MSECS=300" in text for text in got.values())
+    record = h.book.get("d-1")
+    for tf in record.files:
+        tf.pending.delivered_at -= 4.0  # picked up 4 s ago (the polls below come after that)
+        if tf.process.pid == 12:
+            Path(tf.path).write_text("{}")  # 12 finished its trace
+    registry.poll(7, (11, 1), 3)  # 11: idle again, no file -> dropped
+    registry.poll(7, (12, 1), 3)  # 12: idle, but its file is there
+    registry.poll(7, (13, 1), 1)  # 13: busy (tracing)
+    st = status("d-1")
+    assert {pid: f["retries"] for pid, f in st.items()} == {11: 1, 12: 0, 13: 0}
+    assert st[11]["delivered"] is False and st[11]["delivered_s_ago"] is None  # queued again
+    assert "REQUEST_TRACE_ID=d-1" in registry.poll(7, (11, 1), 3)  # and picked up again
+    for _ in range(3):  # dropped again and again: at most twice
+        next(f for f in record.files if f.process.pid == 11).pending.delivered_at -= 4.0
+        registry.poll(7, (11, 1), 3)
+        status("d-1")
+        registry.poll(7, (11, 1), 3)
+    assert status("d-1")[11]["retries"] == 2
+
+    h.kscope_trace({"trace_id": "i-1", "pids": [13], "iterations": 5})
+    registry.poll(7, (13, 1), 3)
+    h.book.get("i-1").files[0].pending.delivered_at -= 30.0
+    registry.poll(7, (13, 1), 3)  # waiting idle for its iteration: normal
+    assert status("i-1")[13]["retries"] == 0
