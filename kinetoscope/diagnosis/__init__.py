@@ -120,7 +120,10 @@ def diagnose(
         else:
             s_inst = instances.filter(pl.col("step") != first)
             s_bd = bd.filter(pl.col("step") != first)
-    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step)
+    s_inst, s_bd, dropped = common_steps(s_inst, s_bd)
+    if dropped:
+        notes.append(f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out")
+    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped)
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
@@ -147,6 +150,20 @@ def diagnose(
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
     )
+
+
+def common_steps(instances: pl.DataFrame, bd: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Restrict the cross-rank analysis to the steps every rank holds (trace windows of the
+    ranks need not be aligned); returns the filtered tables and how many steps were left out."""
+    if bd.is_empty():
+        return instances, bd, 0
+    n = bd["rank"].n_unique()
+    per = bd.group_by("step").agg(pl.col("rank").n_unique().alias("_n"))
+    keep = per.filter(pl.col("_n") == n)["step"]
+    dropped = per.height - keep.len()
+    if not dropped:
+        return instances, bd, 0
+    return (instances.filter(pl.col("step").is_in(keep.implode())), bd.filter(pl.col("step").is_in(keep.implode())), dropped)
 
 
 def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -> bool:

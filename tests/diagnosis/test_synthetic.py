@@ -93,11 +93,13 @@ def test_single_isolated_late_arrival_is_not_a_pattern():
 
 
 def test_rare_straggler_below_min_lost_fraction_is_none():
-    # 60 ms late in 2 of 40 steps of 100 ms: two events, but 2.9 % of the time lost (< 5 %)
+    # 50 ms late in 2 of 40 steps of 100 ms: two events, but 2.5 % of the time lost (< 3 %; the
+    # floor was 5 % and 60 ms stalls, lowered so that a small persistent delay under several ms
+    # of jitter, which saves 4-6 %, is reported)
     world, steps = 4, 40
     late = [[0.0] * steps for _ in range(world)]
     for s in (9, 30):
-        late[3][s] = 60.0
+        late[3][s] = 50.0
     d = diagnose(make_job(world, steps, late_ms=late))
     assert d.stragglers.straggled_steps == 2
     assert d.stragglers.kind == "none" and "only" in d.stragglers.reason
@@ -211,10 +213,13 @@ def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled):
 
 
 def test_thresholds_are_configurable():
+    # (the absolute floor no longer hides a rank that is last every time: the frequency route
+    # names it; what a verdict must save is the knob for "not worth reporting")
     world, steps = 4, 12
     late = [[30.0 if r == 1 else 0.0] * steps for r in range(world)]
-    d = diagnose(make_job(world, steps, late_ms=late), thresholds=StragglerThresholds(abs_floor_us=50_000))
-    assert d.stragglers.kind == "none"
+    assert diagnose(make_job(world, steps, late_ms=late)).stragglers.kind == "persistent"
+    d = diagnose(make_job(world, steps, late_ms=late), thresholds=StragglerThresholds(min_lost_fraction=0.5))
+    assert d.stragglers.kind == "none" and "save only" in d.stragglers.reason
 
 
 # ---- clock alignment ---------------------------------------------------------------------------------
