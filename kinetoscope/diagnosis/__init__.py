@@ -107,20 +107,20 @@ def diagnose(
     instances = instance_table(colls, clock, steps)
     bd = rank_breakdown(job, steps, instances, clock)
     source = steps["source"].mode().first() if steps.height else None  # type: ignore[union-attr]
-    s_inst, s_bd = instances, bd
+    # cross-rank analysis only on the steps every rank holds (trace windows need not be aligned)
+    s_inst, s_bd, dropped = common_steps(instances, bd)
     first_step: int | None = None
-    if source == "optimizer" and bd.height and bd["step"].n_unique() > 2:
+    if source == "optimizer" and s_bd.height and s_bd["step"].n_unique() > 2:
         # The first optimizer-delimited step starts where the trace starts. On-demand iteration
         # traces start right after an optimizer step, so it is a whole step and kept; a trace
         # that started inside a step (duration traces, a late rank) lacks some of that step's
         # collectives on some rank, and the step is left out of the straggler analysis.
-        first = int(bd["step"].min())  # type: ignore[arg-type]
-        if first_step_complete(instances, bd, first):
+        first = int(s_bd["step"].min())  # type: ignore[arg-type]
+        if first_step_complete(s_inst, s_bd, first):
             first_step = first
         else:
-            s_inst = instances.filter(pl.col("step") != first)
-            s_bd = bd.filter(pl.col("step") != first)
-    s_inst, s_bd, dropped = common_steps(s_inst, s_bd)
+            s_inst = s_inst.filter(pl.col("step") != first)
+            s_bd = s_bd.filter(pl.col("step") != first)
     if dropped:
         notes.append(f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out")
     strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped)

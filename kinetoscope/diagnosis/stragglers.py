@@ -462,7 +462,7 @@ def analyze_stragglers(
                 f"rank {mx.ranks[top]} at {k}/{rep.instances} collectives, chance {100 * r0.p0:.0f}%)"
             )
         return rep
-    order = sorted(named, key=lambda nm: -float(nm.rnd.imposed[:, mx.ranks.index(nm.rank)].sum()))
+    order = named  # naming order: each rank is the one that explained most once the previous were fixed
     if persistent:
         rep.kind = "persistent"
         rep.ranks = [nm.rank for nm in order if nm in persistent]
@@ -486,41 +486,85 @@ def analyze_stragglers(
 def _name_ranks(
     mx: _Matrix, r0: _Round, th: StragglerThresholds, total_T: float, thr_p: np.ndarray, thr_i: np.ndarray, sigma: float
 ) -> list[_Named]:
-    """Greedy what-if over sets: name ranks round by round (module docstring)."""
+    """Greedy what-if over sets: name ranks round by round (module docstring); when no single
+    rank passes, a pair of ranks that are each last far more often than chance and together
+    save enough is named (two stragglers that alternate as the last one each impose little
+    alone)."""
     named: list[_Named] = []
     fixed: set[int] = set()
     rnd = r0
     n_inst = mx.A.shape[0]
+    floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
     while len(named) < min(th.max_named, len(mx.ranks) - 1):
-        tot = rnd.imposed.sum(axis=0)
-        round_total = float(tot.sum())
-        worst = rnd.step_imposed.max(axis=1)
-        pick = None
-        for j in np.argsort(-tot, kind="stable"):
-            r = mx.ranks[int(j)]
-            if r in fixed or tot[j] <= 0:
-                continue
-            k = int(rnd.last[:, j].sum())
-            p = binom_sf(k, n_inst, rnd.p0)
-            freq = (
-                p < th.alpha
-                and _steady_effect(rnd, j) >= th.min_rank_effect * total_T
-                and tot[j] >= th.min_share * round_total
-            )
-            top = rnd.step_imposed[:, j] >= th.rel_to_worst * worst
-            ev = int(((rnd.step_imposed[:, j] >= thr_i) & top).sum())
-            big = int(((rnd.step_imposed[:, j] >= thr_p) & top).sum())
-            if freq or ev >= 1:
-                floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
-                late = top & (rnd.step_imposed[:, j] >= (floor if freq else thr_i))
-                pick = _Named(r, freq, ev, big, late, rnd, p, k)
-                break
-        if pick is None:
+        picks = _single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor) or _pair(mx, rnd, fixed, th, total_T, floor)
+        if not picks:
             break
-        named.append(pick)
-        fixed.add(pick.rank)
+        named += picks
+        fixed |= {nm.rank for nm in picks}
         rnd = _round(mx, fixed, th.tie_us * 1000.0)
     return named
+
+
+def _single(
+    mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float,
+    thr_p: np.ndarray, thr_i: np.ndarray, floor: float,
+) -> list[_Named]:
+    """The rank imposing the most wait that passes the frequency or the magnitude route."""
+    n_inst = mx.A.shape[0]
+    tot = rnd.imposed.sum(axis=0)
+    round_total = float(tot.sum())
+    worst = rnd.step_imposed.max(axis=1)
+    for j in np.argsort(-tot, kind="stable"):
+        r = mx.ranks[int(j)]
+        if r in fixed or tot[j] <= 0:
+            continue
+        k = int(rnd.last[:, j].sum())
+        p = binom_sf(k, n_inst, rnd.p0)
+        freq = (
+            p < th.alpha
+            and _steady_effect(rnd, int(j)) >= th.min_rank_effect * total_T
+            and tot[j] >= th.min_share * round_total
+        )
+        top = rnd.step_imposed[:, j] >= th.rel_to_worst * worst
+        ev = int(((rnd.step_imposed[:, j] >= thr_i) & top).sum())
+        big = int(((rnd.step_imposed[:, j] >= thr_p) & top).sum())
+        if freq or ev >= 1:
+            late = top & (rnd.step_imposed[:, j] >= (floor if freq else thr_i))
+            return [_Named(r, freq, ev, big, late, rnd, p, k)]
+    return []
+
+
+def _pair(
+    mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float, top_k: int = 6
+) -> list[_Named]:
+    """Two ranks, each last far more often than chance, whose joint what-if saves at least
+    twice ``min_rank_effect`` of the step time (the best such pair among the ``top_k`` most
+    often last)."""
+    n_inst = mx.A.shape[0]
+    cands = []
+    for j, r in enumerate(mx.ranks):
+        k = int(rnd.last[:, j].sum())
+        p = binom_sf(k, n_inst, rnd.p0)
+        if r not in fixed and p < th.alpha:
+            cands.append((k, j, p))
+    cands = sorted(cands, reverse=True)[:top_k]
+    base = _waiting_fixed(mx, fixed)
+    best: tuple[float, int, int, np.ndarray] | None = None
+    for x in range(len(cands)):
+        for y in range(x + 1, len(cands)):
+            a, b = mx.ranks[cands[x][1]], mx.ranks[cands[y][1]]
+            saved = np.clip(base - _waiting_fixed(mx, fixed | {a, b}), 0, None)
+            if best is None or saved.sum() > best[0]:
+                best = (float(saved.sum()), x, y, saved)
+    if best is None or best[0] < 2 * th.min_rank_effect * total_T:
+        return []
+    out = []
+    for c in (cands[best[1]], cands[best[2]]):
+        k, j, p = c
+        in_step = np.bincount(mx.step_idx[rnd.last[:, j]], minlength=len(mx.steps)) > 0
+        late = (best[3] >= floor) & in_step
+        out.append(_Named(mx.ranks[j], True, 0, 0, late, rnd, p, k))
+    return out
 
 
 def _steady_effect(rnd: _Round, j: int) -> float:
