@@ -53,7 +53,7 @@ def short_cause(cause: dict[str, Any] | None) -> str:
         return f"its compute {c['ratio']:.2f}x the peers' median" if c.get("ratio") else "its compute is slower"
     label = {"dataloader": "data loading", "host_gap": "host gaps", "transfer": "transfer"}.get(str(by))
     if label:
-        return f"{label} +{comp[by]['excess_ms']:.1f} ms per step vs peers"
+        return f"{label} +{comp[by]['excess_ms']:.1f} ms per late step vs peers"
     return "not explained by profiled work (suspect its host or link)"
 
 
@@ -202,8 +202,10 @@ class Diagnosis(Mapping):
         for r in s.ranks:
             row = s.rank_row(r)
             host = f" (host {s.hosts.get(r)})" if s.hosts.get(r) else ""
+            share = (f"{_pct(row.get('lost_share'))} of the time lost" if len(s.ranks) > 1
+                     else f"{_pct(row.get('imposed_share'))} of the imposed wait")
             segs.append(
-                f"rank {r}{host}: {_pct(row.get('imposed_share'))} of the waiting, last at "
+                f"rank {r}{host}: {share}, last at "
                 f"{row.get('last_count')}/{row.get('instances')} collectives, late in "
                 f"{row.get('late_steps')}/{row.get('steps')} steps, {short_cause(s.causes.get(r))}"
             )
@@ -268,13 +270,14 @@ class Diagnosis(Mapping):
         out += self.summary()
         with pl.Config(tbl_rows=max_rows, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=40, tbl_hide_dataframe_shape=True):
             if self.stragglers.per_rank.height:
-                out += ["", "Per rank (lateness = arrival after the typical rank at collectives; score = share of job time others waited for it)"]
+                out += ["", "Per rank (imposed = how much earlier the collectives would end had the rank arrived like the "
+                        "next-latest one; whatif_saving = per step, had only this rank arrived like the typical rank)"]
                 out.append(str(self.stragglers.per_rank.select(
-                    "rank", "host", "late_steps", "late_share", "mean_lateness(us)", "score",
-                    "mean_self_time(us)", "mean_compute(us)", "compute_vs_median", "mean_sync_wait(us)",
+                    "rank", "host", "role", "last_count", "instances", "p_value", "imposed_wait(us)", "imposed_share",
+                    "whatif_saving(us)", "late_steps", "mean_lateness(us)", "compute_vs_median",
                 )))
             if self.stragglers.per_step.height:
-                out += ["", "Per step (what-if: est_step_time = step_time - excess caused by flagged ranks)"]
+                out += ["", "Per step (what-if: est_step_time = step_time - excess saved had the named ranks arrived like the typical rank)"]
                 out.append(str(self.stragglers.per_step))
             if self.clock.table.height:
                 out += ["", f"Clock alignment (reference rank {self.clock.reference}; add offset_us to a rank's times)"]

@@ -110,6 +110,7 @@ PER_RANK_SCHEMA: dict[str, pl.DataType] = {
     "imposed_share": pl.Float64(),
     "whatif_saving(us)": pl.Float64(),
     "role": pl.String(),
+    "lost_share": pl.Float64(),
 }
 
 PER_STEP_SCHEMA: dict[str, pl.DataType] = {
@@ -443,7 +444,8 @@ def analyze_stragglers(
     rep.straggled_steps = int((rep.per_step["late_ranks"].list.len() > 0).sum())
     rep.confidence = _confidence(rep, th, named)
     roles = {nm.rank: ("persistent" if nm in persistent else "intermittent") for nm in named}
-    rep.per_rank = _per_rank(bd, hosts, mx, {nm.rank: nm for nm in named}, roles, final=final, T_ns=T_ns)
+    rep.per_rank = _per_rank(bd, hosts, mx, {nm.rank: nm for nm in named}, roles, final=final, T_ns=T_ns,
+                             lost_share=_lost_shares(mx, [nm.rank for nm in named], r0.waiting))
     if named:
         rep.next_ranks = _next_ranks(mx, final, fixed, T_ns)
     lost = rep.lost_fraction or 0.0
@@ -478,7 +480,8 @@ def analyze_stragglers(
     )
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
     rep.reason = _reason(rep, named, mx)
-    rep.causes = {r: rank_cause(bd, r) for r in rep.ranks}
+    late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late)] for nm in named}
+    rep.causes = {r: rank_cause(bd, r, late_of.get(r)) for r in rep.ranks}
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     return rep
 
@@ -495,56 +498,77 @@ def _name_ranks(
     rnd = r0
     n_inst = mx.A.shape[0]
     floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
+    quiet = np.ones(len(mx.steps), dtype=bool)
     while len(named) < min(th.max_named, len(mx.ranks) - 1):
-        picks = _single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor) or _pair(mx, rnd, fixed, th, total_T, floor)
+        picks = (_single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor, quiet)
+                 or _pair(mx, rnd, fixed, th, total_T, floor, quiet))
         if not picks:
             break
         named += picks
         fixed |= {nm.rank for nm in picks}
+        for nm in picks:  # a stall perturbs everybody's arrivals: no frequency evidence from its steps
+            if not nm.freq:
+                quiet &= ~nm.late
         rnd = _round(mx, fixed, th.tie_us * 1000.0)
     return named
 
 
+def _frequency(rnd: _Round, j: int, qi: np.ndarray) -> tuple[int, float]:
+    """Rank ``j``'s last count and binomial p-value over the instances ``qi`` (quiet steps)."""
+    n = int(qi.sum())
+    k = int(rnd.last[qi, j].sum())
+    size = rnd.last[qi].sum(axis=1)
+    p0 = float(size.mean()) / rnd.last.shape[1] if n and size.any() else 1.0 / rnd.last.shape[1]
+    return k, binom_sf(k, n, min(p0, 1.0))
+
+
 def _single(
     mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float,
-    thr_p: np.ndarray, thr_i: np.ndarray, floor: float,
+    thr_p: np.ndarray, thr_i: np.ndarray, floor: float, quiet: np.ndarray,
 ) -> list[_Named]:
-    """The rank imposing the most wait that passes the frequency or the magnitude route."""
-    n_inst = mx.A.shape[0]
+    """The rank imposing the most wait that passes the frequency or the magnitude route. The
+    frequency route reads only the quiet steps (no stall of a rank named by magnitude)."""
     tot = rnd.imposed.sum(axis=0)
-    round_total = float(tot.sum())
     worst = rnd.step_imposed.max(axis=1)
     for j in np.argsort(-tot, kind="stable"):
         r = mx.ranks[int(j)]
         if r in fixed or tot[j] <= 0:
             continue
-        k = int(rnd.last[:, j].sum())
-        p = binom_sf(k, n_inst, rnd.p0)
-        freq = (
-            p < th.alpha
-            and _steady_effect(rnd, int(j)) >= th.min_rank_effect * total_T
-            and tot[j] >= th.min_share * round_total
-        )
         top = rnd.step_imposed[:, j] >= th.rel_to_worst * worst
-        ev = int(((rnd.step_imposed[:, j] >= thr_i) & top).sum())
+        events = (rnd.step_imposed[:, j] >= thr_i) & top
+        # frequency evidence from steps without a stall, its own or a named rank's
+        own_quiet = quiet & ~events
+        qi = own_quiet[mx.step_idx]
+        k_q, p_q = _frequency(rnd, int(j), qi)
+        freq = (
+            p_q < th.alpha
+            and _steady_effect(rnd, int(j), own_quiet) >= th.min_rank_effect * total_T
+            and float(rnd.imposed[qi, j].sum()) >= th.min_share * float(rnd.imposed[qi].sum())
+        )
+        ev = int(events.sum())
         big = int(((rnd.step_imposed[:, j] >= thr_p) & top).sum())
         if freq or ev >= 1:
-            late = top & (rnd.step_imposed[:, j] >= (floor if freq else thr_i))
+            steady_big = big >= th.persistent_share * len(mx.steps) and len(mx.steps) >= 2
+            if freq:
+                late = events | (top & (rnd.step_imposed[:, j] >= floor) & own_quiet)
+            else:  # by magnitude: late beyond the persistent threshold when that is its pattern
+                late = top & (rnd.step_imposed[:, j] >= thr_p) if steady_big else events
+            k, p = _frequency(rnd, int(j), np.ones(len(mx.step_idx), dtype=bool))
             return [_Named(r, freq, ev, big, late, rnd, p, k)]
     return []
 
 
 def _pair(
-    mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float, top_k: int = 6
+    mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float,
+    quiet: np.ndarray, top_k: int = 6,
 ) -> list[_Named]:
     """Two ranks, each last far more often than chance, whose joint what-if saves at least
     twice ``min_rank_effect`` of the step time (the best such pair among the ``top_k`` most
     often last)."""
-    n_inst = mx.A.shape[0]
+    qi = quiet[mx.step_idx]
     cands = []
     for j, r in enumerate(mx.ranks):
-        k = int(rnd.last[:, j].sum())
-        p = binom_sf(k, n_inst, rnd.p0)
+        k, p = _frequency(rnd, j, qi)
         if r not in fixed and p < th.alpha:
             cands.append((k, j, p))
     cands = sorted(cands, reverse=True)[:top_k]
@@ -553,7 +577,7 @@ def _pair(
     for x in range(len(cands)):
         for y in range(x + 1, len(cands)):
             a, b = mx.ranks[cands[x][1]], mx.ranks[cands[y][1]]
-            saved = np.clip(base - _waiting_fixed(mx, fixed | {a, b}), 0, None)
+            saved = np.where(quiet, np.clip(base - _waiting_fixed(mx, fixed | {a, b}), 0, None), 0.0)
             if best is None or saved.sum() > best[0]:
                 best = (float(saved.sum()), x, y, saved)
     if best is None or best[0] < 2 * th.min_rank_effect * total_T:
@@ -567,12 +591,15 @@ def _pair(
     return out
 
 
-def _steady_effect(rnd: _Round, j: int) -> float:
-    """Rank ``j``'s imposed wait without its single largest step (one step: without its largest
-    instance): the frequency route must not borrow its effect size from one stall."""
-    per_step = rnd.step_imposed[:, j]
+def _steady_effect(rnd: _Round, j: int, quiet: np.ndarray) -> float:
+    """Rank ``j``'s imposed wait in the quiet steps without its single largest step (one step:
+    without its largest instance): the frequency route must not borrow its effect size from
+    one stall."""
+    per_step = rnd.step_imposed[quiet, j]
     if per_step.size >= 2:
         return float(per_step.sum() - per_step.max())
+    if per_step.size == 0:
+        return 0.0
     per_inst = rnd.imposed[:, j]
     return float(per_step.sum()) * (float(per_inst.sum() - per_inst.max()) / float(per_inst.sum())) if per_inst.sum() > 0 else 0.0
 
@@ -608,6 +635,20 @@ def _per_step(
             "max_imposed(us)": float(r0.step_imposed[k].max()) / 1000.0 if mx.ranks else 0.0,
         })
     return pl.DataFrame(rows, schema=PER_STEP_SCHEMA, orient="row")
+
+
+def _lost_shares(mx: _Matrix, order: list[int], waiting: np.ndarray) -> dict[int, float]:
+    """Each named rank's share of the time the named ranks cost: its marginal what-if saving
+    in naming order (fixing it after the ranks named before it) over the saving of all."""
+    out: dict[int, float] = {}
+    prev, fixed = float(waiting.sum()), set()
+    total = prev - float(_waiting_fixed(mx, set(order)).sum())
+    for r in order:
+        fixed.add(r)
+        now = float(_waiting_fixed(mx, fixed).sum())
+        out[r] = (prev - now) / total if total > 0 else 0.0
+        prev = now
+    return out
 
 
 def _confidence(rep: StragglerReport, th: StragglerThresholds, named: list[_Named]) -> str:
@@ -671,12 +712,15 @@ _CAUSE_COLUMNS = {
 }
 
 
-def rank_cause(bd: pl.DataFrame, r: int) -> dict[str, Any]:
+def rank_cause(bd: pl.DataFrame, r: int, steps: list[int] | None = None) -> dict[str, Any]:
     """Why rank ``r`` is late, compared with its peers: per-step means of compute, data loading,
     host gaps (CPU: idle host time; GPU: launch gaps) and own transfer time, each against the
-    median of the other ranks; the component whose excess explains at least half of the rank's
-    mean lateness is the cause (else: outside profiled work)."""
+    median of the other ranks, over ``steps`` (the steps it was late in; all when empty); the
+    component whose excess explains at least half of the rank's mean lateness there is the
+    cause (else: outside profiled work)."""
     gpu = bd["launch_gap(us)"].null_count() < bd.height
+    if steps:
+        bd = bd.filter(pl.col("step").is_in(steps))
     cols = dict(_CAUSE_COLUMNS)
     if gpu:
         cols["host_gap"] = ("launch_gap(us)", "GPU idle waiting for the host to launch work")
@@ -721,6 +765,7 @@ def _per_rank(
     roles: dict[int, str],
     final: _Round | None = None,
     T_ns: np.ndarray | None = None,
+    lost_share: dict[int, float] | None = None,
 ) -> pl.DataFrame:
     if bd.is_empty():
         return pl.DataFrame(schema=PER_RANK_SCHEMA)
@@ -767,6 +812,7 @@ def _per_rank(
             pl.col("late_steps").fill_null(0),
             (pl.col("mean_compute(us)") / med).alias("compute_vs_median") if med else pl.lit(None, dtype=pl.Float64).alias("compute_vs_median"),
             pl.col("rank").map_elements(lambda r: hosts.get(r), return_dtype=pl.String).alias("host"),
+            pl.col("rank").replace_strict(lost_share or {}, default=None, return_dtype=pl.Float64).alias("lost_share"),
         )
         .with_columns((pl.col("late_steps") / pl.col("steps")).alias("late_share"))
     )

@@ -178,9 +178,9 @@ def test_every_number_in_the_verdict_belongs_to_the_rank_it_names():
     for seg in segments:
         r = int(re.match(r"rank (\d+)", seg).group(1))
         row = s.rank_row(r)
-        m = re.search(r"([\d.]+)% of the waiting, last at (\d+)/(\d+) collectives, late in (\d+)/(\d+) steps", seg)
+        m = re.search(r"([\d.]+)% of the time lost, last at (\d+)/(\d+) collectives, late in (\d+)/(\d+) steps", seg)
         assert m, seg
-        assert float(m.group(1)) == pytest.approx(100 * row["imposed_share"], abs=0.051)
+        assert float(m.group(1)) == pytest.approx(100 * row["lost_share"], abs=0.051)
         assert int(m.group(2)) == row["last_count"] and int(m.group(3)) == row["instances"]
         assert int(m.group(4)) == row["late_steps"] and int(m.group(5)) == row["steps"]
         cause = s.causes[r]
