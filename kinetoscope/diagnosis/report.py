@@ -196,7 +196,7 @@ class Diagnosis(Mapping):
 
     def _named_line(self) -> str:
         s = self.stragglers
-        plural = "S" if len(s.ranks) > 1 else ""
+        plural = "S" if len(s.ranks) > 1 or s.kind == "intermittent" else ""  # (the intermittent head has always been plural)
         head = f"{s.kind.upper()} STRAGGLER{plural}"
         segs = []
         for r in s.ranks:
