@@ -209,7 +209,7 @@ class Diagnosis(Mapping):
                 f"{row.get('last_count')}/{row.get('instances')} collectives, late in "
                 f"{row.get('late_steps')}/{row.get('steps')} steps, {short_cause(s.causes.get(r))}"
             )
-        pattern = f" [{s.pattern}]" if s.pattern and s.pattern != "steady" else ""
+        pattern = f" ({s.pattern})" if s.pattern and s.pattern != "steady" else ""
         return f"{head}{pattern}: " + "; ".join(segs) + "."
 
     def _what_if_line(self) -> str:

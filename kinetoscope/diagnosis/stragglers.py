@@ -404,10 +404,14 @@ def analyze_stragglers(
         return factor * max(floor_p, th.rel_step * clean_ref), factor * max(floor, th.rel_step_intermittent * clean_ref)
 
     thr_p, thr_i = thresholds_for(sigma)
-    # Frequent stalls inflate sigma (with two ranks every stall moves both skews): once events
-    # are found in at most half of the steps, sigma is measured again without those steps, once.
-    ev_steps = np.flatnonzero((r0.step_imposed >= thr_i[:, None]).any(axis=1))
-    if len(ev_steps) >= th.min_events and len(ev_steps) <= len(steps) / 2:
+    # Frequent stalls inflate sigma (with two ranks every stall moves both skews): the steps with
+    # a candidate event (half the event threshold's noise term) are left out and sigma measured
+    # again, once, when they are at most half of the steps. The MAD barely moves when a few
+    # steps of a clean job are left out; it drops when stalls hit a third of the steps.
+    cand = np.maximum(factor * max(0.5 * th.k_sigma * sigma, th.abs_floor_us * 1000.0),
+                      factor * th.rel_step_intermittent * clean_ref)
+    ev_steps = np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1))
+    if 1 <= len(ev_steps) <= len(steps) / 2:
         keep = [s for k, s in enumerate(steps) if k not in set(ev_steps.tolist())]
         sigma2 = noise_sigma(inst.filter(pl.col("step").is_in(keep)))
         if 0 < sigma2 < sigma:
