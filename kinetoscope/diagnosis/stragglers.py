@@ -439,10 +439,14 @@ def analyze_stragglers(
     n_units_steps = len(steps) >= th.min_steps_confident
     persistent, intermittent = [], []
     for nm in named:
-        units_last = (nm.late.mean() if n_units_steps else nm.rnd.last[:, mx.ranks.index(nm.rank)].mean())
-        steady = nm.freq and units_last >= th.persistent_share
-        big = nm.big_steps >= th.persistent_share * len(steps) and len(steps) >= 2
-        (persistent if steady or big else intermittent).append(nm)
+        (persistent if _is_persistent(nm, mx, th, n_units_steps) else intermittent).append(nm)
+    # a steady small skew whose time is mostly lost in a few spikes: the spikes are what to fix,
+    # reported as intermittent (pattern "steady skew with spikes")
+    skew_spikes = [nm for nm in persistent if _spike_share(nm, mx, th) >= 0.5]
+    persistent = [nm for nm in persistent if nm not in skew_spikes]
+    intermittent += skew_spikes
+    skew_spikes += [nm for nm in intermittent if nm not in skew_spikes and n_units_steps
+                    and nm.late.mean() >= th.persistent_share and _spike_share(nm, mx, th) >= 0.5]
     final = _round(mx, fixed, th.tie_us * 1000.0)
     rep.per_step = _per_step(mx, r0, T_ns, excess, thr_i, thr_p, bd, per_step_late)
     rep.straggled_steps = int((rep.per_step["late_ranks"].list.len() > 0).sum())
@@ -477,7 +481,7 @@ def analyze_stragglers(
         rep.kind = "intermittent"
         rep.ranks = [nm.rank for nm in order]
         rep.intermittent_ranks = list(rep.ranks)
-    rep.pattern = _pattern(rep, persistent, mx, th)
+    rep.pattern = _pattern(persistent, skew_spikes, mx, th)
     counts = {nm.rank: int(nm.late.sum()) for nm in intermittent}
     rep.recurrent_ranks = sorted(
         r for r, c in counts.items() if c >= 3 and c / max(rep.straggled_steps, 1) >= th.recurrent_concentration
@@ -524,6 +528,20 @@ def _frequency(rnd: _Round, j: int, qi: np.ndarray) -> tuple[int, float]:
     size = rnd.last[qi].sum(axis=1)
     p0 = float(size.mean()) / rnd.last.shape[1] if n and size.any() else 1.0 / rnd.last.shape[1]
     return k, binom_sf(k, n, min(p0, 1.0))
+
+
+def _is_persistent(nm: _Named, mx: _Matrix, th: StragglerThresholds, by_steps: bool) -> bool:
+    """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
+    and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
+    instance): with two ranks, 6 late steps of 10 are what chance gives one of them."""
+    if by_steps:
+        k, n, p0 = int(nm.late.sum()), len(nm.late), 1.0 / len(mx.ranks)
+    else:
+        j = mx.ranks.index(nm.rank)
+        k, n, p0 = int(nm.rnd.last[:, j].sum()), nm.rnd.last.shape[0], nm.rnd.p0
+    if n == 0 or k / n < th.persistent_share or binom_sf(k, n, p0) >= th.alpha:
+        return False
+    return nm.freq or nm.big_steps >= th.persistent_share * len(mx.steps)
 
 
 def _single(
@@ -663,14 +681,23 @@ def _confidence(rep: StragglerReport, th: StragglerThresholds, named: list[_Name
     return "medium" if rep.instances >= 8 else "low"
 
 
-def _pattern(rep: StragglerReport, persistent: list[_Named], mx: _Matrix, th: StragglerThresholds) -> str:
+def _spike_share(nm: _Named, mx: _Matrix, th: StragglerThresholds) -> float:
+    """Share of a rank's imposed wait that falls in its spike steps (steps imposing more than
+    ``spike_factor`` times its median step); 0 with fewer than ``min_steps_confident`` steps."""
+    per_step = nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)]
+    med = float(np.median(per_step))
+    if len(per_step) < th.min_steps_confident or med <= 0 or per_step.sum() <= 0:
+        return 0.0
+    return float(per_step[per_step > th.spike_factor * med].sum() / per_step.sum())
+
+
+def _pattern(persistent: list[_Named], skew_spikes: list[_Named], mx: _Matrix, th: StragglerThresholds) -> str:
+    if skew_spikes:
+        return "steady skew with spikes"
     if not persistent:
         return "bursts"
-    for nm in persistent:
-        per_step = nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)]
-        med = float(np.median(per_step))
-        if len(per_step) >= th.min_steps_confident and med > 0 and float(per_step.max()) > th.spike_factor * med:
-            return "steady with spikes"
+    if any(_spike_share(nm, mx, th) > 0 for nm in persistent):
+        return "steady with spikes"
     return "steady"
 
 

@@ -195,11 +195,13 @@ def test_one_rank_late_in_a_few_steps_is_named():
     assert rec["action"].startswith("Only rank 2 was late") and "hierarchical SGD" in rec["action"]
 
 
-@pytest.mark.parametrize("straggled", [range(12), (1, 2, 3, 5, 6, 8, 10, 11)])
-def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled):
+@pytest.mark.parametrize(("straggled", "kind"), [(range(12), "persistent"), ((1, 2, 3, 5, 6, 8, 10, 11), "intermittent")])
+def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled, kind):
     # the demo's persistent mode (rank 1 sleeps U(50, 200) ms every step), and an intermittent
     # one that hit 8 of 12 steps: both ranks' skews vary with the delay, sigma follows
-    # (tens of ms); lateness beyond a whole clean step in most steps is still persistent
+    # (tens of ms); the rank is found all the same. The second used to be expected
+    # "persistent"; with two ranks one of them is the late one in 6 of 12 steps by chance, and
+    # 8 of 12 is not far more than that (binomial p = 0.19): it is what it was injected as.
     world, steps = 2, 12
     rng = np.random.default_rng(2)
     late = [[0.0] * steps, [float(rng.uniform(50, 200)) if st in straggled else 0.0 for st in range(steps)]]
@@ -207,7 +209,7 @@ def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled):
     period = [30.0 + late[1][st] for st in range(steps)]  # each step stretched by its delay
     s = diagnose(make_job(world, steps, late_ms=late, period_ms=period, compute_ms=[20.0] * world, jitter_ns=jit)).stragglers
     assert s.sigma_us > 10_000  # the noise estimate is inflated ...
-    assert s.kind == "persistent" and s.ranks == [1]  # ... and the straggler found all the same
+    assert s.kind == kind and s.ranks == [1]  # ... and the straggler found all the same
     row = s.per_rank.filter(pl.col("rank") == 1).row(0, named=True)
     assert row["late_steps"] == len(straggled)
 
