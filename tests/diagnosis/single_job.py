@@ -5,6 +5,9 @@ sleeps ``LOAD_MS`` per batch (emulated I/O: the job is input-bound by constructi
 with ``torch.profiler`` CPU activity around the loop without ``prof.step()`` (only the
 ``Optimizer.step#SGD.step`` annotations mark steps, as in on-demand traces) and written to
 ``OUT/train.pt.trace.json``: a file name with no rank in it.
+
+``--serve SECONDS``: no profiler code at all; train until SECONDS have passed (or ``OUT/stop``
+exists), printing ``STEP n`` per step: to be traced on demand through a daemon.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ STEPS = 8
 LOAD_MS = 15.0
 
 
-def main(out: str) -> int:
+def main(out: str, serve_s: float = 0.0) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -36,6 +39,26 @@ def main(out: str) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     it = iter(torch.utils.data.DataLoader(Slow(), batch_size=16))
+
+    def step() -> None:
+        nonlocal it
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = iter(torch.utils.data.DataLoader(Slow(), batch_size=16))
+            x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    if serve_s > 0:
+        deadline, n = time.monotonic() + serve_s, 0
+        while time.monotonic() < deadline and not os.path.exists(os.path.join(out, "stop")):
+            step()
+            n += 1
+            print(f"STEP {n}", flush=True)
+        return 0
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(STEPS):
             x, y = next(it)
@@ -49,4 +72,5 @@ def main(out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    serve = float(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--serve" else 0.0
+    sys.exit(main(sys.argv[1], serve))
