@@ -60,8 +60,9 @@ class CpuScenario:
         return a
 
 
-# type -> (mode, number of hit ranks, ms, expected kind). Steps are ~40-70 ms (30 ms emulated I/O
-# per batch on every rank plus compute, slower under load); "small" is <= 8 % of a step.
+# type -> (mode, number of hit ranks, ms, expected kind). Steps are ~40-120 ms (30 ms emulated
+# I/O per batch on every rank plus compute, slower with more ranks and under load); "small" is
+# <= 8 % of a step.
 CPU_TYPES: dict[str, tuple[str, int, float, str]] = {
     "clean": ("none", 0, 0.0, "none"),
     "persistent": ("sleep", 1, 30.0, "persistent"),
@@ -141,5 +142,11 @@ def run(sc: CpuScenario, workdir: Path, timeout_s: float = 240.0) -> tuple[list[
 
 
 def _median_step_ms(job: TrainingJob, world: int, steps: list[int]) -> float:
-    durs = sorted(s["dur_ms"] for r in range(world) for s in job.step_log(r) if s["step"] in set(steps))
-    return round(durs[len(durs) // 2], 1) if durs else 0.0
+    """Median wall time from one step's start to the next (batch loading included), traced steps."""
+    want = set(steps)
+    gaps = []
+    for r in range(world):
+        log = {s["step"]: s["t0"] for s in job.step_log(r)}
+        gaps += [(log[k + 1] - log[k]) * 1000.0 for k in sorted(want) if k in log and k + 1 in log]
+    gaps.sort()
+    return round(gaps[len(gaps) // 2], 1) if gaps else 0.0

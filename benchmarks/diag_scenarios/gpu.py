@@ -321,13 +321,16 @@ def available_bases() -> list[str]:
     return [n for n, (p, _w) in BASES.items() if p.exists()]
 
 
-def scenarios(per_type: int, bases: list[str] | None = None) -> list[Scenario]:
-    """``per_type`` scenarios of every type, cycling over bases and their world sizes."""
+def scenarios(per_type: int, bases: list[str] | None = None, types: list[str] | None = None) -> list[Scenario]:
+    """``per_type`` scenarios of every type (or of ``types``), cycling over bases and their world
+    sizes (``persistent2``: world sizes >= 4 only)."""
     combos = [(b, w) for b in (bases or available_bases()) for w in BASES[b][1]]
     out = []
-    for t in TYPES:
+    for t in types or TYPES:
+        # two stragglers among 2 or 3 ranks leave no typical rank to compare them with
+        mine = [(b, w) for b, w in combos if w >= 4] if t == "persistent2" else combos
         for k in range(per_type):
-            b, w = combos[k % len(combos)]
+            b, w = mine[k % len(mine)]
             out.append(make_scenario(t, b, w, k))
     return out
 
