@@ -45,8 +45,6 @@ def test_ground_truth_is_one_straggler_holding_92_percent(truth):
     assert truth.last_count[7] == 5  # last at 5 of the 8 instances
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: main names 6 ranks (persistent share counted before the "
-                   "'>= half of the worst' filter, one step); the diag branch's rewrite fixes it")
 def test_analyze_names_exactly_the_ground_truth_stragglers(truth):
     proc = subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", "analyze", "--json", str(DLRM8)],
