@@ -30,7 +30,7 @@ what-if for a set ``S`` of ranks
     minus the waiting with ``S`` fixed. ``lost_fraction = saved(named ranks) / sum of step
     times``; ``skew_fraction = waiting / sum of step times`` (perfect synchrony).
 chance of being last
-    ``p0 = mean |G_i| / N``; ``p_value`` = one-sided binomial ``P(X >= k)`` for a rank in the
+    ``p0 = mean |G_i| / N'`` (``N'``: the ranks not yet named); ``p_value`` = one-sided binomial ``P(X >= k)`` for a rank in the
     last group at ``k`` of ``n`` instances.
 naming (greedy what-if over sets)
     round by round, with the ranks named so far fixed (what-if), the rank imposing the most wait
@@ -76,15 +76,15 @@ class StragglerThresholds:
     persistent_noise_cap: float = 1.0
     rel_to_worst: float = 0.5
     abs_floor_us: float = 100.0
-    min_lost_fraction: float = 0.03
+    min_lost_fraction: float = 0.015
     min_events: int = 2
     persistent_share: float = 0.5
     recurrent_concentration: float = 0.6
     min_steps_confident: int = 4
     alpha: float = 0.01
-    min_rank_effect: float = 0.02
+    min_rank_effect: float = 0.01
     min_share: float = 0.2
-    tie_us: float = 10.0
+    tie_us: float = 0.5
     spike_factor: float = 4.0
     max_named: int = 8
 
@@ -306,6 +306,7 @@ class _Round:
     step_imposed: np.ndarray  # float [step, rank] (ns): union per step
     waiting: np.ndarray  # float [step] (ns): union of [m, L]
     p0: float
+    free: int  # ranks not fixed: the chance of being last is 1 / free without ties
 
 
 def _round(mx: _Matrix, fixed: set[int], tie_ns: float) -> _Round:
@@ -326,8 +327,9 @@ def _round(mx: _Matrix, fixed: set[int], tie_ns: float) -> _Round:
     for j in range(n):
         step_imposed[:, j] = union_by_group(mx.step_idx, L - imposed[:, j], L, n_steps)
     waiting = union_by_group(mx.step_idx, mx.m.astype(np.float64), L, n_steps)
-    p0 = float(size.mean()) / n if n_inst and size.any() else 1.0 / max(n, 1)
-    return _Round(last, imposed, step_imposed, waiting, min(p0, 1.0))
+    free = max(n - len(fixed & set(mx.ranks)), 1)  # fixed ranks arrive like the typical rank: never last
+    p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
+    return _Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free)
 
 
 def _waiting_fixed(mx: _Matrix, fixed: set[int]) -> np.ndarray:
@@ -352,6 +354,7 @@ class _Named:
     rnd: _Round
     p: float
     k: int
+    partner: int | None = None  # named as a pair with this rank (judged jointly)
 
 
 def analyze_stragglers(
@@ -526,7 +529,7 @@ def _frequency(rnd: _Round, j: int, qi: np.ndarray) -> tuple[int, float]:
     n = int(qi.sum())
     k = int(rnd.last[qi, j].sum())
     size = rnd.last[qi].sum(axis=1)
-    p0 = float(size.mean()) / rnd.last.shape[1] if n and size.any() else 1.0 / rnd.last.shape[1]
+    p0 = float(size.mean()) / rnd.free if n and size.any() else 1.0 / rnd.free
     return k, binom_sf(k, n, min(p0, 1.0))
 
 
@@ -534,11 +537,12 @@ def _is_persistent(nm: _Named, mx: _Matrix, th: StragglerThresholds, by_steps: b
     """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
     and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
     instance): with two ranks, 6 late steps of 10 are what chance gives one of them."""
+    size = 1 if nm.partner is None else 2  # a pair is judged jointly: either of the two last
     if by_steps:
-        k, n, p0 = int(nm.late.sum()), len(nm.late), 1.0 / len(mx.ranks)
+        k, n, p0 = int(nm.late.sum()), len(nm.late), size / nm.rnd.free
     else:
-        j = mx.ranks.index(nm.rank)
-        k, n, p0 = int(nm.rnd.last[:, j].sum()), nm.rnd.last.shape[0], nm.rnd.p0
+        js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
+        k, n, p0 = int(nm.rnd.last[:, js].any(axis=1).sum()), nm.rnd.last.shape[0], size * nm.rnd.p0
     if n == 0 or k / n < th.persistent_share or binom_sf(k, n, p0) >= th.alpha:
         return False
     return nm.freq or nm.big_steps >= th.persistent_share * len(mx.steps)
@@ -559,7 +563,9 @@ def _single(
         top = rnd.step_imposed[:, j] >= th.rel_to_worst * worst
         events = (rnd.step_imposed[:, j] >= thr_i) & top
         # frequency evidence from steps without a stall, its own or a named rank's
-        own_quiet = quiet & ~events
+        # (with fewer than min_steps_confident steps the instances are the units: a one-step
+        # trace's only step is not left out for holding the rank's own lateness)
+        own_quiet = quiet & ~events if len(mx.steps) >= th.min_steps_confident else quiet
         qi = own_quiet[mx.step_idx]
         k_q, p_q = _frequency(rnd, int(j), qi)
         freq = (
@@ -584,32 +590,33 @@ def _pair(
     mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float,
     quiet: np.ndarray, top_k: int = 6,
 ) -> list[_Named]:
-    """Two ranks, each last far more often than chance, whose joint what-if saves at least
-    twice ``min_rank_effect`` of the step time (the best such pair among the ``top_k`` most
-    often last)."""
+    """Two ranks that together are last far more often than chance (binomial against twice the
+    chance of one), each last at a fifth of the pair's instances or more, whose joint what-if
+    saves at least twice ``min_rank_effect`` of the step time (the best such pair among the
+    ``top_k`` most often last). Two stragglers with the same delay alternate as the last one:
+    each alone is last only half the time and imposes only the jitter between them."""
     qi = quiet[mx.step_idx]
-    cands = []
-    for j, r in enumerate(mx.ranks):
-        k, p = _frequency(rnd, j, qi)
-        if r not in fixed and p < th.alpha:
-            cands.append((k, j, p))
-    cands = sorted(cands, reverse=True)[:top_k]
+    n = int(qi.sum())
+    counts = [(int(rnd.last[qi, j].sum()), j) for j, r in enumerate(mx.ranks) if r not in fixed]
+    cands = [c for c in sorted(counts, reverse=True)[:top_k] if c[0] > 0]
     base = _waiting_fixed(mx, fixed)
     best: tuple[float, int, int, np.ndarray] | None = None
     for x in range(len(cands)):
         for y in range(x + 1, len(cands)):
-            a, b = mx.ranks[cands[x][1]], mx.ranks[cands[y][1]]
-            saved = np.where(quiet, np.clip(base - _waiting_fixed(mx, fixed | {a, b}), 0, None), 0.0)
+            ja, jb = cands[x][1], cands[y][1]
+            k = int((rnd.last[qi, ja] | rnd.last[qi, jb]).sum())
+            if min(cands[x][0], cands[y][0]) < max(1, 0.2 * k) or binom_sf(k, n, min(1.0, 2 * rnd.p0)) >= th.alpha:
+                continue
+            saved = np.where(quiet, np.clip(base - _waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0)
             if best is None or saved.sum() > best[0]:
-                best = (float(saved.sum()), x, y, saved)
+                best = (float(saved.sum()), ja, jb, saved)
     if best is None or best[0] < 2 * th.min_rank_effect * total_T:
         return []
     out = []
-    for c in (cands[best[1]], cands[best[2]]):
-        k, j, p = c
+    for j, other in ((best[1], best[2]), (best[2], best[1])):
+        k, p = _frequency(rnd, j, np.ones(len(mx.step_idx), dtype=bool))
         in_step = np.bincount(mx.step_idx[rnd.last[:, j]], minlength=len(mx.steps)) > 0
-        late = (best[3] >= floor) & in_step
-        out.append(_Named(mx.ranks[j], True, 0, 0, late, rnd, p, k))
+        out.append(_Named(mx.ranks[j], True, 0, 0, (best[3] >= floor) & in_step, rnd, p, k, partner=mx.ranks[other]))
     return out
 
 
