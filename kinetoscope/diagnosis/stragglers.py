@@ -81,7 +81,7 @@ class StragglerThresholds:
     persistent_share: float = 0.5
     recurrent_concentration: float = 0.6
     min_steps_confident: int = 4
-    alpha: float = 0.01
+    alpha: float = 0.02
     min_rank_effect: float = 0.01
     min_share: float = 0.2
     tie_us: float = 0.5
@@ -605,7 +605,7 @@ def _pair(
         for y in range(x + 1, len(cands)):
             ja, jb = cands[x][1], cands[y][1]
             k = int((rnd.last[qi, ja] | rnd.last[qi, jb]).sum())
-            if min(cands[x][0], cands[y][0]) < max(1, 0.2 * k) or binom_sf(k, n, min(1.0, 2 * rnd.p0)) >= th.alpha:
+            if min(cands[x][0], cands[y][0]) < max(1, k / 3) or binom_sf(k, n, min(1.0, 2 * rnd.p0)) >= th.alpha:
                 continue
             saved = np.where(quiet, np.clip(base - _waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0)
             if best is None or saved.sum() > best[0]:
