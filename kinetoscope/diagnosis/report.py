@@ -42,6 +42,10 @@ def _ms(us: float | None) -> str:
     return "n/a" if us is None else f"{us / 1000.0:.1f} ms"
 
 
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
 def short_cause(cause: dict[str, Any] | None) -> str:
     """A named rank's cause in a few words, with its own numbers (``stragglers.rank_cause``)."""
     if not cause or not cause.get("components"):
@@ -218,7 +222,7 @@ class Diagnosis(Mapping):
         line = (
             f"What-if: rank{'s' if len(s.ranks) > 1 else ''} {who} arriving like the typical rank: "
             f"{_ms(s.mean_step_time_us)} -> {_ms(s.est_step_time_us)} per step "
-            f"({_pct(s.lost_fraction)} of step time lost; {s.steps_analysed} steps, {s.instances} collectives, "
+            f"({_pct(s.lost_fraction)} of step time lost; {_n(s.steps_analysed, 'step')}, {_n(s.instances, 'collective')}, "
             f"confidence {s.confidence})"
         )
         if s.next_ranks:
@@ -251,7 +255,7 @@ class Diagnosis(Mapping):
             lines.append("Job: no traces.")
         else:
             lines.append(
-                f"Job: {found}/{ws if ws is not None else '?'} ranks{miss}{dup}; {nsteps} steps "
+                f"Job: {found}/{ws if ws is not None else '?'} ranks{miss}{dup}; {_n(nsteps, 'step')} "
                 f"({self.step_source or 'none'}); {devices}; {clock}."
             )
         m = self.mfu
