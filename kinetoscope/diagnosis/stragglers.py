@@ -397,29 +397,8 @@ def analyze_stragglers(
         rep.per_rank = _per_rank(bd, hosts, None, None, {})
         return rep
     r0 = _round(mx, set(), th.tie_us * 1000.0)
-    clean_ref = float(np.median(np.clip(T_ns - r0.waiting, 0, None)))
     factor = np.array([th.first_step_factor if s == first_step else 1.0 for s in steps])
-    sigma = noise_sigma(inst)
-
-    def thresholds_for(sig: float) -> tuple[np.ndarray, np.ndarray]:
-        floor = max(th.k_sigma * sig, th.abs_floor_us * 1000.0)
-        floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), th.abs_floor_us * 1000.0)
-        return factor * max(floor_p, th.rel_step * clean_ref), factor * max(floor, th.rel_step_intermittent * clean_ref)
-
-    thr_p, thr_i = thresholds_for(sigma)
-    # Frequent stalls inflate sigma (with two ranks every stall moves both skews): the steps with
-    # a candidate event (half the event threshold's noise term) are left out and sigma measured
-    # again, once, when they are at most half of the steps. The MAD barely moves when a few
-    # steps of a clean job are left out; it drops when stalls hit a third of the steps.
-    cand = np.maximum(factor * max(0.5 * th.k_sigma * sigma, th.abs_floor_us * 1000.0),
-                      factor * th.rel_step_intermittent * clean_ref)
-    ev_steps = np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1))
-    if 1 <= len(ev_steps) <= len(steps) / 2:
-        keep = [s for k, s in enumerate(steps) if k not in set(ev_steps.tolist())]
-        sigma2 = noise_sigma(inst.filter(pl.col("step").is_in(keep)))
-        if 0 < sigma2 < sigma:
-            sigma = sigma2
-            thr_p, thr_i = thresholds_for(sigma)
+    sigma, thr_p, thr_i = _noise_thresholds(inst, steps, r0, T_ns, factor, th)
     rep.sigma_us = sigma / 1000.0
     rep.total_imposed_us = float(r0.imposed.sum()) / 1000.0
 
@@ -453,7 +432,7 @@ def analyze_stragglers(
     final = _round(mx, fixed, th.tie_us * 1000.0)
     rep.per_step = _per_step(mx, r0, T_ns, excess, thr_i, thr_p, bd, per_step_late)
     rep.straggled_steps = int((rep.per_step["late_ranks"].list.len() > 0).sum())
-    rep.confidence = _confidence(rep, th, named)
+    rep.confidence = _confidence(rep, th)
     roles = {nm.rank: ("persistent" if nm in persistent else "intermittent") for nm in named}
     rep.per_rank = _per_rank(bd, hosts, mx, {nm.rank: nm for nm in named}, roles, final=final, T_ns=T_ns,
                              lost_share=_lost_shares(mx, [nm.rank for nm in named], r0.waiting))
@@ -465,7 +444,7 @@ def analyze_stragglers(
         if named:
             rep.reason = (
                 f"rank(s) {[nm.rank for nm in named]} make the others wait, but fixing them would save only "
-                f"{100 * lost:.1f}% of step time (< {100 * th.min_lost_fraction:.0f}%)"
+                f"{100 * lost:.1f}% of step time (< {100 * th.min_lost_fraction:g}%)"
             )
         elif not rep.reason:
             top = int(np.argmax(r0.imposed.sum(axis=0)))
@@ -490,11 +469,39 @@ def analyze_stragglers(
         r for r, c in counts.items() if c >= 3 and c / max(rep.straggled_steps, 1) >= th.recurrent_concentration
     )
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
-    rep.reason = _reason(rep, named, mx)
+    rep.reason = _reason(rep, named)
     late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late)] for nm in named}
     rep.causes = {r: rank_cause(bd, r, late_of.get(r)) for r in rep.ranks}
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     return rep
+
+
+def _noise_thresholds(
+    inst: pl.DataFrame, steps: list[int], r0: _Round, T_ns: np.ndarray, factor: np.ndarray, th: StragglerThresholds
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Arrival noise sigma (ns) and, per step, the persistent and event thresholds (ns).
+
+    Frequent stalls inflate sigma (with two ranks every stall moves both skews): the steps with
+    a candidate event (half the event threshold's noise term) are left out and sigma measured
+    again, once, when they are at most half of the steps. The MAD barely moves when a few steps
+    of a clean job are left out; it drops when stalls hit a third of the steps."""
+    clean_ref = float(np.median(np.clip(T_ns - r0.waiting, 0, None)))
+    floor_abs = th.abs_floor_us * 1000.0
+
+    def thresholds_for(sig: float) -> tuple[np.ndarray, np.ndarray]:
+        floor = max(th.k_sigma * sig, floor_abs)
+        floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), floor_abs)
+        return factor * max(floor_p, th.rel_step * clean_ref), factor * max(floor, th.rel_step_intermittent * clean_ref)
+
+    sigma = noise_sigma(inst)
+    cand = factor * max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_intermittent * clean_ref)
+    ev_steps = set(np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1)).tolist())
+    if 1 <= len(ev_steps) <= len(steps) / 2:
+        sigma2 = noise_sigma(inst.filter(pl.col("step").is_in([s for k, s in enumerate(steps) if k not in ev_steps])))
+        if 0 < sigma2 < sigma:
+            sigma = sigma2
+    thr_p, thr_i = thresholds_for(sigma)
+    return sigma, thr_p, thr_i
 
 
 def _name_ranks(
@@ -680,7 +687,7 @@ def _lost_shares(mx: _Matrix, order: list[int], waiting: np.ndarray) -> dict[int
     return out
 
 
-def _confidence(rep: StragglerReport, th: StragglerThresholds, named: list[_Named]) -> str:
+def _confidence(rep: StragglerReport, th: StragglerThresholds) -> str:
     """``high``: at least ``min_steps_confident`` steps or 32 instances; ``medium``: at least 8
     instances (one step of a large model); else ``low``."""
     if rep.steps_analysed >= th.min_steps_confident or rep.instances >= 32:
@@ -708,7 +715,7 @@ def _pattern(persistent: list[_Named], skew_spikes: list[_Named], mx: _Matrix, t
     return "steady"
 
 
-def _reason(rep: StragglerReport, named: list[_Named], mx: _Matrix) -> str:
+def _reason(rep: StragglerReport, named: list[_Named]) -> str:
     parts = []
     for nm in named:
         if nm.rank not in rep.ranks and nm.rank not in rep.intermittent_ranks:
