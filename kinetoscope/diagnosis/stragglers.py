@@ -597,22 +597,32 @@ def _pair(
     mx: _Matrix, rnd: _Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float,
     quiet: np.ndarray, top_k: int = 6,
 ) -> list[_Named]:
-    """Two ranks that together are last far more often than chance (binomial against twice the
-    chance of one), each last at a fifth of the pair's instances or more, whose joint what-if
-    saves at least twice ``min_rank_effect`` of the step time (the best such pair among the
-    ``top_k`` most often last). Two stragglers with the same delay alternate as the last one:
-    each alone is last only half the time and imposes only the jitter between them."""
+    """Two ranks that are the two latest arrivals far more often than chance (binomial against
+    ``1 / C(N', 2)``, Bonferroni-corrected over the pairs tried, among the ``top_k`` ranks most
+    often last) and whose joint what-if saves at least twice ``min_rank_effect`` of the step
+    time. Two stragglers with the same delay alternate as the last one: each alone is last only
+    half the time and imposes only the jitter between them, but together they are the two
+    latest almost every time, which noise seldom makes two given ranks."""
     qi = quiet[mx.step_idx]
     n = int(qi.sum())
+    if n == 0 or rnd.free < 3:
+        return []
+    A = mx.A.astype(np.float64).copy()
+    for j, r in enumerate(mx.ranks):
+        if r in fixed:
+            A[:, j] = np.minimum(A[:, j], mx.m)
+    top2 = np.sort(np.argsort(-A, axis=1, kind="stable")[:, :2], axis=1)[qi]
     counts = [(int(rnd.last[qi, j].sum()), j) for j, r in enumerate(mx.ranks) if r not in fixed]
     cands = [c for c in sorted(counts, reverse=True)[:top_k] if c[0] > 0]
+    tries = max(len(cands) * (len(cands) - 1) // 2, 1)
+    p0 = 2.0 / (rnd.free * (rnd.free - 1))
     base = _waiting_fixed(mx, fixed)
     best: tuple[float, int, int, np.ndarray] | None = None
     for x in range(len(cands)):
         for y in range(x + 1, len(cands)):
-            ja, jb = cands[x][1], cands[y][1]
-            k = int((rnd.last[qi, ja] | rnd.last[qi, jb]).sum())
-            if min(cands[x][0], cands[y][0]) < max(1, k / 3) or binom_sf(k, n, min(1.0, 2 * rnd.p0)) >= th.alpha:
+            ja, jb = sorted((cands[x][1], cands[y][1]))
+            k = int(((top2[:, 0] == ja) & (top2[:, 1] == jb)).sum())
+            if binom_sf(k, n, p0) >= th.alpha / tries:
                 continue
             saved = np.where(quiet, np.clip(base - _waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0)
             if best is None or saved.sum() > best[0]:
