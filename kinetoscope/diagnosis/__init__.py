@@ -107,20 +107,23 @@ def diagnose(
     instances = instance_table(colls, clock, steps)
     bd = rank_breakdown(job, steps, instances, clock)
     source = steps["source"].mode().first() if steps.height else None  # type: ignore[union-attr]
-    s_inst, s_bd = instances, bd
+    # cross-rank analysis only on the steps every rank holds (trace windows need not be aligned)
+    s_inst, s_bd, dropped = common_steps(instances, bd)
     first_step: int | None = None
-    if source == "optimizer" and bd.height and bd["step"].n_unique() > 2:
+    if source == "optimizer" and s_bd.height and s_bd["step"].n_unique() > 2:
         # The first optimizer-delimited step starts where the trace starts. On-demand iteration
         # traces start right after an optimizer step, so it is a whole step and kept; a trace
         # that started inside a step (duration traces, a late rank) lacks some of that step's
         # collectives on some rank, and the step is left out of the straggler analysis.
-        first = int(bd["step"].min())  # type: ignore[arg-type]
-        if first_step_complete(instances, bd, first):
+        first = int(s_bd["step"].min())  # type: ignore[arg-type]
+        if first_step_complete(s_inst, s_bd, first):
             first_step = first
         else:
-            s_inst = instances.filter(pl.col("step") != first)
-            s_bd = bd.filter(pl.col("step") != first)
-    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step)
+            s_inst = s_inst.filter(pl.col("step") != first)
+            s_bd = s_bd.filter(pl.col("step") != first)
+    if dropped:
+        notes.append(f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out")
+    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped)
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
@@ -147,6 +150,20 @@ def diagnose(
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
     )
+
+
+def common_steps(instances: pl.DataFrame, bd: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Restrict the cross-rank analysis to the steps every rank holds (trace windows of the
+    ranks need not be aligned); returns the filtered tables and how many steps were left out."""
+    if bd.is_empty():
+        return instances, bd, 0
+    n = bd["rank"].n_unique()
+    per = bd.group_by("step").agg(pl.col("rank").n_unique().alias("_n"))
+    keep = per.filter(pl.col("_n") == n)["step"]
+    dropped = per.height - keep.len()
+    if not dropped:
+        return instances, bd, 0
+    return (instances.filter(pl.col("step").is_in(keep.implode())), bd.filter(pl.col("step").is_in(keep.implode())), dropped)
 
 
 def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -> bool:

@@ -109,7 +109,10 @@ BREAKDOWN_SCHEMA: dict[str, pl.DataType] = {
 
 def step_table(job: Job, clock: ClockAlignment) -> pl.DataFrame:
     """Steps of every rank on the aligned clock, with a job-wide ``step`` label."""
-    raw = detect_steps(job.ordered())
+    # The job's rank, not the trace's: a single-process trace has no rank of its own (``None``),
+    # and detect_steps may have been memoised before the job gave it one.
+    frames = [detect_steps(t).with_columns(pl.lit(r, dtype=pl.Int64).alias("rank")) for r, t in job.traces.items()]
+    raw = pl.concat(frames) if frames else pl.DataFrame(schema=STEPS_SCHEMA)
     if raw.is_empty():
         return pl.DataFrame(schema=STEPS_SCHEMA)
     offs = pl.DataFrame(

@@ -86,7 +86,7 @@ def recommend(
             _rec(
                 "straggler-persistent",
                 "high" if lost >= 0.10 else "medium",
-                f"Persistent straggler: {who} arrives last at the collectives in most steps",
+                f"Persistent straggler: {who} arrives last at the collectives far more often than chance",
                 {
                     **what_if,
                     "ranks": s.ranks,
@@ -98,6 +98,11 @@ def recommend(
                     "compute_vs_median": dict(
                         zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["compute_vs_median"].to_list()], strict=True)
                     ),
+                    "last_at_collectives": {
+                        str(r): f"{k}/{n}" for r, k, n in zip(pr["rank"].to_list(), pr["last_count"].to_list(), pr["instances"].to_list(), strict=True)
+                    },
+                    "p_value": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["p_value"].to_list()], strict=True)),
+                    "share_of_waiting": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["imposed_share"].to_list()], strict=True)),
                     "cause": s.cause,
                 },
                 f"Inspect {who}: the same rank is late every time, so it is that host, device or link, not "

@@ -21,6 +21,10 @@ def _f(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _p(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.2g}"
+
+
 def _ms(v: Any) -> str:
     return "-" if v is None else f"{float(v) / 1000.0:,.2f}"
 
@@ -44,28 +48,35 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
     if not (strag or job or recs):
         return
     if isinstance(strag, dict) and strag.get("per_rank"):
+        def key(r: dict[str, Any]) -> tuple[int, float]:
+            return (0 if r.get("role") else 1, -(r.get("imposed_share") or r.get("score") or 0))
+
         rows = [
             [
-                _f(r["rank"]), _f(r.get("host")), _f(r["late_steps"]), _f(r["late_share"]),
-                _ms(r["mean_lateness(us)"]), _f(r["score"], 3), _ms(r["mean_self_time(us)"]),
-                _ms(r["mean_compute(us)"]), _f(r.get("compute_vs_median")), _ms(r["mean_sync_wait(us)"]),
+                _f(r["rank"]), _f(r.get("host")), _f(r.get("role")),
+                f"{r.get('last_count', '-')}/{r.get('instances', '-')}", _p(r.get("p_value")),
+                _ms(r.get("imposed_wait(us)")), _f(r.get("imposed_share"), 3), _ms(r.get("whatif_saving(us)")),
+                f"{r['late_steps']}/{r['steps']}", _ms(r["mean_lateness(us)"]), _f(r.get("compute_vs_median")),
             ]
-            for r in sorted(strag["per_rank"], key=lambda r: -(r.get("score") or 0))[:MAX_ROWS]
+            for r in sorted(strag["per_rank"], key=key)[:MAX_ROWS]
         ]
+        extra = f"; {strag['dropped_steps']} step(s) not held by every rank left out" if strag.get("dropped_steps") else ""
         _table(
             console,
-            f"[bold]stragglers[/] — {strag['kind']} ({strag.get('reason', '')}); lateness = arrival after the "
-            "typical rank at collectives, score = share of job time the others waited for the rank",
-            ["rank", "host", "late steps", "late share", "lateness ms", "score", "self ms", "compute ms",
-             "compute/median", "sync wait ms"],
+            f"[bold]stragglers[/] — {strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
+            "earlier the collectives would end had the rank arrived like the next-latest one; share = of the "
+            "waiting imposed in the round the rank was named; what-if = step time saved per step had only "
+            "this rank arrived like the typical rank",
+            ["rank", "host", "role", "last at", "p", "imposed ms", "share", "what-if ms/step", "late steps",
+             "lateness ms", "compute/median"],
             rows,
             len(strag["per_rank"]) - MAX_ROWS,
         )
     if isinstance(strag, dict) and strag.get("per_step"):
         steps = strag["per_step"]
         rows = [
-            [_f(s["step"]), _ms(s["step_time(us)"]), _ms(s["lost(us)"]), _ms(s["excess(us)"]),
-             _ms(s["est_step_time(us)"]), _f(s["last_rank"]), _ms(s["max_lateness(us)"]), _ms(s["threshold(us)"]),
+            [_f(s["step"]), _ms(s["step_time(us)"]), _f(s.get("n_instances")), _ms(s["lost(us)"]), _ms(s["excess(us)"]),
+             _ms(s["est_step_time(us)"]), _f(s["last_rank"]), _ms(s.get("max_imposed(us)")), _ms(s["threshold(us)"]),
              _f(s["late_ranks"])]
             for s in steps[:MAX_ROWS]
         ]
@@ -75,8 +86,8 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
             f"[bold]what-if per step[/] — without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
             f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
             f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost",
-            ["step", "step ms", "skew lost ms", "straggler excess ms", "est. step ms", "last rank",
-             "max lateness ms", "threshold ms", "late ranks"],
+            ["step", "step ms", "collectives", "waiting ms", "saved ms", "est. step ms", "most waited-for rank",
+             "its imposed ms", "event threshold ms", "late ranks"],
             rows,
             len(steps) - MAX_ROWS,
         )

@@ -42,6 +42,74 @@ def _ms(us: float | None) -> str:
     return "n/a" if us is None else f"{us / 1000.0:.1f} ms"
 
 
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
+def short_cause(cause: dict[str, Any] | None) -> str:
+    """A named rank's cause in a few words, with its own numbers (``stragglers.rank_cause``)."""
+    if not cause or not cause.get("components"):
+        return "cause unknown"
+    by = cause.get("explained_by")
+    comp = cause["components"]
+    if by == "compute":
+        c = comp["compute"]
+        return f"its compute {c['ratio']:.2f}x the peers' median" if c.get("ratio") else "its compute is slower"
+    label = {"dataloader": "data loading", "host_gap": "host gaps", "transfer": "transfer"}.get(str(by))
+    if label:
+        return f"{label} +{comp[by]['excess_ms']:.1f} ms per late step vs peers"
+    return "not explained by profiled work (suspect its host or link)"
+
+
+def single_process_lines(bd: pl.DataFrame, recommendations: list[dict[str, Any]]) -> list[str]:
+    """The headline of a one-process job: where its step time goes, what bounds it, and the top
+    recommendation with its evidence. Shares are of the summed step time (GPU: device busy
+    computing, idle waiting for the host, memory copies; CPU: host ops, idle; both: data
+    loading, exposed communication); data loading overlaps the host compute it runs."""
+    total = float(bd["step_time(us)"].sum()) or 1.0
+    gpu = bd["launch_gap(us)"].null_count() < bd.height
+
+    def f(col: str) -> float:
+        return float(bd[col].fill_null(0).sum()) / total
+
+    comp, dl, comm, idle = f("compute(us)"), f("dataloader(us)"), f("exposed_comm(us)"), f("idle(us)")
+    parts = [("GPU busy computing" if gpu else "host compute", comp)]
+    if gpu:
+        lg = f("launch_gap(us)")
+        mem = max(0.0, 1.0 - comp - comm - idle)
+        parts += [("GPU idle waiting for the host", lg), ("memory copies", mem)]
+    parts += [("data loading", dl), ("exposed communication", comm), ("idle", idle)]
+    if dl >= 0.15:
+        bound = "input-bound"
+    elif gpu and f("launch_gap(us)") >= 0.30:
+        bound = "launch-bound"
+    elif comm >= 0.25:
+        bound = "communication-bound"
+    elif comp >= 0.5:
+        bound = "compute-bound"
+    else:
+        bound = f"not bound by one part (idle {_pct(idle)})"
+    med = float(bd["step_time(us)"].median())  # type: ignore[arg-type]
+    shares = ", ".join(f"{name} {_pct(v)}" for name, v in parts if v >= 0.005)
+    line1 = f"SINGLE PROCESS: {bound}; median step {_ms(med)} over {bd.height} steps: {shares}."
+    if not recommendations:
+        return [line1, "No recommendation: no detector fired."]
+    r = recommendations[0]
+    ev = ", ".join(f"{k} {v}" for k, v in r["evidence"].items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return [line1, f"Top recommendation ({r['severity']}): {r['title']}" + (f" ({ev})." if ev else ".")]
+
+
+class SummaryLines(list[str]):
+    """The summary's lines; prints (and shows in a notebook) as text, one line each, and is
+    still the JSON list of ``diagnosis_summary``."""
+
+    def __str__(self) -> str:
+        return "\n".join(self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython / Jupyter
+        p.text(str(self))
+
+
 @dataclass
 class Diagnosis(Mapping):
     """Result of ``kinetoscope.diagnosis.diagnose``.
@@ -85,7 +153,7 @@ class Diagnosis(Mapping):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "summary": self.summary(),
+            "summary": list(self.summary()),
             "job": self.job_dict(),
             "steps": frame_rows(self.steps),
             "stragglers": self.stragglers.to_dict(),
@@ -113,35 +181,60 @@ class Diagnosis(Mapping):
 
     # ---- human output ------------------------------------------------------------------------------------
     def verdict(self) -> str:
-        s = self.stragglers
-        what_if = ""
-        if s.mean_step_time_us and s.est_step_time_us:
-            what_if = f" (what-if: {_ms(s.mean_step_time_us)} -> {_ms(s.est_step_time_us)} per step)"
-        if s.kind == "persistent":
-            who = ", ".join(f"rank {r}" + (f" (host {s.hosts.get(r)})" if s.hosts.get(r) else "") for r in s.ranks)
-            pr = s.per_rank.filter(pl.col("rank").is_in(s.ranks))
-            late = ", ".join(
-                f"{int(n)}/{s.steps_analysed} steps, {_ms(m)} late on average"
-                for n, m in zip(pr["late_steps"].to_list(), pr["mean_lateness(us)"].to_list(), strict=True)
-            )
-            return (
-                f"PERSISTENT STRAGGLER: {who} arrives last at the collectives ({late}); "
-                f"stragglers cost {_pct(s.lost_fraction)} of step time{what_if}."
-            )
-        if s.kind == "intermittent":
-            return (
-                f"INTERMITTENT STRAGGLERS: {s.straggled_steps}/{s.steps_analysed} steps had a late rank "
-                f"(ranks {', '.join(map(str, s.ranks))}); they cost {_pct(s.lost_fraction)} of step time{what_if}."
-            )
-        return f"NO STRAGGLER: {s.reason or 'nothing to compare'}" + (
-            f"; arrival jitter costs {_pct(s.skew_fraction)} of step time (noise sigma {_ms(s.sigma_us)})."
-            if s.skew_fraction is not None
-            else "."
-        )
+        """The verdict, at most two lines (``verdict_lines``) joined by a newline."""
+        return "\n".join(self.verdict_lines())
 
-    def summary(self) -> list[str]:
+    def verdict_lines(self) -> list[str]:
+        """At most two lines: the kind with the named ranks (each with its share of the waiting,
+        its evidence and its cause, every number that rank's own), then the what-if. A
+        single-process job gets its own headline (``single_process_lines``)."""
+        if len(self.job.traces) == 1 and self.steps.height:
+            return single_process_lines(self.steps, self.recommendations)
+        s = self.stragglers
+        if s.kind in ("persistent", "intermittent"):
+            return [self._named_line(), self._what_if_line()]
+        head = f"NO STRAGGLER: {s.reason or 'nothing to compare'}."
+        if s.skew_fraction is None:
+            return [head]
+        return [head, f"Arrival jitter costs {_pct(s.skew_fraction)} of step time (noise sigma {_ms(s.sigma_us)})."]
+
+    def _named_line(self) -> str:
+        s = self.stragglers
+        plural = "S" if len(s.ranks) > 1 or s.kind == "intermittent" else ""  # (the intermittent head has always been plural)
+        head = f"{s.kind.upper()} STRAGGLER{plural}"
+        segs = []
+        for r in s.ranks:
+            row = s.rank_row(r)
+            host = f" (host {s.hosts.get(r)})" if s.hosts.get(r) else ""
+            share = (f"{_pct(row.get('lost_share'))} of the time lost" if len(s.ranks) > 1
+                     else f"{_pct(row.get('imposed_share'))} of the imposed wait")
+            segs.append(
+                f"rank {r}{host}: {share}, last at "
+                f"{row.get('last_count')}/{row.get('instances')} collectives, late in "
+                f"{row.get('late_steps')}/{row.get('steps')} steps, {short_cause(s.causes.get(r))}"
+            )
+        pattern = f" ({s.pattern})" if s.pattern and s.pattern != "steady" else ""
+        return f"{head}{pattern}: " + "; ".join(segs) + "."
+
+    def _what_if_line(self) -> str:
+        s = self.stragglers
+        who = ", ".join(map(str, s.ranks))
+        line = (
+            f"What-if: rank{'s' if len(s.ranks) > 1 else ''} {who} arriving like the typical rank: "
+            f"{_ms(s.mean_step_time_us)} -> {_ms(s.est_step_time_us)} per step "
+            f"({_pct(s.lost_fraction)} of step time lost; {_n(s.steps_analysed, 'step')}, {_n(s.instances, 'collective')}, "
+            f"confidence {s.confidence})"
+        )
+        if s.next_ranks:
+            nxt = s.next_ranks[0]
+            line += f"; next to hold the job back: rank {nxt['rank']} ({_ms(nxt['imposed_per_step_us'])} per step)"
+        return line + "."
+
+    def summary(self) -> SummaryLines:
+        """The verdict (two lines), the job line, MFU and the top three recommendations: a list
+        of lines that ``print`` shows as text."""
         j = self.job
-        lines = [self.verdict()]
+        lines = self.verdict_lines()
         ws = j.world_size
         found = len(j.traces)
         miss = f", {len(j.missing_ranks)} missing" if j.missing_ranks else ""
@@ -162,11 +255,9 @@ class Diagnosis(Mapping):
             lines.append("Job: no traces.")
         else:
             lines.append(
-                f"Job: {found}/{ws if ws is not None else '?'} ranks{miss}{dup}; {nsteps} steps "
+                f"Job: {found}/{ws if ws is not None else '?'} ranks{miss}{dup}; {_n(nsteps, 'step')} "
                 f"({self.step_source or 'none'}); {devices}; {clock}."
             )
-        if self.stragglers.cause:
-            lines.append(f"Cause: {self.stragglers.cause}.")
         m = self.mfu
         if m.mfu is not None:
             lines.append(f"MFU: {_pct(m.mfu)} ({m.peak_source}; FLOPs from {m.flops_source}).")
@@ -175,7 +266,7 @@ class Diagnosis(Mapping):
         for r in self.recommendations[:3]:
             first = _SENTENCE_END.split(r["action"], maxsplit=1)[0].rstrip(".")
             lines.append(f"Recommendation ({r['severity']}): {r['title']} -> {first}.")
-        return lines
+        return SummaryLines(lines)
 
     def render_text(self, max_rows: int = 20) -> str:
         """Short diagnosis first, then the tables."""
@@ -183,13 +274,14 @@ class Diagnosis(Mapping):
         out += self.summary()
         with pl.Config(tbl_rows=max_rows, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=40, tbl_hide_dataframe_shape=True):
             if self.stragglers.per_rank.height:
-                out += ["", "Per rank (lateness = arrival after the typical rank at collectives; score = share of job time others waited for it)"]
+                out += ["", "Per rank (imposed = how much earlier the collectives would end had the rank arrived like the "
+                        "next-latest one; whatif_saving = per step, had only this rank arrived like the typical rank)"]
                 out.append(str(self.stragglers.per_rank.select(
-                    "rank", "host", "late_steps", "late_share", "mean_lateness(us)", "score",
-                    "mean_self_time(us)", "mean_compute(us)", "compute_vs_median", "mean_sync_wait(us)",
+                    "rank", "host", "role", "last_count", "instances", "p_value", "imposed_wait(us)", "imposed_share",
+                    "whatif_saving(us)", "late_steps", "mean_lateness(us)", "compute_vs_median",
                 )))
             if self.stragglers.per_step.height:
-                out += ["", "Per step (what-if: est_step_time = step_time - excess caused by flagged ranks)"]
+                out += ["", "Per step (what-if: est_step_time = step_time - excess saved had the named ranks arrived like the typical rank)"]
                 out.append(str(self.stragglers.per_step))
             if self.clock.table.height:
                 out += ["", f"Clock alignment (reference rank {self.clock.reference}; add offset_us to a rank's times)"]

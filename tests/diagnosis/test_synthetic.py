@@ -93,11 +93,13 @@ def test_single_isolated_late_arrival_is_not_a_pattern():
 
 
 def test_rare_straggler_below_min_lost_fraction_is_none():
-    # 60 ms late in 2 of 40 steps of 100 ms: two events, but 2.9 % of the time lost (< 5 %)
+    # 28 ms late in 2 of 40 steps of 100 ms: two events, but 1.4 % of the time lost (< 1.5 %; the
+    # floor was 5 % and 60 ms stalls, lowered so that a small persistent delay, which saves
+    # less than its size under jitter, is reported)
     world, steps = 4, 40
     late = [[0.0] * steps for _ in range(world)]
     for s in (9, 30):
-        late[3][s] = 60.0
+        late[3][s] = 28.0
     d = diagnose(make_job(world, steps, late_ms=late))
     assert d.stragglers.straggled_steps == 2
     assert d.stragglers.kind == "none" and "only" in d.stragglers.reason
@@ -193,11 +195,13 @@ def test_one_rank_late_in_a_few_steps_is_named():
     assert rec["action"].startswith("Only rank 2 was late") and "hierarchical SGD" in rec["action"]
 
 
-@pytest.mark.parametrize("straggled", [range(12), (1, 2, 3, 5, 6, 8, 10, 11)])
-def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled):
+@pytest.mark.parametrize(("straggled", "kind"), [(range(12), "persistent"), ((1, 2, 3, 5, 6, 8, 10, 11), "intermittent")])
+def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled, kind):
     # the demo's persistent mode (rank 1 sleeps U(50, 200) ms every step), and an intermittent
     # one that hit 8 of 12 steps: both ranks' skews vary with the delay, sigma follows
-    # (tens of ms); lateness beyond a whole clean step in most steps is still persistent
+    # (tens of ms); the rank is found all the same. The second used to be expected
+    # "persistent"; with two ranks one of them is the late one in 6 of 12 steps by chance, and
+    # 8 of 12 is not far more than that (binomial p = 0.19): it is what it was injected as.
     world, steps = 2, 12
     rng = np.random.default_rng(2)
     late = [[0.0] * steps, [float(rng.uniform(50, 200)) if st in straggled else 0.0 for st in range(steps)]]
@@ -205,16 +209,19 @@ def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled):
     period = [30.0 + late[1][st] for st in range(steps)]  # each step stretched by its delay
     s = diagnose(make_job(world, steps, late_ms=late, period_ms=period, compute_ms=[20.0] * world, jitter_ns=jit)).stragglers
     assert s.sigma_us > 10_000  # the noise estimate is inflated ...
-    assert s.kind == "persistent" and s.ranks == [1]  # ... and the straggler found all the same
+    assert s.kind == kind and s.ranks == [1]  # ... and the straggler found all the same
     row = s.per_rank.filter(pl.col("rank") == 1).row(0, named=True)
     assert row["late_steps"] == len(straggled)
 
 
 def test_thresholds_are_configurable():
+    # (the absolute floor no longer hides a rank that is last every time: the frequency route
+    # names it; what a verdict must save is the knob for "not worth reporting")
     world, steps = 4, 12
     late = [[30.0 if r == 1 else 0.0] * steps for r in range(world)]
-    d = diagnose(make_job(world, steps, late_ms=late), thresholds=StragglerThresholds(abs_floor_us=50_000))
-    assert d.stragglers.kind == "none"
+    assert diagnose(make_job(world, steps, late_ms=late)).stragglers.kind == "persistent"
+    d = diagnose(make_job(world, steps, late_ms=late), thresholds=StragglerThresholds(min_lost_fraction=0.5))
+    assert d.stragglers.kind == "none" and "save only" in d.stragglers.reason
 
 
 # ---- clock alignment ---------------------------------------------------------------------------------

@@ -1,0 +1,274 @@
+"""Labelled accuracy benchmark of the straggler verdict (issue 9's validation).
+
+    .venv/bin/python benchmarks/bench_diagnosis.py [--quick] [--gpu-per-type N] [--cpu-jobs N]
+        [--bases dlrm8 nccl_parser ...] [--workdir DIR] [--keep] [--json OUT]
+        [--update-docs LABEL] [--examples K]
+
+Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
+
+* ``gpu``: GPU jobs derived from real rank traces (``tests/data/traces/hta`` and
+  ``../shared/traces/param_dlrm8``), replicated into 2-8 ranks, with delays injected at chosen
+  (rank, collective instance) and the trace re-timed consistently (``gpu.py``). Types: clean,
+  persistent (one rank), persistent2 (two ranks), intermittent (random ranks at random
+  instances), small (3-8 % of a step, persistent), slow_link (the rank's own collective
+  duration longer), compute (the rank's compute between collectives stretched).
+* ``cpu``: real DDP jobs (torchrun + gloo, 2-8 ranks) under an extra CPU-burning process,
+  traced through a private ``kscope daemon`` with no change to the script (``cpu.py``,
+  ``train_knobs.py``). Types: clean, persistent (sleep), compute, intermittent, persistent2,
+  slow_input, small (<= 8 % of a step), comm_hook (a delay inside a DDP comm hook).
+
+Each scenario is diagnosed through the public API, ``diagnose(paths).to_dict()["stragglers"]``
+(``kind``, ``ranks``: the stable JSON contract), and scored against its label
+(``diag_scenarios/score.py``): per type and overall, rank precision/recall (micro-averaged),
+kind accuracy (for clean jobs: the clean -> none rate) and exact verdicts. For GPU scenarios the
+arrival-order ground truth is recomputed from the written files with the standard library
+(``truth.py``) as a sanity check of the label ("truth agrees").
+
+``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
+(about a minute). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
+``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
+docs/diagnosis.md under "### Results: LABEL" (replacing a subsection of the same label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import kinetoscope  # noqa: E402
+from benchmarks.diag_scenarios import cpu, gpu, truth  # noqa: E402
+from benchmarks.diag_scenarios.score import Outcome, misses, summary_by_type, table  # noqa: E402
+
+DOCS = ROOT / "docs" / "diagnosis.md"
+SECTION = "## Accuracy benchmark"
+QUICK_BASES = ["dlrm8", "nccl_parser", "sampled128"]
+
+
+def verdict(paths: list[str] | list[Path]) -> dict[str, Any]:
+    """The straggler part of the diagnosis JSON contract."""
+    from kinetoscope.diagnosis import diagnose
+
+    return diagnose([str(p) for p in paths]).to_dict()["stragglers"]
+
+
+def run_gpu(sc: gpu.Scenario, workdir: Path, keep: bool) -> Outcome:
+    out = workdir / sc.sid
+    t0 = time.monotonic()
+    o = Outcome(sc.sid, "gpu", sc.type, sc.kind, sc.ranks, "error", [], params={"base": sc.base, "world": sc.world} | sc.params)
+    try:
+        paths = gpu.build(sc, out)
+        o.truth_ok = gpu.truth_agrees(sc, truth.ground_truth(paths))
+        v = verdict(paths)
+        o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
+    except Exception as exc:  # a crash is a wrong verdict, recorded with its message
+        o.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+    o.seconds = time.monotonic() - t0
+    return o
+
+
+def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
+    t0 = time.monotonic()
+    params = {"world": sc.world, "mode": sc.mode, "hit": sc.hit, "ms": sc.ms}
+    o = Outcome(sc.sid, "cpu", sc.type, sc.kind, sorted(sc.hit), "error", [], params=params)
+    try:
+        paths, expected, facts = cpu.run(sc, workdir / sc.sid)
+        o.expected_ranks, o.params = expected, params | facts
+        if sc.type == "intermittent" and not expected:
+            o.expected_kind = "none"  # nobody slept in the traced window
+        v = verdict(paths)
+        o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
+    except Exception as exc:
+        o.error = f"{type(exc).__name__}: {exc}"[:2000]
+    finally:
+        if not keep:
+            shutil.rmtree(workdir / sc.sid, ignore_errors=True)
+    o.seconds = time.monotonic() - t0
+    return o
+
+
+def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir: Path, keep: bool) -> list[Outcome]:
+    outs = []
+    for k, sc in enumerate(items):
+        o = fn(sc, workdir, keep)
+        mark = "ok " if o.exact else "ERR" if o.error else "MISS"
+        print(f"[{k + 1}/{len(items)}] {mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, "
+              f"got {o.kind} {o.ranks} ({o.seconds:.1f} s){' ' + o.error if o.error else ''}", flush=True)
+        outs.append(o)
+    return outs
+
+
+def examples(outcomes: list[Outcome], k: int) -> list[dict[str, Any]]:
+    """Up to ``k`` wrong verdicts per (generator, type): parameters, expected, got, reason."""
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str], int] = {}
+    for o in outcomes:
+        key = (o.generator, o.type)
+        if o.exact or seen.get(key, 0) >= k:
+            continue
+        seen[key] = seen.get(key, 0) + 1
+        out.append({"sid": o.sid, "params": o.params, "expected": [o.expected_kind, o.expected_ranks],
+                    "got": [o.kind, o.ranks], "reason": o.error or o.reason})
+    return out
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def report(doc: dict[str, Any]) -> str:
+    """The Markdown results of one run (printed, and written by ``--update-docs``)."""
+    lines = [f"Commit `{doc['commit']}`, `{doc['command']}`, {doc['seconds']:.0f} s."]
+    both = all(doc["summary"][g]["overall"]["n"] for g in ("gpu", "cpu"))
+    for gen in ("gpu", "cpu", "all"):
+        s = doc["summary"].get(gen)
+        if not s or not s["overall"]["n"] or (gen == "all" and not both):
+            continue
+        title = {"gpu": "GPU scenarios (re-timed real traces)", "cpu": "Real CPU DDP jobs (torchrun + gloo, daemon)",
+                 "all": "Both generators"}[gen]
+        lines += ["", f"{title}:", "", table(s)]
+    if doc["misses"]:
+        lines += ["", "Targets missed: " + "; ".join(doc["misses"]) + "."]
+    else:
+        lines += ["", "All of issue 9's targets met."]
+    if doc["examples"]:
+        lines += ["", "Examples of wrong verdicts (expected vs got):", ""]
+        for e in doc["examples"]:
+            lines.append(f"* `{e['sid']}` {json.dumps(e['params'])}: expected {e['expected'][0]} {e['expected'][1]}, "
+                         f"got {e['got'][0]} {e['got'][1]} — {(e['reason'] or '')[:160]}")
+    return "\n".join(lines)
+
+
+def update_docs(label: str, body: str, path: Path = DOCS) -> None:
+    """Write ``body`` under ``### Results: label`` in the last section of the docs (the section
+    is this benchmark's: its intro is rewritten, other labels' subsections are kept)."""
+    text = path.read_text()
+    head, _sep, section = text.partition("\n" + SECTION + "\n")
+    parts = section.split("\n### Results: ")
+    subs = {p.split("\n", 1)[0]: p.split("\n", 1)[1].strip("\n") for p in parts[1:]}
+    subs[label] = body
+    out = SECTION_INTRO.rstrip("\n") + "\n" + "".join(f"\n### Results: {k}\n\n{v}\n" for k, v in subs.items())
+    path.write_text(head.rstrip("\n") + "\n\n" + out)
+
+
+SECTION_INTRO = """## Accuracy benchmark
+
+`benchmarks/bench_diagnosis.py` scores the straggler verdict (`stragglers.kind`, `ranks`) on
+labelled scenarios (issue 9's validation). Run `--quick` (about a minute) or the full set:
+
+    .venv/bin/python benchmarks/bench_diagnosis.py [--quick] [--cpu-jobs N] [--json out.json]
+
+* **GPU scenarios** (`benchmarks/diag_scenarios/gpu.py`): one real GPU rank trace (rank 0 of
+  `../shared/traces/param_dlrm8`, `hta/nccl_parser_config`, `hta/timeline_analysis/sampled_rank-0`,
+  `hta/trace_diff/control`) replicated into 2-8 ranks and re-timed by a model of blocking
+  collectives on the communication stream: a rank arrives at an instance after its previous
+  collective ended plus its compute segment (plus injected stretch, stall and exponential
+  jitter); the instance ends on each rank when its last rank has arrived plus the rank's own
+  transfer time; every other event moves with a monotone piecewise-linear time warp, so later
+  events shift and nesting is kept. Types: `clean`; `persistent` (one rank stalls 10-40 % of a
+  step per step, spread over its instances); `persistent2` (two ranks of >= 4, each 10-40 %,
+  drawn independently per instance so they take turns being last); `intermittent` (2-4 stalls of
+  20-60 % of a step at random instances, >= 2 different ranks); `small` (one rank, 3-8 %);
+  `slow_link` (one rank's own collective duration longer, 10-30 % of a step in total);
+  `compute` (one rank's compute between collectives stretched by 10-40 % of a step).
+  Labels come from what was injected; the arrival-order ground truth of the written files
+  (`truth.py`, standard library) checks them ("truth agrees": every labelled rank imposes
+  >= 1 % of a step per step, no other rank >= 2 %).
+* **Real CPU DDP jobs** (`benchmarks/diag_scenarios/cpu.py`, `train_knobs.py`): torchrun +
+  gloo, 2-8 ranks, 30 ms emulated I/O per batch, one extra CPU-burning process, traced through
+  a private `kscope daemon` by job id (16 iterations, aligned start). Types: `clean`,
+  `persistent` (30 ms sleep before backward), `compute` (30 ms of real matrix products),
+  `intermittent` (p = 0.3 per step, a random rank sleeps 60 ms), `persistent2` (two ranks,
+  30 ms × U(0.8, 1.2) each per step), `slow_input` (batch reads 30 ms slower), `small` (3 ms
+  sleep, <= 8 % of a step), `comm_hook` (15 ms sleep in a DDP comm hook before each bucket's
+  all-reduce). Labels from the job's own step logs.
+
+Scores: rank precision and recall micro-averaged over a type's scenarios (named ranks that were
+injected / all named; injected ranks that were named / all injected; a clean job's named
+ranks are false positives); kind accuracy (a clean job's is the clean -> none rate); exact =
+kind and rank set both right. "before"/"after" below: the same scenario set (deterministic
+seeds) on two versions of `kinetoscope/diagnosis`; real CPU jobs differ from run to run (timing).
+The real 8-rank DLRM job's own ground truth is checked in `tests/diagnosis/test_dlrm8_ground_truth.py`.
+Targets (issue 9): precision and recall >= 0.95 overall and
+>= 0.9 per type, clean -> none >= 95 %, kind >= 90 %. Definitions of the verdict itself:
+section 5.
+"""
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small GPU set, no CPU job unless --cpu-jobs")
+    p.add_argument("--gpu-per-type", type=int, default=None, help="GPU scenarios per type (quick 6, full 40)")
+    p.add_argument("--cpu-jobs", type=int, default=None, help="real CPU DDP jobs (quick 0, full 8)")
+    p.add_argument("--bases", nargs="*", default=None, choices=sorted(gpu.BASES), help="GPU bases to use")
+    p.add_argument("--types", nargs="*", default=None, choices=gpu.TYPES, help="GPU scenario types (default all)")
+    p.add_argument("--workdir", default=None, help="where scenario traces are written (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the scenario traces")
+    p.add_argument("--json", default=None, help="write the full results (every scenario) here")
+    p.add_argument("--update-docs", default=None, metavar="LABEL",
+                   help="write the tables into docs/diagnosis.md under '### Results: LABEL'")
+    p.add_argument("--examples", type=int, default=2, help="wrong verdicts listed per type (2)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    per_type = a.gpu_per_type if a.gpu_per_type is not None else (6 if a.quick else 40)
+    cpu_jobs = a.cpu_jobs if a.cpu_jobs is not None else (0 if a.quick else 8)
+    bases = a.bases or [b for b in (QUICK_BASES if a.quick else list(gpu.BASES)) if b in gpu.available_bases()]
+    if not bases and per_type:
+        print("error: no GPU base trace found (tests/data/traces/hta, ../shared/traces/param_dlrm8)", file=sys.stderr)
+        return 2
+    workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="kscope-bench-diag-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    gpu_out = run_all(gpu.scenarios(per_type, bases, a.types), run_gpu, workdir, a.keep) if per_type else []
+    cpu_out = run_all(cpu.scenarios(cpu_jobs), run_cpu, workdir, a.keep) if cpu_jobs else []
+    outcomes = gpu_out + cpu_out
+    summary = {
+        "gpu": summary_by_type(gpu_out, gpu.TYPES),
+        "cpu": summary_by_type(cpu_out, cpu.CPU_TYPES),
+        "all": summary_by_type(outcomes, dict.fromkeys([*gpu.TYPES, *cpu.CPU_TYPES])),
+    }
+    doc = {
+        "commit": git_rev(),
+        "kinetoscope": str(Path(kinetoscope.__file__).parent),
+        "command": "bench_diagnosis.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "seconds": time.monotonic() - t0,
+        "summary": summary,
+        "misses": [f"{g}: {m}" for g in ("gpu", "cpu") if summary[g]["overall"]["n"] for m in misses(summary[g])],
+        "examples": examples(outcomes, a.examples),
+        "scenarios": [o.to_dict() for o in outcomes],
+    }
+    text = report(doc)
+    print("\n" + text)
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=1, default=str))
+    if a.update_docs:
+        update_docs(a.update_docs, text)
+        print(f"\nwrote '### Results: {a.update_docs}' into {DOCS}")
+    if not a.workdir and not a.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

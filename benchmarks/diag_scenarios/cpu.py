@@ -1,0 +1,152 @@
+"""Real CPU DDP jobs (torchrun + gloo) with injected stragglers, traced through ``kscope daemon``.
+
+Each scenario runs ``train_knobs.py`` under torchrun with a private ``LocalDaemon``'s Kineto
+environment (``KINETO_USE_DAEMON=1``: no profiling code in the script), next to one extra
+CPU-burning process (a shared, loaded node), waits until every rank steps, triggers an
+iteration-based trace of the job by job id over the daemon's RPC (the same calls as
+``kscope trace --job-id``, iteration roundup far enough ahead that all ranks start together),
+and labels the traced steps from the job's own step logs (``tests/diagnosis/daemon_runs.py``'s
+``ground_truth``). Expected ranks: the hit ranks (intermittent: the ranks that actually slept
+in the traced steps).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.demo.local import LocalDaemon, TrainingJob, child_env
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ITERATIONS = 16
+
+
+def _daemon_runs() -> Any:
+    """``tests/diagnosis/daemon_runs.py`` (the real-DDP harness of the tests), imported by path."""
+    path = REPO_ROOT / "tests" / "diagnosis" / "daemon_runs.py"
+    spec = importlib.util.spec_from_file_location("kscope_daemon_runs", path)
+    assert spec and spec.loader, path
+    if spec.name in sys.modules:
+        return sys.modules[spec.name]
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class CpuScenario:
+    sid: str
+    type: str
+    world: int
+    mode: str  # train_knobs --mode
+    hit: list[int]
+    ms: float
+    kind: str  # expected kind
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def args(self) -> list[str]:
+        a = ["--mode", self.mode, "--ms", f"{self.ms:g}", "--ranks-hit", ",".join(map(str, self.hit))]
+        if self.mode == "intermittent":
+            a += ["--prob", str(self.extra.get("prob", 0.3)), "--seed", str(self.extra.get("seed", 0))]
+        return a
+
+
+# type -> (mode, number of hit ranks, ms, expected kind). Steps are ~40-120 ms (30 ms emulated
+# I/O per batch on every rank plus compute, slower with more ranks and under load); "small" is
+# <= 8 % of a step.
+CPU_TYPES: dict[str, tuple[str, int, float, str]] = {
+    "clean": ("none", 0, 0.0, "none"),
+    "persistent": ("sleep", 1, 30.0, "persistent"),
+    "compute": ("compute", 1, 30.0, "persistent"),
+    "intermittent": ("intermittent", 0, 60.0, "intermittent"),
+    "persistent2": ("sleep", 2, 30.0, "persistent"),
+    "slow_input": ("slow_input", 1, 30.0, "persistent"),
+    "small": ("sleep", 1, 3.0, "persistent"),
+    "comm_hook": ("comm_hook", 1, 15.0, "persistent"),
+}
+WORLDS = (2, 3, 4, 5, 6, 8)
+
+
+def scenarios(n: int, seed: int = 0) -> list[CpuScenario]:
+    """``n`` scenarios: the types in order, then again, with world sizes cycling over 2..8."""
+    out = []
+    types = list(CPU_TYPES)
+    for k in range(n):
+        t = types[k % len(types)]
+        world = WORLDS[(k + k // len(types)) % len(WORLDS)]
+        mode, nhit, ms, kind = CPU_TYPES[t]
+        rng = random.Random(f"cpu/{t}/{k}/{seed}")
+        hit = sorted(rng.sample(range(world), min(nhit, world)))
+        out.append(CpuScenario(f"cpu-{t}-w{world}-{k}", t, world, mode, hit, ms, kind,
+                               {"seed": k, "prob": 0.3}))
+    return out
+
+
+def _burner() -> subprocess.Popen[bytes]:
+    """One extra CPU-bound process (the other load of a shared node)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+
+
+def run(sc: CpuScenario, workdir: Path, timeout_s: float = 240.0) -> tuple[list[str], list[int], dict[str, Any]]:
+    """Run, trace and label one scenario: (trace files, expected ranks, facts)."""
+    dr = _daemon_runs()
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_id = random.randint(10_000, 2**31 - 1)
+    deadline = time.monotonic() + timeout_s
+    left = lambda cap: max(1.0, min(cap, deadline - time.monotonic()))  # noqa: E731
+    burner = _burner()
+    try:
+        with LocalDaemon(workdir, trace_root=workdir / "traces") as daemon:
+            env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
+            job = TrainingJob(workdir, ranks=sc.world, env=env, max_seconds=timeout_s + 30)
+            job.argv = [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={sc.world}",
+                "-m", "benchmarks.diag_scenarios.train_knobs", *sc.args(),
+                "--max-seconds", str(timeout_s + 30), "--progress-dir", str(job.progress_dir),
+            ]
+            job.env = child_env({**env, "OMP_NUM_THREADS": "1",
+                                 "PYTHONPATH": f"{REPO_ROOT}:{child_env().get('PYTHONPATH', '')}"})
+            with job:
+                daemon.wait_for_processes(sc.world, job_id=job_id, timeout=left(150), alive=job.alive)
+                job.wait_for_steps(3, timeout=left(90))
+                roundup = job.iteration_roundup(2.5 + 0.3 * sc.world)
+                res = trigger_trace([daemon.address], Target(job_id=job_id, job_id_text=str(job_id)),
+                                    TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup))
+                if res.errors or len(res.triggered) != sc.world:
+                    raise RuntimeError(f"trigger: {[e.message for e in res.errors]}, {len(res.triggered)}/{sc.world}")
+                res = wait_for_trace(res, timeout=left(90), poll_interval=0.3)
+                if not res.ok:
+                    raise RuntimeError("; ".join(e.message for e in res.errors) + f"\n{job.tail()}")
+                job.stop()
+    finally:
+        burner.kill()
+        burner.wait()
+    trace_dir = Path(res.output_dir or "")
+    files = {f.rank: str(trace_dir / f.file) for f in read_manifest(trace_dir).files if f.rank is not None}
+    steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)
+    slept = sorted({r for d in injected.values() for r in d})
+    expected = slept if sc.type == "intermittent" else sorted(sc.hit)
+    facts = {"traced_steps": [steps[0], steps[-1]], "ranks_injected_in_window": slept,
+             "events": sum(len(d) for d in injected.values()),
+             "step_ms": _median_step_ms(job, sc.world, steps)}
+    return [str(trace_dir)], expected, facts
+
+
+def _median_step_ms(job: TrainingJob, world: int, steps: list[int]) -> float:
+    """Median wall time from one step's start to the next (batch loading included), traced steps."""
+    want = set(steps)
+    gaps = []
+    for r in range(world):
+        log = {s["step"]: s["t0"] for s in job.step_log(r)}
+        gaps += [(log[k + 1] - log[k]) * 1000.0 for k in sorted(want) if k in log and k + 1 in log]
+    gaps.sort()
+    return round(gaps[len(gaps) // 2], 1) if gaps else 0.0

@@ -1,0 +1,154 @@
+"""A small real DDP training job (CPU, gloo) with the straggler knobs of the accuracy benchmark.
+
+Like ``kinetoscope.demo.train_ddp`` it has no profiling code (Kinetoscope traces it through the
+daemon with ``KINETO_USE_DAEMON=1``) and writes the same progress files (``rank-<r>.json``,
+``rank-<r>.steps.jsonl`` with ``straggle_ms`` = what was injected into that rank at that step).
+Run under torchrun::
+
+    python -m torch.distributed.run --standalone --nproc-per-node 4 \
+        -m benchmarks.diag_scenarios.train_knobs --mode sleep --ranks-hit 2 --ms 30
+
+Modes (``--ranks-hit R[,R]`` picks the ranks; ``--ms`` the amount per step):
+
+* ``none``: nothing injected;
+* ``sleep``: a sleep between the loss and ``backward()`` every step (two ranks: each draws
+  ``ms * U(0.8, 1.2)`` per step, so they take turns being last);
+* ``compute``: extra real compute (matrix products, busy for ``ms`` of wall time) before
+  ``backward()`` every step;
+* ``intermittent``: with probability ``--prob`` per step, one rank drawn at random sleeps ``ms``;
+* ``slow_input``: reading a batch on the hit rank takes ``ms`` longer (a sleep in the Dataset);
+* ``comm_hook``: a DDP communication hook that sleeps ``ms`` on the hit rank before each bucket's
+  all-reduce (a slow collective on that rank's link).
+
+The schedule depends only on ``--seed`` and the step, so every rank computes the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from kinetoscope.demo.train_ddp import MODEL_SIZES
+
+MODES = ("none", "sleep", "compute", "intermittent", "slow_input", "comm_hook")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.diag_scenarios.train_knobs")
+    p.add_argument("--mode", choices=MODES, default="none")
+    p.add_argument("--ranks-hit", default="", help="comma-separated ranks the injection hits")
+    p.add_argument("--ms", type=float, default=0.0, help="injected milliseconds per step (or per event)")
+    p.add_argument("--prob", type=float, default=0.3, help="intermittent: probability per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", choices=sorted(MODEL_SIZES), default="tiny")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--load-ms", type=float, default=30.0, help="every rank's batch read (emulated I/O)")
+    p.add_argument("--bucket-cap-mb", type=float, default=0.02)
+    p.add_argument("--max-seconds", type=float, default=300.0)
+    p.add_argument("--progress-dir", required=True)
+    return p
+
+
+def injected_ms(args: argparse.Namespace, hit: list[int], step: int, rank: int, world: int) -> float:
+    """What this rank gets at this step (identical on every rank for the same inputs)."""
+    rng = random.Random(args.seed * 1_000_003 + step)
+    if args.mode == "none":
+        return 0.0
+    if args.mode == "intermittent":
+        if rng.random() >= args.prob:
+            return 0.0
+        return args.ms if rng.randrange(world) == rank else 0.0
+    if rank not in hit:
+        return 0.0
+    if args.mode == "sleep" and len(hit) > 1:
+        draws = {r: args.ms * rng.uniform(0.8, 1.2) for r in sorted(hit)}
+        return draws[rank]
+    return args.ms
+
+
+def busy(ms: float, a, b) -> None:  # type: ignore[no-untyped-def]
+    """Real compute for ``ms`` of wall time (matrix products)."""
+    end = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < end:
+        a = (a @ b).tanh()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    threading.Timer(args.max_seconds, lambda: os._exit(3)).start()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hit = [int(x) for x in args.ranks_hit.split(",") if x.strip()]
+    features, hidden, layers, classes = MODEL_SIZES[args.model]
+    torch.manual_seed(args.seed)
+    mods: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*mods, nn.Linear(hidden, classes)),
+                                                bucket_cap_mb=args.bucket_cap_mb)
+    state = {"ms": 0.0}
+    if args.mode == "comm_hook":
+        def slow_hook(pg, bucket):  # type: ignore[no-untyped-def]
+            if state["ms"] > 0:
+                time.sleep(state["ms"] / 1000.0)
+            return allreduce_hook(pg, bucket)
+
+        model.register_comm_hook(None, slow_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+    batches = [(torch.randn(args.batch_size, features, generator=gen),
+                torch.randint(0, classes, (args.batch_size,), generator=gen)) for _ in range(8)]
+    load = {"s": args.load_ms / 1000.0}
+
+    class Batches(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(batches)
+
+        def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+            time.sleep(load["s"])
+            return batches[i]
+
+    loader = torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=0)
+    mat = torch.randn(128, 128) / 12
+    progress = Path(args.progress_dir)
+    progress.mkdir(parents=True, exist_ok=True)
+    log = open(progress / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
+    step = 0
+    while True:
+        for x, y in loader:
+            t0 = time.time()
+            ms = injected_ms(args, hit, step, rank, world)
+            load["s"] = (args.load_ms + (ms if args.mode == "slow_input" else 0.0)) / 1000.0  # next read
+            state["ms"] = ms if args.mode == "comm_hook" else 0.0
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            if ms > 0 and args.mode in ("sleep", "intermittent"):
+                time.sleep(ms / 1000.0)
+            elif ms > 0 and args.mode == "compute":
+                busy(ms, torch.randn(128, 128), mat)
+            loss.backward()
+            opt.step()
+            step += 1
+            t1 = time.time()
+            log.write(json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000, "straggle_ms": ms}) + "\n")
+            tmp = progress / f"rank-{rank}.json.tmp"
+            tmp.write_text(json.dumps({"rank": rank, "world_size": world, "pid": os.getpid(), "step": step, "t": t1}))
+            os.replace(tmp, progress / f"rank-{rank}.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Arrival-order ground truth of a GPU job, from the raw trace JSON (standard library only).
+
+Definitions (the same as issue 9's validation):
+
+* *collective instance*: one execution of one collective, matched across ranks by order: the
+  k-th NCCL/RCCL kernel of a collective family (``AllReduce``, ``SendRecv``, ...) on a stream of
+  one rank is the same instance as the k-th of that family on that stream of every other rank.
+* *arrival*: a rank's kernel start (the stream reached the collective: its data was ready);
+  the kernel then spins until every rank has joined.
+* *imposed wait*: at each instance, the rank that arrives last makes everybody wait
+  ``last - second-to-last`` (how much earlier the instance would complete had it arrived with
+  the next-latest rank); every other rank imposes 0 there.
+* *stragglers*: the fewest ranks that together hold at least ``cover`` (default 80 %) of the
+  job's imposed wait.
+
+It needs one clock across ranks; ``end_spread_us`` says how far apart the ranks' kernel ends
+are (within a few tens of µs on one host clock).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_FAMILY = re.compile(r"^(?:ncclDevKernel|ncclKernel|rcclKernel)_([A-Za-z]+)")
+
+
+def load_json(path: str | Path) -> dict[str, Any]:
+    """A trace file (``.json`` or ``.json.gz``) as a dict."""
+    p = Path(path)
+    raw = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+    doc = json.loads(raw)
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ValueError(f"{p}: not a Kineto trace (no traceEvents list)")
+    return doc
+
+
+def comm_kernels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's collective kernels (complete events of a communication family), by start."""
+    out = [
+        e for e in doc["traceEvents"]
+        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+        and _FAMILY.match(str(e.get("name", "")))
+    ]
+    return sorted(out, key=lambda e: float(e["ts"]))
+
+
+def family(name: str) -> str:
+    m = _FAMILY.match(name)
+    return m.group(1) if m else name
+
+
+@dataclass
+class Instance:
+    key: tuple[str, str, int]  # (stream, family, ordinal)
+    arrival: dict[int, float]  # rank -> kernel start (µs)
+    end: dict[int, float]  # rank -> kernel end (µs)
+
+    def last_two(self) -> tuple[int, float]:
+        """The last rank to arrive and the wait it imposes (last - second-to-last)."""
+        order = sorted(self.arrival.items(), key=lambda kv: (kv[1], kv[0]))
+        if len(order) < 2:
+            return order[-1][0], 0.0
+        return order[-1][0], order[-1][1] - order[-2][1]
+
+
+def instances(kernels: dict[int, list[dict[str, Any]]]) -> list[Instance]:
+    """Instances present on every rank, in order of their earliest arrival."""
+    per_rank: dict[int, dict[tuple[str, str, int], dict[str, Any]]] = {}
+    for r, ks in kernels.items():
+        seen: dict[tuple[str, str], int] = defaultdict(int)
+        mine: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for e in ks:
+            sk = (str((e.get("args") or {}).get("stream", e.get("tid"))), family(str(e["name"])))
+            mine[(*sk, seen[sk])] = e
+            seen[sk] += 1
+        per_rank[r] = mine
+    common = set.intersection(*(set(m) for m in per_rank.values())) if per_rank else set()
+    out = [
+        Instance(k, {r: float(m[k]["ts"]) for r, m in per_rank.items()},
+                 {r: float(m[k]["ts"]) + float(m[k].get("dur", 0)) for r, m in per_rank.items()})
+        for k in common
+    ]
+    return sorted(out, key=lambda i: min(i.arrival.values()))
+
+
+@dataclass
+class GroundTruth:
+    ranks: list[int]  # all ranks of the job
+    imposed_us: dict[int, float]  # rank -> summed imposed wait
+    last_count: dict[int, int]  # rank -> instances where it arrived last (imposing > 0)
+    n_instances: int
+    end_spread_us: float  # the largest spread of kernel ends across ranks at one instance
+    stragglers: list[int] = field(default_factory=list)
+
+    @property
+    def total_us(self) -> float:
+        return sum(self.imposed_us.values())
+
+    def share(self, ranks: list[int] | set[int]) -> float:
+        return sum(self.imposed_us.get(r, 0.0) for r in ranks) / self.total_us if self.total_us > 0 else 0.0
+
+
+def fewest_covering(imposed: dict[int, float], cover: float) -> list[int]:
+    """The fewest ranks (largest imposed wait first) holding at least ``cover`` of the total."""
+    total = sum(imposed.values())
+    if total <= 0:
+        return []
+    out: list[int] = []
+    acc = 0.0
+    for r, w in sorted(imposed.items(), key=lambda kv: (-kv[1], kv[0])):
+        if acc >= cover * total:
+            break
+        out.append(r)
+        acc += w
+    return sorted(out)
+
+
+def ground_truth_from_docs(docs: dict[int, dict[str, Any]], cover: float = 0.8) -> GroundTruth:
+    """Ground truth of a job given as rank -> trace document."""
+    insts = instances({r: comm_kernels(d) for r, d in docs.items()})
+    imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
+    last: dict[int, int] = dict.fromkeys(docs, 0)
+    spread = 0.0
+    for inst in insts:
+        r, w = inst.last_two()
+        imposed[r] += w
+        if w > 0:
+            last[r] += 1
+        spread = max(spread, max(inst.end.values()) - min(inst.end.values()))
+    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread)
+    gt.stragglers = fewest_covering(imposed, cover)
+    return gt
+
+
+def rank_of(doc: dict[str, Any], fallback: int) -> int:
+    info = doc.get("distributedInfo") or {}
+    return int(info["rank"]) if isinstance(info.get("rank"), int) else fallback
+
+
+def ground_truth(paths: list[str | Path], cover: float = 0.8) -> GroundTruth:
+    """Ground truth of a job given as its rank trace files (rank from ``distributedInfo``)."""
+    docs: dict[int, dict[str, Any]] = {}
+    for i, p in enumerate(sorted(paths)):
+        doc = load_json(p)
+        docs[rank_of(doc, i)] = doc
+    return ground_truth_from_docs(docs, cover)
