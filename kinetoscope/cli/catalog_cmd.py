@@ -189,20 +189,12 @@ def _files_table(title: str, traces: list[Any]) -> Any:
 
 
 def _print_file_locations(traces: list[Any]) -> None:
-    """Each file's full location (storage URL, else local path) on its own line, never folded:
-    ``in <folder>`` once when every file of a request shares one folder."""
-    import posixpath
-
+    """Each file's full location (storage URL, else local path) on its own line, never folded,
+    so that it can be copied as it is."""
     for r in traces:
-        where = [f.storage_url or f.path for f in r.files if f.storage_url or f.path]
-        if not where:
-            continue
-        folders = {posixpath.dirname(w) for w in where}
-        if len(folders) == 1 and len(where) == len(r.files):
-            _print(f"files of {r.trace_id} in {folders.pop()}/")
-        else:
-            for f in r.files:
-                _print(f"{r.trace_id} rank {'-' if f.rank is None else f.rank}: {f.storage_url or f.path or '-'}")
+        for f in r.files:
+            if f.storage_url or f.path:
+                _print(f"{r.trace_id} rank {'-' if f.rank is None else f.rank}: {f.storage_url or f.path}")
 
 
 def register(app: typer.Typer) -> None:
