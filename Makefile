@@ -38,7 +38,7 @@ test-fast: $(VENV)/.test-installed
 # The fuzz suite with 20x the CI budget and fresh random inputs (CI runs it with fixed seeds
 # as part of `make test`); KSCOPE_FUZZ_BUDGET=100 make fuzz for a longer run.
 fuzz: $(VENV)/.test-installed
-	KSCOPE_FUZZ_BUDGET=$${KSCOPE_FUZZ_BUDGET:-20} KSCOPE_FUZZ_RANDOM=$${KSCOPE_FUZZ_RANDOM:-1} \
+	KSCOPE_FUZZ_BUDGET=$${KSCOPE_FUZZ_BUDGET:-20} KSCOPE_FUZZ_RANDOM=$${KSCOPE_FUZZ_RANDOM:-1} HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-fuzz} \
 		$(PY) -m pytest tests/fuzz -q -p no:cacheprovider --timeout=0
 
 bench: $(VENV)/.test-installed

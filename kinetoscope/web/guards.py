@@ -1,5 +1,5 @@
 """What the web app may serve and whom it answers: serving roots, the Host allow-list and the
-request body limit (docs/web.md, "Security"; docs/security-loader-web.md).
+request body limit (docs/web.md, "Security"; docs/security.md, "The trace loader and the web app").
 
 * **Serving roots.** Trace file paths come from manifests (daemons, ``kscope catalog import``),
   so a path is served only when, with every symlink resolved, it lies under one of the
