@@ -326,10 +326,10 @@ def scenarios(per_type: int, bases: list[str] | None = None, types: list[str] | 
     sizes (``persistent2``: world sizes >= 4 only)."""
     combos = [(b, w) for b in (bases or available_bases()) for w in BASES[b][1]]
     out = []
-    for t in types or TYPES:
-        # two stragglers among 2 or 3 ranks leave no typical rank to compare them with
-        mine = [(b, w) for b, w in combos if w >= 4] if t == "persistent2" else combos
-        for k in range(per_type):
+    for k in range(per_type):  # types interleaved: a run cut short still covers every type
+        for t in types or TYPES:
+            # two stragglers among 2 or 3 ranks leave no typical rank to compare them with
+            mine = [(b, w) for b, w in combos if w >= 4] if t == "persistent2" else combos
             b, w = mine[k % len(mine)]
             out.append(make_scenario(t, b, w, k))
     return out
