@@ -25,7 +25,7 @@ arrival-order ground truth is recomputed from the written files with the standar
 (``truth.py``) as a sanity check of the label ("truth agrees").
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
-(about a minute). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
+(a minute or two). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
 ``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
 docs/diagnosis.md under "### Results: LABEL" (replacing a subsection of the same label).
 """
@@ -101,15 +101,39 @@ def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
     return o
 
 
-def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir: Path, keep: bool) -> list[Outcome]:
+def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir: Path, keep: bool,
+            partial: Path | None = None) -> list[Outcome]:
+    """Run every scenario, printing one line each; ``partial``: also rewrite the outcomes so far
+    there after each scenario (a long run cut short still leaves its results)."""
     outs = []
     for k, sc in enumerate(items):
         o = fn(sc, workdir, keep)
+        if partial is not None:
+            partial.write_text(json.dumps([x.to_dict() for x in [*outs, o]], default=str))
         mark = "ok " if o.exact else "ERR" if o.error else "MISS"
         print(f"[{k + 1}/{len(items)}] {mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, "
               f"got {o.kind} {o.ranks} ({o.seconds:.1f} s){' ' + o.error if o.error else ''}", flush=True)
         outs.append(o)
     return outs
+
+
+def load_outcomes(path: Path) -> list[Outcome]:
+    """Outcomes saved by ``--json`` (the document or its ``.partial`` list)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: {path}: cannot read saved outcomes ({exc})") from None
+    rows = doc["scenarios"] if isinstance(doc, dict) else doc
+    names = set(Outcome.__dataclass_fields__)
+    return [Outcome(**{k: v for k, v in r.items() if k in names}) for r in rows]
+
+
+def saved_run(path: Path) -> dict[str, Any]:
+    """Commit, command and duration of a run saved by ``--json`` (unknown for a ``.partial``)."""
+    doc = json.loads(path.read_text())
+    if isinstance(doc, dict):
+        return {k: doc.get(k, "unknown") for k in ("commit", "command")} | {"seconds": float(doc.get("seconds", 0.0))}
+    return {"commit": "unknown", "command": f"(partial run {path.name})", "seconds": 0.0}
 
 
 def examples(outcomes: list[Outcome], k: int) -> list[dict[str, Any]]:
@@ -172,7 +196,8 @@ def update_docs(label: str, body: str, path: Path = DOCS) -> None:
 SECTION_INTRO = """## Accuracy benchmark
 
 `benchmarks/bench_diagnosis.py` scores the straggler verdict (`stragglers.kind`, `ranks`) on
-labelled scenarios (issue 9's validation). Run `--quick` (about a minute) or the full set:
+labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or the full set
+(about 30 min on a loaded 2-core box):
 
     .venv/bin/python benchmarks/bench_diagnosis.py [--quick] [--cpu-jobs N] [--json out.json]
 
@@ -191,7 +216,8 @@ labelled scenarios (issue 9's validation). Run `--quick` (about a minute) or the
   `compute` (one rank's compute between collectives stretched by 10-40 % of a step).
   Labels come from what was injected; the arrival-order ground truth of the written files
   (`truth.py`, standard library) checks them ("truth agrees": every labelled rank imposes
-  >= 1 % of a step per step, no other rank >= 2 %).
+  >= 1 % of a step per step, no other rank >= 2 %; for `persistent2`, which share the wait they
+  impose, the pair is the two latest ranks at >= 80 % of the instances).
 * **Real CPU DDP jobs** (`benchmarks/diag_scenarios/cpu.py`, `train_knobs.py`): torchrun +
   gloo, 2-8 ranks, 30 ms emulated I/O per batch, one extra CPU-burning process, traced through
   a private `kscope daemon` by job id (16 iterations, aligned start). Types: `clean`,
@@ -225,6 +251,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the full results (every scenario) here")
     p.add_argument("--update-docs", default=None, metavar="LABEL",
                    help="write the tables into docs/diagnosis.md under '### Results: LABEL'")
+    p.add_argument("--from-json", nargs="*", default=None, metavar="PATH",
+                   help="score the outcomes saved in these --json files (or their .partial) instead of running")
     p.add_argument("--examples", type=int, default=2, help="wrong verdicts listed per type (2)")
     return p.parse_args(argv)
 
@@ -240,19 +268,27 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="kscope-bench-diag-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    gpu_out = run_all(gpu.scenarios(per_type, bases, a.types), run_gpu, workdir, a.keep) if per_type else []
-    cpu_out = run_all(cpu.scenarios(cpu_jobs), run_cpu, workdir, a.keep) if cpu_jobs else []
+    part = Path(a.json + ".partial") if a.json else None
+    if a.from_json is not None:
+        outcomes = [o for p in a.from_json for o in load_outcomes(Path(p))]
+        gpu_out = [o for o in outcomes if o.generator == "gpu"]
+        cpu_out = [o for o in outcomes if o.generator == "cpu"]
+    else:
+        gpu_out = run_all(gpu.scenarios(per_type, bases, a.types), run_gpu, workdir, a.keep, part) if per_type else []
+        cpu_out = run_all(cpu.scenarios(cpu_jobs), run_cpu, workdir, a.keep, part) if cpu_jobs else []
     outcomes = gpu_out + cpu_out
     summary = {
         "gpu": summary_by_type(gpu_out, gpu.TYPES),
         "cpu": summary_by_type(cpu_out, cpu.CPU_TYPES),
         "all": summary_by_type(outcomes, dict.fromkeys([*gpu.TYPES, *cpu.CPU_TYPES])),
     }
+    runs = [saved_run(Path(p)) for p in a.from_json or []]
     doc = {
-        "commit": git_rev(),
+        "commit": ", ".join(sorted({r["commit"] for r in runs})) if runs else git_rev(),
         "kinetoscope": str(Path(kinetoscope.__file__).parent),
-        "command": "bench_diagnosis.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "seconds": time.monotonic() - t0,
+        "command": "; ".join(r["command"] for r in runs) if runs else
+        "bench_diagnosis.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "seconds": sum(r["seconds"] for r in runs) if runs else time.monotonic() - t0,
         "summary": summary,
         "misses": [f"{g}: {m}" for g in ("gpu", "cpu") if summary[g]["overall"]["n"] for m in misses(summary[g])],
         "examples": examples(outcomes, a.examples),

@@ -97,6 +97,7 @@ class GroundTruth:
     n_instances: int
     end_spread_us: float  # the largest spread of kernel ends across ranks at one instance
     stragglers: list[int] = field(default_factory=list)
+    last_pairs: dict[tuple[int, int], int] = field(default_factory=dict)  # the two latest ranks -> instances
 
     @property
     def total_us(self) -> float:
@@ -127,13 +128,18 @@ def ground_truth_from_docs(docs: dict[int, dict[str, Any]], cover: float = 0.8) 
     imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
     last: dict[int, int] = dict.fromkeys(docs, 0)
     spread = 0.0
+    pairs: dict[tuple[int, int], int] = {}
     for inst in insts:
+        order = sorted(inst.arrival, key=lambda q: (inst.arrival[q], q))
+        if len(order) >= 2:
+            pair = (min(order[-2:]), max(order[-2:]))
+            pairs[pair] = pairs.get(pair, 0) + 1
         r, w = inst.last_two()
         imposed[r] += w
         if w > 0:
             last[r] += 1
         spread = max(spread, max(inst.end.values()) - min(inst.end.values()))
-    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread)
+    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread, last_pairs=pairs)
     gt.stragglers = fewest_covering(imposed, cover)
     return gt
 

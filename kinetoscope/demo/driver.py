@@ -44,7 +44,8 @@ class DemoOptions:
     straggler: str = "intermittent"
     straggler_rank: int = -1  # -1: the last rank
     straggler_prob: float = 0.3
-    straggler_ms: tuple[float, float] = (50.0, 200.0)
+    straggler_ms: tuple[float, float] = (250.0, 400.0)
+    straggler_block: int = 10  # intermittent: exactly prob x 10 stalls in every 10 steps (docs/demo.md)
     model: str = "small"
     seed: int = 0
     job_id: int | None = None  # SLURM_JOB_ID given to the job; default derived from the clock
@@ -122,6 +123,7 @@ def step_start_job(ctx: DemoContext) -> None:
         straggler_ms=o.straggler_ms,
         model=o.model,
         seed=o.seed,
+        extra_args=("--straggler-block", str(o.straggler_block)) if o.straggler_block > 0 else (),
         max_seconds=max(30.0, o.timeout_s + 10),
         env=env,
     ).start()
@@ -129,7 +131,9 @@ def step_start_job(ctx: DemoContext) -> None:
             f"SLURM_JOB_ID={ctx.job_id}")
     if o.straggler == "intermittent":
         ctx.say(f"emulated straggler: rank {ctx.straggler_rank} sleeps {o.straggler_ms[0]:g}-{o.straggler_ms[1]:g} ms "
-                f"between loss and backward in {o.straggler_prob:.0%} of the steps")
+                f"between loss and backward in " + (f"{round(o.straggler_prob * o.straggler_block)} of every "
+                                                    f"{o.straggler_block} steps" if o.straggler_block > 0
+                                                    else f"{o.straggler_prob:.0%} of the steps"))
     elif o.straggler == "persistent":
         ctx.say(f"emulated straggler: rank {ctx.straggler_rank} sleeps {o.straggler_ms[0]:g}-{o.straggler_ms[1]:g} ms "
                 "every step")

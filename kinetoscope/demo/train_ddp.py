@@ -18,7 +18,10 @@ Stragglers are emulated as in the PyTorch straggler-mitigation post: a sleep bet
 * ``none``: no sleeps.
 * ``intermittent``: each step, with probability ``--straggler-prob``, one rank
   (``--straggler-rank``, or a random rank per event when it is -1) sleeps a uniform random
-  ``--straggler-ms LO,HI`` milliseconds.
+  ``--straggler-ms LO,HI`` milliseconds. With ``--straggler-block B`` the stalls are stratified
+  instead: exactly ``round(prob x B)`` random steps of every block of ``B`` steps (steps
+  ``1..B``, ``B+1..2B``, ...), so a traced window of ``B`` aligned steps always holds the same
+  number of stalls (``kscope demo``: 3 of every 10, docs/demo.md).
 * ``persistent``: ``--straggler-rank`` (default: the last rank) sleeps every step.
 
 The straggler schedule depends only on ``--seed`` and the step number, so every rank computes the
@@ -63,6 +66,7 @@ class StragglerPlan:
     lo_ms: float = 50.0
     hi_ms: float = 200.0
     seed: int = 0
+    block: int = 0  # intermittent: > 0 -> exactly round(prob * block) steps of every block of steps
 
     def sleep_ms(self, step: int, rank: int, world_size: int) -> float:
         """How long ``rank`` sleeps at ``step`` (identical on every rank for the same inputs)."""
@@ -74,7 +78,13 @@ class StragglerPlan:
             ms = rng.uniform(self.lo_ms, self.hi_ms)
             return ms if victim % world_size == rank else 0.0
         # intermittent
-        if rng.random() >= self.prob:
+        if self.block > 0:  # stratified: the same number of stalls in every block (steps 1..B, B+1..2B, ...)
+            b = (step - 1) // self.block
+            picks = random.Random(self.seed * 1_000_003 + 7_919 * b + 1).sample(
+                range(self.block), min(self.block, round(self.prob * self.block)))
+            if (step - 1) % self.block not in picks:
+                return 0.0
+        elif rng.random() >= self.prob:
             return 0.0
         victim = self.rank if self.rank >= 0 else rng.randrange(world_size)
         ms = rng.uniform(self.lo_ms, self.hi_ms)
@@ -106,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--straggler-rank", type=int, default=-1,
                    help="the straggling rank; -1: random per event (intermittent) or the last rank (persistent)")
     p.add_argument("--straggler-prob", type=float, default=0.3, help="intermittent: probability per step (0.3)")
+    p.add_argument("--straggler-block", type=int, default=0,
+                   help="intermittent: stall in exactly round(prob x B) of every B consecutive steps "
+                        "(steps 1..B, B+1..2B, ...) instead of independently per step; 0 = off (default)")
     p.add_argument("--straggler-ms", type=parse_ms_range, default=(50.0, 200.0),
                    help="sleep in milliseconds, LO[,HI] uniform (default 50,200)")
     p.add_argument("--model", choices=sorted(MODEL_SIZES), default="small", help="MLP size (default small)")
@@ -198,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         lo_ms=args.straggler_ms[0],
         hi_ms=args.straggler_ms[1],
         seed=args.seed,
+        block=max(0, args.straggler_block),
     )
     features, hidden, layers, classes = MODEL_SIZES[args.model]
     torch.manual_seed(args.seed)  # same initial weights on every rank

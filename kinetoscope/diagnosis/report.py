@@ -55,6 +55,10 @@ def short_cause(cause: dict[str, Any] | None) -> str:
     if by == "compute":
         c = comp["compute"]
         return f"its compute {c['ratio']:.2f}x the peers' median" if c.get("ratio") else "its compute is slower"
+    if by == "slow_link":
+        c = comp["slow_link"]
+        return (f"slow link / its collectives' transfer: ends {c['excess_ms']:.1f} ms per step after its peers' "
+                f"at {c['late_ends']}/{c['instances']} collectives")
     label = {"dataloader": "data loading", "host_gap": "host gaps", "transfer": "transfer"}.get(str(by))
     if label:
         return f"{label} +{comp[by]['excess_ms']:.1f} ms per late step vs peers"
@@ -208,6 +212,9 @@ class Diagnosis(Mapping):
             host = f" (host {s.hosts.get(r)})" if s.hosts.get(r) else ""
             share = (f"{_pct(row.get('lost_share'))} of the time lost" if len(s.ranks) > 1
                      else f"{_pct(row.get('imposed_share'))} of the imposed wait")
+            if (s.causes.get(r) or {}).get("explained_by") == "slow_link" and not row.get("last_count"):
+                segs.append(f"rank {r}{host}: {short_cause(s.causes.get(r))}")
+                continue
             segs.append(
                 f"rank {r}{host}: {share}, last at "
                 f"{row.get('last_count')}/{row.get('instances')} collectives, late in "

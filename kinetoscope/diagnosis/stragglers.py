@@ -87,6 +87,8 @@ class StragglerThresholds:
     tie_us: float = 0.5
     spike_factor: float = 4.0
     max_named: int = 8
+    link_floor_us: float = 50.0
+    link_min_ranks: int = 3
 
 
 PER_RANK_SCHEMA: dict[str, pl.DataType] = {
@@ -273,6 +275,7 @@ class _Matrix:
     A: np.ndarray
     step_idx: np.ndarray
     m: np.ndarray
+    E: np.ndarray | None = None  # collective end (ns) per [instance, rank], same order as A
 
 
 def _matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tuple[_Matrix, int]:
@@ -281,11 +284,9 @@ def _matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tuple[_Ma
     per = inst.group_by("instance").agg(pl.len().alias("_n"), pl.col("step").first())
     complete = per.filter(pl.col("_n") == n)
     partial = per.height - complete.height
-    wide = (
-        inst.filter(pl.col("instance").is_in(complete["instance"].implode()))
-        .pivot(on="rank", index=["instance", "step"], values="arrival", aggregate_function="first")
-        .sort("step", "instance")
-    )
+    sub = inst.filter(pl.col("instance").is_in(complete["instance"].implode()))
+    wide = sub.pivot(on="rank", index=["instance", "step"], values="arrival", aggregate_function="first").sort(
+        "step", "instance")
     if wide.is_empty():
         return _Matrix(ranks, steps, np.zeros((0, n), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)), partial
     A = np.column_stack([wide[str(r)].to_numpy().astype(np.int64) for r in ranks])
@@ -294,7 +295,12 @@ def _matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tuple[_Ma
     m = srt[:, (n - 1) // 2]
     pos = {s: k for k, s in enumerate(steps)}
     step_idx = np.array([pos[s] for s in wide["step"].to_list()], dtype=np.int64)
-    return _Matrix(ranks, steps, A, step_idx, m), partial
+    E = None
+    if "end" in sub.columns:
+        ew = sub.pivot(on="rank", index=["instance", "step"], values="end", aggregate_function="first").sort(
+            "step", "instance")
+        E = np.column_stack([ew[str(r)].to_numpy().astype(np.int64) for r in ranks])
+    return _Matrix(ranks, steps, A, step_idx, m, E), partial
 
 
 @dataclass
@@ -341,6 +347,80 @@ def _waiting_fixed(mx: _Matrix, fixed: set[int]) -> np.ndarray:
     return union_by_group(mx.step_idx, mx.m.astype(np.float64), A.max(axis=1), len(mx.steps))
 
 
+# ---- slow link: a rank whose collectives end late -------------------------------------------------------
+
+
+@dataclass
+class _SlowLink:
+    """End-skew evidence of one rank (``_slow_link``); times in ns."""
+
+    rank: int
+    late: int  # instances where it ended beyond the threshold after its peers
+    events: int  # instances where any rank did
+    instances: int
+    world: int
+    p: float
+    excess_ns: float  # summed end excess at its late instances
+    threshold_ns: float
+    late_steps: np.ndarray  # bool [step]
+    per_step_ns: np.ndarray  # float [step]: its end excess per step
+
+
+def end_skew(mx: _Matrix) -> np.ndarray:
+    """``S[i, j]``: rank ``j``'s collective end at instance ``i`` minus the median end of the
+    instance's ranks (ns)."""
+    assert mx.E is not None
+    return mx.E.astype(np.float64) - np.median(mx.E.astype(np.float64), axis=1)[:, None]
+
+
+def _slow_link(mx: _Matrix, th: StragglerThresholds, total_T: float, skip: set[int]) -> list[_SlowLink]:
+    """Ranks whose collectives end late after their peers' (slow link / its collectives'
+    transfer), most excess first.
+
+    A rank is named when it ends beyond ``max(k_sigma x sigma_end, link_floor_us)`` after the
+    instance's median end (``sigma_end`` = 1.4826 x MAD of all end skews) at ``late`` of the
+    ``events`` instances where some rank did, far more often than chance (binomial against
+    ``1/N``: ``p < alpha``), at ``min_events`` instances or more, and its summed end excess is
+    at least ``rel_step`` of the summed step time. Needs ``link_min_ranks`` ranks: with two
+    ranks and unknown clocks, the clocks are aligned on collective ends, so a late end is
+    indistinguishable from a clock offset, and the median end is not a peer's end."""
+    n_inst, n = mx.A.shape
+    if mx.E is None or n < th.link_min_ranks or n_inst == 0 or total_T <= 0:
+        return []
+    S = end_skew(mx)
+    sigma = 1.4826 * float(np.median(np.abs(S - np.median(S))))
+    thr = max(th.k_sigma * sigma, th.link_floor_us * 1000.0)
+    late = S >= thr
+    events = int(late.any(axis=1).sum())
+    out = []
+    for j, r in enumerate(mx.ranks):
+        k = int(late[:, j].sum())
+        if r in skip or k < th.min_events:
+            continue
+        p = binom_sf(k, events, 1.0 / n)
+        excess = float(S[late[:, j], j].sum())
+        if p < th.alpha and excess >= th.rel_step * total_T:
+            per_step = np.bincount(mx.step_idx[late[:, j]], weights=S[late[:, j], j], minlength=len(mx.steps))
+            out.append(_SlowLink(r, k, events, n_inst, n, p, excess, thr, per_step > 0, per_step))
+    return sorted(out, key=lambda x: -x.excess_ns)
+
+
+def link_cause(sl: _SlowLink, n_steps: int, total_T: float) -> dict[str, Any]:
+    """The cause record (``rank_cause`` shape) of a rank named for its late collective ends."""
+    per_step = sl.excess_ns / max(n_steps, 1) / 1e6
+    return {
+        "lateness_ms_per_step": round(per_step, 3),
+        "components": {"slow_link": {"late_ends": sl.late, "instances": sl.instances, "excess_ms": round(per_step, 3),
+                                     "share_of_step": round(sl.excess_ns / total_T, 4), "p_value": sl.p,
+                                     "threshold_ms": round(sl.threshold_ns / 1e6, 3)}},
+        "explained_by": "slow_link",
+        "text": (f"slow link / its collectives' transfer: its collectives end {per_step:.1f} ms per step after "
+                 f"its peers' ({100 * sl.excess_ns / total_T:.1f}% of step time), beyond "
+                 f"{sl.threshold_ns / 1e6:.2f} ms at {sl.late}/{sl.instances} collectives "
+                 f"({sl.late} of the {sl.events} late ends, p={sl.p:.2g})"),
+    }
+
+
 # ---- the analysis ----------------------------------------------------------------------------------------
 
 
@@ -355,6 +435,8 @@ class _Named:
     p: float
     k: int
     partner: int | None = None  # named as a pair with this rank (judged jointly)
+    link: _SlowLink | None = None  # its late collective ends (slow link evidence)
+    by_link: bool = False  # named for its late ends alone (not for its arrivals)
 
 
 def analyze_stragglers(
@@ -411,9 +493,18 @@ def analyze_stragglers(
         if isolated:
             s = steps[int(np.flatnonzero(isolated[0].late)[0])] if isolated[0].late.any() else steps[0]
             rep.reason = f"one isolated late arrival (rank {isolated[0].rank}, step {s}) is not a pattern"
+    links = _slow_link(mx, th, total_T, set())
+    by_arrival = {nm.rank: nm for nm in named}
+    for sl in links:  # a slow link delays its own ends, not (always) its next arrival
+        if sl.rank in by_arrival:
+            by_arrival[sl.rank].link = sl
+        elif len(named) < th.max_named:
+            named.append(_Named(sl.rank, True, 0, 0, sl.late_steps, r0, sl.p, sl.late, link=sl, by_link=True))
     fixed = {nm.rank for nm in named}
     waiting_fixed = _waiting_fixed(mx, fixed)
     excess = np.clip(r0.waiting - waiting_fixed, 0, None)
+    if links:  # per step, the larger of the arrival what-if and the late ends (no double count)
+        excess = np.minimum(np.maximum(excess, sum(sl.per_step_ns for sl in links)), T_ns)
     rep.skew_fraction = float(r0.waiting.sum()) / total_T if total_T > 0 else None
     rep.lost_fraction = float(excess.sum()) / total_T if total_T > 0 else None
     rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
@@ -422,12 +513,13 @@ def analyze_stragglers(
     persistent, intermittent = [], []
     for nm in named:
         (persistent if _is_persistent(nm, mx, th, n_units_steps) else intermittent).append(nm)
+    link_named = [nm for nm in named if nm.by_link]
     # a steady small skew whose time is mostly lost in a few spikes: the spikes are what to fix,
     # reported as intermittent (pattern "steady skew with spikes")
-    skew_spikes = [nm for nm in persistent if _spike_share(nm, mx, th) >= 0.5]
+    skew_spikes = [nm for nm in persistent if nm not in link_named and _spike_share(nm, mx, th) >= 0.5]
     persistent = [nm for nm in persistent if nm not in skew_spikes]
     intermittent += skew_spikes
-    skew_spikes += [nm for nm in intermittent if nm not in skew_spikes and n_units_steps
+    skew_spikes += [nm for nm in intermittent if nm not in skew_spikes and nm not in link_named and n_units_steps
                     and nm.late.mean() >= th.persistent_share and _spike_share(nm, mx, th) >= 0.5]
     final = _round(mx, fixed, th.tie_us * 1000.0)
     rep.per_step = _per_step(mx, r0, T_ns, excess, thr_i, thr_p, bd, per_step_late)
@@ -471,7 +563,9 @@ def analyze_stragglers(
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
     rep.reason = _reason(rep, named)
     late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late)] for nm in named}
-    rep.causes = {r: rank_cause(bd, r, late_of.get(r)) for r in rep.ranks}
+    link_of = {nm.rank: nm.link for nm in named if nm.link is not None}
+    rep.causes = {r: link_cause(link_of[r], len(steps), total_T) if r in link_of else rank_cause(bd, r, late_of.get(r))
+                  for r in rep.ranks}
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     return rep
 
@@ -544,6 +638,11 @@ def _is_persistent(nm: _Named, mx: _Matrix, th: StragglerThresholds, by_steps: b
     """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
     and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
     instance): with two ranks, 6 late steps of 10 are what chance gives one of them."""
+    if nm.link is not None and nm.by_link:
+        # named for its late ends: persistent when they recur (in most steps; short traces: min_events)
+        if by_steps:
+            return bool(nm.late.mean() >= th.persistent_share)
+        return nm.link.late >= th.min_events
     size = 1 if nm.partner is None else 2  # a pair is judged jointly: either of the two last
     if by_steps:
         k, n, p0 = int(nm.late.sum()), len(nm.late), size / nm.rnd.free
@@ -729,6 +828,11 @@ def _reason(rep: StragglerReport, named: list[_Named]) -> str:
     parts = []
     for nm in named:
         if nm.rank not in rep.ranks and nm.rank not in rep.intermittent_ranks:
+            continue
+        if nm.link is not None and nm.by_link:
+            parts.append(f"rank {nm.rank}'s collectives end late after its peers' at {nm.link.late}/{nm.link.instances} "
+                         f"collectives ({nm.link.late} of the {nm.link.events} late ends, chance 1/{nm.link.world}, "
+                         f"p={nm.p:.2g}), late in {int(nm.late.sum())}/{rep.steps_analysed} steps")
             continue
         parts.append(
             f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "

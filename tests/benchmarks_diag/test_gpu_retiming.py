@@ -87,3 +87,11 @@ def test_labels_of_generated_scenarios_match_the_arrival_truth(tmp_path):
 def test_unknown_scenario_type_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown scenario type 'slow'"):
         gpu.make_scenario("slow", BASE, 4, 0)
+
+
+def test_two_stragglers_are_the_two_latest(tmp_path):
+    sc = gpu.make_scenario("persistent2", BASE, 4, 0)
+    gt = truth.ground_truth(gpu.build(sc, tmp_path))
+    pair = (min(sc.ranks), max(sc.ranks))
+    assert gt.last_pairs[pair] >= 0.8 * gt.n_instances and gpu.truth_agrees(sc, gt)
+    assert set(gt.stragglers) <= set(sc.ranks)
