@@ -86,7 +86,10 @@ def recommend(
             _rec(
                 "straggler-persistent",
                 "high" if lost >= 0.10 else "medium",
-                f"Persistent straggler: {who} arrives last at the collectives far more often than chance",
+                f"Persistent straggler: {who} " + (
+                    "has collectives that end late after its peers' (slow link / its collectives' transfer)"
+                    if all((s.causes.get(r) or {}).get("explained_by") == "slow_link" for r in s.ranks)
+                    else "arrives last at the collectives far more often than chance"),
                 {
                     **what_if,
                     "ranks": s.ranks,
@@ -107,7 +110,8 @@ def recommend(
                 },
                 f"Inspect {who}: the same rank is late every time, so it is that host, device or link, not "
                 "random noise. Check its GPU/CPU clocks and throttling (nvidia-smi -q -d PERFORMANCE, "
-                "dmesg), other processes on the host, its data pipeline and NIC; compare its kernel "
+                "dmesg), other processes on the host, its data pipeline and NIC (slow link: its link "
+                "error counters and an nccl-tests run on its pairs); compare its kernel "
                 "times with a healthy rank (compute_vs_median). If it cannot be fixed, exclude/replace "
                 "the node. Hierarchical SGD does NOT help a persistent straggler: it slows the same "
                 "subgroup at every synchronisation.",

@@ -71,3 +71,9 @@ def test_late_ends_spread_over_ranks_are_noise_not_a_link():
     for i in range(8):
         E[i, i % 4] += 2_000_000
     assert _slow_link(_mx(E), StragglerThresholds(), total_T=80_000_000.0, skip=set()) == []
+
+
+def test_recommendation_says_late_ends_not_late_arrivals(slow_link_job):
+    _sc, paths = slow_link_job
+    recs = [r for r in diagnose(paths).recommendations if r["id"] == "straggler-persistent"]
+    assert len(recs) == 1 and "end late after its peers' (slow link" in recs[0]["title"]
