@@ -86,7 +86,10 @@ def test_persistent_straggler_named(ddp_runs):
     assert s.hosts[2]  # the host to inspect is named
     row = s.per_rank.filter(pl.col("rank") == 2).row(0, named=True)
     assert row["late_share"] >= 0.9
-    assert 0.8 * delay_us < row["mean_lateness(us)"] < 1.1 * delay_us
+    # the injected sleep is a floor; a loaded host can only add to it (CPU preemption of the
+    # sleeper after it wakes), so the upper bound is loose: the lateness is about the sleep,
+    # not a multiple of it
+    assert 0.8 * delay_us < row["mean_lateness(us)"] < 1.5 * delay_us
     assert s.lost_fraction > 0.3 and s.est_step_time_us < s.mean_step_time_us
     # every traced step is analysed, the first one included, and rank 2 is late in (nearly) all
     assert s.steps_analysed >= 16 and row["late_steps"] >= s.steps_analysed - 1
