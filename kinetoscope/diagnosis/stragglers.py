@@ -608,7 +608,6 @@ def _name_ranks(
     named: list[_Named] = []
     fixed: set[int] = set()
     rnd = r0
-    n_inst = mx.A.shape[0]
     floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
     quiet = np.ones(len(mx.steps), dtype=bool)
     while len(named) < min(th.max_named, len(mx.ranks) - 1):

@@ -3,27 +3,23 @@ from recorded shapes (feature_job.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from profiled_jobs import run_profiled_job
 
 from kinetoscope.diagnosis import diagnose
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 JOB = Path(__file__).with_name("feature_job.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def feature_trace(tmp_path_factory):
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("features")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(JOB), str(out)], check=True, env=env, timeout=300, capture_output=True)
+    run_profiled_job(JOB, out)
     return out
 
 

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from profiled_jobs import run_profiled_job
 from diag_synth import make_job
 
 from kinetoscope.diagnosis import diagnose
@@ -27,8 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def single_trace(tmp_path_factory):
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("single")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(JOB), str(out)], check=True, env=env, timeout=300, capture_output=True)
+    run_profiled_job(JOB, out)
     return out / "train.pt.trace.json"
 
 
