@@ -25,7 +25,8 @@ imposed wait
     the next-latest one; 0 for the other ranks. Per step, a rank's imposed wait is the union of
     its intervals ``[L_i - w, L_i]`` (two buckets waiting for one late backward count once).
 what-if for a set ``S`` of ranks
-    the ranks of ``S`` arrive like the typical rank (``min(a, m_i)``); a step's waiting is
+    the ranks of ``S`` arrive like the typical rank of the others (``min(a, m'_i)``, ``m'_i`` the
+    lower median of the ranks not in ``S``) and are never in the last group; a step's waiting is
     ``|union over its instances of [m_i, L_i]|``; what the set saves in a step is that waiting
     minus the waiting with ``S`` fixed. ``lost_fraction = saved(named ranks) / sum of step
     times``; ``skew_fraction = waiting / sum of step times`` (perfect synchrony).
@@ -317,12 +318,10 @@ class _Round:
 
 def _round(mx: _Matrix, fixed: set[int], tie_ns: float) -> _Round:
     n_inst, n = mx.A.shape
-    A = mx.A.astype(np.float64).copy()
-    for j, r in enumerate(mx.ranks):
-        if r in fixed:
-            A[:, j] = np.minimum(A[:, j], mx.m)
+    A = _fixed_arrivals(mx, fixed)
     L = A.max(axis=1)
     last = A >= (L - tie_ns)[:, None]
+    last[:, [j for j, r in enumerate(mx.ranks) if r in fixed]] = False  # a fixed rank is never waited for
     last[last.all(axis=1)] = False  # all ranks arrived together: nobody was waited for
     others = np.where(last, -np.inf, A).max(axis=1)
     others = np.where(np.isfinite(others), others, mx.m.astype(np.float64))
@@ -338,12 +337,25 @@ def _round(mx: _Matrix, fixed: set[int], tie_ns: float) -> _Round:
     return _Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free)
 
 
+def _fixed_arrivals(mx: _Matrix, fixed: set[int]) -> np.ndarray:
+    """Arrivals (float ns) with each rank of ``fixed`` arriving no later than the typical rank
+    of the others: the lower median of the ranks not fixed. With few ranks the median of all
+    ranks can be a second straggler's arrival (3 ranks, 2 late): fixing one straggler at it
+    would leave it tied last with the other instead of arriving like the punctual ranks."""
+    A = mx.A.astype(np.float64).copy()
+    cols = [j for j, r in enumerate(mx.ranks) if r in fixed]
+    free = [j for j in range(A.shape[1]) if j not in cols]
+    if not cols or A.shape[0] == 0:
+        return A
+    # every rank fixed: all arrive like the typical rank of the job (nobody waits)
+    typ = np.sort(A[:, free], axis=1)[:, (len(free) - 1) // 2] if free else mx.m.astype(np.float64)
+    A[:, cols] = np.minimum(A[:, cols], typ[:, None])
+    return A
+
+
 def _waiting_fixed(mx: _Matrix, fixed: set[int]) -> np.ndarray:
     """Per step: waiting ``|union [m, L]|`` with ``fixed`` arriving like the typical rank."""
-    A = mx.A.astype(np.float64).copy()
-    for j, r in enumerate(mx.ranks):
-        if r in fixed:
-            A[:, j] = np.minimum(A[:, j], mx.m)
+    A = _fixed_arrivals(mx, fixed)
     return union_by_group(mx.step_idx, mx.m.astype(np.float64), A.max(axis=1), len(mx.steps))
 
 
@@ -437,6 +449,8 @@ class _Named:
     partner: int | None = None  # named as a pair with this rank (judged jointly)
     link: _SlowLink | None = None  # its late collective ends (slow link evidence)
     by_link: bool = False  # named for its late ends alone (not for its arrivals)
+    alone_late: np.ndarray | None = None  # bool [step]: late with the other named ranks fixed
+    alone_imposed: np.ndarray | None = None  # float [step] (ns): its imposed wait with them fixed
 
 
 def analyze_stragglers(
@@ -510,6 +524,7 @@ def analyze_stragglers(
     rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
     rep.est_step_time_us = float((T_ns - excess).mean()) / 1000.0
     n_units_steps = len(steps) >= th.min_steps_confident
+    _late_alone(mx, named, thr_p, th)
     persistent, intermittent = [], []
     for nm in named:
         (persistent if _is_persistent(nm, mx, th, n_units_steps) else intermittent).append(nm)
@@ -610,7 +625,10 @@ def _name_ranks(
     rnd = r0
     floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
     quiet = np.ones(len(mx.steps), dtype=bool)
-    while len(named) < min(th.max_named, len(mx.ranks) - 1):
+    # every rank may be named: with the others fixed the last free rank can only be named by
+    # magnitude (it is last whenever it is not early, chance ~ its own rate), e.g. a 2-rank
+    # job whose two ranks each stall once
+    while len(named) < min(th.max_named, len(mx.ranks)):
         picks = (_single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor, quiet)
                  or _pair(mx, rnd, fixed, th, total_T, floor, quiet))
         if not picks:
@@ -633,6 +651,30 @@ def _frequency(rnd: _Round, j: int, qi: np.ndarray) -> tuple[int, float]:
     return k, binom_sf(k, n, min(p0, 1.0))
 
 
+def _late_alone(mx: _Matrix, named: list[_Named], thr_p: np.ndarray, th: StragglerThresholds) -> None:
+    """Set each arrival-named rank's steps late beyond the persistent threshold once the other
+    named ranks are fixed (a pair: its partner is not fixed, and each member gets the pair's
+    joint late steps). Two stragglers with the same delay alternate as the last one: in the
+    round that names the first, it imposes only in the steps where it beat the other, so its
+    own late steps undercount it; with the other fixed it is late in every step it delays."""
+    arrival = [nm for nm in named if not nm.by_link]
+    if len(arrival) < 2:
+        return
+    for nm in arrival:
+        keep = {nm.rank, nm.partner}
+        rnd = _round(mx, {x.rank for x in arrival if x.rank not in keep}, th.tie_us * 1000.0)
+        worst = rnd.step_imposed.max(axis=1)
+        js = [mx.ranks.index(r) for r in keep if r is not None]
+        imp = rnd.step_imposed[:, js]
+        nm.alone_late = ((imp >= thr_p[:, None]) & (imp >= th.rel_to_worst * worst[:, None])).any(axis=1)
+        nm.alone_imposed = imp.sum(axis=1)  # a pair: the two alternate, their waits add up per step
+    for nm in arrival:  # a pair is judged jointly: either member late
+        if nm.partner is not None and nm.alone_late is not None:
+            mate = next((x for x in arrival if x.rank == nm.partner), None)
+            if mate is not None:
+                nm.alone_late = nm.alone_late | mate.late | nm.late
+
+
 def _is_persistent(nm: _Named, mx: _Matrix, th: StragglerThresholds, by_steps: bool) -> bool:
     """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
     and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
@@ -644,7 +686,8 @@ def _is_persistent(nm: _Named, mx: _Matrix, th: StragglerThresholds, by_steps: b
         return nm.link.late >= th.min_events
     size = 1 if nm.partner is None else 2  # a pair is judged jointly: either of the two last
     if by_steps:
-        k, n, p0 = int(nm.late.sum()), len(nm.late), size / nm.rnd.free
+        late = nm.late if nm.alone_late is None else nm.late | nm.alone_late
+        k, n, p0 = int(late.sum()), len(late), size / nm.rnd.free
     else:
         js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
         k, n, p0 = int(nm.rnd.last[:, js].any(axis=1).sum()), nm.rnd.last.shape[0], size * nm.rnd.p0
@@ -705,10 +748,7 @@ def _pair(
     n = int(qi.sum())
     if n == 0 or rnd.free < 3:
         return []
-    A = mx.A.astype(np.float64).copy()
-    for j, r in enumerate(mx.ranks):
-        if r in fixed:
-            A[:, j] = np.minimum(A[:, j], mx.m)
+    A = _fixed_arrivals(mx, fixed)
     top2 = np.sort(np.argsort(-A, axis=1, kind="stable")[:, :2], axis=1)[qi]
     counts = [(int(rnd.last[qi, j].sum()), j) for j, r in enumerate(mx.ranks) if r not in fixed]
     cands = [c for c in sorted(counts, reverse=True)[:top_k] if c[0] > 0]
@@ -806,7 +846,9 @@ def _confidence(rep: StragglerReport, th: StragglerThresholds) -> str:
 def _spike_share(nm: _Named, mx: _Matrix, th: StragglerThresholds) -> float:
     """Share of a rank's imposed wait that falls in its spike steps (steps imposing more than
     ``spike_factor`` times its median step); 0 with fewer than ``min_steps_confident`` steps."""
-    per_step = nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)]
+    # with the other named ranks fixed: in its own naming round a straggler that alternates
+    # with another as the last one imposes only where it beat it, which reads as spikes
+    per_step = nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)] if nm.alone_imposed is None else nm.alone_imposed
     med = float(np.median(per_step))
     if len(per_step) < th.min_steps_confident or med <= 0 or per_step.sum() <= 0:
         return 0.0

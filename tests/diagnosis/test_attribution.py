@@ -106,6 +106,48 @@ def test_two_persistent_ranks_are_both_named(delays, sd_ns):
     assert s.lost_fraction == pytest.approx(max(delays) / 100.0, abs=0.04)
 
 
+@pytest.mark.parametrize(("world", "hit", "seed"), [(3, (0, 2), 1), (6, (1, 2), 4), (6, (3, 5), 5)])
+def test_two_equal_stragglers_that_alternate_are_both_persistent(world, hit, seed):
+    # two ranks 30 ms late every step under 3 ms of jitter alternate as the last one: in the
+    # round that names the first, it imposes only where it beat the other (half the steps, read
+    # as spikes); judged with the other fixed it is late in every step. With 3 ranks the median
+    # arrival is the other straggler's, so a fixed rank must arrive like the punctual one.
+    steps = 16
+    late = [[30.0 if r in hit else 0.0] * steps for r in range(world)]
+    jit = _jitter(world, steps, sd_ns=3 * MS, seed=seed).tolist()
+    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=jit))
+    s = d.stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == sorted(hit), d.verdict()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_three_ranks_second_straggler_has_the_chance_of_the_free_ranks(seed):
+    # 3 ranks, rank 0 40 ms late, rank 2 20 ms late: the median arrival is rank 2's, so rank 0
+    # fixed "like the typical rank" used to tie with rank 2 and count in the last group: chance
+    # 2/2 = 100 % (81 % in a benchmark job), and rank 2 could never beat chance. Fixed ranks are
+    # never last; the chance of each of the 2 free ranks is 50 %.
+    world, steps = 3, 16
+    late = [[40.0] * steps, [0.0] * steps, [20.0] * steps]
+    jit = _jitter(world, steps, sd_ns=1 * MS, seed=seed).tolist()
+    s = diagnose(make_job(world, steps, late_ms=late, jitter_ns=jit)).stragglers
+    assert s.kind == "persistent" and s.ranks == [0, 2], s.reason
+    chances = dict(re.findall(r"rank (\d+) last at \d+/\d+ collectives \(chance (\d+)%", s.reason))
+    assert chances == {"0": "33", "2": "50"}, s.reason
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_one_stall_on_each_of_two_ranks_is_an_intermittent_pattern(world):
+    # two significant stalls on different ranks are the job's pattern (min_events job-wide):
+    # each rank is named for its one stall, also when they are all the ranks of the job
+    steps = 12
+    late = [[0.0] * steps for _ in range(world)]
+    late[1][3], late[0][8] = 50.0, 60.0
+    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=200_000, seed=7).tolist()))
+    s = d.stragglers
+    assert s.kind == "intermittent" and sorted(s.ranks) == [0, 1], d.verdict()
+    assert 0.05 < s.lost_fraction < 0.15  # 110 ms of 12 x 100 ms steps
+
+
 def test_one_dominant_rank_says_who_holds_the_job_back_next():
     world, steps = 4, 12
     late = [[0.0] * steps for _ in range(world)]
