@@ -715,7 +715,7 @@ def _single(
         # trace's only step is not left out for holding the rank's own lateness)
         own_quiet = quiet & ~events if len(mx.steps) >= th.min_steps_confident else quiet
         qi = own_quiet[mx.step_idx]
-        k_q, p_q = _frequency(rnd, int(j), qi)
+        _, p_q = _frequency(rnd, int(j), qi)
         freq = (
             p_q < th.alpha
             and _steady_effect(rnd, int(j), own_quiet) >= th.min_rank_effect * total_T
