@@ -78,6 +78,7 @@ class StragglerThresholds:
     rel_to_worst: float = 0.5
     abs_floor_us: float = 100.0
     min_lost_fraction: float = 0.015
+    min_jitter_lost_fraction: float = 0.05
     min_events: int = 2
     persistent_share: float = 0.5
     recurrent_concentration: float = 0.6
@@ -546,9 +547,16 @@ def analyze_stragglers(
     if named:
         rep.next_ranks = _next_ranks(mx, final, fixed, T_ns)
     lost = rep.lost_fraction or 0.0
-    if not named or lost < th.min_lost_fraction:
+    jitter = _only_jitter(named, persistent, lost, th)
+    if not named or lost < th.min_lost_fraction or jitter:
         rep.kind = "none"
-        if named:
+        if jitter:
+            rep.reason = (
+                f"rank(s) {[nm.rank for nm in named]} are last more often than chance, but in under half of the "
+                f"steps and with no stall beyond the noise, costing {100 * lost:.1f}% of step time "
+                f"(< {100 * th.min_jitter_lost_fraction:g}%): arrival jitter, not a straggler"
+            )
+        elif named:
             rep.reason = (
                 f"rank(s) {[nm.rank for nm in named]} make the others wait, but fixing them would save only "
                 f"{100 * lost:.1f}% of step time (< {100 * th.min_lost_fraction:g}%)"
@@ -583,6 +591,17 @@ def analyze_stragglers(
                   for r in rep.ranks}
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     return rep
+
+
+def _only_jitter(named: list[_Named], persistent: list[_Named], lost: float, th: StragglerThresholds) -> bool:
+    """True when every named rank is intermittent, named for how often it is last alone (no
+    stall beyond the event threshold, no late collective ends), and together they cost less than
+    ``min_jitter_lost_fraction`` of the step: on a loaded host one rank is often preempted a
+    little more than its peers, which is arrival jitter, not a straggler worth acting on. A
+    steady delay (persistent) keeps the lower ``min_lost_fraction`` floor."""
+    if not named or persistent or lost >= th.min_jitter_lost_fraction:
+        return False
+    return all(nm.freq and nm.events == 0 and not nm.by_link and nm.link is None for nm in named)
 
 
 def _noise_thresholds(
