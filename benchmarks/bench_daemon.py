@@ -51,7 +51,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kinetoscope.daemon import wire  # noqa: E402
+from kinetoscope.protocol import wire  # noqa: E402
 
 N_CLIENTS = 256
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -434,7 +434,7 @@ def step_benchmark(pairs: int, block_s: float) -> dict[str, float]:
 
 
 def _registered_pids(port: int) -> list[int]:
-    from kinetoscope.daemon.wire import encode_rpc_json, frame_rpc, read_rpc_frame
+    from kinetoscope.protocol.wire import encode_rpc_json, frame_rpc, read_rpc_frame
 
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(frame_rpc(encode_rpc_json({"fn": "kscopeListProcesses"})))

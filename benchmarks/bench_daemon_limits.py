@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 from kinetoscope.daemon.daemon import Daemon, DaemonOptions
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.protocol.defaults import TRACE_SUFFIXES
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 ANALYSIS_NAME = "analyze"  # the catalog name shared with `kscope analyze` and the web app
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, child_env
 

@@ -88,7 +88,7 @@ def _hosts(hosts: list[str], show: int = 2) -> str:
 
 
 def _when(dt: Any) -> str:
-    from kinetoscope.collect.manifest import format_time
+    from kinetoscope.protocol.manifest import format_time
 
     return (format_time(dt) or "-").replace("T", " ").replace("Z", "")
 
@@ -275,7 +275,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Record an existing trace folder (with its manifest.json) in the catalog."""
         from kinetoscope.store.storage import parse_store_options
-        from kinetoscope.collect.manifest import MANIFEST_NAME, ManifestError
+        from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
         from kinetoscope.errors import UsageError
 
         storage_options = parse_store_options(store_option)
@@ -296,7 +296,7 @@ def register(app: typer.Typer) -> None:
                     from kinetoscope.store.upload import upload_trace_request
 
                     objs = upload_trace_request(d, store, storage_options=storage_options)
-                    from kinetoscope.collect.manifest import load_trace_dir
+                    from kinetoscope.protocol.manifest import load_trace_dir
 
                     records.append(cat.record_trace_request(load_trace_dir(d), objs, base_dir=d.absolute()))
                 else:
@@ -344,7 +344,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _trace_json(r: Any, files: bool = False) -> dict[str, Any]:
-    from kinetoscope.collect.manifest import format_time
+    from kinetoscope.protocol.manifest import format_time
 
     doc: dict[str, Any] = {
         "trace_id": r.trace_id,

@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kinetoscope.cli.examples import examples
-from kinetoscope.collect.client import DEFAULT_PORT, parse_hosts
+from kinetoscope.collect.client import parse_hosts
+from kinetoscope.protocol.defaults import DEFAULT_PORT
 from kinetoscope.collect.deliver import (
     job_step_rate,
     mark_abandoned_requests,

@@ -1,6 +1,6 @@
 """RPC client for a Kinetoscope (or Dynolog) daemon.
 
-Framing is dyno's (``kinetoscope.daemon.wire``): native ``int32`` length + UTF-8 JSON, one request
+Framing is dyno's (``kinetoscope.protocol.wire``): native ``int32`` length + UTF-8 JSON, one request
 per TCP connection. Every failure becomes a :class:`DaemonError` whose message names the host and
 the cause, so the trigger can report it without a traceback.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from kinetoscope.daemon.wire import FrameError, frame_rpc, read_rpc_frame
+from kinetoscope.protocol.wire import FrameError, frame_rpc, read_rpc_frame
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.protocol.defaults import DEFAULT_PORT
 
 DEFAULT_HOST = "localhost"
-DEFAULT_PORT = 1778
 DEFAULT_TIMEOUT_S = 10.0
 
 

@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress
-from kinetoscope.collect.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
-from kinetoscope.daemon.kineto_config import DEFAULT_DURATION_MS, build_config
+from kinetoscope.protocol.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
+from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
 from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
 
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject
 
-DEFAULT_TRACE_ROOT = "/tmp/kinetoscope/traces"
 TRACE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _JOB_ID_RE = re.compile(r"^\s*([+-]?\d+)(.*)$")
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}

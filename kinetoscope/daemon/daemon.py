@@ -24,12 +24,11 @@ from kinetoscope.daemon.registry import Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.defaults import DEFAULT_PORT, DEFAULT_TRACE_ROOT
 
 log = logging.getLogger("kinetoscope.daemon")
 
-DEFAULT_PORT = 1778
 DEFAULT_METRICS_PORT = 9778
-DEFAULT_TRACE_ROOT = "/tmp/kinetoscope/traces"
 
 
 @dataclass

@@ -22,7 +22,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.daemon.metrics import DaemonMetrics

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from kinetoscope.daemon import procinfo
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.procinfo import ProcInfo
-from kinetoscope.daemon.wire import CONFIG_ACTIVITIES
+from kinetoscope.protocol.wire import CONFIG_ACTIVITIES
 
 log = logging.getLogger("kinetoscope.daemon.registry")
 

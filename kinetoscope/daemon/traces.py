@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from kinetoscope.collect.manifest import (
+from kinetoscope.protocol.manifest import (
     Manifest,
     ManifestFile,
     dumps_manifest,

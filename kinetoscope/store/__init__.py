@@ -5,7 +5,8 @@ SQLAlchemy, and ``Catalog`` does not pull in s3fs. See docs/storage-and-catalog.
 
 * storage: :class:`TraceStore`, :class:`StoredObject`, :class:`StoreError`, :class:`RetryPolicy`
 * one request: :func:`upload_trace_request`, :func:`download_trace_request`, :func:`fetch`
-* manifests: :func:`load_trace_dir`, :func:`validate_manifest`, :class:`ManifestError`
+* manifests (defined in :mod:`kinetoscope.protocol.manifest`): :func:`load_trace_dir`,
+  :func:`validate_manifest`, :class:`ManifestError`
 * catalog: :class:`Catalog`, :class:`CatalogError`, :func:`record_request_dir`
 """
 
@@ -23,10 +24,10 @@ _EXPORTS = {
     "download_trace_request": "upload",
     "fetch": "upload",
     "split_request_url": "upload",
-    "load_trace_dir": "manifest",
-    "validate_manifest": "manifest",
-    "read_manifest_file": "manifest",
-    "ManifestError": "manifest",
+    "load_trace_dir": "kinetoscope.protocol.manifest",
+    "validate_manifest": "kinetoscope.protocol.manifest",
+    "read_manifest_file": "kinetoscope.protocol.manifest",
+    "ManifestError": "kinetoscope.protocol.manifest",
     "Catalog": "catalog",
     "CatalogError": "catalog",
     "record_request_dir": "catalog",

@@ -35,7 +35,7 @@ from sqlalchemy.engine.url import URL, make_url
 
 from kinetoscope import __version__
 from kinetoscope.errors import KinetoscopeError
-from kinetoscope.collect.manifest import (
+from kinetoscope.protocol.manifest import (
     MANIFEST_NAME,
     ManifestError,
     format_time,
@@ -666,7 +666,7 @@ class Catalog:
         Files found beside the manifest get their real ``bytes`` (and ``sha256`` unless
         ``compute_sha256=False``) and ``path``; an entry without ``complete`` is marked complete
         when its file exists."""
-        from kinetoscope.collect.manifest import find_local_file, load_trace_dir
+        from kinetoscope.protocol.manifest import find_local_file, load_trace_dir
         from kinetoscope.store.storage import sha256_file
 
         d = Path(trace_dir).absolute()
@@ -926,7 +926,7 @@ def record_request_dir(catalog_url: str | None, trace_dir: str | os.PathLike[str
     with Catalog.open(catalog_url) as cat:
         if store_objects is None:
             return cat.import_trace_dir(trace_dir)
-        from kinetoscope.collect.manifest import load_trace_dir
+        from kinetoscope.protocol.manifest import load_trace_dir
 
         d = Path(trace_dir).absolute()
         return cat.record_trace_request(load_trace_dir(d), list(store_objects), base_dir=d)

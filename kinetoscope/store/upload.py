@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kinetoscope.collect.manifest import (
+from kinetoscope.protocol.manifest import (
     MANIFEST_NAME,
     dumps_manifest,
     find_local_file,

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kinetoscope.protocol.defaults import TRACE_SUFFIXES
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.metadata import is_manifest_name
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def is_trace_file_name(name: str) -> bool:

@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import kinetoscope
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.defaults import TRACE_SUFFIXES
 from kinetoscope.report.sections import fmt_bytes
 from kinetoscope.web.actions import TriggerParams, analyze_request, trigger_and_collect
 from kinetoscope.web.guards import (
@@ -51,7 +52,6 @@ PAGE_CSP = (
 )
 RAW_CSP = "default-src 'none'; sandbox"
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 @dataclass

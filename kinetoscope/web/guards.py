@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-DEFAULT_TRACE_ROOT = "/tmp/kinetoscope/traces"  # the daemon's default --trace-root
+from kinetoscope.protocol.defaults import DEFAULT_TRACE_ROOT
+
 SERVE_ROOTS_ENV = "KSCOPE_SERVE_ROOTS"  # comma-separated extra roots (folders or URL prefixes)
 ALLOWED_HOSTS_ENV = "KSCOPE_ALLOWED_HOSTS"  # comma-separated extra Host names
 MAX_BODY_ENV = "KSCOPE_MAX_BODY_BYTES"

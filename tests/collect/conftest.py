@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from kinetoscope.daemon.wire import FrameError, frame_rpc, read_rpc_frame
+from kinetoscope.protocol.wire import FrameError, frame_rpc, read_rpc_frame
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.demo.train_ddp import StragglerPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
 from kinetoscope.demo.driver import inspect_trace_file
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from kinetoscope.collect.manifest import (
+from kinetoscope.protocol.manifest import (
     Manifest,
     ManifestError,
     ManifestFile,

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kinetoscope.collect.manifest import load_trace_dir
+from kinetoscope.protocol.manifest import load_trace_dir
 
 from tests.fixtures_s3 import s3_client
 

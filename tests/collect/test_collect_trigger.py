@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from kinetoscope.collect.client import parse_host
-from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
 
 

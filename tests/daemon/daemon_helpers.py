@@ -1,4 +1,4 @@
-"""Test clients speaking the real protocols (built on kinetoscope.daemon.wire)."""
+"""Test clients speaking the real protocols (built on kinetoscope.protocol.wire)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 
 
 class IpcClient:

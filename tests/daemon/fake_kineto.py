@@ -23,8 +23,8 @@ import uuid
 
 sys.path.insert(0, os.environ.get("KSCOPE_REPO", os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
 
-from kinetoscope.daemon import wire  # noqa: E402
-from kinetoscope.daemon.kineto_config import kineto_output_path  # noqa: E402
+from kinetoscope.protocol import wire  # noqa: E402
+from kinetoscope.protocol.kineto_config import kineto_output_path  # noqa: E402
 
 
 def pid_chain() -> list[int]:

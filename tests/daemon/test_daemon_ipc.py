@@ -12,7 +12,7 @@ import uuid
 import pytest
 from daemon_helpers import IpcClient, rpc
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 
 
 def _trigger(port: int, pids: list[int], config: str, job_id: int = 0, limit: int = 3) -> dict:

@@ -9,7 +9,7 @@ import time
 
 from daemon_helpers import IpcClient
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 from kinetoscope.daemon.registry import MAX_CONTEXTS, REGISTER_LOG_BURST, Registry
 
 

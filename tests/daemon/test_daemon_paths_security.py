@@ -125,7 +125,7 @@ def test_writes_under_the_root_never_follow_symlinks(tmp_path, elsewhere):
 def test_built_config_refuses_values_kineto_would_change(log_file):
     """Found by tests/fuzz: Kineto trims blanks around a value, so the file written was not the
     one named; control characters are refused as in every other path."""
-    from kinetoscope.daemon import kineto_config as kc
+    from kinetoscope.protocol import kineto_config as kc
 
     with pytest.raises(ValueError):
         kc.build_config(log_file=log_file)

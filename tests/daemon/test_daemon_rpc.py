@@ -12,7 +12,7 @@ import orjson
 import pytest
 from daemon_helpers import IpcClient, rpc, rpc_raw
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 from kinetoscope.daemon.handlers import VERSION
 
 # Captured from the real `dyno gputrace --log-file /tmp/x/trace.json` (spec §3.3).

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from daemon_helpers import rpc
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 from kinetoscope.daemon.rpc_server import BindSpec, RpcServer
 
 

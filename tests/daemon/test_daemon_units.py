@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinetoscope.daemon import wire
-from kinetoscope.daemon.kineto_config import (
+from kinetoscope.protocol import wire
+from kinetoscope.protocol.kineto_config import (
     build_config,
     iter_options,
     kineto_output_path,

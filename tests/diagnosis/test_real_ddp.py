@@ -17,7 +17,7 @@ import orjson
 import polars as pl
 import pytest
 
-from kinetoscope.collect.manifest import read_manifest
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.trace import load_trace
 

@@ -78,7 +78,7 @@ def test_single_process_traced_through_the_daemon(tmp_path):
     no torch.distributed), traced on demand by pid through a private daemon; the manifest
     records ``rank: null`` and the diagnosis still finds the steps and gives its verdict."""
     pytest.importorskip("torch")
-    from kinetoscope.collect.manifest import read_manifest
+    from kinetoscope.protocol.manifest import read_manifest
     from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
     from kinetoscope.demo.local import LocalDaemon
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinetoscope.daemon import kineto_config as kc
+from kinetoscope.protocol import kineto_config as kc
 from kinetoscope.daemon.handlers import RpcHandlers
 from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.registry import Registry

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinetoscope.daemon import wire
+from kinetoscope.protocol import wire
 from tests.daemon.daemon_helpers import IpcClient
 
 from . import fuzz_settings

@@ -18,7 +18,7 @@ from kinetoscope.store.catalog import (
     CatalogError,
     resolve_catalog_url,
 )
-from kinetoscope.store.manifest import ManifestError
+from kinetoscope.protocol.manifest import ManifestError
 from kinetoscope.store.storage import TraceStore
 from kinetoscope.store.upload import upload_trace_request
 

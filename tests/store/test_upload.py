@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kinetoscope.store.manifest import ManifestError, load_trace_dir
+from kinetoscope.protocol.manifest import ManifestError, load_trace_dir
 from kinetoscope.store.retry import RetryPolicy
 from kinetoscope.store.storage import StoreError, TraceStore
 from kinetoscope.store.upload import download_trace_request, split_request_url, upload_trace_request
