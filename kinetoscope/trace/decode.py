@@ -26,7 +26,7 @@ from msgspec import UNSET, UnsetType
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.limits import MAX_KEY_BYTES, Limits, fmt_size
 from kinetoscope.trace.reader import BlockReader
-from kinetoscope.trace.reference import (
+from kinetoscope.trace.rules import (
     EXACT_DECODER,
     FLOAT_ARG_COLUMNS,
     INSTANT_ARG_KEYS,

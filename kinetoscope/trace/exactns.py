@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from kinetoscope.trace.reference import TS_LIMIT_NS
+from kinetoscope.trace.rules import TS_LIMIT_NS
 
 _ENC = msgspec.json.Encoder()
 _SPLIT = 9  # digits in the low part (10**9 * 10**10 > any 19-digit value)

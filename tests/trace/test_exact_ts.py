@@ -16,7 +16,7 @@ import pytest
 
 from kinetoscope.trace import TraceError, load_trace_reference, parse_trace
 from kinetoscope.trace.exactns import ns_from_texts, texts_blob
-from kinetoscope.trace.reference import TS_LIMIT_NS, exact_ns_text
+from kinetoscope.trace.rules import TS_LIMIT_NS, exact_ns_text
 from tests.trace.conftest import assert_same_trace, write_doc
 
 # (text in the file, exact ns)
