@@ -6,7 +6,7 @@ from kinetoscope.trace.discover import RankProblem, TraceList, check_ranks, expa
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.loader import load_trace, load_traces, parse_trace, prestart_workers
 from kinetoscope.trace.model import Trace, TraceMeta
-from kinetoscope.trace.rules import load_trace_reference
+from kinetoscope.trace.reference import load_trace_reference
 
 __all__ = [
     "RankProblem",

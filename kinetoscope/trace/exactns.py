@@ -8,7 +8,7 @@ decimals, sign): each group is a fixed-width byte matrix whose digits are weight
 ten in two float64 matrix-vector products (each exact below 2**53) and recombined as integers.
 Values it does not handle (missing, strings, exponents, more than 3 decimals, more than 19
 digits) make it return None; the caller then converts value by value with the reference rule
-(:func:`kinetoscope.trace.reference.exact_ns_text`).
+(:func:`kinetoscope.trace.rules.exact_ns_text`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ keeps the set of args fields seen so far, and a chunk only extracts those, verif
 the non-null fields of every args struct (when the counts differ the whole struct is transposed
 once and the set is extended). Anything unusual in a chunk (a missing name or ``ts``, a
 timestamp out of range, an odd type) sends that chunk to the reference code
-(:class:`~kinetoscope.trace.reference.RowBuilder`), which either handles it or raises the
+(:class:`~kinetoscope.trace.rules.RowBuilder`), which either handles it or raises the
 :class:`TraceError` naming the event.
 """
 
@@ -90,7 +90,7 @@ def _sub(evs: list[Any], tys: list[type], want: type | frozenset, first: int, to
 
 
 def _ns(vals: list[Any] | tuple[Any, ...], *, missing_zero: bool, dur: bool = False) -> pl.Series:
-    """File microseconds -> int64 ns, exactly as ``reference.ns_value``. Raises _Slow (odd
+    """File microseconds -> int64 ns, exactly as ``rules.ns_value``. Raises _Slow (odd
     values: the reference path decides) or _NeedExact (float64 is not exact enough here).
 
     ``vals`` are the typed decoder's numbers, or ``msgspec.Raw`` texts (:func:`_ns_raw`).
