@@ -193,7 +193,8 @@ def analyze_paths(
     (``kinetoscope.scale``: one rank per worker, only small results on the driver; the same
     document, and a file that fails to load is an ``errors`` entry instead of an exception).
     ``None`` (default): everything in this process, as below."""
-    from kinetoscope.analysis.runner import build_document, run_analyses, run_diagnosis
+    from kinetoscope.analysis.runner import build_document, run_analyses
+    from kinetoscope.diagnosis.document import run_diagnosis
     from kinetoscope.trace import load_traces
 
     diag_opts = diagnosis_options(model_flops, peak_flops)

@@ -4,8 +4,13 @@ The CLI, the HTML report and the web app all go through here; they differ only i
 
 * ``run_analyses(traces, names=None, options=None) -> AnalysisResults`` (a ``dict`` name ->
   ``pl.DataFrame``, plus ``notes`` for analyses that had nothing to work on and ``errors``).
-* ``build_document(traces, results) -> dict`` (JSON-ready: one key per analysis holding a list
-  of row objects, ``traces``, ``notes``, ``errors`` and the job-level diagnosis keys).
+* ``build_document(traces, results, diagnosis=...) -> dict`` (JSON-ready: one key per analysis
+  holding a list of row objects, ``traces``, ``notes``, ``errors`` and the job-level diagnosis
+  keys it is given).
+
+The diagnosis sits above the analyses and is never imported from here:
+:func:`kinetoscope.diagnosis.document.run_diagnosis` computes its keys and callers pass them to
+``build_document``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from kinetoscope.trace.model import Trace
 
 NO_GPU_NOTE = "no GPU events"
 
-# Keys the job-level diagnosis (kinetoscope.diagnosis) contributes to the document.
+# Keys the job-level diagnosis (kinetoscope.diagnosis.document.run_diagnosis) contributes to the
+# document.
 DIAGNOSIS_KEYS = ("job", "steps", "stragglers", "mfu", "recommendations")
 
 
@@ -127,30 +133,6 @@ def frame_rows(df: pl.DataFrame) -> list[dict[str, Any]]:
     return df.to_dicts()
 
 
-def run_diagnosis(traces: Sequence[Trace], results: AnalysisResults, **options: Any) -> dict[str, Any]:
-    """HOOK for the job-level diagnosis (``kinetoscope.diagnosis``).
-
-    Contract: ``kinetoscope.diagnosis.diagnose(traces, results) -> dict`` whose keys are among
-    ``DIAGNOSIS_KEYS`` ("job", "steps", "stragglers", "mfu", "recommendations"), each a
-    JSON-ready value or a ``pl.DataFrame`` (turned into row objects), plus optionally
-    ``"summary": list[str]``: a few lines the CLI prints first in human output (also kept in
-    the JSON under ``diagnosis_summary``). ``options`` (``model_flops``, ``peak_flops``, ...)
-    go to ``diagnose``. Until that module provides ``diagnose`` this returns ``{}``.
-    """
-    try:
-        from kinetoscope.diagnosis import diagnose  # type: ignore[attr-defined]
-    except ImportError:
-        return {}
-    try:
-        out = diagnose(list(traces), results, **options)
-        # a Diagnosis gives its JSON form in one go (as a Mapping it is the same, key by key)
-        to_dict = getattr(out, "to_dict", None)
-        return dict(to_dict()) if callable(to_dict) else dict(out or {})
-    except Exception as exc:  # noqa: BLE001 - a diagnosis failure must not hide the analyses
-        results.errors["diagnosis"] = f"{type(exc).__name__}: {exc}"
-        return {}
-
-
 def build_document(
     traces: Trace | Sequence[Trace],
     results: AnalysisResults,
@@ -174,17 +156,3 @@ def build_document(
     doc["notes"] = dict(results.notes)
     doc["errors"] = dict(results.errors)
     return doc
-
-
-def analyze(
-    traces: Trace | Sequence[Trace],
-    names: Sequence[str] | None = None,
-    options: Mapping[str, Any] | None = None,
-    *,
-    diagnosis: bool = True,
-) -> dict[str, Any]:
-    """run_analyses + diagnosis + build_document in one call."""
-    tl = as_traces(traces)
-    results = run_analyses(tl, names, options)
-    diag = run_diagnosis(tl, results) if diagnosis else {}
-    return build_document(tl, results, diagnosis=diag)

@@ -218,7 +218,8 @@ def _in_process(resolved: Any, inputs: list[str], only: list[str] | None, only_a
                 only_diagnosis: list[str], opts: dict[str, Any], wanted: set[int] | None, ranks: str | None,
                 no_cache: bool, salvage: bool, model_flops: float | None, peak_flops: float | None) -> Any:
     """The default path: every trace loaded into this process (a handful of files)."""
-    from kinetoscope.analysis import build_document, run_analyses, run_diagnosis
+    from kinetoscope.analysis import build_document, run_analyses
+    from kinetoscope.diagnosis.document import run_diagnosis
     from kinetoscope.trace import load_traces
 
     traces = load_traces([str(p) for p in resolved.paths], cache=not no_cache, salvage=salvage)

@@ -26,8 +26,8 @@ from kinetoscope.analysis.runner import (
     AnalysisResults,
     build_document,
     collect_results,
-    run_diagnosis,
 )
+from kinetoscope.diagnosis.document import run_diagnosis
 from kinetoscope.scale.mapper import RankResult
 from kinetoscope.trace import TraceList, check_ranks
 from kinetoscope.trace.model import Trace

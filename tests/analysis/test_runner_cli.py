@@ -11,9 +11,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hta_parity_support import HTA_DIR, ours
 from typer.testing import CliRunner
 
-from hta_parity_support import HTA_DIR, ours
 from kinetoscope.analysis import AnalysisResults, build_document, registry, run_analyses
 from kinetoscope.analysis.registry import AnalysisSpec
 from kinetoscope.analysis.runner import NO_GPU_NOTE
@@ -145,7 +145,7 @@ def test_diagnosis_hook(monkeypatch, control_results):
                 "stragglers": pl.DataFrame({"rank": [3], "score": [0.0]})}
 
     monkeypatch.setattr(diag, "diagnose", fake, raising=False)
-    from kinetoscope.analysis import analyze
+    from kinetoscope.diagnosis.document import analyze
 
     doc = analyze([t], ["temporal_breakdown"])
     assert doc["diagnosis_summary"] == ["ALL GOOD: nothing to see"]
