@@ -120,6 +120,27 @@ def concat_or_empty(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) 
     return pl.concat(frames, how="vertical")
 
 
+RankBuilder = Callable[[Trace], "pl.DataFrame | None"]
+
+
+def per_rank_frames(traces: TraceInput | Iterable[Trace], build: RankBuilder) -> list[pl.DataFrame]:
+    """``build(trace)`` for each trace, in order, keeping the frames that have rows.
+
+    ``build`` gives one rank's rows (with its ``rank`` column, see :func:`rank_lit`); ``None``
+    or an empty frame means nothing for that rank."""
+    frames = (build(t) for t in as_traces(traces))
+    return [f for f in frames if f is not None and f.height]
+
+
+def per_rank(
+    traces: TraceInput | Iterable[Trace], build: RankBuilder, schema: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    """The per-rank-then-concat loop of every multi-rank analysis: :func:`per_rank_frames`
+    concatenated in trace order with ``schema``'s columns and dtypes (:func:`concat_or_empty`:
+    an empty result when no rank has rows)."""
+    return concat_or_empty(per_rank_frames(traces, build), schema)
+
+
 def describe_aggs(col: str, *, prefix: str = "") -> list[pl.Expr]:
     """pandas ``describe()`` over ``col``: count, mean, std, min, 25%, 50%, 75%, max.
 

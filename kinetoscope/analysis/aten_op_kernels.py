@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty
+from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -121,11 +121,8 @@ def aten_op_kernels_and_delay(trace: Trace, *, call_graph: CallGraph | None = No
 
 def aten_op_kernels(traces: TraceInput) -> pl.DataFrame:
     """Registry entry: ``aten_op_kernels_and_delay`` per trace with a ``rank`` column."""
-    frames = [
-        aten_op_kernels_and_delay(t).with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
-        for t in as_traces(traces)
-    ]
-    return concat_or_empty(frames, {"rank": pl.Int64(), **ATEN_OP_KERNELS_SCHEMA})
+    schema = {"rank": pl.Int64(), **ATEN_OP_KERNELS_SCHEMA}
+    return per_rank(traces, lambda t: aten_op_kernels_and_delay(t).with_columns(rank_lit(t)), schema)
 
 
 register(

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty
+from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.schema import DEVICE_KINDS
@@ -460,11 +460,8 @@ def op_kernel_summary(trace: Trace, *, call_graph: CallGraph | None = None) -> p
 
 def call_graph_summary(traces: TraceInput) -> pl.DataFrame:
     """Registry entry: ``op_kernel_summary`` per trace with a ``rank`` column."""
-    frames = [
-        op_kernel_summary(t).with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
-        for t in as_traces(traces)
-    ]
-    return concat_or_empty(frames, {"rank": pl.Int64(), **OP_KERNEL_SUMMARY_SCHEMA})
+    schema = {"rank": pl.Int64(), **OP_KERNEL_SUMMARY_SCHEMA}
+    return per_rank(traces, lambda t: op_kernel_summary(t).with_columns(rank_lit(t)), schema)
 
 
 register(

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, device_frame
+from kinetoscope.analysis._common import TraceInput, device_frame, per_rank
 from kinetoscope.analysis.kernel_breakdown import kernel_type_time
 from kinetoscope.analysis.kernel_types import COMMUNICATION, COMPUTATION
 from kinetoscope.analysis.registry import AnalysisSpec, register
+from kinetoscope.trace.model import Trace
 
 OVERLAP_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -34,17 +35,16 @@ _BOTH = f"{COMPUTATION} overlapping {COMMUNICATION}"
 
 def comm_comp_overlap(traces: TraceInput) -> pl.DataFrame:
     """One row per rank with device events (see module docstring)."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
-            continue
+            return None
         kt = dict(kernel_type_time(dev, [COMPUTATION, COMMUNICATION]).select("kernel_type", "time").iter_rows())
         both = kt.get(_BOTH, 0)
         comm = kt.get(COMMUNICATION, 0) + both
         comp = kt.get(COMPUTATION, 0) + both
         pct = round(100.0 * both / comm, 2) if comm > 0 else None
-        frames.append(
+        return (
             pl.DataFrame(
                 {
                     "rank": [t.meta.rank],
@@ -56,7 +56,8 @@ def comm_comp_overlap(traces: TraceInput) -> pl.DataFrame:
                 schema=OVERLAP_SCHEMA,
             )
         )
-    return concat_or_empty(frames, OVERLAP_SCHEMA).sort("rank", nulls_last=True)
+
+    return per_rank(traces, one_rank, OVERLAP_SCHEMA).sort("rank", nulls_last=True)
 
 
 register(

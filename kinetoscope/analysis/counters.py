@@ -42,12 +42,12 @@ import polars as pl
 
 from kinetoscope.analysis._common import (
     TraceInput,
-    as_traces,
-    concat_or_empty,
     describe_aggs,
     describe_schema,
     device_frame,
     memo,
+    per_rank,
+    rank_lit,
 )
 from kinetoscope.analysis.kernel_types import MEMORY
 from kinetoscope.analysis.launch_stats import launch_pairs
@@ -126,14 +126,13 @@ def _build_queue_points(trace: Trace) -> pl.DataFrame:
 
 def queue_length_time_series(traces: TraceInput) -> pl.DataFrame:
     """``rank, stream, pid, tid, ts (µs), queue_length``: one row per change point."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _queue_points(t)
         if pts.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             pts.select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "stream",
                 "pid",
                 "tid",
@@ -141,47 +140,47 @@ def queue_length_time_series(traces: TraceInput) -> pl.DataFrame:
                 "queue_length",
             )
         )
-    return concat_or_empty(frames, QUEUE_TS_SCHEMA)
+
+    return per_rank(traces, one_rank, QUEUE_TS_SCHEMA)
 
 
 def queue_length_summary(traces: TraceInput) -> pl.DataFrame:
     """``describe()`` of the queue length per rank and stream (see module docstring)."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _queue_points(t)
         if pts.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             pts.group_by("stream")
             .agg(
                 *describe_aggs("queue_length"),
                 ((pl.col("queue_length") * pl.col("dt")).sum() / pl.col("dt").sum()).alias("time_weighted_mean"),
                 pl.col("_skewed").sum().cast(pl.Int64).alias("skewed_starts"),
             )
-            .with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+            .with_columns(rank_lit(t))
         )
-    return concat_or_empty(frames, QUEUE_SUMMARY_SCHEMA).sort("rank", "stream", nulls_last=True)
+
+    return per_rank(traces, one_rank, QUEUE_SUMMARY_SCHEMA).sort("rank", "stream", nulls_last=True)
 
 
 def time_blocked_on_full_queue(
     traces: TraceInput, max_queue_length: int = CUDA_MAX_LAUNCH_QUEUE_PER_STREAM
 ) -> pl.DataFrame:
     """Per rank and stream: time at or above ``max_queue_length`` (see module docstring)."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _queue_points(t)
         if pts.is_empty():
-            continue
+            return None
         duration = int(t.events["ts"].max() - t.events["ts"].min())  # type: ignore[operator]
         full = pl.col("queue_length") >= max_queue_length
-        frames.append(
+        return (
             pts.group_by("stream")
             .agg(
                 pl.col("dt").filter(full).sum().alias("_blocked"),
                 pl.col("queue_length").max().alias("max_queue_length_seen"),
             )
             .select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "stream",
                 (pl.col("_blocked") / 1000.0).alias("duration_at_max_queue_length"),
                 (pl.col("_blocked") / duration if duration > 0 else pl.lit(None, dtype=pl.Float64)).alias(
@@ -190,7 +189,8 @@ def time_blocked_on_full_queue(
                 "max_queue_length_seen",
             )
         )
-    return concat_or_empty(frames, BLOCKED_SCHEMA).sort("rank", "stream", nulls_last=True)
+
+    return per_rank(traces, one_rank, BLOCKED_SCHEMA).sort("rank", "stream", nulls_last=True)
 
 
 # ---- memory bandwidth -----------------------------------------------------------------------
@@ -237,33 +237,33 @@ def _membw_points(trace: Trace) -> pl.DataFrame:
 
 def memory_bw_time_series(traces: TraceInput) -> pl.DataFrame:
     """``rank, name, ts (µs), memory_bw_gbps``: aggregate GB/s per memory kind over time."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _membw_points(t)
         if pts.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             pts.select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"), "name", (pl.col("ts") / 1000.0).alias("ts"),
+                rank_lit(t), "name", (pl.col("ts") / 1000.0).alias("ts"),
                 "memory_bw_gbps",
             )
         )
-    return concat_or_empty(frames, MEMBW_TS_SCHEMA)
+
+    return per_rank(traces, one_rank, MEMBW_TS_SCHEMA)
 
 
 def memory_bw_summary(traces: TraceInput) -> pl.DataFrame:
     """``describe()`` of the non-zero bandwidth points per rank and memory kind."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _membw_points(t).filter(pl.col("memory_bw_gbps") > 0)
         if pts.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             pts.group_by("name")
             .agg(describe_aggs("memory_bw_gbps"))
-            .with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+            .with_columns(rank_lit(t))
         )
-    return concat_or_empty(frames, MEMBW_SUMMARY_SCHEMA).sort("rank", "name", nulls_last=True)
+
+    return per_rank(traces, one_rank, MEMBW_SUMMARY_SCHEMA).sort("rank", "name", nulls_last=True)
 
 
 register(

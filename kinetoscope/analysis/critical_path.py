@@ -41,11 +41,11 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import polars as pl
 
-from kinetoscope.analysis.names import shorten_name
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty
+from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis._raw import output_path, read_raw_trace, write_raw_trace
-from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.analysis.kernel_types import COMMUNICATION_PATTERN
+from kinetoscope.analysis.names import shorten_name
+from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
 # Edge kinds (HTA ``CPEdgeType`` values).
@@ -1046,12 +1046,12 @@ def critical_path_summary(
     """Registry entry: the ``bound_by`` summary of each trace's critical path. With no
     annotation it analyses the first ``ProfilerStep`` when the trace has one, else the whole
     trace."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         cp = _cp_for(t, annotation, instance_id, data_load_events=data_load_events,
                      add_zero_weight_launch_edges=add_zero_weight_launch_edges)
-        frames.append(cp.summary().with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank")))
-    return concat_or_empty(frames, CP_SUMMARY_SCHEMA)
+        return (cp.summary().with_columns(rank_lit(t)))
+
+    return per_rank(traces, one_rank, CP_SUMMARY_SCHEMA)
 
 
 def critical_path_breakdown(
@@ -1062,13 +1062,13 @@ def critical_path_breakdown(
     add_zero_weight_launch_edges: bool = False,
 ) -> pl.DataFrame:
     """Registry entry: every edge of each trace's critical path (``CriticalPath.breakdown``)."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         cp = _cp_for(t, annotation, instance_id, data_load_events=data_load_events,
                      add_zero_weight_launch_edges=add_zero_weight_launch_edges)
-        frames.append(cp.breakdown().with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank")))
+        return (cp.breakdown().with_columns(rank_lit(t)))
+
     schema = {"rank": pl.Int64(), **dict(CriticalPath.breakdown_schema())}
-    return concat_or_empty(frames, schema)
+    return per_rank(traces, one_rank, schema)
 
 
 _CP_OPTIONS = {"annotation": None, "instance_id": 0, "data_load_events": None, "add_zero_weight_launch_edges": False}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces
+from kinetoscope.analysis._common import TraceInput, per_rank_frames, rank_lit
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -124,19 +124,20 @@ def counter_data_with_operators(trace: Trace, *, call_graph: CallGraph | None = 
 def cupti_counters(traces: TraceInput) -> pl.DataFrame:
     """Registry entry: ``counter_data_with_operators`` per trace with a ``rank`` column, times
     in µs, ``op_stack`` joined with `` > ``."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         df = counter_data_with_operators(t)
         if df.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             df.with_columns(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 (pl.col("ts") / 1000).alias("ts"),
                 (pl.col("dur") / 1000).alias("dur"),
                 pl.col("op_stack").list.join(" > "),
             ).select("rank", pl.exclude("rank"))
         )
+
+    frames = per_rank_frames(traces, one_rank)
     if not frames:
         return pl.DataFrame(schema={"rank": pl.Int64(), **{k: (pl.String() if k == "op_stack" else v) for k, v in BASE_COLUMNS.items()}})
     return pl.concat(frames, how="diagonal_relaxed")

@@ -32,10 +32,10 @@ import os
 import numpy as np
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty
+from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
+from kinetoscope.analysis._raw import output_path, read_raw_trace, write_raw_trace
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
 from kinetoscope.analysis.registry import AnalysisSpec, register
-from kinetoscope.analysis._raw import output_path, read_raw_trace, write_raw_trace
 from kinetoscope.trace.model import Trace
 
 FREQUENT_SEQUENCES_SCHEMA: dict[str, pl.DataType] = {
@@ -178,14 +178,14 @@ def frequent_sequences(
 ) -> pl.DataFrame:
     """Registry entry: ``frequent_cuda_kernel_sequences`` per trace, with a ``rank`` column.
     Default: sequences under the outermost ``aten::`` ops."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         df = frequent_cuda_kernel_sequences(
             t, operator_name, min_pattern_len=min_pattern_len, outermost=outermost
         )
-        frames.append(df.with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank")))
+        return df.with_columns(rank_lit(t))
+
     schema = {"rank": pl.Int64(), **FREQUENT_SEQUENCES_SCHEMA}
-    return concat_or_empty(frames, schema)
+    return per_rank(traces, one_rank, schema)
 
 
 register(

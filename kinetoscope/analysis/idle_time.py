@@ -33,12 +33,12 @@ import polars as pl
 
 from kinetoscope.analysis._common import (
     TraceInput,
-    as_traces,
-    concat_or_empty,
     describe_aggs,
     describe_schema,
     device_frame,
     launch_times,
+    per_rank,
+    rank_lit,
 )
 from kinetoscope.analysis.intervals import ENGINE
 from kinetoscope.analysis.registry import AnalysisSpec, register
@@ -104,14 +104,14 @@ def idle_time_breakdown(
     streams: Sequence[int] | None = None,
 ) -> pl.DataFrame:
     """``rank, stream, idle_category, idle_time (µs), idle_time_ratio`` for every stream."""
-    frames = []
     cats = pl.DataFrame({"idle_category": list(IDLE_CATEGORIES)})
-    for t in as_traces(traces):
+
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         dev_streams = device_frame(t).select("stream").unique()
         if streams:
             dev_streams = dev_streams.filter(pl.col("stream").is_in(list(streams)))
         if dev_streams.is_empty():
-            continue
+            return None
         gaps = idle_intervals(t, consecutive_kernel_delay_us, streams)
         sums = gaps.group_by("stream", "idle_category").agg(pl.col("gap").sum().alias("idle"))
         full = (
@@ -120,7 +120,7 @@ def idle_time_breakdown(
             .with_columns(pl.col("idle").fill_null(0))
             .with_columns(total=pl.col("idle").sum().over("stream"))
             .select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "stream",
                 "idle_category",
                 (pl.col("idle") / 1000.0).alias("idle_time"),
@@ -130,9 +130,10 @@ def idle_time_breakdown(
                 .alias("idle_time_ratio"),
             )
         )
-        frames.append(full)
+        return full
+
     order = pl.col("idle_category").replace_strict({c: i for i, c in enumerate(IDLE_CATEGORIES)})
-    out = concat_or_empty(frames, IDLE_SCHEMA)
+    out = per_rank(traces, one_rank, IDLE_SCHEMA)
     return out.sort([pl.col("rank"), pl.col("stream"), order], nulls_last=True)
 
 
@@ -143,20 +144,20 @@ def idle_time_interval_stats(
 ) -> pl.DataFrame:
     """``describe()`` of the idle gaps (µs) per ``rank, stream, idle_category``
     (HTA's ``show_idle_interval_stats`` output)."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         gaps = idle_intervals(t, consecutive_kernel_delay_us, streams)
         if gaps.is_empty():
-            continue
+            return None
         stats = (
             gaps.with_columns(gap_us=pl.col("gap") / 1000.0)
             .group_by("stream", "idle_category")
             .agg(describe_aggs("gap_us"))
-            .with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+            .with_columns(rank_lit(t))
         )
-        frames.append(stats)
+        return stats
+
     order = pl.col("idle_category").replace_strict({c: i for i, c in enumerate(IDLE_CATEGORIES)})
-    out = concat_or_empty(frames, INTERVAL_STATS_SCHEMA)
+    out = per_rank(traces, one_rank, INTERVAL_STATS_SCHEMA)
     return out.sort([pl.col("rank"), pl.col("stream"), order], nulls_last=True)
 
 

@@ -33,10 +33,11 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, device_frame
+from kinetoscope.analysis._common import TraceInput, concat_or_empty, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.intervals import ENGINE, covered_pieces, sweep_states
 from kinetoscope.analysis.kernel_types import COMMUNICATION, COMPUTATION, MEMORY
 from kinetoscope.analysis.registry import AnalysisSpec, register
+from kinetoscope.trace.model import Trace
 
 OTHERS = "others"
 
@@ -92,24 +93,25 @@ def kernel_type_time(dev: pl.DataFrame, types: Sequence[str], keys: Sequence[str
 def kernel_type_breakdown(traces: TraceInput, include_memory_kernels: bool = True) -> pl.DataFrame:
     """``rank, kernel_type, sum (µs), percentage`` (see module docstring)."""
     types = analysed_types(include_memory_kernels)
-    frames = []
-    for t in as_traces(traces):
+
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
-            continue
+            return None
         kt = kernel_type_time(dev, types)
         if kt.is_empty():
-            continue
+            return None
         total = kt["time"].sum()
-        frames.append(
+        return (
             kt.select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "kernel_type",
                 (pl.col("time") / 1000.0).alias("sum"),
                 (100.0 * pl.col("time") / total).round(1).alias("percentage"),
             )
         )
-    out = concat_or_empty(frames, KERNEL_TYPE_SCHEMA)
+
+    out = per_rank(traces, one_rank, KERNEL_TYPE_SCHEMA)
     return out.sort(["rank", "sum", "kernel_type"], descending=[False, True, False], nulls_last=True)
 
 
@@ -171,18 +173,19 @@ def kernel_breakdown(
 ) -> pl.DataFrame:
     """Top kernels per rank and type (see module docstring)."""
     types = analysed_types(include_memory_kernels)
-    frames = []
-    for t in as_traces(traces):
+
+    def one_rank(t: Trace) -> pl.DataFrame:
         dev = device_frame(t)
+        frames = []
         for kt in types:
             sel = dev.filter(pl.col("kernel_type") == kt)
             if sel.is_empty():
                 continue
             top = top_durations(sel, num_kernels=num_kernels, duration_ratio=duration_ratio)
-            frames.append(
-                top.with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"), pl.lit(kt).alias("kernel_type"))
-            )
-    return concat_or_empty(frames, KERNEL_SCHEMA)
+            frames.append(top.with_columns(rank_lit(t), pl.lit(kt).alias("kernel_type")))
+        return concat_or_empty(frames, KERNEL_SCHEMA)
+
+    return per_rank(traces, one_rank, KERNEL_SCHEMA)
 
 
 _OPTS = {"num_kernels": 10, "duration_ratio": 0.8, "include_memory_kernels": True}

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, device_frame
+from kinetoscope.analysis._common import TraceInput, as_traces, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.kernel_breakdown import OTHERS, analysed_types, kernel_breakdown
 from kinetoscope.analysis.registry import AnalysisSpec, register
+from kinetoscope.trace.model import Trace
 
 DISTRIBUTION_SCHEMA: dict[str, pl.DataType] = {
     "kernel_type": pl.String(),
@@ -53,14 +54,14 @@ def kernel_distribution(
     if top.is_empty():
         return pl.DataFrame(schema=DISTRIBUTION_SCHEMA)
     types = analysed_types(include_memory_kernels)
-    frames = []
-    for t in tl:
+
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t).filter(pl.col("kernel_type").is_in(types))
         dev = dev.join(top, on=["kernel_type", "name"], how="semi")
         if dev.is_empty():
-            continue
+            return None
         d = pl.col("dur").cast(pl.Float64) / 1000.0
-        frames.append(
+        return (
             dev.group_by("kernel_type", "name")
             .agg(
                 pl.len().cast(pl.Int64).alias("count"),
@@ -73,9 +74,10 @@ def kernel_distribution(
                 d.quantile(0.9, "linear").alias("p90 (us)"),
                 d.quantile(0.99, "linear").alias("p99 (us)"),
             )
-            .with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+            .with_columns(rank_lit(t))
         )
-    out = concat_or_empty(frames, DISTRIBUTION_SCHEMA)
+
+    out = per_rank(tl, one_rank, DISTRIBUTION_SCHEMA)
     # Order: kernels by their total across ranks, then rank.
     total = pl.col("sum (us)").sum().over("kernel_type", "name")
     return out.sort(

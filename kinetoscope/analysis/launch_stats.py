@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, device_frame, memo
-from kinetoscope.analysis.kernel_types import KERNEL_LAUNCH_NAMES, LAUNCH_NAMES
+from kinetoscope.analysis._common import TraceInput, device_frame, memo, per_rank, rank_lit
 from kinetoscope.analysis.intervals import ENGINE
+from kinetoscope.analysis.kernel_types import KERNEL_LAUNCH_NAMES, LAUNCH_NAMES
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.schema import RUNTIME_KINDS
@@ -96,14 +96,14 @@ def _launch_pairs(trace: Trace, launch_names: tuple[str, ...] | list[str]) -> pl
 def kernel_launch_stats(traces: TraceInput, include_memory_events: bool = True) -> pl.DataFrame:
     """One row per launch (see module docstring); µs."""
     names = LAUNCH_NAMES if include_memory_events else KERNEL_LAUNCH_NAMES
-    frames = []
-    for t in as_traces(traces):
+
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         pairs = launch_pairs(t, names)
         if pairs.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             pairs.sort("launch_ts", "correlation").select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "correlation",
                 "launch_name",
                 "name",
@@ -115,7 +115,8 @@ def kernel_launch_stats(traces: TraceInput, include_memory_events: bool = True) 
                 ),
             )
         )
-    return concat_or_empty(frames, LAUNCH_SCHEMA)
+
+    return per_rank(traces, one_rank, LAUNCH_SCHEMA)
 
 
 def kernel_launch_summary(

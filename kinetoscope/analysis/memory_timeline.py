@@ -30,8 +30,8 @@ import numpy as np
 import orjson
 import polars as pl
 
+from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis._raw import read_raw_bytes
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty
 from kinetoscope.analysis.call_graph import build_call_graph
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -97,12 +97,11 @@ def _memory_events(trace: Trace) -> pl.DataFrame:
 
 def memory_timeline(traces: TraceInput) -> pl.DataFrame:
     """Every ``[memory]`` event: ``rank, device, ts(us), bytes, total_allocated, total_reserved``."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         mem = _memory_events(t)
-        frames.append(
+        return (
             mem.select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "device",
                 (pl.col("ts") / 1000).alias("ts(us)"),
                 "bytes",
@@ -110,17 +109,17 @@ def memory_timeline(traces: TraceInput) -> pl.DataFrame:
                 "total_reserved",
             )
         )
-    return concat_or_empty(frames, MEMORY_TIMELINE_SCHEMA)
+
+    return per_rank(traces, one_rank, MEMORY_TIMELINE_SCHEMA)
 
 
 def memory_summary(traces: TraceInput) -> pl.DataFrame:
     """Per rank and device: allocations, frees, peaks (bytes) and when the allocated peak was."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         mem = _memory_events(t)
         if mem.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             mem.group_by("device", maintain_order=True)
             .agg(
                 (pl.col("bytes") > 0).sum().cast(pl.Int64).alias("num_allocs"),
@@ -133,10 +132,11 @@ def memory_summary(traces: TraceInput) -> pl.DataFrame:
                 pl.col("total_allocated").first().alias("start_allocated"),
                 pl.col("total_allocated").last().alias("end_allocated"),
             )
-            .with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+            .with_columns(rank_lit(t))
             .sort("device")
         )
-    return concat_or_empty(frames, MEMORY_SUMMARY_SCHEMA)
+
+    return per_rank(traces, one_rank, MEMORY_SUMMARY_SCHEMA)
 
 
 def allocation_sites(trace: Trace) -> pl.DataFrame:
@@ -179,12 +179,11 @@ def allocation_sites(trace: Trace) -> pl.DataFrame:
 
 def memory_allocation_sites(traces: TraceInput, top_k: int = 20) -> pl.DataFrame:
     """Top ``top_k`` allocating ops per rank and device, by bytes allocated."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         sites = allocation_sites(t)
         if sites.is_empty():
-            continue
-        frames.append(
+            return None
+        return (
             sites.with_columns(pl.col("op").fill_null("(no op)"))
             .group_by("device", "op")
             .agg(
@@ -196,9 +195,10 @@ def memory_allocation_sites(traces: TraceInput, top_k: int = 20) -> pl.DataFrame
             .sort(["device", "bytes_allocated", "op"], descending=[False, True, False])
             .group_by("device", maintain_order=True)
             .head(top_k)
-            .with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+            .with_columns(rank_lit(t))
         )
-    return concat_or_empty(frames, ALLOCATION_SITES_SCHEMA)
+
+    return per_rank(traces, one_rank, ALLOCATION_SITES_SCHEMA)
 
 
 # ---- export_memory_timeline raw files --------------------------------------------------------

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, launch_times, memo, to_us
+from kinetoscope.analysis._common import TraceInput, launch_times, memo, per_rank, rank_lit, to_us
 from kinetoscope.analysis.intervals import ENGINE
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -124,8 +124,8 @@ def _optimizer_steps(trace: Trace, ann: pl.DataFrame) -> pl.DataFrame:
 
 def detect_steps(traces: TraceInput) -> pl.DataFrame:
     """Steps of every trace: ``rank, step, start, end, source`` (ns; see module docstring)."""
-    frames = [memo(t, "steps", lambda t=t: _detect(t)) for t in as_traces(traces)]
-    return concat_or_empty(frames, STEPS_SCHEMA).sort("rank", "start", nulls_last=True)
+    steps = per_rank(traces, lambda t: memo(t, "steps", lambda: _detect(t)), STEPS_SCHEMA)
+    return steps.sort("rank", "start", nulls_last=True)
 
 
 def _detect(t: Trace) -> pl.DataFrame:
@@ -133,7 +133,7 @@ def _detect(t: Trace) -> pl.DataFrame:
     steps = _profiler_steps(ann)
     if steps.is_empty():
         steps = _optimizer_steps(t, ann)
-    return steps.with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"))
+    return steps.with_columns(rank_lit(t))
 
 
 def _launch_times(trace: Trace) -> pl.DataFrame:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, device_frame
+from kinetoscope.analysis._common import TraceInput, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.intervals import busy_span
 from kinetoscope.analysis.kernel_types import COMPUTATION
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.analysis.steps import assign_steps
+from kinetoscope.trace.model import Trace
 
 TEMPORAL_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -81,29 +82,29 @@ def _breakdown(dev: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 def temporal_breakdown(traces: TraceInput) -> pl.DataFrame:
     """One row per rank with device events (HTA's columns; times in µs). Ranks without any
     device event are left out."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
-            continue
-        frames.append(_breakdown(dev, []).with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank")))
-    return concat_or_empty(frames, TEMPORAL_SCHEMA)
+            return None
+        return (_breakdown(dev, []).with_columns(rank_lit(t)))
+
+    return per_rank(traces, one_rank, TEMPORAL_SCHEMA)
 
 
 def temporal_breakdown_by_step(traces: TraceInput, steps: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per rank and step (``step`` column), device events assigned to the step that
     launched them. Ranks without steps are left out; device events outside every step are
     ignored here."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
-            continue
+            return None
         dev = assign_steps(t, dev, steps).filter(pl.col("step").is_not_null())
         if dev.is_empty():
-            continue
-        frames.append(_breakdown(dev, ["step"]).with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank")))
-    return concat_or_empty(frames, TEMPORAL_BY_STEP_SCHEMA).sort("rank", "step", nulls_last=True)
+            return None
+        return (_breakdown(dev, ["step"]).with_columns(rank_lit(t)))
+
+    return per_rank(traces, one_rank, TEMPORAL_BY_STEP_SCHEMA).sort("rank", "step", nulls_last=True)
 
 
 register(

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, concat_or_empty, device_frame
+from kinetoscope.analysis._common import TraceInput, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.kernel_breakdown import top_durations
 from kinetoscope.analysis.registry import AnalysisSpec, register
+from kinetoscope.trace.model import Trace
 
 ANNOTATION_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -67,18 +68,19 @@ def gpu_user_annotation_breakdown(
 ) -> pl.DataFrame:
     """``rank, name, count, sum/max/min/mean (µs), stddev`` per annotation name."""
     kind = "gpu_user_annotation" if use_gpu_annotation else "user_annotation"
-    frames = []
-    for t in as_traces(traces):
+
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         ann = t.events.filter(pl.col("kind") == kind)
         if ann.is_empty():
-            continue
+            return None
         allow = None
         if allowlist_patterns:
             pat = "|".join(f"(?:{p})" for p in allowlist_patterns)
             allow = ann.filter(pl.col("name").str.contains(pat))["name"].unique().to_list()
         top = top_durations(ann, num_kernels=num_kernels, duration_ratio=duration_ratio, allowlist=allow)
-        frames.append(top.with_columns(pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank")))
-    return concat_or_empty(frames, ANNOTATION_SCHEMA).sort("rank", "name", nulls_last=True)
+        return top.with_columns(rank_lit(t))
+
+    return per_rank(traces, one_rank, ANNOTATION_SCHEMA).sort("rank", "name", nulls_last=True)
 
 
 def annotate_device_events(trace_events: pl.DataFrame, device: pl.DataFrame) -> pl.DataFrame:
@@ -109,15 +111,14 @@ def annotate_device_events(trace_events: pl.DataFrame, device: pl.DataFrame) -> 
 
 def gpu_kernels_with_user_annotations(traces: TraceInput) -> pl.DataFrame:
     """One row per device event of every rank that has GPU user annotations (see module doc)."""
-    frames = []
-    for t in as_traces(traces):
+    def one_rank(t: Trace) -> pl.DataFrame | None:
         if t.events.filter(pl.col("kind") == "gpu_user_annotation").is_empty():
-            continue
+            return None
         dev = device_frame(t)
         out = annotate_device_events(t.events, dev)
-        frames.append(
+        return (
             out.select(
-                pl.lit(t.meta.rank, dtype=pl.Int64).alias("rank"),
+                rank_lit(t),
                 "idx",
                 "name",
                 pl.col("kind").cast(pl.String),
@@ -130,7 +131,8 @@ def gpu_kernels_with_user_annotations(traces: TraceInput) -> pl.DataFrame:
                 "user_annotation",
             ).sort("ts(us)", "idx")
         )
-    return concat_or_empty(frames, KERNEL_ANNOTATION_SCHEMA)
+
+    return per_rank(traces, one_rank, KERNEL_ANNOTATION_SCHEMA)
 
 
 register(
