@@ -21,8 +21,8 @@ import threading
 import time
 import uuid
 
-from kinetoscope.protocol import wire
 from kinetoscope.daemon.daemon import Daemon, DaemonOptions
+from kinetoscope.protocol import wire
 
 
 def rss_mb() -> float:

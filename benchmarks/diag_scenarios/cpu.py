@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, child_env
+from kinetoscope.protocol.manifest import read_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 16

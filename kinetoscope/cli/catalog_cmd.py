@@ -16,6 +16,7 @@ from typing import Any, Optional, TypeVar
 import typer
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.units import fmt_bytes
 
 JOBS_EXAMPLES = examples(
     ("kscope jobs", "jobs in ~/.kinetoscope/catalog.db, newest first"),
@@ -75,9 +76,8 @@ def _emit_json(doc: dict[str, Any]) -> None:
 
 
 def _size(n: int | None) -> str:
-    from kinetoscope.collect.render import human_bytes
-
-    return human_bytes(n)
+    """A file size for the catalog tables (``-`` when unknown)."""
+    return fmt_bytes(n, missing="-", thousands=False)
 
 
 def _hosts(hosts: list[str], show: int = 2) -> str:
@@ -274,9 +274,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Record an existing trace folder (with its manifest.json) in the catalog."""
-        from kinetoscope.store.storage import parse_store_options
-        from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
         from kinetoscope.errors import UsageError
+        from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
+        from kinetoscope.store.storage import parse_store_options
 
         storage_options = parse_store_options(store_option)
         if storage_options and not store:

@@ -7,7 +7,6 @@ traces and renders a table or one JSON document (key ``trace_diff``).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +16,7 @@ from rich.table import Table
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.units import fmt_compact, fmt_signed
 
 EXAMPLES = examples(
     ('kscope diff before.json after.json', 'ops and kernels added, removed, changed'),
@@ -69,24 +69,6 @@ def _parse_step(text: str | None) -> Any:
         return int(text)
     except ValueError:
         raise UsageError(f"--step: expected a step number, 'first' or 'each', got {text!r}") from None
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "-"
-        return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def _signed(v: float | int) -> str:
-    if isinstance(v, float) and not float(v).is_integer():
-        return f"{v:+,.1f}"
-    return f"{v:+,.0f}"
 
 
 def register(app: typer.Typer) -> None:
@@ -176,7 +158,7 @@ def _render(console: Console, a: Any, b: Any, df: Any, doc: dict[str, Any], top:
     for r in shown.iter_rows(named=True):
         name = shorten_name(r["name"]) if len(r["name"]) > MAX_NAME else r["name"]
         row = ([str(r["step"])] if has_step else []) + [name[:MAX_NAME], r["device"]]
-        row += [_fmt(r[c]) for c in counts] + [_fmt(r[c]) for c in cols]
-        row += [_signed(r["diff_duration"]), r["count_change"]]
+        row += [fmt_compact(r[c]) for c in counts] + [fmt_compact(r[c]) for c in cols]
+        row += [fmt_signed(r["diff_duration"]), r["count_change"]]
         t.add_row(*row)
     console.print(t)

@@ -17,7 +17,6 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.collect.client import parse_hosts
-from kinetoscope.protocol.defaults import DEFAULT_PORT
 from kinetoscope.collect.deliver import (
     job_step_rate,
     mark_abandoned_requests,
@@ -38,6 +37,7 @@ from kinetoscope.collect.trigger import (
     wait_for_trace,
 )
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol.defaults import DEFAULT_PORT
 
 EXAMPLES = examples(
     ('kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait', 'one job, 10 steps'),

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from kinetoscope.protocol.wire import FrameError, frame_rpc, read_rpc_frame
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.protocol.defaults import DEFAULT_PORT
+from kinetoscope.protocol.wire import FrameError, frame_rpc, read_rpc_frame
 
 DEFAULT_HOST = "localhost"
 DEFAULT_TIMEOUT_S = 10.0

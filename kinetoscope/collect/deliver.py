@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kinetoscope.protocol.manifest import MANIFEST_NAME, host_manifests, load_trace_dir, manifest_to_dict
 from kinetoscope.collect.trigger import TraceProblem, TraceResult, build_manifest
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.manifest import MANIFEST_NAME, host_manifests, load_trace_dir, manifest_to_dict
 from kinetoscope.store.storage import parse_store_options  # noqa: F401 - part of this API
 
 if TYPE_CHECKING:

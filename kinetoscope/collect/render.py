@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kinetoscope.collect.trigger import TraceResult
+from kinetoscope.units import fmt_bytes
 
 _STATE_LABELS = {
     "triggered": "traced",
@@ -16,17 +17,6 @@ _STATE_LABELS = {
     "limit": "skipped (--process-limit)",
     "launcher": "launcher (skipped)",
 }
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def short_command(cmdline: str, width: int = 56) -> str:
@@ -87,7 +77,7 @@ def files_table(result: TraceResult, *, compact: bool = False) -> Table:
         name = os.path.basename(f.path) if os.path.dirname(f.path) == result.output_dir else f.path
         done = "yes" if f.complete else ("no" if result.waited else "pending")
         row = ["-" if f.rank is None else str(f.rank), str(f.pid), escape(name),
-               human_bytes(f.bytes) if f.bytes is not None else "-", done]
+               fmt_bytes(f.bytes, missing="-", thousands=False), done]
         table.add_row(*([escape(hosts.get(f.host, f.host))] if show_host else []), *row)
     return table
 

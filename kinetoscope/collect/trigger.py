@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress
-from kinetoscope.protocol.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
-from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
 from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
+from kinetoscope.protocol.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
 
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject

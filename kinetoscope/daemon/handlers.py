@@ -23,7 +23,6 @@ from typing import Any
 import orjson
 
 from kinetoscope import __version__
-from kinetoscope.protocol import kineto_config as kc
 from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir_under
 from kinetoscope.daemon.registry import (
@@ -35,7 +34,15 @@ from kinetoscope.daemon.registry import (
     Process,
     Registry,
 )
-from kinetoscope.daemon.traces import TraceBook, TraceFile, TraceRecord, file_status, safe_name, write_manifest
+from kinetoscope.daemon.traces import (
+    TraceBook,
+    TraceFile,
+    TraceRecord,
+    file_status,
+    safe_name,
+    write_manifest,
+)
+from kinetoscope.protocol import kineto_config as kc
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES, encode_rpc_json
 
 log = logging.getLogger("kinetoscope.daemon.rpc")

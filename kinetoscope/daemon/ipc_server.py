@@ -22,12 +22,12 @@ import struct
 import time
 from dataclasses import dataclass
 
-from kinetoscope.protocol import wire
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol import wire
 
 log = logging.getLogger("kinetoscope.daemon.ipc")
 

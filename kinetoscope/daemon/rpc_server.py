@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kinetoscope.protocol import wire
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol import wire
 
 log = logging.getLogger("kinetoscope.daemon.rpc")
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from kinetoscope.daemon.paths import PathRefused, write_file_under
+from kinetoscope.daemon.registry import PendingConfig, Process
 from kinetoscope.protocol.manifest import (
     Manifest,
     ManifestFile,
@@ -27,8 +29,6 @@ from kinetoscope.protocol.manifest import (
     format_time,
     write_bytes_atomic,
 )
-from kinetoscope.daemon.paths import PathRefused, write_file_under
-from kinetoscope.daemon.registry import PendingConfig, Process
 
 log = logging.getLogger("kinetoscope.daemon.traces")
 

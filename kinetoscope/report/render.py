@@ -24,7 +24,8 @@ import jinja2
 import kinetoscope
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.report.escape import js_for_script, json_for_script
-from kinetoscope.report.sections import build_view, fmt_bytes
+from kinetoscope.report.sections import build_view
+from kinetoscope.units import fmt_bytes
 
 _HERE = Path(__file__).resolve().parent
 

@@ -8,7 +8,6 @@ they become chart labels.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections import defaultdict
@@ -18,6 +17,9 @@ from typing import Any
 
 from kinetoscope.analysis.names import display_name as short_name
 from kinetoscope.report.escape import plotly_text
+from kinetoscope.units import finite as _num
+from kinetoscope.units import fmt_bytes, fmt_ms, fmt_num, fmt_pct
+from kinetoscope.units import us_to_ms as _ms
 
 MAX_NAME = 90
 MAX_CHART_BARS = 400
@@ -135,57 +137,6 @@ class ReportView:
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
-
-
-def _ms(us: Any) -> float | None:
-    v = _num(us)
-    return None if v is None else v / 1000.0
-
-
-def fmt_num(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "–"
-        if v != 0 and abs(v) < 10 ** -digits:
-            return f"{v:.3g}"
-        if float(v).is_integer() and abs(v) < 1e15:
-            return f"{int(v):,}"
-        return f"{v:,.{digits}f}"
-    return str(v)
-
-
-def fmt_pct(frac: Any, digits: int = 1) -> str:
-    v = _num(frac)
-    return "n/a" if v is None else f"{100 * v:.{digits}f} %"
-
-
-def fmt_ms(us: Any) -> str:
-    v = _ms(us)
-    return "n/a" if v is None else f"{v:,.2f} ms"
-
-
-def fmt_bytes(n: Any) -> str:
-    v = _num(n)
-    if v is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
-        v /= 1024
-    return f"{v:,.1f} TiB"
-
-
 def _cell(v: Any, col: str = "") -> Cell:
     if isinstance(v, (dict, list)):
         import orjson

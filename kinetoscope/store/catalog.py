@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import os
 import logging
+import os
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence

@@ -20,7 +20,6 @@ from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.metadata import is_manifest_name
 
 
-
 def is_trace_file_name(name: str) -> bool:
     return not name.startswith(".") and name.endswith(TRACE_SUFFIXES) and not is_manifest_name(name)
 

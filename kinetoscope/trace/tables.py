@@ -24,9 +24,9 @@ from msgspec import UNSET
 from msgspec.structs import astuple
 
 from kinetoscope.trace import decode as D
+from kinetoscope.trace.exactns import ns_from_texts, texts_blob
 from kinetoscope.trace.metadata import apply_location, infer_device_type
 from kinetoscope.trace.model import Trace, TraceMeta
-from kinetoscope.trace.exactns import ns_from_texts, texts_blob
 from kinetoscope.trace.rules import (
     INT64_MAX,
     INT64_MIN,

@@ -19,7 +19,6 @@ import secrets
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -34,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import kinetoscope
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol.defaults import TRACE_SUFFIXES
-from kinetoscope.report.sections import fmt_bytes
+from kinetoscope.units import fmt_bytes, fmt_datetime, fmt_fixed
 from kinetoscope.web.actions import TriggerParams, analyze_request, trigger_and_collect
 from kinetoscope.web.guards import (
     DEFAULT_MAX_BODY_BYTES,
@@ -92,22 +91,6 @@ def perfetto_dist() -> Path | None:
 # ---------------------------------------------------------------------------------------
 # Templates
 # ---------------------------------------------------------------------------------------
-def _fmt_time(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, datetime):
-        return v.strftime("%Y-%m-%d %H:%M:%S")
-    return str(v)
-
-
-def _fmt_num(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return str(v)
-
-
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -118,8 +101,8 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["bytes"] = fmt_bytes
-    env.filters["time"] = _fmt_time
-    env.filters["num"] = _fmt_num
+    env.filters["time"] = fmt_datetime
+    env.filters["num"] = fmt_fixed
     env.filters["urlpart"] = lambda s: quote(str(s), safe="")
     return env
 

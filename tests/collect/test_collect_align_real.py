@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.protocol.manifest import read_manifest
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -28,7 +28,6 @@ ITERATIONS = 5
 def test_ranks_of_a_job_trace_the_same_steps_by_default(tmp_path):
     pytest.importorskip("torch")
     from kinetoscope.demo.local import LocalDaemon, TrainingJob
-
     from tests.diagnosis.daemon_runs import ground_truth
 
     job_id = random.Random(7).randint(10_000, 2**31 - 1)

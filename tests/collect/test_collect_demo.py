@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.demo.train_ddp import StragglerPlan
+from kinetoscope.protocol.manifest import read_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
 from kinetoscope.demo.driver import inspect_trace_file
+from kinetoscope.protocol.manifest import read_manifest
 
 
 def count_optimizer_steps(path: str) -> int:

@@ -11,7 +11,6 @@ import orjson
 import pytest
 
 from kinetoscope.protocol.manifest import load_trace_dir
-
 from tests.fixtures_s3 import s3_client
 
 pytestmark = pytest.mark.torch

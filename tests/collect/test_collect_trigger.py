@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 
 from kinetoscope.collect.client import parse_host
-from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.protocol.manifest import read_manifest
 
 
 def fake_daemon(rpc_server, hostname: str, root: Path, procs: list[dict], status: dict | None = None,

@@ -9,8 +9,8 @@ import time
 
 from daemon_helpers import IpcClient
 
-from kinetoscope.protocol import wire
 from kinetoscope.daemon.registry import MAX_CONTEXTS, REGISTER_LOG_BURST, Registry
+from kinetoscope.protocol import wire
 
 
 def _wait(cond, what: str, timeout: float = 20.0) -> None:

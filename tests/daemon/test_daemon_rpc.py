@@ -12,8 +12,8 @@ import orjson
 import pytest
 from daemon_helpers import IpcClient, rpc, rpc_raw
 
-from kinetoscope.protocol import wire
 from kinetoscope.daemon.handlers import VERSION
+from kinetoscope.protocol import wire
 
 # Captured from the real `dyno gputrace --log-file /tmp/x/trace.json` (spec §3.3).
 DYNO_GPUTRACE_BODY = (

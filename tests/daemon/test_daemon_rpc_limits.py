@@ -13,8 +13,8 @@ import orjson
 import pytest
 from daemon_helpers import rpc
 
-from kinetoscope.protocol import wire
 from kinetoscope.daemon.rpc_server import BindSpec, RpcServer
+from kinetoscope.protocol import wire
 
 
 class SlowLoris:

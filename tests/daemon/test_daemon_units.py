@@ -10,6 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kinetoscope.daemon.logsetup import RateLimitedLogger
+from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir
+from kinetoscope.daemon.procinfo import parse_environ, parse_stat
+from kinetoscope.daemon.traces import file_status
 from kinetoscope.protocol import wire
 from kinetoscope.protocol.kineto_config import (
     build_config,
@@ -19,10 +23,6 @@ from kinetoscope.protocol.kineto_config import (
     valid_trace_id,
     wrap_with_trace_id,
 )
-from kinetoscope.daemon.logsetup import RateLimitedLogger
-from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir
-from kinetoscope.daemon.procinfo import parse_environ, parse_stat
-from kinetoscope.daemon.traces import file_status
 
 
 # ------------------------------------------------------------------------ config text

@@ -42,9 +42,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # when run as a script
     sys.path.insert(0, str(REPO_ROOT))
 
-from kinetoscope.protocol.manifest import read_manifest  # noqa: E402
 from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace  # noqa: E402
 from kinetoscope.demo.local import LocalDaemon, TrainingJob  # noqa: E402
+from kinetoscope.protocol.manifest import read_manifest  # noqa: E402
 
 RANKS = 4
 ITERATIONS = 16

@@ -17,8 +17,8 @@ import orjson
 import polars as pl
 import pytest
 
-from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.diagnosis import diagnose
+from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.trace import load_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

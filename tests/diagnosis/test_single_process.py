@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from profiled_jobs import run_profiled_job
 from diag_synth import make_job
+from profiled_jobs import run_profiled_job
 
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.trace import load_trace
@@ -78,9 +78,9 @@ def test_single_process_traced_through_the_daemon(tmp_path):
     no torch.distributed), traced on demand by pid through a private daemon; the manifest
     records ``rank: null`` and the diagnosis still finds the steps and gives its verdict."""
     pytest.importorskip("torch")
-    from kinetoscope.protocol.manifest import read_manifest
     from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
     from kinetoscope.demo.local import LocalDaemon
+    from kinetoscope.protocol.manifest import read_manifest
 
     with LocalDaemon(tmp_path / "d", trace_root=tmp_path / "traces") as daemon:
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID")}

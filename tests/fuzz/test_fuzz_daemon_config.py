@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinetoscope.protocol import kineto_config as kc
 from kinetoscope.daemon.handlers import RpcHandlers
 from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.daemon.traces import TraceBook
+from kinetoscope.protocol import kineto_config as kc
 
 from . import fuzz_settings
 

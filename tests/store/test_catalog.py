@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from kinetoscope.protocol.manifest import ManifestError
 from kinetoscope.store.catalog import (
     ANALYSES_SCHEMA,
     JOBS_SCHEMA,
@@ -18,7 +19,6 @@ from kinetoscope.store.catalog import (
     CatalogError,
     resolve_catalog_url,
 )
-from kinetoscope.protocol.manifest import ManifestError
 from kinetoscope.store.storage import TraceStore
 from kinetoscope.store.upload import upload_trace_request
 
