@@ -45,7 +45,7 @@ _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 # ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TraceOptions:
-    """What to record; mirrors ``dyno gputrace`` options (spec §4.1/§4.2)."""
+    """What to record; mirrors ``dyno gputrace`` options (docs/protocol.md §4.1/§4.2)."""
 
     duration_ms: int | None = None
     iterations: int | None = None
@@ -93,7 +93,7 @@ class TraceOptions:
         return "iterations" if self.iterations is not None else "duration"
 
     def config_text(self, log_file: str | None) -> str:
-        """The Kineto config ``dyno gputrace`` would send for these options (spec §4.2), built by the
+        """The Kineto config ``dyno gputrace`` would send for these options (docs/protocol.md §4.2), built by the
         daemon's own builder so trigger and daemon cannot disagree. ``log_file=None`` leaves out the
         per-process ``ACTIVITIES_LOG_FILE`` line (the part every process of a request shares)."""
         self.validate()
@@ -163,7 +163,7 @@ def parse_job_id(text: str) -> tuple[int, str | None]:
     """A job id as Kineto sees it, and a note when it differs from what the user typed.
 
     Kineto reads ``SLURM_JOB_ID`` with ``strtoll``: only the leading number counts, so a Slurm
-    array id ``36199_0`` is registered as job 36199 (spec §1.3)."""
+    array id ``36199_0`` is registered as job 36199 (docs/protocol.md §1.3)."""
     match = _JOB_ID_RE.match(text)
     if not match:
         raise UsageError(

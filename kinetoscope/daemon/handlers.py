@@ -1,4 +1,4 @@
-"""RPC functions: dyno's (spec §3.3, identical shapes) and kscope's extensions (architecture.md).
+"""RPC functions: dyno's (docs/protocol.md §3.3, identical shapes) and kscope's extensions (§9).
 
 Why this is separate from the transport: every request, however broken, must turn into one
 JSON response (``handle_frame`` never raises), and the function semantics are easiest to
@@ -334,7 +334,7 @@ class RpcHandlers:
     @staticmethod
     def _check_start_time(value: str | int) -> None:
         """Kineto refuses a start time in the past, and torch 2.13 then may segfault at exit
-        (spec §5.3); refuse it here with advice instead."""
+        (docs/protocol.md §5.3); refuse it here with advice instead."""
         try:
             start = int(value)
         except (TypeError, ValueError):

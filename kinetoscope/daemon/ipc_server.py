@@ -1,6 +1,6 @@
 """The daemon end of libkineto's IPC fabric: an AF_UNIX datagram socket named "dynolog".
 
-Why it looks like this (spec §1): a polling process waits only ~90 ms for the reply and then
+Why it looks like this (docs/protocol.md §1): a polling process waits only ~90 ms for the reply and then
 takes whatever arrives *next* as the answer to its *next* poll, so every "req" must be
 answered at once and exactly once. Dynolog reads one datagram per 10 ms; this loop drains the
 socket on every wake-up and replies with non-blocking ``sendto`` - a client whose socket is
@@ -55,7 +55,7 @@ class IpcEndpoint:
     def address(self) -> str | bytes:
         if self.socket_dir:
             return os.path.join(self.socket_dir, self.name)
-        # Kineto's abstract address includes a trailing NUL in its length (spec §1.1).
+        # Kineto's abstract address includes a trailing NUL in its length (docs/protocol.md §1.1).
         return b"\0" + self.name.encode() + b"\0"
 
     def describe(self) -> str:
@@ -85,7 +85,7 @@ def bind_endpoint(endpoint: IpcEndpoint) -> socket.socket:
             except FileNotFoundError:
                 pass
             sock.bind(path)
-            os.chmod(path, 0o666)  # clients run as other users (spec §1.1)
+            os.chmod(path, 0o666)  # clients run as other users (docs/protocol.md §1.1)
         else:
             sock.bind(endpoint.address)
     except OSError as exc:
@@ -229,7 +229,7 @@ class IpcServer:
             self._drop("malformed", "%s", exc)
             return
         if not req.pids:
-            # Dynolog logs "Missing pids parameter" and does not answer (spec §1.3).
+            # Dynolog logs "Missing pids parameter" and does not answer (docs/protocol.md §1.3).
             self._drop("no_pids", "req with n=0")
             return
         stats = self.stats

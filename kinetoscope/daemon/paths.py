@@ -1,7 +1,7 @@
 """Where trace files may go: confinement to the trace root, and directory/file creation.
 
 Why: the RPC port lets a caller choose a file path that a *traced process* (often another
-user, sometimes root) will write - Kineto's own fix for that is commit 9ea826ec (spec §4.3) -
+user, sometimes root) will write - Kineto's own fix for that is commit 9ea826ec (docs/protocol.md §4.3) -
 and the daemon itself (often root) creates directories and writes manifests there. So:
 
 * ``confine`` refuses any ``ACTIVITIES_LOG_FILE``/output directory that is not a string, is

@@ -1,4 +1,4 @@
-"""The process registry: Dynolog's LibkinetoConfigManager/JobRegistry semantics (spec §2).
+"""The process registry: Dynolog's LibkinetoConfigManager/JobRegistry semantics (docs/protocol.md §2).
 
 Why it exists: every traced process polls with ``(job id, pid chain, type)``; the daemon must
 remember it, hand it a pending config exactly once (only when the ACTIVITIES bit is set), and
@@ -208,7 +208,7 @@ class Registry:
         return ""
 
     def register_context(self, job_id: int, gpu: int, pid: int) -> int:
-        """A "ctxt" message: number of distinct pids registered for (job, gpu) (spec §2.5).
+        """A "ctxt" message: number of distinct pids registered for (job, gpu) (docs/protocol.md §2.5).
 
         At most ``max_contexts`` registrations are kept; beyond, the least recently touched
         one is dropped (Dynolog keeps them all, forever).
@@ -297,7 +297,7 @@ class Registry:
         include_launchers: bool,
         make_config: Callable[[Process], PendingConfig],
     ) -> list[Match]:
-        """Match and queue configs atomically (spec §2.3), returning every match in map order.
+        """Match and queue configs atomically (docs/protocol.md §2.3), returning every match in map order.
 
         * ``job_id`` None matches every job (kscope); a string matches that job only (dyno).
         * ``pids`` empty or ``{0}`` matches all processes; otherwise a process matches if any of

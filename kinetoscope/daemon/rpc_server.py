@@ -1,6 +1,6 @@
 """The TCP side ``dyno`` talks to: native int32 length + JSON, one request per connection.
 
-Why not Dynolog's design (spec §3.1): its single thread reads with no timeout, so one client
+Why not Dynolog's design (docs/protocol.md §3.1): its single thread reads with no timeout, so one client
 that connects and says nothing blocks every ``dyno`` call forever. Why not a thread per
 connection either: slow clients then hold the threads (issue 16: 64 connections trickling one
 byte every 1.5 s kept every slot, and every ``getStatus`` got "server busy").

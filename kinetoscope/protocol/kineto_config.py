@@ -1,7 +1,7 @@
 """Kineto on-demand config text: built exactly as ``dyno gputrace`` builds it, and inspected.
 
 Why a module of its own: the daemon (``kscopeTrace``) and the trigger (``kscope trace``) must
-produce byte-identical configs to what the real ``dyno`` CLI sends (spec §4.2), and the daemon
+produce byte-identical configs to what the real ``dyno`` CLI sends (docs/protocol.md §4.2), and the daemon
 must look inside configs it did not build (``setKinetOnDemandRequest`` from ``dyno``) to
 enforce the trace root. Everything here is a pure function of its arguments.
 """
@@ -36,7 +36,7 @@ def build_config(
     with_flops: bool = False,
     with_modules: bool = False,
 ) -> str:
-    """The Kineto config text ``dyno gputrace`` sends (spec §4.2), byte for byte.
+    """The Kineto config text ``dyno gputrace`` sends (docs/protocol.md §4.2), byte for byte.
 
     ``iterations > 0`` selects iteration mode (``PROFILE_START_ITERATION=0``, then
     ``PROFILE_START_ITERATION_ROUNDUP`` and ``ACTIVITIES_ITERATIONS``), otherwise duration mode
@@ -86,7 +86,7 @@ def build_config(
 
 def _check_value(key: str, value: str) -> None:
     # A newline would start a new config line; '#' starts a comment and '=' splits the line
-    # into three parts, which makes Kineto stop parsing there (spec §4.4). Kineto trims blanks
+    # into three parts, which makes Kineto stop parsing there (docs/protocol.md §4.4). Kineto trims blanks
     # around the value, so a value with them would not be the file written (found by fuzzing).
     if not value or any(c in value for c in "\n\r#=\0") or any(ord(c) < 32 or c == "\x7f" for c in value):
         raise ValueError(f"{key} value {value!r} is empty or contains a newline, '#', '=' or a control character")
@@ -95,7 +95,7 @@ def _check_value(key: str, value: str) -> None:
 
 
 def wrap_with_trace_id(config: str, trace_id: str) -> str:
-    """Dynolog's ``addTraceIdToConfigString`` (spec §2.3): what is stored as pending config.
+    """Dynolog's ``addTraceIdToConfigString`` (docs/protocol.md §2.3): what is stored as pending config.
 
     The daemon appends ``"\\n"`` when it hands the text to the process (§2.2).
     """
@@ -134,7 +134,7 @@ _JSON_SUFFIXES = (".pt.trace.json", ".json")
 
 
 def kineto_output_path(log_file: str, pid: int) -> str:
-    """The file Kineto really writes for ``ACTIVITIES_LOG_FILE=log_file`` (spec §4.3).
+    """The file Kineto really writes for ``ACTIVITIES_LOG_FILE=log_file`` (docs/protocol.md §4.3).
 
     The **first** ``.pt.trace.json`` becomes ``_<pid>.pt.trace.json``, else the first ``.json``
     becomes ``_<pid>.json``; a name without ``.json`` is used as is.

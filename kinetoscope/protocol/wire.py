@@ -1,4 +1,4 @@
-"""Byte-level framing of the two Dynolog protocols (spec: shared/docs/dynolog_protocol.md).
+"""Byte-level framing of the two Dynolog protocols (docs/protocol.md §1.2 and §3.2).
 
 * IPC fabric (libkineto <-> daemon, AF_UNIX datagrams): a 40-byte ``Metadata{u64 size;
   char type[32]}`` header in native byte order, then ``size`` payload bytes (§1.2).

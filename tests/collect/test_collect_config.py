@@ -1,4 +1,4 @@
-"""The trigger's options produce exactly the Kineto config text `dyno gputrace` sends (spec §4.2)."""
+"""The trigger's options produce exactly the Kineto config text `dyno gputrace` sends (docs/protocol.md §4.2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from kinetoscope.collect.trigger import TraceOptions
 from kinetoscope.errors import UsageError
 
-# Captured from the real dyno CLI: `dyno gputrace --log-file /tmp/x/trace.json` (spec §3.3).
+# Captured from the real dyno CLI: `dyno gputrace --log-file /tmp/x/trace.json` (docs/protocol.md §3.3).
 DYNO_DEFAULT = (
     "ACTIVITIES_LOG_FILE=/tmp/x/trace.json\nPROFILE_START_TIME=0\nACTIVITIES_DURATION_MSECS=500\n"
     "PROFILE_REPORT_INPUT_SHAPES=false\nPROFILE_WITH_STACK=false\nPROFILE_WITH_FLOPS=false\n"

@@ -1,4 +1,4 @@
-"""The IPC fabric over real AF_UNIX datagram sockets (spec §1-2)."""
+"""The IPC fabric over real AF_UNIX datagram sockets (docs/protocol.md §1-2)."""
 
 from __future__ import annotations
 

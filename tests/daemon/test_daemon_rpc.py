@@ -1,4 +1,4 @@
-"""The dyno-compatible RPC server over real TCP (spec §3), bad input, auth, trace-root rules."""
+"""The dyno-compatible RPC server over real TCP (docs/protocol.md §3), bad input, auth, trace-root rules."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from daemon_helpers import IpcClient, rpc, rpc_raw
 from kinetoscope.daemon.handlers import VERSION
 from kinetoscope.protocol import wire
 
-# Captured from the real `dyno gputrace --log-file /tmp/x/trace.json` (spec §3.3).
+# Captured from the real `dyno gputrace --log-file /tmp/x/trace.json` (docs/protocol.md §3.3).
 DYNO_GPUTRACE_BODY = (
     b'\n{\n    "fn": "setKinetOnDemandRequest",\n    "config": "ACTIVITIES_LOG_FILE=/tmp/x/trace.json'
     b"\\nPROFILE_START_TIME=0\\nACTIVITIES_DURATION_MSECS=500\\nPROFILE_REPORT_INPUT_SHAPES=false"
@@ -111,7 +111,7 @@ def _gputrace(port: int, root: str, pids: list[int], limit: int = 3, job_id: int
 
 @pytest.fixture()
 def torchrun_like(clients):
-    """A launcher (500, parent 400) with three ranks 501-503 (spec §2.3 map order)."""
+    """A launcher (500, parent 400) with three ranks 501-503 (docs/protocol.md §2.3 map order)."""
     cs = {}
     for pids in ([500, 400], [501, 500, 400], [502, 500, 400], [503, 500, 400]):
         c = clients()
@@ -222,7 +222,7 @@ def test_dyno_field_errors_keep_dynos_status_and_add_empty_results(daemon, field
 
 
 def test_dyno_unescaped_log_file_gets_dyno_shaped_error(daemon):
-    # `dyno gputrace --log-file '/tmp/a"b.json'` produces invalid JSON (spec §4.2).
+    # `dyno gputrace --log-file '/tmp/a"b.json'` produces invalid JSON (docs/protocol.md §4.2).
     body = b'\n{\n    "fn": "setKinetOnDemandRequest",\n    "config": "ACTIVITIES_LOG_FILE=/tmp/a"b.json",\n    "pids": [0]\n}'
     reply = orjson.loads(rpc_raw(daemon.rpc_port, wire.frame_rpc(body)))
     assert reply["status"] == "failed" and reply["processesMatched"] == []

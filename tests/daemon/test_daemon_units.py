@@ -1,4 +1,4 @@
-"""Pure functions: config text (spec §4.2), naming (§4.3), framing parsers (property tests)."""
+"""Pure functions: config text (docs/protocol.md §4.2), naming (§4.3), framing parsers (property tests)."""
 
 from __future__ import annotations
 

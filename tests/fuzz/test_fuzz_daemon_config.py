@@ -2,7 +2,7 @@
 daemon's check of configs it did not build (``setKinetOnDemandRequest`` through the real
 ``RpcHandlers``), both against an independent model of Kineto's parser.
 
-Kineto's ``AbstractConfig::parse`` (spec §4.4): one ``KEY=VALUE`` per ``\\n``-separated line,
+Kineto's ``AbstractConfig::parse`` (docs/protocol.md §4.4): one ``KEY=VALUE`` per ``\\n``-separated line,
 ``#`` starts a comment, key and value trimmed of ``" \\t\\n"``, and a line without exactly one
 ``=`` *aborts* parsing there (the rest of the config is ignored; a missing log file then
 means Kineto's default ``/tmp`` path). The properties: a built config parses to exactly the

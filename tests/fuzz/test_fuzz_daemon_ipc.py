@@ -2,7 +2,7 @@
 
 Inputs: random bytes, and mutations (bit flips, byte edits, inserted/deleted ranges,
 truncation, hostile size/count/type fields) of valid "req" and "ctxt" datagrams, among them
-the 80-byte datagram captured from torch (spec §1.2). Properties: the parsers raise nothing
+the 80-byte datagram captured from torch (docs/protocol.md §1.2). Properties: the parsers raise nothing
 but FrameError; the live loop survives every batch and still answers a valid poll at once.
 """
 
