@@ -46,7 +46,13 @@ class TriggerParams:
     def build(self, default_hosts: list[str]) -> tuple[list[Any], Any, Any]:
         """(hosts, Target, TraceOptions), validated like the CLI (``UsageError`` with the reason)."""
         from kinetoscope.collect.client import parse_hosts
-        from kinetoscope.collect.trigger import Target, TraceOptions, parse_job_id, parse_pids, validate_trace_id
+        from kinetoscope.collect.trigger import (
+            Target,
+            TraceOptions,
+            parse_job_id,
+            parse_pids,
+            validate_trace_id,
+        )
 
         hosts = parse_hosts(self.hosts or default_hosts or None)
         chosen = sum([bool(self.job_id and self.job_id.strip()), bool(self.pids and self.pids.strip()), bool(self.all)])

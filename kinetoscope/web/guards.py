@@ -53,7 +53,7 @@ class ServeRoots:
             if "://" in r and not r.startswith("file://"):
                 remote.append(r.rstrip("/") + "/")
             else:
-                p = Path(os.path.expanduser(r[len("file://"):] if r.startswith("file://") else r))
+                p = Path(os.path.expanduser(r.removeprefix("file://")))
                 local.append(p.resolve())  # a root that is itself a symlink counts as its target
         return cls(tuple(dict.fromkeys(local)), tuple(dict.fromkeys(remote)))
 
