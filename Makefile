@@ -41,6 +41,18 @@ fuzz: $(VENV)/.test-installed
 	KSCOPE_FUZZ_BUDGET=$${KSCOPE_FUZZ_BUDGET:-20} KSCOPE_FUZZ_RANDOM=$${KSCOPE_FUZZ_RANDOM:-1} HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-fuzz} \
 		$(PY) -m pytest tests/fuzz -q -p no:cacheprovider --timeout=0
 
+$(VENV)/.lint-installed: $(VENV)/.test-installed
+	$(PIP) install -q -e '.[s3,postgres,ui,scale,test,lint]'
+	touch $@
+
+# ruff (rules and format), mypy (strict on protocol/, trace/, analysis/; config in pyproject.toml)
+# and the import layers (lint-imports, docs/architecture.md). The pre-commit hooks run the same.
+lint: $(VENV)/.lint-installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/bench_daemon.py
 	$(PY) benchmarks/bench_analyze.py
