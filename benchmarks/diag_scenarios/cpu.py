@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, child_env
 from kinetoscope.protocol.manifest import read_manifest
 
@@ -119,8 +119,7 @@ def run(sc: CpuScenario, workdir: Path, timeout_s: float = 240.0) -> tuple[list[
                 daemon.wait_for_processes(sc.world, job_id=job_id, timeout=left(150), alive=job.alive)
                 job.wait_for_steps(3, timeout=left(90))
                 roundup = job.iteration_roundup(2.5 + 0.3 * sc.world)
-                res = trigger_trace([daemon.address], Target(job_id=job_id, job_id_text=str(job_id)),
-                                    TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup))
+                res = trigger_trace(TraceRequest([daemon.address], Target(job_id=job_id, job_id_text=str(job_id)), TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup)))
                 if res.errors or len(res.triggered) != sc.world:
                     raise RuntimeError(f"trigger: {[e.message for e in res.errors]}, {len(res.triggered)}/{sc.world}")
                 res = wait_for_trace(res, timeout=left(90), poll_interval=0.3)

@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kinetoscope.cli.examples import examples
-from kinetoscope.collect.client import parse_hosts
 from kinetoscope.collect.deliver import (
     job_step_rate,
     mark_abandoned_requests,
@@ -27,13 +26,10 @@ from kinetoscope.collect.deliver import (
 )
 from kinetoscope.collect.render import files_table, matched_table, stored_table
 from kinetoscope.collect.trigger import (
-    Target,
     TraceOptions,
     TraceResult,
-    parse_job_id,
-    parse_pids,
+    parse_trace_request,
     trigger_trace,
-    validate_trace_id,
     wait_for_trace,
 )
 from kinetoscope.errors import UsageError
@@ -183,17 +179,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document (see docs/collect.md)."),
     ) -> None:
         """Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`."""
-        hosts = parse_hosts(host)
-        notes: list[str] = []
-        jid: int | None = None
-        if job_id is not None:
-            jid, note = parse_job_id(job_id)
-            if note:
-                notes.append(note)
-        target = Target(
-            job_id=jid, job_id_text=job_id, pids=parse_pids(pids) if pids is not None else (), all=all_
-        )
-        target.validate()
         options = TraceOptions(
             duration_ms=duration_ms,
             iterations=iterations,
@@ -207,12 +192,15 @@ def register(app: typer.Typer) -> None:
             include_launchers=include_launchers,
             align=not no_align,
         )
-        options.validate()
+        request, notes = parse_trace_request(
+            hosts=host, job_id=job_id, pids=pids, all=all_, options=options, output_dir=output_dir, trace_id=trace_id
+        )
+        jid = request.target.job_id
         if (jid is not None and iterations is not None and iteration_roundup is None and not no_align
                 and not no_catalog):
             known = job_step_rate(jid, catalog)  # a tighter alignment roundup (docs/collect.md)
             if known is not None:
-                options = replace(options, steps_per_s=known[0])
+                request = replace(request, options=replace(options, steps_per_s=known[0]))
                 notes.append(f"job {jid} steps at {known[0]:.3g} steps/s (catalog: analysis of {known[1]})")
         if no_catalog and catalog is not None:
             raise UsageError("--catalog and --no-catalog contradict each other; give one")
@@ -231,6 +219,7 @@ def register(app: typer.Typer) -> None:
                     f"trace root and the files are uploaded to {output_dir} when complete (as --store)"
                 )
                 store_url, output_dir = output_dir, None
+            request = replace(request, output_dir=output_dir)
         storage_options = parse_store_options(store_option)
         if storage_options and store_url is None:
             raise UsageError("--store-option only applies with --store URL")
@@ -249,15 +238,13 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--timeout only applies with --wait")
         if timeout is not None and timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {timeout:g}")
-        if trace_id is not None:
-            validate_trace_id(trace_id)
 
         out = Console(stderr=json_out, highlight=False)
         err = Console(stderr=True, highlight=False)
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}")
 
-        result = trigger_trace(hosts, target, options, output_dir=output_dir, trace_id=trace_id, token=token)
+        result = trigger_trace(request, token=token)
         result.notes[:0] = notes
         for note in result.notes[len(notes):]:
             err.print(f"[yellow]note:[/] {escape(note)}")

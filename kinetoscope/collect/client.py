@@ -1,7 +1,8 @@
 """RPC client for a Kinetoscope (or Dynolog) daemon.
 
 Framing is dyno's (``kinetoscope.protocol.wire``): native ``int32`` length + UTF-8 JSON, one request
-per TCP connection. Every failure becomes a :class:`DaemonError` whose message names the host and
+per TCP connection; the kscope functions take the typed requests of ``kinetoscope.protocol.rpc``.
+Every failure becomes a :class:`DaemonError` whose message names the host and
 the cause, so the trigger can report it without a traceback.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import orjson
 
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.protocol import rpc
 from kinetoscope.protocol.defaults import DEFAULT_PORT
 from kinetoscope.protocol.wire import FrameError, frame_rpc, read_rpc_frame
 
@@ -158,12 +160,12 @@ class DaemonClient:
     def get_version(self) -> dict[str, Any]:
         return self.call("getVersion")
 
-    # -- kscope extensions (docs/architecture.md) ------------------------------------------
+    # -- kscope extensions (docs/protocol.md §9; typed requests in kinetoscope.protocol.rpc) --
     def list_processes(self, job_id: int | None = None) -> dict[str, Any]:
-        return self.call("kscopeListProcesses", job_id=job_id)
+        return self.call(rpc.LIST_PROCESSES, **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id)))
 
-    def trace(self, **fields: Any) -> dict[str, Any]:
-        return self.call("kscopeTrace", **fields)
+    def trace(self, request: rpc.KscopeTraceRequest) -> dict[str, Any]:
+        return self.call(rpc.TRACE, **rpc.request_fields(request))
 
     def trace_status(self, trace_id: str) -> dict[str, Any]:
-        return self.call("kscopeTraceStatus", trace_id=trace_id)
+        return self.call(rpc.TRACE_STATUS, **rpc.request_fields(rpc.KscopeTraceStatusRequest(trace_id=trace_id)))

@@ -5,7 +5,7 @@ and the demo can do the same with a :class:`~kinetoscope.collect.trigger.TraceRe
 
 .. code-block:: python
 
-    res = trigger_trace(hosts, target, options)
+    res = trigger_trace(TraceRequest(hosts, target, options))
     record_trace_result(res)                       # as soon as the request is made
     res = wait_for_trace(res, timeout=120)
     stored = store_trace_result(res, "s3://bucket/traces") if res.files else []
@@ -19,6 +19,7 @@ imports neither s3fs nor SQLAlchemy (they load when used).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from kinetoscope.protocol.manifest import MANIFEST_NAME, host_manifests, load_tr
 from kinetoscope.store.storage import parse_store_options  # noqa: F401 - part of this API
 
 if TYPE_CHECKING:
-    from kinetoscope.store.catalog import TraceRequestRecord
+    from kinetoscope.store.catalog import Catalog, TraceRequestRecord
     from kinetoscope.store.retry import RetryPolicy
     from kinetoscope.store.storage import StoredObject, TraceStore
 
@@ -173,19 +174,24 @@ def trace_result_manifest(result: TraceResult) -> tuple[dict[str, Any], Path | N
 
 def record_trace_result(
     result: TraceResult,
-    catalog_url: str | os.PathLike[str] | None = None,
+    catalog_url: str | os.PathLike[str] | Catalog | None = None,
     stored: Sequence[StoredObject] | None = None,
     *,
     raise_errors: bool = False,
+    hash_local_files: bool = False,
 ) -> TraceRequestRecord | None:
-    """Record (upsert) the request in the catalog: ``catalog_url``, else ``$KSCOPE_CATALOG``, else
+    """Record (upsert) the request in the catalog: ``catalog_url`` (a URL, or an open
+    :class:`~kinetoscope.store.catalog.Catalog`, left open), else ``$KSCOPE_CATALOG``, else
     ``~/.kinetoscope/catalog.db``. Call it as soon as the request is made and again after
     waiting/uploading: the second call fills in sizes, sha256, storage URLs and completeness.
+    This is the one trigger -> wait -> record step of ``kscope trace``, the web app and the demo.
 
-    ``stored`` defaults to ``result.stored``. Returns the catalog's record, or None when there is
-    nothing to record (no file was triggered) or recording failed: then a note starting with
-    ``catalog:`` explains why (``raise_errors=True`` raises instead). Sets ``result.catalog`` to the
-    catalog's URL (password hidden) on success."""
+    ``stored`` defaults to ``result.stored``. ``hash_local_files``: when the request folder is on
+    this machine, import it with the files' sizes and sha256 (``Catalog.import_trace_dir``; the
+    web app, which serves those files); otherwise the manifest is recorded as it is. Returns the
+    catalog's record, or None when there is nothing to record (no file was triggered) or recording
+    failed: then a note starting with ``catalog:`` explains why (``raise_errors=True`` raises
+    instead). Sets ``result.catalog`` to the catalog's URL (password hidden) on success."""
     if not result.files:
         return None
     objs = list(stored if stored is not None else result.stored)
@@ -193,8 +199,15 @@ def record_trace_result(
         from kinetoscope.store.catalog import Catalog
 
         doc, trace_dir = trace_result_manifest(result)
-        with Catalog.open(catalog_url) as cat:
-            rec = cat.record_trace_request(doc, objs or None, base_dir=trace_dir)
+        with contextlib.ExitStack() as stack:
+            if isinstance(catalog_url, Catalog):
+                cat = catalog_url
+            else:
+                cat = stack.enter_context(Catalog.open(catalog_url))
+            if hash_local_files and trace_dir is not None and not objs:
+                rec = cat.import_trace_dir(trace_dir)
+            else:
+                rec = cat.record_trace_request(doc, objs or None, base_dir=trace_dir)
             result.catalog = cat.display_url
             return rec
     except (KinetoscopeError, OSError, ImportError) as exc:

@@ -19,16 +19,17 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress
+from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress, parse_hosts
 from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol import rpc
 from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
 from kinetoscope.protocol.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
 
@@ -217,6 +218,56 @@ def validate_trace_id(trace_id: str) -> str:
             "starting with a letter or digit"
         )
     return trace_id
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One trace request, whole: which daemons, which processes, what to record, where, and its
+    name. Built once by whoever asks (``kscope trace``, the web app, the demo; usually with
+    :func:`parse_trace_request`) and passed whole to :func:`trigger_trace`.
+
+    ``output_dir`` None lets each daemon use its own trace root; ``trace_id`` None gets a
+    generated ``kst-...`` id. How long to wait, where to store and whether to analyse are the
+    caller's business after the trigger (``wait_for_trace``, ``kinetoscope.collect.deliver``)."""
+
+    hosts: tuple[HostAddress, ...]
+    target: Target
+    options: TraceOptions
+    output_dir: str | None = None
+    trace_id: str | None = None
+
+    def validate(self) -> None:
+        """Raise UsageError for a request no daemon should see (the same rules as the CLI)."""
+        self.target.validate()
+        self.options.validate()
+        if self.trace_id:
+            validate_trace_id(self.trace_id)
+
+
+def parse_trace_request(
+    *,
+    hosts: list[str] | None,
+    job_id: str | None = None,
+    pids: str | None = None,
+    all: bool = False,
+    options: TraceOptions,
+    output_dir: str | None = None,
+    trace_id: str | None = None,
+) -> tuple[TraceRequest, list[str]]:
+    """A validated :class:`TraceRequest` from what a person typed (``--host``, ``--job-id``,
+    ``--pids``, ``--all``; a form's fields), and the notes to show (e.g. a Slurm array id traced
+    by its numeric prefix). Raises UsageError with the reason otherwise."""
+    addresses = parse_hosts(hosts or None)
+    notes: list[str] = []
+    jid: int | None = None
+    if job_id is not None:
+        jid, note = parse_job_id(job_id)
+        if note:
+            notes.append(note)
+    target = Target(job_id=jid, job_id_text=job_id, pids=parse_pids(pids) if pids is not None else (), all=all)
+    request = TraceRequest(tuple(addresses), target, options, output_dir=output_dir, trace_id=trace_id)
+    request.validate()
+    return request, notes
 
 
 # ---------------------------------------------------------------------------------------
@@ -530,24 +581,22 @@ def aligned_options(
 # Trigger
 # ---------------------------------------------------------------------------------------
 def trigger_trace(
-    hosts: Iterable[HostAddress],
-    target: Target,
-    options: TraceOptions,
+    request: TraceRequest,
     *,
-    output_dir: str | None = None,
-    trace_id: str | None = None,
     token: str | None = None,
     rpc_timeout: float = DEFAULT_TIMEOUT_S,
     write_manifest_file: bool = True,
 ) -> TraceResult:
-    """Ask every host's daemon to trace the target processes; returns at once (no waiting).
+    """Ask every host's daemon of ``request`` to trace its target processes; returns at once
+    (no waiting).
 
-    ``output_dir`` None lets each daemon use its own trace root. The manifest is written into each
-    request folder reported by the daemons (created locally if needed)."""
-    hosts = list(dict.fromkeys(hosts))
+    The manifest is written into each request folder reported by the daemons (created locally if
+    needed)."""
+    hosts = list(dict.fromkeys(request.hosts))
+    target, options, output_dir = request.target, request.options, request.output_dir
     target.validate()
     options.validate()
-    trace_id = validate_trace_id(trace_id) if trace_id else new_trace_id()
+    trace_id = validate_trace_id(request.trace_id) if request.trace_id else new_trace_id()
     if output_dir is not None and "://" in str(output_dir):
         if not str(output_dir).startswith("file://"):
             raise UsageError(
@@ -561,11 +610,13 @@ def trigger_trace(
                          requested_by=requested_by())
     if align_note:
         result.notes.append(align_note)
-    fields: dict[str, Any] = {"trace_id": trace_id, **target.rpc_fields(), **options.rpc_fields()}
-    if output_dir is not None:
-        fields["output_dir"] = os.path.abspath(output_dir)
-
-    replies = _ask_all(hosts, token, rpc_timeout, lambda c: c.trace(**fields))
+    call = rpc.KscopeTraceRequest(
+        trace_id=trace_id,
+        output_dir=os.path.abspath(output_dir) if output_dir is not None else None,
+        **target.rpc_fields(),
+        **options.rpc_fields(),
+    )
+    replies = _ask_all(hosts, token, rpc_timeout, lambda c: c.trace(call))
     no_match: list[str] = []
     for hr in replies:
         if hr.error is not None:

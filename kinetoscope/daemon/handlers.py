@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import orjson
 
 from kinetoscope import __version__
@@ -43,6 +44,7 @@ from kinetoscope.daemon.traces import (
     write_manifest,
 )
 from kinetoscope.protocol import kineto_config as kc
+from kinetoscope.protocol import rpc
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES, encode_rpc_json
 
 log = logging.getLogger("kinetoscope.daemon.rpc")
@@ -168,9 +170,9 @@ class RpcHandlers:
             "setKinetOnDemandRequest": self.set_kineto_on_demand_request,
             "dcgmProfPause": self.dcgm_prof_pause,
             "dcgmProfResume": self.dcgm_prof_resume,
-            "kscopeListProcesses": self.kscope_list_processes,
-            "kscopeTrace": self.kscope_trace,
-            "kscopeTraceStatus": self.kscope_trace_status,
+            rpc.LIST_PROCESSES: self.kscope_list_processes,
+            rpc.TRACE: self.kscope_trace,
+            rpc.TRACE_STATUS: self.kscope_trace_status,
         }
 
     # ------------------------------------------------------------------ entry points
@@ -357,39 +359,39 @@ class RpcHandlers:
                 log.info("created trace directory %s", d)
 
     # ------------------------------------------------------------------ kscope functions
-    def _process_json(self, p: Process, is_launcher: bool, now: float) -> dict[str, Any]:
+    def _process_info(self, p: Process, is_launcher: bool, now: float) -> rpc.ProcessInfo:
         info = p.info
-        return {
-            "pid": p.pid,
-            "pids": list(p.pids),
-            "job_id": p.job_id,
-            "cmdline": info.cmdline if info else None,
-            "rank": info.rank if info else None,
-            "local_rank": info.local_rank if info else None,
-            "world_size": info.world_size if info else None,
-            "group_rank": info.group_rank if info else None,
-            "torchelastic_run_id": info.torchelastic_run_id if info else None,
-            "master_addr": info.master_addr if info else None,
-            "master_port": info.master_port if info else None,
-            "slurm_job_id": info.slurm_job_id if info else None,
-            "is_launcher": is_launcher,
-            "last_poll_s_ago": round(now - p.last_poll, 3),
-            "pending": p.pending is not None,
+        return rpc.ProcessInfo(
+            pid=p.pid,
+            pids=list(p.pids),
+            job_id=p.job_id,
+            cmdline=info.cmdline if info else None,
+            rank=info.rank if info else None,
+            local_rank=info.local_rank if info else None,
+            world_size=info.world_size if info else None,
+            group_rank=info.group_rank if info else None,
+            torchelastic_run_id=info.torchelastic_run_id if info else None,
+            master_addr=info.master_addr if info else None,
+            master_port=info.master_port if info else None,
+            slurm_job_id=info.slurm_job_id if info else None,
+            is_launcher=is_launcher,
+            last_poll_s_ago=round(now - p.last_poll, 3),
+            pending=p.pending is not None,
             # additions
-            "pending_trace_id": p.pending.trace_id if p.pending else None,
-            "host_pid": info.pid if info else None,
-            "uid": info.uid if info else None,
-            "alive": p.alive(),
-            "polls": p.polls,
-            "registered_s_ago": round(now - p.first_seen, 3),
-            "tracing": p.polls > 0 and not (p.last_type & 2),
-        }
+            pending_trace_id=p.pending.trace_id if p.pending else None,
+            host_pid=info.pid if info else None,
+            uid=info.uid if info else None,
+            alive=p.alive(),
+            polls=p.polls,
+            registered_s_ago=round(now - p.first_seen, 3),
+            tracing=p.polls > 0 and not (p.last_type & 2),
+        )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:
         job_id = _job_id(req)
         now = time.monotonic()
-        procs = [self._process_json(p, launcher, now) for p, launcher in self.registry.snapshot(job_id)]
-        return {"status": "ok", "hostname": self.hostname, "processes": procs}
+        procs = [self._process_info(p, launcher, now) for p, launcher in self.registry.snapshot(job_id)]
+        return rpc.response_fields(rpc.KscopeListProcessesResponse(hostname=self.hostname, processes=procs))
 
     def kscope_trace(self, req: dict) -> dict[str, Any]:
         trace_id = req.get("trace_id")
@@ -469,32 +471,33 @@ class RpcHandlers:
             trace_id, len(matches), len(record.files), trace_dir,
         )
         now = time.monotonic()
-        return {
-            "status": "ok",
-            "hostname": self.hostname,
-            "trace_id": trace_id,
-            "output_dir": output_dir,
-            "trace_dir": trace_dir,
-            "manifest": manifest,
-            "config": shared_config,
-            "matched": [self._match_json(m, files, now) for m in matches],
-            "triggered": len(record.files),
-            "registered": self.registry.summary(),
-        }
+        response = rpc.KscopeTraceResponse(
+            hostname=self.hostname,
+            trace_id=trace_id,
+            output_dir=output_dir,
+            trace_dir=trace_dir,
+            manifest=manifest,
+            config=shared_config,
+            matched=[self._matched(m, files, now) for m in matches],
+            triggered=len(record.files),
+            registered=self.registry.summary(),
+        )
+        return rpc.response_fields(response)
 
-    def _match_json(self, m: Match, files: dict[int, TraceFile], now: float) -> dict[str, Any]:
-        out = self._process_json(m.process, m.is_launcher, now)
+    def _matched(self, m: Match, files: dict[int, TraceFile], now: float) -> rpc.MatchedProcess:
+        info = self._process_info(m.process, m.is_launcher, now)
         tf = files.get(id(m.process)) if m.outcome == TRIGGERED else None
-        out.update(
+        reason = None if m.outcome == TRIGGERED else m.outcome
+        if m.outcome == LAUNCHER:
+            reason = "launcher (its children are registered; pass include_launchers to trace it)"
+        return rpc.MatchedProcess(
+            **msgspec.structs.asdict(info),
             path=tf.path if tf else None,
             log_file=tf.log_file if tf else None,
             triggered=m.outcome == TRIGGERED,
             busy=m.outcome == BUSY,
-            reason=None if m.outcome == TRIGGERED else m.outcome,
+            reason=reason,
         )
-        if m.outcome == LAUNCHER:
-            out["reason"] = "launcher (its children are registered; pass include_launchers to trace it)"
-        return out
 
     def _resend_dropped(self, record: TraceRecord) -> None:
         """Re-send a duration trace's config to a process whose Kineto dropped it.
@@ -535,10 +538,11 @@ class RpcHandlers:
         assert isinstance(trace_id, str)
         record = self.book.get(trace_id)
         if record is None:
-            return {
-                "status": "ok", "hostname": self.hostname, "trace_id": trace_id, "known": False,
-                "trace_dir": None, "manifest": None, "files": [], "all_complete": True,
-            }
+            unknown = rpc.KscopeTraceStatusResponse(
+                hostname=self.hostname, trace_id=trace_id, known=False, trace_dir=None, manifest=None, files=[],
+                all_complete=True,
+            )
+            return rpc.response_fields(unknown)
         self._resend_dropped(record)
         statuses = [file_status(f.path) for f in record.files]
         files = []
@@ -547,35 +551,35 @@ class RpcHandlers:
             info = tf.process.info
             delivered_at = tf.pending.delivered_at
             files.append(
-                {
-                    "pid": tf.process.pid,
-                    "rank": info.rank if info else None,
-                    "path": tf.path,
-                    "exists": st["exists"],
-                    "bytes": st["bytes"],
-                    "complete": st["complete"],
-                    "delivered": tf.pending.delivered_at is not None,
-                    "alive": tf.process.alive(),
+                rpc.FileStatus(
+                    pid=tf.process.pid,
+                    rank=info.rank if info else None,
+                    path=tf.path,
+                    exists=st["exists"],
+                    bytes=st["bytes"],
+                    complete=st["complete"],
+                    delivered=tf.pending.delivered_at is not None,
+                    alive=tf.process.alive(),
                     # additions
-                    "writing": st["writing"],
-                    "host_pid": info.pid if info else None,
-                    "log_file": tf.log_file,
+                    writing=st["writing"],
+                    host_pid=info.pid if info else None,
+                    log_file=tf.log_file,
                     # how long ago the process picked up the config / last polled, and the size of
                     # Kineto's "<path>.tmp": what the trigger needs to tell a stalled trace (issue 10)
-                    "delivered_s_ago": None if delivered_at is None else round(max(0.0, now_wall - delivered_at), 3),
-                    "last_poll_s_ago": round(now_mono - tf.process.last_poll, 3),
-                    "tmp_bytes": _tmp_bytes(tf.path) if st["writing"] else None,
-                    "retries": tf.retries,
-                }
+                    delivered_s_ago=None if delivered_at is None else round(max(0.0, now_wall - delivered_at), 3),
+                    last_poll_s_ago=round(now_mono - tf.process.last_poll, 3),
+                    tmp_bytes=_tmp_bytes(tf.path) if st["writing"] else None,
+                    retries=tf.retries,
+                )
             )
         manifest = write_manifest(record, self.hostname, statuses)
-        return {
-            "status": "ok",
-            "hostname": self.hostname,
-            "trace_id": trace_id,
-            "known": True,
-            "trace_dir": record.trace_dir,
-            "manifest": manifest,
-            "files": files,
-            "all_complete": all(f["complete"] for f in files),
-        }
+        response = rpc.KscopeTraceStatusResponse(
+            hostname=self.hostname,
+            trace_id=trace_id,
+            known=True,
+            trace_dir=record.trace_dir,
+            manifest=manifest,
+            files=files,
+            all_complete=all(f.complete for f in files),
+        )
+        return rpc.response_fields(response)

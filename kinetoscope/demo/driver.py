@@ -29,7 +29,14 @@ from rich.panel import Panel
 from rich.table import Table
 
 from kinetoscope.collect.render import files_table, matched_table
-from kinetoscope.collect.trigger import Target, TraceOptions, TraceResult, trigger_trace, wait_for_trace
+from kinetoscope.collect.trigger import (
+    Target,
+    TraceOptions,
+    TraceRequest,
+    TraceResult,
+    trigger_trace,
+    wait_for_trace,
+)
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, terminate_on_sigterm
 from kinetoscope.errors import KinetoscopeError
 
@@ -168,11 +175,12 @@ def step_trigger(ctx: DemoContext) -> None:
     rate = ctx.job.step_rate() or 10.0
     roundup = int(math.ceil((step + rate * o.align_margin_s + 1) / 10.0) * 10)
     ctx.start_iteration = roundup
-    ctx.trace = trigger_trace(
-        [ctx.daemon.address],
+    request = TraceRequest(
+        (ctx.daemon.address,),
         Target(job_id=ctx.job_id, job_id_text=str(ctx.job_id)),
         TraceOptions(iterations=o.iterations, iteration_roundup=roundup),
     )
+    ctx.trace = trigger_trace(request)
     ctx.say(f"[dim]$ kscope trace --host {ctx.daemon.address} --job-id {ctx.job_id} --iterations {o.iterations} "
             f"--iteration-roundup {roundup}[/]")
     _print_matched(ctx, ctx.trace)

@@ -3,20 +3,24 @@
 * :func:`analyze_request` — the analysis of one catalog trace request: its files (downloaded
   when not on this machine), ``kinetoscope.pipeline.analyze_paths`` (all analyses + diagnosis),
   then ``Catalog.record_analysis``.
-* :func:`trigger_and_collect` — ``kinetoscope.collect.trigger.trigger_trace`` on the daemons,
-  ``wait_for_trace`` with progress, then the request is recorded in the catalog (the folder with
-  its manifest when it is on this machine, else the manifest the trigger built) and optionally
-  analysed.
+* :func:`trigger_and_collect` — the form's :class:`TriggerParams` become one
+  ``TraceRequest``; ``kinetoscope.collect.trigger.trigger_trace`` on the daemons,
+  ``wait_for_trace`` with progress, then ``kinetoscope.collect.deliver.record_trace_result``
+  records the request in the catalog (as ``kscope trace`` does; the files of a folder on this
+  machine with their sha256) and it is optionally analysed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.web.tasks import Task, TaskManager
+
+if TYPE_CHECKING:
+    from kinetoscope.collect.trigger import TraceRequest
 
 
 @dataclass
@@ -43,37 +47,26 @@ class TriggerParams:
     timeout_s: float = 120.0
     analyze: bool = False
 
-    def build(self, default_hosts: list[str]) -> tuple[list[Any], Any, Any]:
-        """(hosts, Target, TraceOptions), validated like the CLI (``UsageError`` with the reason)."""
+    def build(self, default_hosts: list[str]) -> TraceRequest:
+        """The :class:`~kinetoscope.collect.trigger.TraceRequest`, validated like the CLI's
+        (``UsageError`` with the reason)."""
         from kinetoscope.collect.client import parse_hosts
-        from kinetoscope.collect.trigger import (
-            Target,
-            TraceOptions,
-            parse_job_id,
-            parse_pids,
-            validate_trace_id,
-        )
+        from kinetoscope.collect.trigger import TraceOptions, parse_trace_request
 
-        hosts = parse_hosts(self.hosts or default_hosts or None)
-        chosen = sum([bool(self.job_id and self.job_id.strip()), bool(self.pids and self.pids.strip()), bool(self.all)])
-        if chosen != 1:
+        parse_hosts(self.hosts or default_hosts or None)  # an unusable address is the first thing to say
+        job_id = self.job_id.strip() if self.job_id and self.job_id.strip() else None
+        pids = self.pids if self.pids and self.pids.strip() else None
+        if sum([job_id is not None, pids is not None, bool(self.all)]) != 1:
             raise UsageError("choose which processes to trace: exactly one of job id, pids or all")
-        if self.job_id and self.job_id.strip():
-            jid, _note = parse_job_id(self.job_id)
-            target = Target(job_id=jid, job_id_text=self.job_id.strip())
-        elif self.pids and self.pids.strip():
-            target = Target(pids=parse_pids(self.pids))
-        else:
-            target = Target(all=True)
         # the form mirrors the CLI: TraceOptions fields with a same-named field here (not steps_per_s)
         options = TraceOptions(**{f.name: getattr(self, f.name) for f in fields(TraceOptions) if hasattr(self, f.name)})
-        target.validate()
-        options.validate()
-        if self.trace_id:
-            validate_trace_id(self.trace_id)
+        request, _notes = parse_trace_request(
+            hosts=self.hosts or default_hosts, job_id=job_id, pids=pids, all=bool(self.all), options=options,
+            output_dir=self.output_dir, trace_id=self.trace_id or None,
+        )
         if not 1 <= float(self.timeout_s) <= 3600:
             raise UsageError("timeout must be between 1 and 3600 seconds")
-        return hosts, target, options
+        return request
 
 
 def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str, *,
@@ -113,30 +106,17 @@ def _files_json(result: Any) -> list[dict[str, Any]]:
     return out
 
 
-def record_result(catalog: Any, result: Any) -> Any:
-    """Record a finished (or timed-out) trigger result: the local request folder when it has a
-    manifest here (sizes and sha256 of the files), else the manifest the trigger built."""
-    import msgspec
-
-    from kinetoscope.collect.trigger import build_manifest
-
-    for d in result.output_dirs:
-        folder = Path(d)
-        if (folder / "manifest.json").is_file() or any(folder.glob("manifest.*.json")):
-            return catalog.import_trace_dir(folder)
-    return catalog.record_trace_request(msgspec.to_builtins(build_manifest(result)))
-
-
 def trigger_and_collect(tasks: TaskManager, task: Task, catalog: Any, params: TriggerParams, *,
                         default_hosts: list[str], token: str | None = None,
                         analysis_options: dict[str, Any] | None = None) -> None:
+    from kinetoscope.collect.deliver import record_trace_result
     from kinetoscope.collect.trigger import trigger_trace, wait_for_trace
 
-    hosts, target, options = params.build(default_hosts)
-    tasks.update(task, phase="triggering", message=f"asking {', '.join(map(str, hosts))}",
-                 log=f"trace {target.describe()} on {', '.join(map(str, hosts))}")
-    result = trigger_trace(hosts, target, options, output_dir=params.output_dir, trace_id=params.trace_id or None,
-                           token=token)
+    request = params.build(default_hosts)
+    hosts = ", ".join(map(str, request.hosts))
+    tasks.update(task, phase="triggering", message=f"asking {hosts}",
+                 log=f"trace {request.target.describe()} on {hosts}")
+    result = trigger_trace(request, token=token)
     tasks.update(task, trace_id=result.trace_id, matched=[m.to_json() for m in result.matched],
                  files=_files_json(result), notes=list(result.notes),
                  errors=[e.message for e in result.errors],
@@ -158,7 +138,8 @@ def trigger_and_collect(tasks: TaskManager, task: Task, catalog: Any, params: Tr
     complete = sum(1 for f in result.files if f.complete)
     tasks.update(task, phase="recording", message="recording the request in the catalog",
                  log=f"{complete}/{total} file(s) complete")
-    rec = record_result(catalog, result)
+    rec = record_trace_result(result, catalog, raise_errors=True, hash_local_files=True)
+    assert rec is not None  # result.files is not empty
     tasks.update(task, trace_id=rec.trace_id, log=f"recorded {rec.trace_id}: {rec.complete_files}/{rec.file_count} files")
     if complete == 0:
         raise KinetoscopeError("no trace file was written: " + "; ".join(e.message for e in result.errors))

@@ -26,6 +26,7 @@ from kinetoscope.collect.trigger import (  # noqa: E402
     STALL_GRACE_S,
     Target,
     TraceOptions,
+    TraceRequest,
     trigger_trace,
     wait_for_trace,
 )
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> int:
             job.wait_for_steps(3, timeout=120)
             for i in range(args.traces):
                 t0 = time.monotonic()
-                res = trigger_trace([daemon.address], Target(pids=(job.pid,)), TraceOptions(duration_ms=args.duration_ms))
+                res = trigger_trace(TraceRequest([daemon.address], Target(pids=(job.pid,)), TraceOptions(duration_ms=args.duration_ms)))
                 if len(res.files) != args.ranks:
                     print(f"trace {i}: triggered {len(res.files)}/{args.ranks}: {[e.message for e in res.errors]}",
                           flush=True)

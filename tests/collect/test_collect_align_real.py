@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.protocol.manifest import read_manifest
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -37,7 +37,7 @@ def test_ranks_of_a_job_trace_the_same_steps_by_default(tmp_path):
                          extra_args=["--step-sleep-ms", "60", "--quiet"]) as job:
             daemon.wait_for_processes(2, job_id=job_id, timeout=120, alive=job.alive)
             job.wait_for_steps(3, timeout=120)
-            res = trigger_trace([daemon.address], Target(job_id=job_id), TraceOptions(iterations=ITERATIONS))
+            res = trigger_trace(TraceRequest([daemon.address], Target(job_id=job_id), TraceOptions(iterations=ITERATIONS)))
             assert res.ok, [e.message for e in res.errors]
             roundup = res.options.iteration_roundup
             assert roundup is not None and roundup >= 100, res.notes

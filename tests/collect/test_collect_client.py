@@ -8,6 +8,7 @@ import pytest
 
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host, parse_hosts
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol.rpc import KscopeTraceRequest
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_call_sends_fn_fields_and_token(rpc_server):
 def test_failed_status_carries_the_daemons_reason(rpc_server):
     srv = rpc_server({"kscopeTrace": lambda r: {"status": "failed", "error": "bad token"}})
     with pytest.raises(DaemonError) as info:
-        DaemonClient(srv.address).trace(trace_id="x")
+        DaemonClient(srv.address).trace(KscopeTraceRequest(trace_id="x"))
     assert info.value.kind == "failed"
     assert str(info.value) == f"daemon {srv.address}: kscopeTrace failed: bad token"
 
@@ -61,7 +62,7 @@ def test_failed_status_carries_the_daemons_reason(rpc_server):
 def test_dynolog_style_failure_without_error_field(rpc_server):
     srv = rpc_server({"kscopeTrace": lambda r: {"status": "failed with exception = boom"}})
     with pytest.raises(DaemonError, match="failed with exception = boom"):
-        DaemonClient(srv.address).trace(trace_id="x")
+        DaemonClient(srv.address).trace(KscopeTraceRequest(trace_id="x"))
 
 
 def test_closed_without_answer_suggests_plain_dynolog(rpc_server):

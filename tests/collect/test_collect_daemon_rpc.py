@@ -34,10 +34,9 @@ def test_token_from_env_and_nothing_registered(token_daemon, run_kscope):
 
 
 def test_output_dir_outside_trace_root_is_refused(token_daemon, tmp_path):
-    from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace
+    from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace
 
-    res = trigger_trace([token_daemon.address], Target(all=True), TraceOptions(duration_ms=100),
-                        output_dir=str(tmp_path / "elsewhere"), token="s3cret")
+    res = trigger_trace(TraceRequest([token_daemon.address], Target(all=True), TraceOptions(duration_ms=100), output_dir=str(tmp_path / "elsewhere")), token="s3cret")
     assert [e.kind for e in res.errors] == ["failed"]
     assert "kscopeTrace failed" in res.errors[0].message and "output_dir" in res.errors[0].message
 

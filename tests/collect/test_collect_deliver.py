@@ -12,7 +12,7 @@ import pytest
 
 from kinetoscope.collect.client import parse_hosts
 from kinetoscope.collect.deliver import parse_store_options, record_trace_result, store_trace_result
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.errors import UsageError
 from kinetoscope.store.catalog import Catalog
 
@@ -138,7 +138,7 @@ def test_store_failure_keeps_files(kscope_main, fake_daemon, tmp_path, private_c
 
 def test_library_records_request_then_fills_it_in(fake_daemon, tmp_path):
     db = str(tmp_path / "lib.db")
-    res = trigger_trace(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100))
+    res = trigger_trace(TraceRequest(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100)))
     assert res.ok and res.files
     rec = record_trace_result(res, db)
     assert rec is not None and rec.status == "requested" and rec.files[0].sha256 is None
@@ -152,7 +152,7 @@ def test_library_records_request_then_fills_it_in(fake_daemon, tmp_path):
 
 
 def test_library_store_names_files_not_on_this_machine(fake_daemon, tmp_path):
-    res = trigger_trace(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100))
+    res = trigger_trace(TraceRequest(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100)))
     res = wait_for_trace(res, timeout=10)
     Path(res.files[0].path).unlink()  # as if the file were on another host's local disk
     assert store_trace_result(res, str(tmp_path / "store"))[-1].key.endswith("manifest.json")

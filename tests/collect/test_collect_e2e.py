@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.demo.driver import inspect_trace_file
 from kinetoscope.protocol.manifest import read_manifest
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.torch
 
 def test_iteration_trace_has_exactly_n_optimizer_steps(single_torch_job):
     daemon, _job, pid = single_torch_job
-    res = trigger_trace([daemon.address], Target(pids=(pid,)), TraceOptions(iterations=7))
+    res = trigger_trace(TraceRequest([daemon.address], Target(pids=(pid,)), TraceOptions(iterations=7)))
     assert res.ok, res.errors
     assert [(m.pid, m.triggered) for m in res.matched] == [(pid, True)]
     res = wait_for_trace(res, timeout=60)
@@ -128,8 +128,7 @@ def test_ddp_job_traced_by_job_id(tmp_path):
 
             jid, note = parse_job_id("36199_0")
             assert note
-            res = trigger_trace([daemon.address], Target(job_id=jid, job_id_text="36199_0"),
-                                TraceOptions(iterations=4, iteration_roundup=roundup))
+            res = trigger_trace(TraceRequest([daemon.address], Target(job_id=jid, job_id_text="36199_0"), TraceOptions(iterations=4, iteration_roundup=roundup)))
             assert res.ok, [e.message for e in res.errors]
             launcher = [m for m in res.matched if m.state == "launcher"]
             assert [m.pid for m in launcher] == [job.pid]  # torchrun's agent matched, not traced

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from kinetoscope.collect.client import parse_host
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.protocol.manifest import read_manifest
 
 
@@ -64,7 +64,7 @@ def test_two_hosts_matched_files_and_manifest(rpc_server, tmp_path):
     a = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0, "world_size": 2, "job_id": "7"}])
     b = fake_daemon(rpc_server, "node-b", tmp_path, [{"pid": 22, "rank": 1, "world_size": 2, "job_id": "7"}])
     hosts = [parse_host(a.address), parse_host(b.address)]
-    res = trigger_trace(hosts, Target(job_id=7), TraceOptions(iterations=5), output_dir=str(tmp_path), trace_id="t-1")
+    res = trigger_trace(TraceRequest(hosts, Target(job_id=7), TraceOptions(iterations=5), output_dir=str(tmp_path), trace_id="t-1"))
     assert res.ok, res.errors
     (req,) = [r for r in a.requests if r["fn"] == "kscopeTrace"]
     assert req["job_id"] == 7 and req["iterations"] == 5
@@ -93,7 +93,7 @@ def test_two_hosts_matched_files_and_manifest(rpc_server, tmp_path):
 def test_nothing_matched_names_host_and_what_is_registered(rpc_server, tmp_path):
     srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0, "job_id": "0"}],
                       registered="job 0 (3 processes)")
-    res = trigger_trace([parse_host(srv.address)], Target(job_id=123), TraceOptions(duration_ms=500))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(job_id=123), TraceOptions(duration_ms=500)))
     assert not res.ok
     assert [e.kind for e in res.errors] == ["no_match"]
     assert res.errors[0].message == (
@@ -105,7 +105,7 @@ def test_nothing_matched_names_host_and_what_is_registered(rpc_server, tmp_path)
 def test_unreachable_host_is_reported_and_others_still_traced(rpc_server, tmp_path, free_port):
     a = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0, "job_id": "0"}])
     hosts = [parse_host(a.address), parse_host(f"127.0.0.1:{free_port}")]
-    res = trigger_trace(hosts, Target(all=True), TraceOptions(duration_ms=500), output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest(hosts, Target(all=True), TraceOptions(duration_ms=500), output_dir=str(tmp_path)))
     assert [m.pid for m in res.matched] == [11]
     assert [e.kind for e in res.errors] == ["unreachable"]
     assert res.errors[0].host == f"127.0.0.1:{free_port}"
@@ -113,14 +113,13 @@ def test_unreachable_host_is_reported_and_others_still_traced(rpc_server, tmp_pa
 
 
 def test_only_unreachable_gives_no_extra_no_match(free_port):
-    res = trigger_trace([parse_host(f"127.0.0.1:{free_port}")], Target(all=True), TraceOptions(duration_ms=500))
+    res = trigger_trace(TraceRequest([parse_host(f"127.0.0.1:{free_port}")], Target(all=True), TraceOptions(duration_ms=500)))
     assert [e.kind for e in res.errors] == ["unreachable"]
 
 
 def test_busy_process_is_an_error(rpc_server, tmp_path):
     srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0, "busy": True}])
-    res = trigger_trace([parse_host(srv.address)], Target(pids=(11,)), TraceOptions(duration_ms=500),
-                        output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(pids=(11,)), TraceOptions(duration_ms=500), output_dir=str(tmp_path)))
     assert [e.kind for e in res.errors] == ["busy"]
     assert "pid 11 on node-a was not traced" in res.errors[0].message
 
@@ -134,8 +133,7 @@ def test_timeout_names_process_path_and_cause(rpc_server, tmp_path):
         14: {"delivered": False, "alive": False},
     }
     srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, status)
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(iterations=10),
-                        output_dir=str(tmp_path), trace_id="t-2")
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(iterations=10), output_dir=str(tmp_path), trace_id="t-2"))
     res = wait_for_trace(res, timeout=0.3, poll_interval=0.05)
     msgs = {e.pid: e.message for e in res.errors}
     # a process the daemon reports dead cannot deliver any more: "exited", not a timeout
@@ -152,8 +150,7 @@ def test_timeout_names_process_path_and_cause(rpc_server, tmp_path):
 def test_incomplete_file_is_not_done(rpc_server, tmp_path):
     srv = fake_daemon(rpc_server, "localhost", tmp_path, [{"pid": 11, "rank": 0}],
                       {11: {"complete": False}})
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100),
-                        output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100), output_dir=str(tmp_path)))
     write_trace(res.files[0].path, b'{"traceEvents": [')  # truncated
     res = wait_for_trace(res, timeout=0.3, poll_interval=0.05)
     assert [e.kind for e in res.errors] == ["timeout"]
@@ -164,8 +161,7 @@ def test_local_file_check_completes_when_daemon_lags(rpc_server, tmp_path):
     # The daemon has not noticed the file yet; the trigger on the same host checks it itself.
     srv = fake_daemon(rpc_server, "localhost", tmp_path, [{"pid": 11, "rank": 0}],
                       {11: {"complete": False, "exists": False}})
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100),
-                        output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100), output_dir=str(tmp_path)))
     write_trace(res.files[0].path)
     res = wait_for_trace(res, timeout=5, poll_interval=0.05)
     assert res.ok, res.errors
@@ -180,8 +176,7 @@ def test_undelivered_cause_uses_the_process_list(rpc_server, tmp_path):
     ]  # 14 is not registered any more
     status = {p["pid"]: {"delivered": False} for p in procs}
     srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, status, listing=listing)
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100),
-                        output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100), output_dir=str(tmp_path)))
     res = wait_for_trace(res, timeout=0.2, poll_interval=0.05)
     msgs = {e.pid: e.message for e in res.errors}
     assert "its last poll was 30 s ago, so it has stopped polling the daemon" in msgs[11]
@@ -192,8 +187,7 @@ def test_undelivered_cause_uses_the_process_list(rpc_server, tmp_path):
 
 def test_duration_wait_shorter_than_kineto_needs(rpc_server, tmp_path):
     srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0}], {11: {"delivered": True}})
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=2000),
-                        output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=2000), output_dir=str(tmp_path)))
     res = wait_for_trace(res, timeout=0.2, poll_interval=0.05)
     assert "a duration trace needs about 8 s (Kineto waits 5 s before it starts" in res.errors[0].message
 
@@ -202,7 +196,7 @@ def test_unwritable_manifest_is_a_note_not_a_failure(rpc_server, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     srv = fake_daemon(rpc_server, "node-a", blocker, [{"pid": 11, "rank": 0}])
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=100)))
     assert res.ok and res.manifest_paths == []
     assert any("could not write manifest.json into" in n for n in res.notes)
 
@@ -220,8 +214,7 @@ def test_iteration_trace_of_several_processes_is_aligned_by_default(rpc_server, 
     procs = [{"pid": 11, "rank": 0, "job_id": "7"}, {"pid": 12, "rank": 1, "job_id": "7"}]
     listing = [_listed(11), _listed(12), _listed(1, is_launcher=True)]
     srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, listing=listing)
-    res = trigger_trace([parse_host(srv.address)], Target(job_id=7), TraceOptions(iterations=5),
-                        output_dir=str(tmp_path), trace_id="t-al")
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(job_id=7), TraceOptions(iterations=5), output_dir=str(tmp_path), trace_id="t-al"))
     (req,) = [r for r in srv.requests if r["fn"] == "kscopeTrace"]
     assert req["iteration_roundup"] == 200 and res.options.iteration_roundup == 200
     assert res.notes == [
@@ -242,7 +235,7 @@ def test_alignment_is_overridable_and_skipped_for_one_process(rpc_server, tmp_pa
         (Target(pids=(11,)), TraceOptions(iterations=5), 1),  # one process: nothing to align
     ]
     for i, (target, options, expected) in enumerate(cases):
-        res = trigger_trace(host, target, options, output_dir=str(tmp_path), trace_id=f"t-o{i}")
+        res = trigger_trace(TraceRequest(host, target, options, output_dir=str(tmp_path), trace_id=f"t-o{i}"))
         req = [r for r in srv.requests if r["fn"] == "kscopeTrace"][-1]
         assert req["iteration_roundup"] == expected, (i, req)
         assert not any(n.startswith("aligning") for n in res.notes)
@@ -260,8 +253,7 @@ def test_stalled_duration_trace_is_reported_without_waiting_out_the_timeout(rpc_
         14: {**picked, "writing": True, "tmp_bytes": 4096},  # being written
     }
     srv = fake_daemon(rpc_server, "node-a", tmp_path, procs, status)
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=500),
-                        output_dir=str(tmp_path), trace_id="t-st")
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(duration_ms=500), output_dir=str(tmp_path), trace_id="t-st"))
     res = wait_for_trace(res, timeout=2, poll_interval=0.05)
     kinds = {e.pid: e.kind for e in res.errors}
     assert kinds == {11: "stalled", 12: "stalled", 13: "stalled", 14: "timeout"}
@@ -281,7 +273,6 @@ def test_stalled_duration_trace_is_reported_without_waiting_out_the_timeout(rpc_
 def test_iteration_trace_is_never_called_stalled(rpc_server, tmp_path):
     status = {11: {"delivered": True, "delivered_s_ago": 60.0, "last_poll_s_ago": 0.4, "writing": True, "tmp_bytes": 0}}
     srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0}], status)
-    res = trigger_trace([parse_host(srv.address)], Target(all=True), TraceOptions(iterations=5),
-                        output_dir=str(tmp_path))
+    res = trigger_trace(TraceRequest([parse_host(srv.address)], Target(all=True), TraceOptions(iterations=5), output_dir=str(tmp_path)))
     res = wait_for_trace(res, timeout=0.5, poll_interval=0.05)
     assert [e.kind for e in res.errors] == ["timeout"]  # it waits for optimizer steps: nothing to judge

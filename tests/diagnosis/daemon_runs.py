@@ -42,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # when run as a script
     sys.path.insert(0, str(REPO_ROOT))
 
-from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace  # noqa: E402
+from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace  # noqa: E402
 from kinetoscope.demo.local import LocalDaemon, TrainingJob  # noqa: E402
 from kinetoscope.protocol.manifest import read_manifest  # noqa: E402
 
@@ -194,11 +194,7 @@ def collect_traces(
             job.wait_for_steps(3, timeout=left(60))
             timings["start"] = time.monotonic() - t0
             roundup = job.iteration_roundup(margin_s)
-            res = trigger_trace(
-                [daemon.address],
-                Target(job_id=job_id, job_id_text=str(job_id)),
-                TraceOptions(iterations=iterations, iteration_roundup=roundup),
-            )
+            res = trigger_trace(TraceRequest([daemon.address], Target(job_id=job_id, job_id_text=str(job_id)), TraceOptions(iterations=iterations, iteration_roundup=roundup)))
             if res.errors or len(res.triggered) != ranks:
                 raise CollectFailed(f"trigger: {[e.message for e in res.errors]}, triggered {len(res.triggered)}/{ranks}")
             res = wait_for_trace(res, timeout=left(60), poll_interval=0.3)

@@ -78,7 +78,7 @@ def test_single_process_traced_through_the_daemon(tmp_path):
     no torch.distributed), traced on demand by pid through a private daemon; the manifest
     records ``rank: null`` and the diagnosis still finds the steps and gives its verdict."""
     pytest.importorskip("torch")
-    from kinetoscope.collect.trigger import Target, TraceOptions, trigger_trace, wait_for_trace
+    from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
     from kinetoscope.demo.local import LocalDaemon
     from kinetoscope.protocol.manifest import read_manifest
 
@@ -95,7 +95,7 @@ def test_single_process_traced_through_the_daemon(tmp_path):
             deadline = time.monotonic() + 60
             while "STEP 3" not in (work / "job.log").read_text() and time.monotonic() < deadline:
                 time.sleep(0.2)  # stepping: an iteration request before the first step becomes a duration trace
-            res = trigger_trace([daemon.address], Target(pids=(proc.pid,)), TraceOptions(iterations=8))
+            res = trigger_trace(TraceRequest([daemon.address], Target(pids=(proc.pid,)), TraceOptions(iterations=8)))
             assert not res.errors and len(res.triggered) == 1, res.errors
             res = wait_for_trace(res, timeout=90, poll_interval=0.3)
             assert res.ok, [e.message for e in res.errors]

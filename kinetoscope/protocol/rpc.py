@@ -1,0 +1,166 @@
+"""Typed requests and responses of kscope's RPC extensions (docs/protocol.md §9).
+
+Why structs: the trigger (``kinetoscope.collect``), the daemon (``kinetoscope.daemon.handlers``)
+and the web app (through the trigger) exchange these objects; with their fields written once here,
+a field added on one side is a field the other side can see. Requests omit the fields left at
+their defaults (``omit_defaults``), so a request carries only what the caller asked for, as
+before; responses keep every field (``null`` where unknown), and the daemon sends them as JSON
+with sorted keys (``wire.encode_rpc_json``). Field names are contracts: add, never rename.
+
+The daemon still reads requests field by field (``handlers._int``, ``_bool``, ...) because it
+must answer any malformed request with a one-line reason naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+LIST_PROCESSES = "kscopeListProcesses"
+TRACE = "kscopeTrace"
+TRACE_STATUS = "kscopeTraceStatus"
+STATUS_OK = "ok"
+
+
+# ---------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------
+class KscopeListProcessesRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """§9.1: the registered processes, of one job when ``job_id`` is given."""
+
+    job_id: int | str | None = None
+
+
+class KscopeTraceRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """§9.2: trace the matching processes of one daemon.
+
+    Which processes: ``job_id``, ``pids`` (a pid also matches its descendants) or ``all``. What
+    to record: ``duration_ms`` or ``iterations`` (+ ``iteration_roundup``), and the ``dyno
+    gputrace`` option flags (§4.1). ``output_dir`` must lie under the daemon's trace root."""
+
+    trace_id: str
+    job_id: int | str | None = None
+    pids: list[int] | None = None
+    all: bool = False
+    output_dir: str | None = None
+    duration_ms: int | None = None
+    iterations: int | None = None
+    iteration_roundup: int | None = None
+    profile_start_time_ms: int | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    process_limit: int | None = None
+    include_launchers: bool = False
+
+
+class KscopeTraceStatusRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """§9.3: the state of every file of one trace request."""
+
+    trace_id: str
+
+
+def request_fields(request: msgspec.Struct) -> dict[str, Any]:
+    """The JSON fields of ``request`` (those left at their defaults omitted), without ``fn``."""
+    fields: dict[str, Any] = msgspec.to_builtins(request)
+    return fields
+
+
+# ---------------------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------------------
+class ProcessInfo(msgspec.Struct, kw_only=True):
+    """One registered process (§9.1): what libkineto reported and what /proc says about it."""
+
+    pid: int
+    pids: list[int]
+    job_id: str | None
+    cmdline: str | None
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    group_rank: int | None
+    torchelastic_run_id: str | None
+    master_addr: str | None
+    master_port: str | int | None
+    slurm_job_id: str | None
+    is_launcher: bool
+    last_poll_s_ago: float
+    pending: bool
+    pending_trace_id: str | None
+    host_pid: int | None
+    uid: int | None
+    alive: bool | None
+    polls: int
+    registered_s_ago: float
+    tracing: bool
+
+
+class MatchedProcess(ProcessInfo, kw_only=True):
+    """A process a ``kscopeTrace`` matched (§9.2): where its file will be, and whether it was
+    triggered (else ``reason``: busy, launcher ..., limit)."""
+
+    path: str | None
+    log_file: str | None
+    triggered: bool
+    busy: bool
+    reason: str | None
+
+
+class KscopeListProcessesResponse(msgspec.Struct, kw_only=True):
+    status: str = STATUS_OK
+    hostname: str
+    processes: list[ProcessInfo]
+
+
+class KscopeTraceResponse(msgspec.Struct, kw_only=True):
+    status: str = STATUS_OK
+    hostname: str
+    trace_id: str
+    output_dir: str
+    trace_dir: str
+    manifest: str | None
+    config: str
+    matched: list[MatchedProcess]
+    triggered: int
+    registered: str
+
+
+class FileStatus(msgspec.Struct, kw_only=True):
+    """One triggered file of a request (§9.3)."""
+
+    pid: int
+    rank: int | None
+    path: str
+    exists: bool
+    bytes: int | None
+    complete: bool
+    delivered: bool
+    alive: bool | None
+    writing: bool
+    host_pid: int | None
+    log_file: str
+    delivered_s_ago: float | None
+    last_poll_s_ago: float
+    tmp_bytes: int | None
+    retries: int
+
+
+class KscopeTraceStatusResponse(msgspec.Struct, kw_only=True):
+    status: str = STATUS_OK
+    hostname: str
+    trace_id: str
+    known: bool
+    trace_dir: str | None
+    manifest: str | None
+    files: list[FileStatus]
+    all_complete: bool
+
+
+def response_fields(response: msgspec.Struct) -> dict[str, Any]:
+    """The JSON object of ``response`` (every field, ``None`` as null)."""
+    fields: dict[str, Any] = msgspec.to_builtins(response)
+    return fields
