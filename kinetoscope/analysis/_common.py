@@ -13,7 +13,7 @@ Conventions every analysis follows:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TypeVar, cast
 
 import polars as pl
 
@@ -25,6 +25,7 @@ from kinetoscope.trace.schema import DEVICE_KINDS, RUNTIME_KINDS
 NS_PER_US = 1000.0
 
 TraceInput = Trace | Sequence[Trace]
+_T = TypeVar("_T")
 
 
 def as_traces(traces: TraceInput | Iterable[Trace]) -> list[Trace]:
@@ -57,14 +58,14 @@ def classify(df: pl.DataFrame, name_col: str = "name", out: str = "kernel_type")
     return df.join(names, on=name_col, how="left", nulls_equal=True, maintain_order="left")
 
 
-def memo(trace: Trace, key: str, build: Callable[[], Any]) -> Any:
+def memo(trace: Trace, key: str, build: Callable[[], _T]) -> _T:
     """Per-trace memo of a derived table, valid while ``trace.events`` is the same object (so
     several analyses in one run share e.g. the classified device events). Stored on the
     instance; never part of the Trace's data."""
     store = trace.__dict__.setdefault("_kscope_memo", {})
     hit = store.get(key)
     if hit is not None and hit[0] is trace.events:
-        return hit[1]
+        return cast(_T, hit[1])
     value = build()
     store[key] = (trace.events, value)
     return value

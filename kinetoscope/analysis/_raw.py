@@ -14,10 +14,11 @@ from typing import Any
 
 import orjson
 
+_gzip: Any  # isal's igzip (untyped), or the stdlib gzip module
 try:  # isal is a pinned dependency; fall back to the stdlib if a build lacks it
     from isal import igzip as _gzip
 except ImportError:  # pragma: no cover
-    _gzip = gzip  # type: ignore[assignment]
+    _gzip = gzip
 
 
 def read_raw_bytes(path: str | os.PathLike[str]) -> bytes:
@@ -27,7 +28,8 @@ def read_raw_bytes(path: str | os.PathLike[str]) -> bytes:
         fh.seek(0)
         if head == b"\x1f\x8b":
             with _gzip.open(fh) as gz:
-                return gz.read()
+                data: bytes = gz.read()
+                return data
         return fh.read()
 
 

@@ -171,7 +171,7 @@ def time_blocked_on_full_queue(
         pts = _queue_points(t)
         if pts.is_empty():
             return None
-        duration = int(t.events["ts"].max() - t.events["ts"].min())  # type: ignore[operator]
+        duration = int(t.events["ts"].max() - t.events["ts"].min())  # type: ignore[operator, arg-type]
         full = pl.col("queue_length") >= max_queue_length
         return (
             pts.group_by("stream")

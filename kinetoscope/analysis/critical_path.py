@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -544,7 +545,7 @@ class _Edges:
 def _window(view: pl.DataFrame, annotation: str | None, instance_id: int | tuple[int, int] | None) -> tuple[int, int]:
     if not annotation:
         end = view.select((pl.col("ts") + pl.col("dur")).max()).item()
-        return int(view["ts"].min()), int(end)
+        return int(cast(int, view["ts"].min())), int(end)
     if instance_id is None:
         a, b = 0, 0
     elif isinstance(instance_id, tuple):
@@ -561,7 +562,7 @@ def _window(view: pl.DataFrame, annotation: str | None, instance_id: int | tuple
             f"instance {instance_id!r} out of range: {anns.height} instance(s) of {annotation!r}"
         )
     sel = anns[a : b + 1]
-    return int(sel["ts"].min()), int((sel["ts"] + sel["dur"]).max())
+    return int(cast(int, sel["ts"].min())), int(cast(int, (sel["ts"] + sel["dur"]).max()))
 
 
 def critical_path(
@@ -626,7 +627,7 @@ def critical_path(
     node_is_start = all_start[order]
     n_nodes = len(node_ev)
     # event idx -> start/end node id (-1 when the event has no nodes), dense for speed
-    size = int(full["idx"].max()) + 2
+    size = int(cast(int, full["idx"].max())) + 2
     start_arr = np.full(size, -1, dtype=np.int64)
     end_arr = np.full(size, -1, dtype=np.int64)
     nids = np.arange(n_nodes, dtype=np.int64)
@@ -745,7 +746,7 @@ def critical_path(
                     else:
                         et(_OPK)
                         ak(last_node * K + s)
-                        ae(ev_list[last_node] if st_list[last_node] else last_parent)
+                        ae(ev_list[last_node] if st_list[last_node] else cast(int, last_parent))
                 elif last_node is not None and not st_list[last_node]:
                     eu(last_node)
                     ev_(s)
@@ -755,7 +756,7 @@ def critical_path(
                     else:
                         et(_OPK)
                         ak(last_node * K + s)
-                        ae(last_parent)
+                        ae(cast(int, last_parent))
                 last_node = s
                 last_parent = par
                 depth += 1
@@ -847,7 +848,17 @@ def _at(nodes: list[int], e: int | None) -> int | None:
     return v if v >= 0 else None
 
 
-def _kernel_edges(full, clipped, start_node, end_node, E, E_ts, attribute, zero_launch, warnings) -> None:
+def _kernel_edges(
+    full: pl.DataFrame,
+    clipped: pl.DataFrame,
+    start_node: Any,
+    end_node: Any,
+    E: _Edges,
+    E_ts: list[int],
+    attribute: Callable[[int, int, int, int | None], None],
+    zero_launch: bool,
+    warnings: list[str],
+) -> None:
     ql = _queue_lengths(full)
     rc = _runtime_calls(full)
     prev_launch = _event_record_previous_launch(full, rc)

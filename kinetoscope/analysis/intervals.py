@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import polars as pl
 
 # Polars 2's default engine for ``LazyFrame.collect(engine=ENGINE)`` is the streaming one, which is several
 # times slower than the in-memory engine on the frame sizes of a trace (sorts in particular).
-ENGINE = "in-memory"
+ENGINE: Final = "in-memory"
 
 
 def merge_intervals(df: pl.DataFrame, start: str = "ts", dur: str = "dur") -> pl.DataFrame:

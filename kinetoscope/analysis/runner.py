@@ -32,7 +32,7 @@ NO_GPU_NOTE = "no GPU events"
 DIAGNOSIS_KEYS = ("job", "steps", "stragglers", "mfu", "recommendations")
 
 
-class AnalysisResults(dict):  # dict[str, pl.DataFrame]
+class AnalysisResults(dict[str, pl.DataFrame]):
     """Results by analysis name, in run order. ``notes[name]`` says why a result is empty
     (e.g. "no GPU events"); ``errors[name]`` holds the message of an analysis that failed."""
 

@@ -8,7 +8,6 @@ terminal does not wrap them.
 
 from __future__ import annotations
 
-
 MAX_WIDTH = 74  # 80 columns less Typer's padding and the indent
 
 

@@ -416,7 +416,7 @@ class RpcHandlers:
         )
         self._check_start_time(options["profile_start_time_ms"])
         try:
-            shared_config = kc.build_config(log_file=None, **options)  # type: ignore[arg-type]
+            shared_config = kc.build_config(log_file=None, **options)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         output_dir = req.get("output_dir") or self.trace_root
@@ -446,7 +446,7 @@ class RpcHandlers:
             rank = p.info.rank if p.info else None
             name = f"rank-{rank}.pt.trace.json" if rank is not None else f"{host}.pt.trace.json"
             log_file = os.path.join(trace_dir, name)
-            text = kc.build_config(log_file=log_file, **options)  # type: ignore[arg-type]
+            text = kc.build_config(log_file=log_file, **options)
             pending = PendingConfig(kc.wrap_with_trace_id(text, trace_id), trace_id)
             files[id(p)] = TraceFile(p, log_file, kc.kineto_output_path(log_file, p.pid), pending)
             return pending
@@ -521,7 +521,10 @@ class RpcHandlers:
             polled_at = now_wall - (now_mono - proc.last_poll)
             if polled_at < pending.delivered_at + DROP_GRACE_S or os.path.exists(tf.path) or proc.alive() is False:
                 continue
-            again = self.registry.requeue(proc, lambda p=pending: PendingConfig(p.text, p.trace_id))
+            def same_config(p: PendingConfig = pending) -> PendingConfig:
+                return PendingConfig(p.text, p.trace_id)
+
+            again = self.registry.requeue(proc, same_config)
             if again is not None:
                 tf.pending = again
                 tf.retries += 1

@@ -261,7 +261,7 @@ class IpcServer:
             self._drop("unbound_sender", "sender has no address to reply to")
             return False
         try:
-            self._sock.sendto(datagram, addr)  # type: ignore[union-attr,arg-type]
+            self._sock.sendto(datagram, addr)  # type: ignore[union-attr,call-overload]
         except OSError as exc:
             # ENOENT/ECONNREFUSED: client socket gone; EAGAIN: its queue is full.
             self.stats.reply_errors += 1

@@ -195,11 +195,11 @@ class _Nvml:
         for i, h, uuid, name in self.handles:
             g = GpuSample(i, uuid, name)
             for key, fn in (
-                ("util", lambda: nv.nvmlDeviceGetUtilizationRates(h)),
-                ("mem", lambda: nv.nvmlDeviceGetMemoryInfo(h)),
-                ("power", lambda: nv.nvmlDeviceGetPowerUsage(h)),
-                ("temp", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                ("clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                ("util", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h)),
+                ("mem", lambda h=h: nv.nvmlDeviceGetMemoryInfo(h)),
+                ("power", lambda h=h: nv.nvmlDeviceGetPowerUsage(h)),
+                ("temp", lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                ("clock", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             ):
                 try:
                     v = fn()

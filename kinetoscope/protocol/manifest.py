@@ -426,7 +426,7 @@ def read_manifests(directory: str | os.PathLike[str]) -> Manifest:
 
 def find_local_file(trace_dir: str | os.PathLike[str], entry: Mapping[str, Any]) -> Path | None:
     """Where a manifest entry's file is on this machine: beside the manifest, else its ``path``."""
-    cand = Path(trace_dir) / entry["file"]
+    cand = Path(trace_dir) / str(entry["file"])
     if cand.is_file():
         return cand
     p = entry.get("path")

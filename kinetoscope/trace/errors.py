@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kinetoscope.errors import KinetoscopeError
 
 
@@ -33,12 +35,14 @@ class TraceError(KinetoscopeError):
         loc = f" ({', '.join(where)})" if where else ""
         super().__init__(f"{self.path}{loc}: {problem}")
 
-    def __reduce__(self):  # picklable across worker processes (load_traces)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # picklable across worker processes (load_traces)
         return (
             _rebuild_trace_error,
             (self.path, self.problem, self.offset, self.event_index, self.field),
         )
 
 
-def _rebuild_trace_error(path, problem, offset, event_index, field):
+def _rebuild_trace_error(
+    path: str, problem: str, offset: int | None, event_index: int | None, field: str | None
+) -> TraceError:
     return TraceError(path, problem, offset=offset, event_index=event_index, field=field)

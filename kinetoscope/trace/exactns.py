@@ -39,7 +39,7 @@ def ns_from_texts(blob: bytes, n: int) -> np.ndarray | None:
     if (size + 1) % n == 0:  # every value may have the same width: one reshape, no gather
         w = (size + 1) // n - 1
         if 1 <= w <= 24:
-            m = np.empty(size + 1, dtype=np.uint8)
+            m: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(size + 1, dtype=np.uint8)
             m[:size] = a
             m[size] = 44
             m = m.reshape(n, w + 1)
@@ -122,7 +122,7 @@ def _group(m: np.ndarray, frac: int, neg: bool) -> np.ndarray | None:
     v = hi * np.uint64(10**_SPLIT) + lo
     if total == 19 and int(v.max()) > TS_LIMIT_NS:
         return None
-    out = v.astype(np.int64)
+    out: np.ndarray[Any, Any] = v.astype(np.int64)
     if neg:
         np.negative(out, out=out)
     return out

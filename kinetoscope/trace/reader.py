@@ -11,12 +11,15 @@ good byte and :attr:`BlockReader.problem` says why, so the JSON layer can keep w
 from __future__ import annotations
 
 import os
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from isal import isal_zlib
 
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.limits import Limits
+
+# isal types its decompression error as an instance; it is the exception class the except clauses need
+ZLIB_ERROR = cast("type[Exception]", isal_zlib.error)
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_BYTES = 1 << 20  # compressed bytes per read
@@ -153,7 +156,7 @@ class BlockReader:
                     if self._d is not None:
                         try:
                             out = self._d.flush()
-                        except isal_zlib.error as exc:
+                        except ZLIB_ERROR as exc:
                             return self._corrupt(exc)
                         if self._d.eof:
                             self._tail = self._d.unused_data
@@ -189,7 +192,7 @@ class BlockReader:
             d = self._d
             try:
                 out = d.decompress(self._tail, self.block_bytes)
-            except isal_zlib.error as exc:
+            except ZLIB_ERROR as exc:
                 return self._corrupt(exc)
             self._tail = d.unconsumed_tail
             if d.eof:
@@ -246,7 +249,7 @@ class BlockReader:
                     total += len(d.decompress(data, self.block_bytes))
                     if total > self.limits.max_trace_bytes:
                         return None
-        except (OSError, isal_zlib.error):
+        except (OSError, ZLIB_ERROR):
             return None
         return self.member_produced + total
 

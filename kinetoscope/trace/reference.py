@@ -77,8 +77,8 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
             fh.seek(0)
             if head == b"\x1f\x8b":
                 try:
-                    with igzip.open(fh) as gz:
-                        data = gz.read()
+                    with igzip.open(fh) as gz:  # type: ignore[no-untyped-call]  # isal ships no types
+                        data: bytes = gz.read()
                 except (OSError, EOFError, ValueError) as exc:
                     raise TraceError(str(p), f"corrupt or truncated gzip data: {exc}") from None
             else:

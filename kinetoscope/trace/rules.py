@@ -15,7 +15,7 @@ import math
 import re
 from collections import Counter
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import polars as pl
@@ -46,8 +46,9 @@ class ExactFloat(float):
     can be converted to nanoseconds exactly. Behaves as the float everywhere else."""
 
     __slots__ = ("text",)
+    text: str
 
-    def __new__(cls, text: str) -> "ExactFloat":
+    def __new__(cls, text: str) -> ExactFloat:
         self = float.__new__(cls, text)
         self.text = text
         return self
@@ -92,7 +93,8 @@ def exact_ns_text(text: str) -> int:
         q, r = divmod(int("".join(map(str, digits))), 10**-e)
         half = 5 * 10 ** (-e - 1)
         n = q + (1 if r > half or (r == half and q & 1) else 0)
-    return -n if sign else n
+    result: int = -n if sign else n
+    return result
 
 CORE_EVENT_COLUMNS = ("idx", "kind", "cat", "name", "pid", "tid", "ts", "dur")
 ARG_COLUMN_NAMES: tuple[str, ...] = tuple(c for c in EVENTS_SCHEMA if c not in CORE_EVENT_COLUMNS)
@@ -321,7 +323,7 @@ class IdMap:
                 return int(value)
             self.out_of_range += 1
             return None
-        text = value if isinstance(value, str) else coerce_str(value)
+        text = value if isinstance(value, str) else cast(str, coerce_str(value))  # not None: checked above
         if _INT_RE.match(text):
             v = int(text)
             if INT64_MIN <= v <= INT64_MAX:
@@ -337,7 +339,7 @@ class IdMap:
         """Give ``value`` a label id now if it is a non-numeric string (first-appearance order)."""
         if value is None or isinstance(value, (bool, int, float)):
             return
-        text = value if isinstance(value, str) else coerce_str(value)
+        text = value if isinstance(value, str) else cast(str, coerce_str(value))  # not None: checked above
         if text not in self.labels and not _INT_RE.match(text):
             self.labels[text] = -(len(self.labels) + 1)
 
@@ -421,7 +423,7 @@ class RowBuilder:
             if not isinstance(args, dict):
                 args = {}
             for col in ARG_COLUMN_NAMES:
-                value = None
+                value: int | float | str | None = None
                 for key in ARG_KEYS_BY_COLUMN[col]:
                     raw = args.get(key)
                     if raw is None:
