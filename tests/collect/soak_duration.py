@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
                 # was seen complete: the margin a healthy trace leaves below STALL_GRACE_S
                 lateness: dict[int, float] = {}
 
-                def seen(r: object) -> None:
+                def seen(r: object, lateness: dict[int, float] = lateness) -> None:
                     now = time.monotonic()
                     for f in r.files:  # type: ignore[attr-defined]
                         if f.complete and f.pid not in lateness and f.delivered_mono is not None:
