@@ -113,7 +113,7 @@ class FleetAlert(Base):
     attempts: Mapped[int] = mapped_column(sa.Integer, nullable=False)
 
 
-fleet_hosts = FleetHost.__table__
-fleet_jobs = FleetJob.__table__
-fleet_samples = FleetSample.__table__
-fleet_alerts = FleetAlert.__table__
+fleet_hosts: sa.Table = FleetHost.__table__  # type: ignore[assignment]
+fleet_jobs: sa.Table = FleetJob.__table__  # type: ignore[assignment]
+fleet_samples: sa.Table = FleetSample.__table__  # type: ignore[assignment]
+fleet_alerts: sa.Table = FleetAlert.__table__  # type: ignore[assignment]
