@@ -66,7 +66,7 @@ def _coerce(path: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"{where} must be a non-negative integer, got {value!r}")
         return value
-    if isinstance(default, float) or (default is None and key != "webhook"):
+    if isinstance(default, float) or (default is None and not key.endswith("webhook")):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise UsageError(f"{where} must be a non-negative number, got {value!r}")
         return float(value)
@@ -83,7 +83,7 @@ def _section(path: str, data: dict[str, Any], allowed: set[str], base: Any, pref
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in allowed:
-            raise UsageError(f"policy {path}: unknown key {prefix}{key!r} (known: {', '.join(sorted(allowed))})")
+            raise UsageError(f"policy {path}: unknown key {prefix + key!r} (known: {', '.join(sorted(allowed))})")
         changes[key] = _coerce(path, prefix + key, value, getattr(base, key))
     return replace(base, **changes)
 

@@ -145,10 +145,12 @@ class FleetStore:
                 if j.job_key in known:
                     conn.execute(fleet_jobs.update().where(fleet_jobs.c.job_key == j.job_key).values(**values))
                     continue
-                new += 1
                 first = now - timedelta(seconds=max(0.0, j.age_s))
-                conn.execute(fleet_jobs.insert().values(
-                    job_key=j.job_key, first_seen=first, next_due=first + timedelta(seconds=warmup_s), **values))
+                # another autopilot may insert the same job at the same moment: first one wins
+                ins = self.cat._insert(conn, fleet_jobs).values(
+                    job_key=j.job_key, first_seen=first, next_due=first + timedelta(seconds=warmup_s), **values)
+                res = conn.execute(ins.on_conflict_do_nothing(index_elements=["job_key"]))
+                new += max(0, res.rowcount or 0)
         return new
 
     def mark_ended(self, answered_hosts: Iterable[str], seen_keys: Iterable[str], now: datetime | None = None) -> list[str]:
