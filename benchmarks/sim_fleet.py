@@ -91,7 +91,7 @@ class SimFleet:
             pid = 100_000 + i * 100 + r
             infos[pid] = _fake_info(i, pid, r, self.procs_per_host, opted)
             registry.poll(0, (pid, 1), IDLE_POLL_TYPE)
-        root = Path(self.trace_root) / hostname
+        root = Path(self.trace_root)  # one shared root, as an NFS trace root shared by every host
         root.mkdir(parents=True, exist_ok=True)
         handlers = RpcHandlers(registry=registry, book=TraceBook(), metrics=DaemonMetrics(), hostname=hostname,
                                trace_root=str(root))
@@ -105,6 +105,15 @@ class SimFleet:
         for i in range(self.n):
             self.hosts.append(self._make_host(i))
         return self
+
+    def poll_all(self) -> int:
+        """Every simulated process polls once (as Kineto does every few seconds): pending trace
+        configs are handed out, so the next request does not find them busy. Returns how many."""
+        delivered = 0
+        for h in self.hosts:
+            for proc, _launcher in h.registry.snapshot():
+                delivered += bool(h.registry.poll(int(proc.job_id), proc.pids, IDLE_POLL_TYPE))
+        return delivered
 
     def stop(self) -> None:
         for h in self.hosts:

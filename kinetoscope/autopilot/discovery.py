@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host
+from kinetoscope.collect.trigger import poll_interval_of
 from kinetoscope.errors import UsageError
 from kinetoscope.store.fleet import SeenJob
 
@@ -80,7 +81,8 @@ def group_jobs(listings: dict[str, tuple[str, list[dict[str, Any]]]], opt_out_va
     for key, members in sorted(groups.items()):
         procs = [m[2] for m in members]
         sizes = {int(p["world_size"]) for p in procs if isinstance(p.get("world_size"), int)}
-        ranks = [{"host": a, "hostname": h, "pid": p["pid"], "rank": p.get("rank")} for a, h, p in members]
+        ranks = [{"host": a, "hostname": h, "pid": p["pid"], "rank": p.get("rank"), "poll_s": poll_interval_of(p)}
+                 for a, h, p in members]
         ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["host"], r["pid"]))
         ages = [float(p["registered_s_ago"]) for p in procs if isinstance(p.get("registered_s_ago"), (int, float))]
         jobs.append(SeenJob(

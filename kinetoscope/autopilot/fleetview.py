@@ -41,7 +41,7 @@ def parse_where(text: str | None) -> list[Clause]:
     if not text or not text.strip():
         return []
     out: list[Clause] = []
-    for part in re.split(r"\s+and\s+", text.strip(), flags=re.I):
+    for part in re.split(r"\s+and\s+", text.strip(), flags=re.IGNORECASE):
         m = _CLAUSE.match(part)
         if not m or m.group(1) not in FILTER_FIELDS:
             raise UsageError(

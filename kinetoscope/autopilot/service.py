@@ -29,12 +29,14 @@ from kinetoscope.autopilot.policy import Policy
 from kinetoscope.autopilot.summary import summarize
 from kinetoscope.collect.client import DaemonClient, DaemonError, parse_host
 from kinetoscope.collect.trigger import (
+    DEFAULT_POLL_INTERVAL_S,
     MatchedProcess,
     Target,
     TraceFile,
     TraceOptions,
+    TraceProblem,
     TraceResult,
-    new_trace_id,
+    align_roundup,
     requested_by,
     trigger_trace,
     wait_for_trace,
@@ -90,6 +92,7 @@ class Autopilot:
         self.catalog = catalog or Catalog.open(config.catalog_url)
         self.store = FleetStore(self.catalog)
         self._fresh: set[str] = set()  # samples planned by this process (never triggered before)
+        self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
 
     def close(self) -> None:
         self.catalog.close()
@@ -171,9 +174,9 @@ class Autopilot:
                 break
             if any(per_host[h] >= p.per_host for h in hosts) or set(hosts) & down:
                 continue
-            sample_id = new_trace_id()
+            sample_id = new_sample_id()
             request = {"pids": sorted({r["pid"] for r in job["ranks"]}), "iterations": p.iterations,
-                       "devices": job["devices"]}
+                       "devices": job["devices"], "iteration_roundup": roundup_for(job["ranks"])}
             if not self.store.claim(job["job_key"], self.config.instance, sample_id, hosts, p.lease_s, p.interval_s, request):
                 continue
             per_host.update(hosts)
@@ -187,12 +190,24 @@ class Autopilot:
         return planned
 
     def execute(self, samples: list[SampleRow], report: CycleReport) -> None:
+        """Trigger every new sample at once (the fan-out), record them ``triggered`` in one
+        transaction, then wait for, store and analyse each in its own thread."""
         if not samples:
             return
-        with ThreadPoolExecutor(max_workers=min(len(samples), self.policy.max_in_flight),
-                                thread_name_prefix="kscope-sample") as pool:
+        workers = max(1, min(len(samples), max(self.policy.max_in_flight, self.policy.workers)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kscope-sample") as pool:
+            fresh = [s for s in samples if s.sample_id in self._fresh]
+            triggered = dict(zip([s.sample_id for s in fresh], pool.map(self._trigger, fresh)))
+            self.store.mark_triggered({sid: self._request_of(s, triggered[s.sample_id])
+                                       for s in fresh if (sid := s.sample_id) and triggered[sid].files})
+            self._triggered.update(triggered)
             for sample_id, state in pool.map(self.run_sample, samples):
                 report.finished[sample_id] = state
+
+    @staticmethod
+    def _request_of(sample: SampleRow, res: TraceResult) -> dict[str, Any]:
+        files = [{"host": f.host, "pid": f.pid, "rank": f.rank, "path": f.path} for f in res.files]
+        return {**sample.request, "files": files, "options": res.options.rpc_fields()}
 
     # -- one sample ------------------------------------------------------------------------------
     def run_sample(self, sample: SampleRow) -> tuple[str, str]:
@@ -213,15 +228,17 @@ class Autopilot:
 
     def _options(self, sample: SampleRow) -> tuple[Target, TraceOptions]:
         pids = tuple(int(p) for p in sample.request.get("pids") or [])
-        return Target(pids=pids), TraceOptions(iterations=int(sample.request.get("iterations") or self.policy.iterations))
+        roundup = sample.request.get("iteration_roundup")
+        return Target(pids=pids), TraceOptions(iterations=int(sample.request.get("iterations") or self.policy.iterations),
+                                               iteration_roundup=int(roundup) if roundup else None)
 
     def _sample_pipeline(self, sample: SampleRow) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
-        res = None if sample.sample_id in self._fresh else self._find_trace(sample)
+        res = self._triggered.pop(sample.sample_id, None)
         if res is None:
-            res = self._trigger(sample)
-            if not res.files:
-                kind = res.errors[0].kind if res.errors else "no_match"
-                return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
+            res = self._find_trace(sample) or self._trigger(sample)
+        if not res.files:
+            kind = res.errors[0].kind if res.errors else "no_match"
+            return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
         res = wait_for_trace(res, timeout=self.policy.trace_timeout_s, token=self.config.token,
                              rpc_timeout=self.policy.rpc_timeout_s)
         if any(e.kind == "exited" for e in res.errors):
@@ -233,13 +250,14 @@ class Autopilot:
 
     def _trigger(self, sample: SampleRow) -> TraceResult:
         target, options = self._options(sample)
-        res = trigger_trace([parse_host(h) for h in sample.hosts], target, options, output_dir=self.config.output_dir,
-                            trace_id=sample.sample_id, token=self.config.token, rpc_timeout=self.policy.rpc_timeout_s)
-        if res.files:
-            files = [{"host": f.host, "pid": f.pid, "rank": f.rank, "path": f.path} for f in res.files]
-            self.store.set_state(sample.sample_id, "triggered", request={**sample.request, "files": files,
-                                                                          "options": res.options.rpc_fields()})
-        return res
+        try:
+            return trigger_trace([parse_host(h) for h in sample.hosts], target, options,
+                                 output_dir=self.config.output_dir, trace_id=sample.sample_id, token=self.config.token,
+                                 rpc_timeout=self.policy.rpc_timeout_s, write_manifest_file=False)
+        except KinetoscopeError as exc:  # e.g. a trace id a daemon has seen: reported, not raised
+            res = TraceResult(trace_id=sample.sample_id, hosts=[], target=target, options=options)
+            res.errors.append(TraceProblem(kind="failed", message=str(exc)))
+            return res
 
     def _find_trace(self, sample: SampleRow) -> TraceResult | None:
         """The sample's trace rebuilt from its daemons' ``kscopeTraceStatus`` (None: no daemon knows it)."""
@@ -284,6 +302,25 @@ class Autopilot:
         devices = int(sample.request.get("devices") or len(res.files))
         summary = summarize(doc, devices, float(self.policy.interval_s))
         return "recorded", None, None, summary, analysis_id
+
+
+def roundup_for(ranks: list[dict[str, Any]]) -> int | None:
+    """The ``--iteration-roundup`` that aligns the ranks' windows (``trigger.align_roundup``) from
+    the poll intervals discovery saw, so the trigger needs no listing of its own; None for one rank."""
+    if len(ranks) < 2:
+        return None
+    polls = [float(r["poll_s"]) for r in ranks if isinstance(r.get("poll_s"), (int, float))]
+    return align_roundup(max(polls, default=DEFAULT_POLL_INTERVAL_S))
+
+
+def new_sample_id() -> str:
+    """``kst-YYYYmmdd-HHMMSS-<12 hex>``: a trace id (``kscope trace``'s shape) with 48 random bits,
+    since the autopilot starts hundreds of samples in the same second (``new_trace_id``'s 16 bits
+    would collide)."""
+    import secrets
+    from datetime import datetime, timezone
+
+    return f"kst-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(6)}"
 
 
 def default_instance() -> str:

@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Optional
 
 import typer
 
@@ -23,28 +22,28 @@ EXAMPLES = examples(
 def register(app: typer.Typer) -> None:
     @app.command("autopilot", epilog=EXAMPLES)
     def autopilot(
-        host: Optional[list[str]] = typer.Option(  # noqa: UP007 - typer needs Optional here
+        host: list[str] | None = typer.Option(
             None, "--host", metavar="HOST[:PORT]", help="A daemon to watch (repeatable, or comma-separated)."),
-        hosts_file: Optional[str] = typer.Option(  # noqa: UP007
+        hosts_file: str | None = typer.Option(
             None, "--hosts-file", metavar="FILE", help="Daemons to watch, one host[:port] per line (# comments)."),
-        catalog: Optional[str] = typer.Option(  # noqa: UP007
+        catalog: str | None = typer.Option(
             None, "--catalog", metavar="URL",
             help="Catalog holding all autopilot state: SQLite path or postgresql://... "
                  "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db."),
-        store: Optional[str] = typer.Option(  # noqa: UP007
+        store: str | None = typer.Option(
             None, "--store", metavar="URL", help="Upload every sample's files here (folder, file:// or s3://)."),
-        policy: Optional[str] = typer.Option(  # noqa: UP007
+        policy: str | None = typer.Option(
             None, "--policy", metavar="FILE", help="Policy TOML file (defaults: docs/autopilot.md)."),
         once: bool = typer.Option(False, "--once", help="One full cycle (discover, trace what is due, wait, "
                                                         "analyse, record), then exit."),
         as_json: bool = typer.Option(False, "--json", help="With --once: print the cycle's report as JSON."),
-        instance: Optional[str] = typer.Option(  # noqa: UP007
+        instance: str | None = typer.Option(
             None, "--instance", metavar="NAME",
             help="Name of this autopilot in the catalog's leases (default autopilot@<hostname>); "
                  "a restart with the same name resumes its samples at once."),
-        token: Optional[str] = typer.Option(  # noqa: UP007
+        token: str | None = typer.Option(
             None, "--token", envvar="KSCOPE_TOKEN", show_default=False, help="RPC token of the daemons."),
-        output_dir: Optional[str] = typer.Option(  # noqa: UP007
+        output_dir: str | None = typer.Option(
             None, "--output-dir", "-o", metavar="DIR",
             help="Trace folder root on the hosts (default: each daemon's --trace-root)."),
         metrics_port: int = typer.Option(-1, "--metrics-port",

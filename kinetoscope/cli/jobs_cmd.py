@@ -9,7 +9,7 @@ and adds the autopilot's (docs/autopilot.md).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -35,12 +35,12 @@ def register(app: typer.Typer) -> None:
     @app.command("jobs", epilog=EXAMPLES)
     @_user_errors
     def jobs_cmd(
-        catalog: Optional[str] = CatalogOpt,  # noqa: UP007
+        catalog: str | None = CatalogOpt,
         as_json: bool = JsonOpt,
         limit: int = typer.Option(0, "--limit", min=0, help="Show at most N jobs (0: all)."),
-        sort: Optional[str] = typer.Option(  # noqa: UP007
+        sort: str | None = typer.Option(
             None, "--sort", help="Autopilot jobs: 'waste' (most wasted GPU-hours first) or 'recent'."),
-        where: Optional[str] = typer.Option(  # noqa: UP007
+        where: str | None = typer.Option(
             None, "--where", metavar="EXPR",
             help="Autopilot jobs: e.g. 'gpu_util < 30 and lost > 0.1' (fields: gpu_util, mfu, lost, "
                  "launch_bound, exposed_comm, waste_h, samples)."),

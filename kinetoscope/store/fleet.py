@@ -233,6 +233,17 @@ class FleetStore:
             conn.execute(fleet_jobs.update().where(fleet_jobs.c.job_key == job_key, fleet_jobs.c.lease_owner == owner)
                          .values(lease_expires=utcnow() + timedelta(seconds=lease_s)))
 
+    def mark_triggered(self, requests: Mapping[str, Mapping[str, Any]]) -> None:
+        """Samples the daemons took (sample id -> request with its files), in one transaction."""
+        if not requests:
+            return
+        now = utcnow()
+        with self.cat._write() as conn:
+            for sample_id, request in requests.items():
+                conn.execute(fleet_samples.update().where(fleet_samples.c.sample_id == sample_id,
+                                                          fleet_samples.c.state == "planned")
+                             .values(state="triggered", request=dict(request), updated_at=now))
+
     def set_state(self, sample_id: str, state: str, *, request: Mapping[str, Any] | None = None,
                   reason: str | None = None, error: str | None = None) -> None:
         values: dict[str, Any] = {"state": state, "updated_at": utcnow()}
