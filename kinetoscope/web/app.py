@@ -624,6 +624,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
             raise HTTPException(404, f"no task {task_id!r}")
         return {"task": snap}
 
+    app.include_router(__import__("kinetoscope.web.fleet", fromlist=["router"]).router)  # Fleet page, /api/fleet
     # outermost: refuses an oversized body before any other layer reads it
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
