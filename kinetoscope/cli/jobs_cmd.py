@@ -93,12 +93,15 @@ def _print_fleet(rows: list[dict[str, Any]], url: str) -> None:
         return
     t = _table(f"Autopilot jobs in {url}", ["JOB", "HOSTS", "SAMPLES", "WASTED GPU-H", "GPU BUSY %", "MFU",
                                             "STRAGGLER", "TOP RECOMMENDATION", "STATE"])
+    from rich.text import Text  # plain text: a job key like "torch:a:1:r" must not become an emoji
+
     for r in rows:
         state = "opted out" if r["opted_out"] else ("ended" if r["ended"] else "running")
         strag = r["straggler_kind"] or "-"
         if r["straggler_ranks"]:
             strag += " " + ",".join(map(str, r["straggler_ranks"]))
-        t.add_row(r["job_key"], ",".join(r["hosts"]), f"{r['samples_recorded']}/{r['traces']}",
-                  _fmt(r["wasted_gpu_hours"], 3), _fmt(r["gpu_busy_pct"]), _fmt(r["mfu"], 4), strag,
-                  r["top_recommendation"] or "-", state)
+        cells = [r["job_key"], ",".join(r["hosts"]), f"{r['samples_recorded']}/{r['traces']}",
+                 _fmt(r["wasted_gpu_hours"], 3), _fmt(r["gpu_busy_pct"]), _fmt(r["mfu"], 4), strag,
+                 r["top_recommendation"] or "-", state]
+        t.add_row(*(Text(c) for c in cells))
     _print(t)

@@ -24,7 +24,7 @@ JOBS = {"torch:a:1:r": [20.0, 25.0, 10.0], "torch:b:1:r": [90.0, 85.0], "proc:c:
 def seed(url: str) -> None:
     with Catalog.open(url) as cat:
         store = FleetStore(cat)
-        store.upsert_jobs([SeenJob(job_key=k, job_id="0", cmdline=f"python train.py --job {k}", hosts=[f"{k[-3]}:1778"],
+        store.upsert_jobs([SeenJob(job_key=k, job_id="0", cmdline=f"python train.py --job {k}", hosts=[f"{k.split(':')[1]}:1778"],
                                    ranks=[{"host": "h:1778", "pid": 1, "rank": 0}], world_size=8, devices=8,
                                    opted_out=k == "proc:d:9", age_s=60) for k in JOBS], warmup_s=0)
         for n, (key, busy) in enumerate((k, b) for k, values in JOBS.items() for b in values):
@@ -110,3 +110,23 @@ def test_fleet_api_matches_the_listing(tmp_path: Path) -> None:
         assert client.get("/api/fleet?where=bad").status_code == 400
         page = client.get("/fleet?straggler=true")
         assert page.status_code == 200 and "No autopilot jobs match" in page.text
+
+
+def test_kscope_jobs_ranks_and_filters_like_the_page(tmp_path: Path) -> None:
+    import json
+
+    from tests.autopilot.conftest import run_kscope
+
+    url = str(tmp_path / "c.db")
+    seed(url)
+    res = run_kscope("jobs", "--catalog", url, "--sort", "waste", "--where", "gpu_util < 60", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["kinetoscope_catalog"] == 1 and [j["job_key"] for j in doc["jobs"]] == ["torch:a:1:r", "proc:c:7"]
+    top = doc["jobs"][0]
+    assert top["wasted_gpu_hours"] == pytest.approx((0.8 + 0.75 + 0.9) * 8) and top["gpu_busy_pct"] == 10.0
+    assert [s["gpu_busy_pct"] for s in top["samples"]] == [20.0, 25.0, 10.0]
+    text = run_kscope("jobs", "--catalog", url, "--sort", "waste")
+    assert text.returncode == 0 and text.stdout.index("torch:a:1:r") < text.stdout.index("torch:b:1:r")
+    bad = run_kscope("jobs", "--catalog", url, "--where", "gpu_util <")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--where" in bad.stderr
