@@ -20,6 +20,8 @@ class AutopilotMetrics:
         self.in_flight = Gauge("kscope_autopilot_samples_in_flight", "Samples triggered and not finished (fleet-wide)", registry=r)
         self.samples = Counter("kscope_autopilot_samples_total", "Samples finished, by outcome and reason",
                                ["state", "reason"], registry=r)
+        self.anomalies = Counter("kscope_autopilot_anomaly_triggers_total", "Jobs made due by an anomaly, by kind",
+                                 ["kind"], registry=r)
         self.alerts = Counter("kscope_autopilot_alerts_total", "Webhook alerts, by result", ["result"], registry=r)
         self.sweep_seconds = Histogram("kscope_autopilot_sweep_duration_seconds", "Duration of one discovery sweep",
                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30), registry=r)

@@ -14,6 +14,7 @@ from typing import Any
 
 import tomllib
 
+from kinetoscope.autopilot.anomaly import AnomalyPolicy
 from kinetoscope.errors import UsageError
 
 
@@ -49,10 +50,12 @@ class Policy:
     opt_out_values: tuple[str, ...] = ("off", "0", "false", "no")  # KSCOPE_AUTOPILOT values that opt out
     devices_per_rank: int = 1  # GPUs per rank, for wasted GPU-seconds
     alerts: Alerts = field(default_factory=Alerts)
+    anomaly: AnomalyPolicy = field(default_factory=AnomalyPolicy)
 
 
 _ALERT_KEYS = {f.name for f in fields(Alerts)}
-_POLICY_KEYS = {f.name for f in fields(Policy)} - {"alerts"}
+_ANOMALY_KEYS = {f.name for f in fields(AnomalyPolicy)}
+_POLICY_KEYS = {f.name for f in fields(Policy)} - {"alerts", "anomaly"}
 
 
 def _coerce(path: str, key: str, value: Any, default: Any) -> Any:
@@ -63,7 +66,7 @@ def _coerce(path: str, key: str, value: Any, default: Any) -> Any:
             raise UsageError(f"{where} must be true or false, got {value!r}")
         return value
     if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int) or (value < 0 and not key.endswith("metrics_port")):
             raise UsageError(f"{where} must be a non-negative integer, got {value!r}")
         return value
     if isinstance(default, float) or (default is None and not key.endswith("webhook")):
@@ -91,17 +94,18 @@ def _section(path: str, data: dict[str, Any], allowed: set[str], base: Any, pref
 def parse_policy(data: dict[str, Any], path: str = "<policy>") -> Policy:
     """A :class:`Policy` from the parsed TOML (keys at top level or under ``[autopilot]``)."""
     top = dict(data.get("autopilot", {})) if isinstance(data.get("autopilot"), dict) else {}
-    top.update({k: v for k, v in data.items() if k not in ("autopilot", "alerts")})
-    alerts_raw = data.get("alerts", {})
-    if not isinstance(alerts_raw, dict):
-        raise UsageError(f"policy {path}: [alerts] must be a table")
+    top.update({k: v for k, v in data.items() if k not in ("autopilot", "alerts", "anomaly")})
+    for name in ("alerts", "anomaly"):
+        if not isinstance(data.get(name, {}), dict):
+            raise UsageError(f"policy {path}: [{name}] must be a table")
     policy = _section(path, top, _POLICY_KEYS, Policy(), "")
-    alerts = _section(path, alerts_raw, _ALERT_KEYS, Alerts(), "alerts.")
+    alerts = _section(path, data.get("alerts", {}), _ALERT_KEYS, Alerts(), "alerts.")
+    anomaly = _section(path, data.get("anomaly", {}), _ANOMALY_KEYS, AnomalyPolicy(), "anomaly.")
     if policy.iterations < 1 or policy.max_in_flight < 1 or policy.per_host < 1 or policy.workers < 1:
         raise UsageError(f"policy {path}: iterations, max_in_flight, per_host and workers must be at least 1")
     if alerts.webhook is not None and not alerts.webhook.startswith(("http://", "https://")):
         raise UsageError(f"policy {path}: alerts.webhook must be an http:// or https:// URL, got {alerts.webhook!r}")
-    out: Policy = replace(policy, alerts=alerts)
+    out: Policy = replace(policy, alerts=alerts, anomaly=anomaly)
     return out
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetoscope.autopilot import alerts as alerting
+from kinetoscope.autopilot.anomaly import AnomalyDetector
 from kinetoscope.autopilot.discovery import SweepResult, sweep
 from kinetoscope.autopilot.metrics import AutopilotMetrics
 from kinetoscope.autopilot.policy import Policy
@@ -75,6 +76,7 @@ class CycleReport:
     started: list[str] = field(default_factory=list)
     finished: dict[str, str] = field(default_factory=dict)  # sample id -> final state
     alerts_sent: int = 0
+    anomalies: dict[str, str] = field(default_factory=dict)  # job key -> kind, made due this cycle
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -93,6 +95,8 @@ class Autopilot:
         self.store = FleetStore(self.catalog)
         self._fresh: set[str] = set()  # samples planned by this process (never triggered before)
         self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
+        self.detector = AnomalyDetector(self.policy.anomaly)
+        self._anomalies: dict[str, tuple[str, float]] = {}  # job key -> (kind, utilisation) made due this cycle
 
     def close(self) -> None:
         self.catalog.close()
@@ -140,6 +144,8 @@ class Autopilot:
                         extra={"event": "host_down", "host": address})
         report.jobs_new = self.store.upsert_jobs(result.jobs, p.warmup_s)
         report.jobs_ended = self.store.mark_ended(result.answered, [j.job_key for j in result.jobs])
+        if p.anomaly.enabled:
+            self.anomalies(result, report)
         report.sweep_s, report.jobs_seen = round(result.seconds, 3), len(result.jobs)
         report.hosts_answered, report.hosts_failed = len(result.answered), dict(result.failed)
         self.metrics.sweep_seconds.observe(result.seconds)
@@ -147,6 +153,19 @@ class Autopilot:
         self.metrics.jobs_opted_out.set(sum(1 for j in result.jobs if j.opted_out))
         self.metrics.hosts_down.set(len(result.failed) + len(result.skipped))
         return result
+
+    def anomalies(self, result: SweepResult, report: CycleReport) -> None:
+        """Make jobs whose utilisation is anomalous due now (kinetoscope.autopilot.anomaly)."""
+        jobs = {j.job_key: j.hosts for j in result.jobs if not j.opted_out}
+        hosts = sorted({h for hs in jobs.values() for h in hs})
+        hits = self.detector.check(jobs, self.detector.host_utilisation(hosts, self.policy.workers))
+        for key, (kind, util) in hits.items():
+            if self.store.make_due(key, self.policy.anomaly.min_gap_s):
+                self._anomalies[key] = (kind, util)
+                report.anomalies[key] = kind
+                self.metrics.anomalies.labels(kind).inc()
+                log.info("job %s: GPU utilisation %.1f %% (%s): trace now", key, util, kind,
+                         extra={"event": "anomaly", "job_key": key, "kind": kind, "utilisation": util})
 
     # -- scheduling ------------------------------------------------------------------------------
     def resume(self, report: CycleReport) -> list[SampleRow]:
@@ -176,7 +195,10 @@ class Autopilot:
                 continue
             sample_id = new_sample_id()
             request = {"pids": sorted({r["pid"] for r in job["ranks"]}), "iterations": p.iterations,
-                       "devices": job["devices"], "iteration_roundup": roundup_for(job["ranks"])}
+                       "devices": job["devices"], "iteration_roundup": roundup_for(job["ranks"]), "trigger": "schedule"}
+            if job["job_key"] in self._anomalies:
+                kind, util = self._anomalies.pop(job["job_key"])
+                request.update(trigger=f"anomaly:{kind}", gpu_utilisation=round(util, 3))
             if not self.store.claim(job["job_key"], self.config.instance, sample_id, hosts, p.lease_s, p.interval_s, request):
                 continue
             per_host.update(hosts)

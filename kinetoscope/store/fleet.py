@@ -186,6 +186,22 @@ class FleetStore:
                 sa.or_(c.age_s.is_(None), c.age_s >= min_age_s)).order_by(c.next_due, c.job_key))
             return [dict(r._mapping) for r in rows]
 
+    def make_due(self, job_key: str, min_gap_s: float, now: datetime | None = None) -> bool:
+        """Make a running job due now (an anomaly) unless it was sampled within ``min_gap_s`` or has a
+        sample in flight; True when it was made due."""
+        now = now or utcnow()
+        with self.cat._write() as conn:
+            last = conn.execute(sa.select(sa.func.max(fleet_samples.c.created))
+                                .where(fleet_samples.c.job_key == job_key)).scalar()
+            if last is not None:
+                last = last if last.tzinfo else last.replace(tzinfo=timezone.utc)
+                if last > now - timedelta(seconds=min_gap_s):
+                    return False
+            res = conn.execute(fleet_jobs.update().where(
+                fleet_jobs.c.job_key == job_key, fleet_jobs.c.ended_at.is_(None), fleet_jobs.c.opted_out.is_(False))
+                .values(next_due=now))
+            return bool(res.rowcount)
+
     # -- samples ---------------------------------------------------------------------------------
     def claim(self, job_key: str, owner: str, sample_id: str, hosts: list[str], lease_s: float,
               interval_s: float, request: Mapping[str, Any], now: datetime | None = None) -> bool:
