@@ -149,3 +149,34 @@ def test_once_against_postgresql(real_fleet: RealFleet, tmp_path: Path, pg_url: 
     assert _key_of(jobs, real_fleet.jobs["optout"].pid) not in by_job
     assert sorted(len(v) for v in by_job.values()) == [1, 1]
     _check_recorded_once(pg_url, [s.sample_id for v in by_job.values() for s in v])
+
+
+def test_a_daemon_killed_and_restarted_is_marked_down_then_up(real_fleet: RealFleet, tmp_path: Path) -> None:
+    from kinetoscope.demo.local import LocalDaemon
+
+    url = str(tmp_path / "catalog.db")
+    policy = write_policy(tmp_path / "policy.toml", backoff_base_s=0, interval_s=3600)
+    old = real_fleet.daemons["c"]
+    address = real_fleet.address("c")
+    assert old.process is not None and old.process.proc is not None
+    old.process.proc.kill()  # kill -9: the host's daemon is gone
+    old.process.proc.wait(30)
+    try:
+        _run_once(real_fleet, url, policy)
+        with Catalog.open(url) as cat:
+            host = {h["address"]: h for h in FleetStore(cat).hosts()}[address]
+        assert host["status"] == "down" and host["failures"] == 1 and "refused" in host["last_error"]
+        assert all(h["status"] == "up" for a, h in _hosts(url).items() if a != address)
+    finally:
+        fresh = LocalDaemon(old.workdir / "restarted", extra_args=["--port", str(old.port)])
+        fresh.start(timeout=60)
+        real_fleet.daemons["c"] = fresh
+        old.stop()
+    assert real_fleet.address("c") == address
+    _run_once(real_fleet, url, policy)
+    assert _hosts(url)[address]["status"] == "up" and _hosts(url)[address]["failures"] == 0
+
+
+def _hosts(url: str) -> dict[str, dict]:
+    with Catalog.open(url) as cat:
+        return {h["address"]: h for h in FleetStore(cat).hosts()}
