@@ -49,6 +49,7 @@ class Policy:
     backoff_max_s: float = 1800.0
     opt_out_values: tuple[str, ...] = ("off", "0", "false", "no")  # KSCOPE_AUTOPILOT values that opt out
     devices_per_rank: int = 1  # GPUs per rank, for wasted GPU-seconds
+    announced_max_age_s: float = 120.0  # --announced: daemons whose last heartbeat is at most this old
     alerts: Alerts = field(default_factory=Alerts)
     anomaly: AnomalyPolicy = field(default_factory=AnomalyPolicy)
 

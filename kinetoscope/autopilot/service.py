@@ -60,6 +60,7 @@ class AutopilotConfig:
     instance: str = "autopilot"
     token: str | None = None
     output_dir: str | None = None  # trace folder root on the hosts (default: each daemon's --trace-root)
+    announced: bool = False  # also watch daemons that announce themselves (kscope daemon --catalog)
 
 
 @dataclass
@@ -131,9 +132,16 @@ class Autopilot:
             stop.wait(max(0.0, self.policy.sweep_interval_s - (time.monotonic() - began)))
 
     # -- discovery -------------------------------------------------------------------------------
+    def addresses(self) -> list[str]:
+        """The daemons to ask: ``--host``/``--hosts-file``, plus recently announced ones with ``--announced``."""
+        out = list(self.config.hosts)
+        if self.config.announced:
+            out += [a for a in self.store.announced_hosts(self.policy.announced_max_age_s) if a not in out]
+        return out
+
     def discover(self, report: CycleReport) -> SweepResult:
         p = self.policy
-        result = sweep(self.config.hosts, token=self.config.token, rpc_timeout=p.rpc_timeout_s, workers=p.workers,
+        result = sweep(self.addresses(), token=self.config.token, rpc_timeout=p.rpc_timeout_s, workers=p.workers,
                        opt_out_values=p.opt_out_values, devices_per_rank=p.devices_per_rank,
                        skip=frozenset(self.store.hosts_in_backoff()))
         for address, hostname in result.answered.items():

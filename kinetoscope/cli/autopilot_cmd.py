@@ -26,6 +26,9 @@ def register(app: typer.Typer) -> None:
             None, "--host", metavar="HOST[:PORT]", help="A daemon to watch (repeatable, or comma-separated)."),
         hosts_file: str | None = typer.Option(
             None, "--hosts-file", metavar="FILE", help="Daemons to watch, one host[:port] per line (# comments)."),
+        announced: bool = typer.Option(False, "--announced",
+                                       help="Also watch daemons that announce themselves to the catalog "
+                                            "(kscope daemon --catalog URL)."),
         catalog: str | None = typer.Option(
             None, "--catalog", metavar="URL",
             help="Catalog holding all autopilot state: SQLite path or postgresql://... "
@@ -64,13 +67,15 @@ def register(app: typer.Typer) -> None:
         addresses = [str(a) for a in parse_hosts(host)] if host else []
         if hosts_file:
             addresses += [a for a in read_hosts_file(hosts_file) if a not in addresses]
-        if not addresses:
-            raise UsageError("no daemons to watch: give --host HOST[:PORT] (repeatable) or --hosts-file FILE")
+        if not addresses and not announced:
+            raise UsageError("no daemons to watch: give --host HOST[:PORT] (repeatable), --hosts-file FILE, "
+                             "or --announced (daemons started with --catalog URL)")
         if as_json and not once:
             raise UsageError("--json needs --once (a service logs instead; see --log-json)")
         configure_logging(log_level, json_lines=log_json)
         cfg = AutopilotConfig(hosts=addresses, catalog_url=catalog, policy=load_policy(policy), store_url=store,
-                              instance=instance or default_instance(), token=token, output_dir=output_dir)
+                              instance=instance or default_instance(), token=token, output_dir=output_dir,
+                              announced=announced)
         pilot = Autopilot(cfg)
         try:
             if metrics_port >= 0:
@@ -84,7 +89,8 @@ def register(app: typer.Typer) -> None:
                     sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
                 else:
                     states = ", ".join(f"{v} {k}" for k, v in _count(report.finished.values()).items()) or "none"
-                    print(f"autopilot cycle: {report.hosts_answered}/{len(addresses)} daemons answered, "
+                    print(f"autopilot cycle: {report.hosts_answered}/{report.hosts_answered + len(report.hosts_failed)} "
+                          "daemons answered, "
                           f"{report.jobs_seen} jobs, {len(report.started)} samples started, "
                           f"{len(report.resumed)} resumed, finished: {states} ({report.seconds:.1f} s)")
                 return

@@ -118,6 +118,24 @@ class FleetStore:
             })
         return retry
 
+    def announce(self, address: str, hostname: str, devices: int | None, version: str) -> None:
+        """A daemon's heartbeat (``kscope daemon --catalog``): insert or refresh its row."""
+        now = utcnow()
+        with self.cat._write() as conn:
+            ins = self.cat._insert(conn, fleet_hosts).values(
+                address=address, hostname=hostname, status="up", failures=0, updated_at=now, announced=now,
+                devices=devices, version=version)
+            conn.execute(ins.on_conflict_do_update(index_elements=["address"], set_={
+                "hostname": hostname, "announced": now, "devices": devices, "version": version}))
+
+    def announced_hosts(self, max_age_s: float, now: datetime | None = None) -> list[str]:
+        """Addresses of daemons whose last heartbeat is at most ``max_age_s`` old."""
+        since = (now or utcnow()) - timedelta(seconds=max_age_s)
+        with self.cat._read() as conn:
+            rows = conn.execute(sa.select(fleet_hosts.c.address).where(fleet_hosts.c.announced >= since)
+                                .order_by(fleet_hosts.c.address))
+            return [r[0] for r in rows]
+
     def hosts_in_backoff(self, now: datetime | None = None) -> set[str]:
         now = now or utcnow()
         with self.cat._read() as conn:

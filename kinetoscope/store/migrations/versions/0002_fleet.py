@@ -29,6 +29,9 @@ def upgrade() -> None:
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("next_retry", UTCDateTime(), nullable=True),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
+        sa.Column("announced", UTCDateTime(), nullable=True),
+        sa.Column("devices", sa.Integer(), nullable=True),
+        sa.Column("version", sa.String(64), nullable=True),
         sa.PrimaryKeyConstraint("address", name=op.f("pk_fleet_hosts")),
     )
     op.create_table(
