@@ -42,8 +42,11 @@ def in_process(addresses: list[str], workdir: Path) -> dict[str, Any]:
 
     n = len(addresses)
     policy = Policy(warmup_s=0, min_age_s=0, max_in_flight=n, workers=64, rpc_timeout_s=30)
-    pilot = Autopilot(AutopilotConfig(hosts=addresses, catalog_url=str(workdir / "catalog.db"), policy=policy,
-                                      instance="bench"))
+    pilot = Autopilot(
+        AutopilotConfig(
+            hosts=addresses, catalog_url=str(workdir / "catalog.db"), policy=policy, instance="bench"
+        )
+    )
     from kinetoscope.autopilot.discovery import sweep
 
     t0 = time.perf_counter()
@@ -59,12 +62,21 @@ def in_process(addresses: list[str], workdir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=policy.workers) as pool:  # what Autopilot.execute does first
         results = list(pool.map(pilot._trigger, samples))
-    pilot.store.mark_triggered({s.sample_id: pilot._request_of(s, r) for s, r in zip(samples, results) if r.files})
+    pilot.store.mark_triggered(
+        {s.sample_id: pilot._request_of(s, r) for s, r in zip(samples, results) if r.files}
+    )
     fanout_s = time.perf_counter() - t0
     pilot.close()
-    return {"sweep_s": round(sweep_s, 3), "jobs": len(result.jobs), "upsert_s": round(upsert_s, 3),
-            "plan_s": round(plan_s, 3), "samples": len(samples), "fanout_s": round(fanout_s, 3),
-            "triggered": sum(len(r.files) for r in results), "errors": sum(len(r.errors) for r in results)}
+    return {
+        "sweep_s": round(sweep_s, 3),
+        "jobs": len(result.jobs),
+        "upsert_s": round(upsert_s, 3),
+        "plan_s": round(plan_s, 3),
+        "samples": len(samples),
+        "fanout_s": round(fanout_s, 3),
+        "triggered": sum(len(r.files) for r in results),
+        "errors": sum(len(r.errors) for r in results),
+    }
 
 
 def idle_service(addresses: list[str], workdir: Path, idle_s: float) -> dict[str, Any]:
@@ -78,9 +90,23 @@ def idle_service(addresses: list[str], workdir: Path, idle_s: float) -> dict[str
     log = workdir / "autopilot.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kinetoscope.cli.main", "autopilot", "--hosts-file", str(hosts),
-                                 "--catalog", str(workdir / "service.db"), "--policy", str(policy)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kinetoscope.cli.main",
+                "autopilot",
+                "--hosts-file",
+                str(hosts),
+                "--catalog",
+                str(workdir / "service.db"),
+                "--policy",
+                str(policy),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + 300
         while "cycle done" not in log.read_text(errors="replace"):
@@ -94,12 +120,16 @@ def idle_service(addresses: list[str], workdir: Path, idle_s: float) -> dict[str
         c1, t1 = p.cpu_times(), time.monotonic()
         cpu = (c1.user + c1.system - c0.user - c0.system) / (t1 - t0) * 100.0
         rss = p.memory_info().rss
-        first_cycle = [ln for ln in log.read_text().splitlines() if "cycle done" in ln][0]
+        first_cycle = next(ln for ln in log.read_text().splitlines() if "cycle done" in ln)
     finally:
         proc.terminate()
         proc.wait(30)
-    return {"idle_cpu_pct_of_core": round(cpu, 3), "rss_mib": round(rss / 2**20, 1), "first_cycle": first_cycle,
-            "exit_on_sigterm": proc.returncode}
+    return {
+        "idle_cpu_pct_of_core": round(cpu, 3),
+        "rss_mib": round(rss / 2**20, 1),
+        "first_cycle": first_cycle,
+        "exit_on_sigterm": proc.returncode,
+    }
 
 
 def main() -> None:
@@ -110,15 +140,20 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--idle-s", type=float, default=20.0)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kscope-bench-ap-") as tmp, FleetProcess(args.hosts, args.procs) as fleet:
+    with (
+        tempfile.TemporaryDirectory(prefix="kscope-bench-ap-") as tmp,
+        FleetProcess(args.hosts, args.procs) as fleet,
+    ):
         work = Path(tmp)
         out = in_process(fleet.addresses, work)
         fleet.poll_all()
         out.update(idle_service(fleet.addresses, work, args.idle_s))
-    print(f"{args.hosts} simulated hosts x {args.procs} ranks: sweep {out['sweep_s']:.2f} s, "
-          f"record jobs {out['upsert_s']:.2f} s, claim samples {out['plan_s']:.2f} s, "
-          f"fan-out {out['fanout_s']:.2f} s ({out['triggered']} processes, {out['errors']} errors); "
-          f"idle {out['idle_cpu_pct_of_core']:.2f} % of a core, RSS {out['rss_mib']:.0f} MiB")
+    print(
+        f"{args.hosts} simulated hosts x {args.procs} ranks: sweep {out['sweep_s']:.2f} s, "
+        f"record jobs {out['upsert_s']:.2f} s, claim samples {out['plan_s']:.2f} s, "
+        f"fan-out {out['fanout_s']:.2f} s ({out['triggered']} processes, {out['errors']} errors); "
+        f"idle {out['idle_cpu_pct_of_core']:.2f} % of a core, RSS {out['rss_mib']:.0f} MiB"
+    )
     print(json.dumps(out))
 
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -53,7 +53,7 @@ class FleetProcess:
         self.parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve_fleet, args=(hosts, procs, self.tmp.name, child), daemon=True)
 
-    def __enter__(self) -> FleetProcess:
+    def __enter__(self) -> Self:
         self.proc.start()
         self.addresses: list[str] = self.parent.recv()
         return self
@@ -86,8 +86,12 @@ def trigger_once(addresses: list[str]) -> dict[str, float]:
 
     DaemonClient.trace = timed  # type: ignore[method-assign]
     try:
-        res = trig.trigger_trace([parse_host(a) for a in addresses], trig.Target(all=True),
-                                 trig.TraceOptions(iterations=5, align=False), write_manifest_file=False)
+        res = trig.trigger_trace(
+            [parse_host(a) for a in addresses],
+            trig.Target(all=True),
+            trig.TraceOptions(iterations=5, align=False),
+            write_manifest_file=False,
+        )
     finally:
         DaemonClient.trace = original  # type: ignore[method-assign]
     total = time.perf_counter() - start
@@ -99,12 +103,34 @@ def cli_once(addresses: list[str]) -> dict[str, Any]:
     """`kscope trace` over the fleet as a subprocess."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", "trace", "--host", ",".join(addresses),
-                          "--all", "--iterations", "5", "--no-align", "--no-catalog", "--json"],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "trace",
+            "--host",
+            ",".join(addresses),
+            "--all",
+            "--iterations",
+            "5",
+            "--no-align",
+            "--no-catalog",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     wall = time.perf_counter() - start
     doc = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {}
-    return {"wall_s": round(wall, 3), "rc": out.returncode, "triggered": sum(1 for m in doc.get("matched", []) if m.get("triggered"))}
+    return {
+        "wall_s": round(wall, 3),
+        "rc": out.returncode,
+        "triggered": sum(1 for m in doc.get("matched", []) if m.get("triggered")),
+    }
 
 
 def run(hosts: int = 1000, procs: int = 4, repeat: int = 3, cli: bool = True) -> dict[str, Any]:
@@ -128,11 +154,15 @@ def main() -> None:
     args = ap.parse_args()
     out = run(args.hosts, args.procs, args.repeat, cli=not args.no_cli)
     b = out["lib_best"]
-    print(f"fan-out to {args.hosts} hosts ({args.procs} processes each): first answer {b['first_s']:.3f} s, "
-          f"all triggered {b['all_s']:.3f} s ({b['triggered']} processes; best of {args.repeat})")
+    print(
+        f"fan-out to {args.hosts} hosts ({args.procs} processes each): first answer {b['first_s']:.3f} s, "
+        f"all triggered {b['all_s']:.3f} s ({b['triggered']} processes; best of {args.repeat})"
+    )
     for c in out["cli"]:
-        print(f"kscope trace --host <{args.hosts} hosts> --all: {c['wall_s']:.2f} s wall incl. start-up, "
-              f"exit {c['rc']}, {c['triggered']} processes triggered")
+        print(
+            f"kscope trace --host <{args.hosts} hosts> --all: {c['wall_s']:.2f} s wall incl. start-up, "
+            f"exit {c['rc']}, {c['triggered']} processes triggered"
+        )
     print(json.dumps(out))
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from kinetoscope.daemon.handlers import RpcHandlers
 from kinetoscope.daemon.metrics import DaemonMetrics
@@ -53,17 +54,28 @@ def raise_fd_limit(needed: int) -> None:
 
 def _fake_info(host_index: int, pid: int, rank: int, world: int, opted_out: bool) -> ProcInfo:
     return ProcInfo(
-        pid=os.getpid(), ppid=1, start_time=None, uid=os.getuid(), cmdline=f"python train.py --sim-host {host_index}",
-        environ_readable=True, rank=rank, local_rank=rank, world_size=world, master_addr=f"sim{host_index}",
-        master_port=29500, torchelastic_run_id=f"sim-{host_index}", autopilot="off" if opted_out else None,
+        pid=os.getpid(),
+        ppid=1,
+        start_time=None,
+        uid=os.getuid(),
+        cmdline=f"python train.py --sim-host {host_index}",
+        environ_readable=True,
+        rank=rank,
+        local_rank=rank,
+        world_size=world,
+        master_addr=f"sim{host_index}",
+        master_port=29500,
+        torchelastic_run_id=f"sim-{host_index}",
+        autopilot="off" if opted_out else None,
     )
 
 
 class SimFleet:
     """``hosts`` simulated daemons, each with ``procs_per_host`` registered ranks of one job."""
 
-    def __init__(self, hosts: int, procs_per_host: int = 4, trace_root: str | None = None,
-                 opted_out_every: int = 0) -> None:
+    def __init__(
+        self, hosts: int, procs_per_host: int = 4, trace_root: str | None = None, opted_out_every: int = 0
+    ) -> None:
         self.n = hosts
         self.procs_per_host = procs_per_host
         self.opted_out_every = opted_out_every
@@ -93,10 +105,21 @@ class SimFleet:
             registry.poll(0, (pid, 1), IDLE_POLL_TYPE)
         root = Path(self.trace_root)  # one shared root, as an NFS trace root shared by every host
         root.mkdir(parents=True, exist_ok=True)
-        handlers = RpcHandlers(registry=registry, book=TraceBook(), metrics=DaemonMetrics(), hostname=hostname,
-                               trace_root=str(root))
-        server = RpcServer([BindSpec("127.0.0.1")], 0, handlers.handle_frame, handlers.frame_error,
-                           fast=handlers.is_fast, max_connections=8)
+        handlers = RpcHandlers(
+            registry=registry,
+            book=TraceBook(),
+            metrics=DaemonMetrics(),
+            hostname=hostname,
+            trace_root=str(root),
+        )
+        server = RpcServer(
+            [BindSpec("127.0.0.1")],
+            0,
+            handlers.handle_frame,
+            handlers.frame_error,
+            fast=handlers.is_fast,
+            max_connections=8,
+        )
         server.start()
         return SimHost(hostname, registry, handlers, server)
 
@@ -122,7 +145,7 @@ class SimFleet:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def __enter__(self) -> SimFleet:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -38,11 +38,17 @@ def breaches(summary: Mapping[str, Any], alerts: Alerts) -> dict[str, tuple[floa
     for kind, value, threshold, below in checks:
         if threshold is None or not isinstance(value, (int, float)):
             continue
-        out[kind] = (float(value), threshold) if (value < threshold if below else value > threshold) else (None, threshold)
+        out[kind] = (
+            (float(value), threshold)
+            if (value < threshold if below else value > threshold)
+            else (None, threshold)
+        )
     return out
 
 
-def evaluate(store: FleetStore, job_key: str, sample_id: str, summary: Mapping[str, Any], alerts: Alerts) -> list[int]:
+def evaluate(
+    store: FleetStore, job_key: str, sample_id: str, summary: Mapping[str, Any], alerts: Alerts
+) -> list[int]:
     """Open or close episodes for a recorded sample; returns the ids of episodes opened."""
     opened = []
     for kind, (value, threshold) in breaches(summary, alerts).items():
@@ -79,8 +85,12 @@ def payload(alert: Mapping[str, Any], job: Mapping[str, Any] | None) -> dict[str
 
 def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> str | None:
     """POST ``body``; None on a 2xx answer, else why it failed."""
-    req = urllib.request.Request(url, data=orjson.dumps(body), method="POST",
-                                 headers={"Content-Type": "application/json", "User-Agent": f"kscope-autopilot/{__version__}"})
+    req = urllib.request.Request(
+        url,
+        data=orjson.dumps(body),
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": f"kscope-autopilot/{__version__}"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             status = int(resp.status)
@@ -101,7 +111,11 @@ def send_pending(store: FleetStore, alerts: Alerts) -> tuple[int, int]:
         store.alert_attempt(alert["id"], sent=error is None)
         if error is None:
             sent += 1
-            log.info("alert %s sent", alert["id"], extra={"event": "alert_sent", "job_key": alert["job_key"], "kind": alert["kind"]})
+            log.info(
+                "alert %s sent",
+                alert["id"],
+                extra={"event": "alert_sent", "job_key": alert["job_key"], "kind": alert["kind"]},
+            )
         else:
             failed += 1
             log.warning("alert %s not delivered to %s: %s", alert["id"], alerts.webhook, error)

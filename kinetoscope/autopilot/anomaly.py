@@ -50,8 +50,13 @@ class AnomalyPolicy:
 
 def parse_gpu_util(text: str) -> float | None:
     """Mean ``kscope_gpu_utilization_percent`` over the GPUs of one scrape; None without GPUs."""
-    values = [s.value for fam in text_string_to_metric_families(text) if fam.name == GPU_UTIL for s in fam.samples
-              if s.name == GPU_UTIL]
+    values = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == GPU_UTIL
+        for s in fam.samples
+        if s.name == GPU_UTIL
+    ]
     return float(fmean(values)) if values else None
 
 
@@ -81,8 +86,9 @@ class AnomalyDetector:
             values = pool.map(lambda a: scrape(a, self.policy.metrics_port, self.policy.timeout_s), addresses)
             return {a: v for a, v in zip(addresses, values) if v is not None}
 
-    def check(self, jobs: Mapping[str, Sequence[str]], host_util: Mapping[str, float],
-              now: float | None = None) -> dict[str, tuple[str, float]]:
+    def check(
+        self, jobs: Mapping[str, Sequence[str]], host_util: Mapping[str, float], now: float | None = None
+    ) -> dict[str, tuple[str, float]]:
         """``job key -> hosts`` and host utilisation -> ``job key -> (kind, utilisation)`` to trace now
         (before the rate limit, which needs the catalog: :meth:`FleetStore.make_due`)."""
         now = time.monotonic() if now is None else now

@@ -68,8 +68,11 @@ def _is_opted_out(proc: dict[str, Any], opt_out_values: Sequence[str]) -> bool:
     return isinstance(value, str) and value.strip().lower() in opt_out_values
 
 
-def group_jobs(listings: dict[str, tuple[str, list[dict[str, Any]]]], opt_out_values: Sequence[str],
-               devices_per_rank: int) -> list[SeenJob]:
+def group_jobs(
+    listings: dict[str, tuple[str, list[dict[str, Any]]]],
+    opt_out_values: Sequence[str],
+    devices_per_rank: int,
+) -> list[SeenJob]:
     """``address -> (hostname, processes)`` into jobs (launchers and dead processes left out)."""
     groups: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
     for address, (hostname, procs) in listings.items():
@@ -81,27 +84,41 @@ def group_jobs(listings: dict[str, tuple[str, list[dict[str, Any]]]], opt_out_va
     for key, members in sorted(groups.items()):
         procs = [m[2] for m in members]
         sizes = {int(p["world_size"]) for p in procs if isinstance(p.get("world_size"), int)}
-        ranks = [{"host": a, "hostname": h, "pid": p["pid"], "rank": p.get("rank"), "poll_s": poll_interval_of(p)}
-                 for a, h, p in members]
+        ranks = [
+            {"host": a, "hostname": h, "pid": p["pid"], "rank": p.get("rank"), "poll_s": poll_interval_of(p)}
+            for a, h, p in members
+        ]
         ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["host"], r["pid"]))
-        ages = [float(p["registered_s_ago"]) for p in procs if isinstance(p.get("registered_s_ago"), (int, float))]
-        jobs.append(SeenJob(
-            job_key=key,
-            job_id=str(procs[0].get("job_id")) if procs[0].get("job_id") is not None else None,
-            cmdline=next((p.get("cmdline") for p in procs if p.get("cmdline")), None),
-            hosts=sorted({m[0] for m in members}),
-            ranks=ranks,
-            world_size=max(sizes) if sizes else len(procs),
-            devices=len(procs) * devices_per_rank,
-            opted_out=any(_is_opted_out(p, opt_out_values) for p in procs),
-            age_s=max(ages, default=0.0),
-        ))
+        ages = [
+            float(p["registered_s_ago"]) for p in procs if isinstance(p.get("registered_s_ago"), (int, float))
+        ]
+        jobs.append(
+            SeenJob(
+                job_key=key,
+                job_id=str(procs[0].get("job_id")) if procs[0].get("job_id") is not None else None,
+                cmdline=next((p.get("cmdline") for p in procs if p.get("cmdline")), None),
+                hosts=sorted({m[0] for m in members}),
+                ranks=ranks,
+                world_size=max(sizes) if sizes else len(procs),
+                devices=len(procs) * devices_per_rank,
+                opted_out=any(_is_opted_out(p, opt_out_values) for p in procs),
+                age_s=max(ages, default=0.0),
+            )
+        )
     return jobs
 
 
-def sweep(addresses: Sequence[str], *, token: str | None, rpc_timeout: float, workers: int,
-          opt_out_values: Sequence[str], devices_per_rank: int = 1, skip: frozenset[str] = frozenset(),
-          client_factory: Callable[[HostAddress], DaemonClient] | None = None) -> SweepResult:
+def sweep(
+    addresses: Sequence[str],
+    *,
+    token: str | None,
+    rpc_timeout: float,
+    workers: int,
+    opt_out_values: Sequence[str],
+    devices_per_rank: int = 1,
+    skip: frozenset[str] = frozenset(),
+    client_factory: Callable[[HostAddress], DaemonClient] | None = None,
+) -> SweepResult:
     """Ask every address not in ``skip`` for its processes; group the answers into jobs."""
     started = time.perf_counter()
     result = SweepResult(skipped=[a for a in addresses if a in skip])
@@ -109,7 +126,9 @@ def sweep(addresses: Sequence[str], *, token: str | None, rpc_timeout: float, wo
 
     def one(address: str) -> tuple[str, dict[str, Any] | None, str | None]:
         addr = parse_host(address)
-        client = client_factory(addr) if client_factory else DaemonClient(addr, token=token, timeout=rpc_timeout)
+        client = (
+            client_factory(addr) if client_factory else DaemonClient(addr, token=token, timeout=rpc_timeout)
+        )
         try:
             return address, client.list_processes(), None
         except DaemonError as exc:
@@ -117,7 +136,9 @@ def sweep(addresses: Sequence[str], *, token: str | None, rpc_timeout: float, wo
 
     listings: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     if asked:
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(asked))), thread_name_prefix="kscope-sweep") as pool:
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(workers, len(asked))), thread_name_prefix="kscope-sweep"
+        ) as pool:
             for address, reply, error in pool.map(one, asked):
                 if reply is None:
                     result.failed[address] = error or "no answer"

@@ -29,7 +29,12 @@ FILTER_FIELDS: dict[str, tuple[str, str]] = {
 }
 SORTS = ("recent", "waste")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
 }
 _CLAUSE = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|==|!=|<|>)\s*(-?\d+(?:\.\d+)?)\s*$")
 
@@ -98,8 +103,14 @@ def _matches(row: dict[str, Any], clauses: Sequence[Clause]) -> bool:
     return True
 
 
-def fleet_rows(store: FleetStore, *, sort: str = "waste", where: str | None = None,
-               straggler: bool = False, include_ended: bool = True) -> list[dict[str, Any]]:
+def fleet_rows(
+    store: FleetStore,
+    *,
+    sort: str = "waste",
+    where: str | None = None,
+    straggler: bool = False,
+    include_ended: bool = True,
+) -> list[dict[str, Any]]:
     """Every autopilot job as a :func:`job_row`, filtered and sorted (``waste``: most wasted
     GPU-hours first; ``recent``: most recently seen first)."""
     if sort not in SORTS:
@@ -109,8 +120,13 @@ def fleet_rows(store: FleetStore, *, sort: str = "waste", where: str | None = No
     for s in store.samples():
         by_job.setdefault(s.job_key, []).append(s)
     rows = [job_row(j, by_job.get(j["job_key"], [])) for j in store.jobs()]
-    rows = [r for r in rows if _matches(r, clauses) and (include_ended or not r["ended"])
-            and (not straggler or r["straggler_kind"] not in (None, "none"))]
+    rows = [
+        r
+        for r in rows
+        if _matches(r, clauses)
+        and (include_ended or not r["ended"])
+        and (not straggler or r["straggler_kind"] not in (None, "none"))
+    ]
     if sort == "waste":
         rows.sort(key=lambda r: (-r["wasted_gpu_s"], r["job_key"]))
     else:

@@ -67,7 +67,11 @@ def _coerce(path: str, key: str, value: Any, default: Any) -> Any:
             raise UsageError(f"{where} must be true or false, got {value!r}")
         return value
     if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, int) or (value < 0 and not key.endswith("metrics_port")):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or (value < 0 and not key.endswith("metrics_port"))
+        ):
             raise UsageError(f"{where} must be a non-negative integer, got {value!r}")
         return value
     if isinstance(default, float) or (default is None and not key.endswith("webhook")):
@@ -87,7 +91,9 @@ def _section(path: str, data: dict[str, Any], allowed: set[str], base: Any, pref
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in allowed:
-            raise UsageError(f"policy {path}: unknown key {prefix + key!r} (known: {', '.join(sorted(allowed))})")
+            raise UsageError(
+                f"policy {path}: unknown key {prefix + key!r} (known: {', '.join(sorted(allowed))})"
+            )
         changes[key] = _coerce(path, prefix + key, value, getattr(base, key))
     return replace(base, **changes)
 
@@ -105,7 +111,9 @@ def parse_policy(data: dict[str, Any], path: str = "<policy>") -> Policy:
     if policy.iterations < 1 or policy.max_in_flight < 1 or policy.per_host < 1 or policy.workers < 1:
         raise UsageError(f"policy {path}: iterations, max_in_flight, per_host and workers must be at least 1")
     if alerts.webhook is not None and not alerts.webhook.startswith(("http://", "https://")):
-        raise UsageError(f"policy {path}: alerts.webhook must be an http:// or https:// URL, got {alerts.webhook!r}")
+        raise UsageError(
+            f"policy {path}: alerts.webhook must be an http:// or https:// URL, got {alerts.webhook!r}"
+        )
     out: Policy = replace(policy, alerts=alerts, anomaly=anomaly)
     return out
 

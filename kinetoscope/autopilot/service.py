@@ -87,8 +87,9 @@ class CycleReport:
 class Autopilot:
     """One autopilot instance over one catalog."""
 
-    def __init__(self, config: AutopilotConfig, metrics: AutopilotMetrics | None = None,
-                 catalog: Catalog | None = None) -> None:
+    def __init__(
+        self, config: AutopilotConfig, metrics: AutopilotMetrics | None = None, catalog: Catalog | None = None
+    ) -> None:
         self.config = config
         self.policy = config.policy
         self.metrics = metrics or AutopilotMetrics()
@@ -97,7 +98,9 @@ class Autopilot:
         self._fresh: set[str] = set()  # samples planned by this process (never triggered before)
         self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
         self.detector = AnomalyDetector(self.policy.anomaly)
-        self._anomalies: dict[str, tuple[str, float]] = {}  # job key -> (kind, utilisation) made due this cycle
+        self._anomalies: dict[
+            str, tuple[str, float]
+        ] = {}  # job key -> (kind, utilisation) made due this cycle
 
     def close(self) -> None:
         self.catalog.close()
@@ -115,9 +118,15 @@ class Autopilot:
         self.metrics.alerts.labels("failed").inc(failed)
         report.seconds = round(time.perf_counter() - started, 3)
         self.metrics.cycle_seconds.observe(report.seconds)
-        log.info("cycle done: %d hosts answered, %d jobs, %d samples started, %d finished in %.1f s",
-                 report.hosts_answered, report.jobs_seen, len(report.started), len(report.finished), report.seconds,
-                 extra={"event": "cycle", **{k: v for k, v in report.to_json().items() if k != "hosts_failed"}})
+        log.info(
+            "cycle done: %d hosts answered, %d jobs, %d samples started, %d finished in %.1f s",
+            report.hosts_answered,
+            report.jobs_seen,
+            len(report.started),
+            len(report.finished),
+            report.seconds,
+            extra={"event": "cycle", **{k: v for k, v in report.to_json().items() if k != "hosts_failed"}},
+        )
         return report
 
     def run_forever(self, stop: threading.Event) -> None:
@@ -141,15 +150,26 @@ class Autopilot:
 
     def discover(self, report: CycleReport) -> SweepResult:
         p = self.policy
-        result = sweep(self.addresses(), token=self.config.token, rpc_timeout=p.rpc_timeout_s, workers=p.workers,
-                       opt_out_values=p.opt_out_values, devices_per_rank=p.devices_per_rank,
-                       skip=frozenset(self.store.hosts_in_backoff()))
+        result = sweep(
+            self.addresses(),
+            token=self.config.token,
+            rpc_timeout=p.rpc_timeout_s,
+            workers=p.workers,
+            opt_out_values=p.opt_out_values,
+            devices_per_rank=p.devices_per_rank,
+            skip=frozenset(self.store.hosts_in_backoff()),
+        )
         for address, hostname in result.answered.items():
             self.store.host_ok(address, hostname)
         for address, error in result.failed.items():
             retry = self.store.host_failed(address, error, p.backoff_base_s, p.backoff_max_s)
-            log.warning("daemon %s is down (%s); next try after %s", address, error, retry.isoformat(),
-                        extra={"event": "host_down", "host": address})
+            log.warning(
+                "daemon %s is down (%s); next try after %s",
+                address,
+                error,
+                retry.isoformat(),
+                extra={"event": "host_down", "host": address},
+            )
         report.jobs_new = self.store.upsert_jobs(result.jobs, p.warmup_s)
         report.jobs_ended = self.store.mark_ended(result.answered, [j.job_key for j in result.jobs])
         if p.anomaly.enabled:
@@ -172,16 +192,22 @@ class Autopilot:
                 self._anomalies[key] = (kind, util)
                 report.anomalies[key] = kind
                 self.metrics.anomalies.labels(kind).inc()
-                log.info("job %s: GPU utilisation %.1f %% (%s): trace now", key, util, kind,
-                         extra={"event": "anomaly", "job_key": key, "kind": kind, "utilisation": util})
+                log.info(
+                    "job %s: GPU utilisation %.1f %% (%s): trace now",
+                    key,
+                    util,
+                    kind,
+                    extra={"event": "anomaly", "job_key": key, "kind": kind, "utilisation": util},
+                )
 
     # -- scheduling ------------------------------------------------------------------------------
     def resume(self, report: CycleReport) -> list[SampleRow]:
         """This instance's unfinished samples, and those of instances whose lease expired."""
         mine = []
         for s in self.store.active_samples():
-            if s.owner == self.config.instance or self.store.take_over(s.sample_id, self.config.instance,
-                                                                       self.policy.lease_s):
+            if s.owner == self.config.instance or self.store.take_over(
+                s.sample_id, self.config.instance, self.policy.lease_s
+            ):
                 s.owner = self.config.instance
                 mine.append(s)
                 report.resumed.append(s.sample_id)
@@ -202,18 +228,35 @@ class Autopilot:
             if any(per_host[h] >= p.per_host for h in hosts) or set(hosts) & down:
                 continue
             sample_id = new_sample_id()
-            request = {"pids": sorted({r["pid"] for r in job["ranks"]}), "iterations": p.iterations,
-                       "devices": job["devices"], "iteration_roundup": roundup_for(job["ranks"]), "trigger": "schedule"}
+            request = {
+                "pids": sorted({r["pid"] for r in job["ranks"]}),
+                "iterations": p.iterations,
+                "devices": job["devices"],
+                "iteration_roundup": roundup_for(job["ranks"]),
+                "trigger": "schedule",
+            }
             if job["job_key"] in self._anomalies:
                 kind, util = self._anomalies.pop(job["job_key"])
                 request.update(trigger=f"anomaly:{kind}", gpu_utilisation=round(util, 3))
-            if not self.store.claim(job["job_key"], self.config.instance, sample_id, hosts, p.lease_s, p.interval_s, request):
+            if not self.store.claim(
+                job["job_key"], self.config.instance, sample_id, hosts, p.lease_s, p.interval_s, request
+            ):
                 continue
             per_host.update(hosts)
             room -= 1
             self._fresh.add(sample_id)
-            planned.append(SampleRow(sample_id=sample_id, job_key=job["job_key"], owner=self.config.instance,
-                                     state="planned", created=utcnow(), updated_at=utcnow(), hosts=hosts, request=request))
+            planned.append(
+                SampleRow(
+                    sample_id=sample_id,
+                    job_key=job["job_key"],
+                    owner=self.config.instance,
+                    state="planned",
+                    created=utcnow(),
+                    updated_at=utcnow(),
+                    hosts=hosts,
+                    request=request,
+                )
+            )
             report.started.append(sample_id)
         self.metrics.queue_depth.set(max(0, len(due) - len(planned)))
         self.metrics.in_flight.set(len(active) + len(planned))
@@ -228,8 +271,13 @@ class Autopilot:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kscope-sample") as pool:
             fresh = [s for s in samples if s.sample_id in self._fresh]
             triggered = dict(zip([s.sample_id for s in fresh], pool.map(self._trigger, fresh)))
-            self.store.mark_triggered({sid: self._request_of(s, triggered[s.sample_id])
-                                       for s in fresh if (sid := s.sample_id) and triggered[sid].files})
+            self.store.mark_triggered(
+                {
+                    sid: self._request_of(s, triggered[s.sample_id])
+                    for s in fresh
+                    if (sid := s.sample_id) and triggered[sid].files
+                }
+            )
             self._triggered.update(triggered)
             for sample_id, state in pool.map(self.run_sample, samples):
                 report.finished[sample_id] = state
@@ -246,12 +294,31 @@ class Autopilot:
             state, reason, error, summary, analysis_id = self._sample_pipeline(sample)
         except Exception as exc:
             log.exception("sample %s failed", sample.sample_id)
-            state, reason, error, summary, analysis_id = "failed", "error", f"{type(exc).__name__}: {exc}", None, None
-        self.store.finish(sample.sample_id, state, summary=summary, analysis_id=analysis_id, reason=reason, error=error)
+            state, reason, error, summary, analysis_id = (
+                "failed",
+                "error",
+                f"{type(exc).__name__}: {exc}",
+                None,
+                None,
+            )
+        self.store.finish(
+            sample.sample_id, state, summary=summary, analysis_id=analysis_id, reason=reason, error=error
+        )
         self.metrics.samples.labels(state, reason or "").inc()
-        log.info("sample %s of %s: %s%s", sample.sample_id, sample.job_key, state, f" ({reason})" if reason else "",
-                 extra={"event": "sample", "sample_id": sample.sample_id, "job_key": sample.job_key, "state": state,
-                        "reason": reason})
+        log.info(
+            "sample %s of %s: %s%s",
+            sample.sample_id,
+            sample.job_key,
+            state,
+            f" ({reason})" if reason else "",
+            extra={
+                "event": "sample",
+                "sample_id": sample.sample_id,
+                "job_key": sample.job_key,
+                "state": state,
+                "reason": reason,
+            },
+        )
         if state == "recorded" and summary is not None:
             alerting.evaluate(self.store, sample.job_key, sample.sample_id, summary, self.policy.alerts)
         return sample.sample_id, state
@@ -259,20 +326,34 @@ class Autopilot:
     def _options(self, sample: SampleRow) -> tuple[Target, TraceOptions]:
         pids = tuple(int(p) for p in sample.request.get("pids") or [])
         roundup = sample.request.get("iteration_roundup")
-        return Target(pids=pids), TraceOptions(iterations=int(sample.request.get("iterations") or self.policy.iterations),
-                                               iteration_roundup=int(roundup) if roundup else None)
+        return Target(pids=pids), TraceOptions(
+            iterations=int(sample.request.get("iterations") or self.policy.iterations),
+            iteration_roundup=int(roundup) if roundup else None,
+        )
 
-    def _sample_pipeline(self, sample: SampleRow) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
+    def _sample_pipeline(
+        self, sample: SampleRow
+    ) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
         res = self._triggered.pop(sample.sample_id, None)
         if res is None:
             res = self._find_trace(sample) or self._trigger(sample)
         if not res.files:
             kind = res.errors[0].kind if res.errors else "no_match"
             return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
-        res = wait_for_trace(res, timeout=self.policy.trace_timeout_s, token=self.config.token,
-                             rpc_timeout=self.policy.rpc_timeout_s)
+        res = wait_for_trace(
+            res,
+            timeout=self.policy.trace_timeout_s,
+            token=self.config.token,
+            rpc_timeout=self.policy.rpc_timeout_s,
+        )
         if any(e.kind == "exited" for e in res.errors):
-            return "job_ended", "exited", "; ".join(e.message for e in res.errors if e.kind == "exited")[:4000], None, None
+            return (
+                "job_ended",
+                "exited",
+                "; ".join(e.message for e in res.errors if e.kind == "exited")[:4000],
+                None,
+                None,
+            )
         if not any(f.complete for f in res.files):
             kind = res.errors[0].kind if res.errors else "incomplete"
             return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
@@ -281,9 +362,16 @@ class Autopilot:
     def _trigger(self, sample: SampleRow) -> TraceResult:
         target, options = self._options(sample)
         try:
-            return trigger_trace([parse_host(h) for h in sample.hosts], target, options,
-                                 output_dir=self.config.output_dir, trace_id=sample.sample_id, token=self.config.token,
-                                 rpc_timeout=self.policy.rpc_timeout_s, write_manifest_file=False)
+            return trigger_trace(
+                [parse_host(h) for h in sample.hosts],
+                target,
+                options,
+                output_dir=self.config.output_dir,
+                trace_id=sample.sample_id,
+                token=self.config.token,
+                rpc_timeout=self.policy.rpc_timeout_s,
+                write_manifest_file=False,
+            )
         except KinetoscopeError as exc:  # e.g. a trace id a daemon has seen: reported, not raised
             res = TraceResult(trace_id=sample.sample_id, hosts=[], target=target, options=options)
             res.errors.append(TraceProblem(kind="failed", message=str(exc)))
@@ -293,11 +381,19 @@ class Autopilot:
         """The sample's trace rebuilt from its daemons' ``kscopeTraceStatus`` (None: no daemon knows it)."""
         target, options = self._options(sample)
         hosts = [parse_host(h) for h in sample.hosts]
-        res = TraceResult(trace_id=sample.sample_id, hosts=hosts, target=target, options=options,
-                          created=sample.created.strftime("%Y-%m-%dT%H:%M:%SZ"), requested_by=requested_by())
+        res = TraceResult(
+            trace_id=sample.sample_id,
+            hosts=hosts,
+            target=target,
+            options=options,
+            created=sample.created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            requested_by=requested_by(),
+        )
         for addr in hosts:
             try:
-                reply = DaemonClient(addr, token=self.config.token, timeout=self.policy.rpc_timeout_s).trace_status(sample.sample_id)
+                reply = DaemonClient(
+                    addr, token=self.config.token, timeout=self.policy.rpc_timeout_s
+                ).trace_status(sample.sample_id)
             except DaemonError:
                 continue
             if not reply.get("known"):
@@ -306,13 +402,29 @@ class Autopilot:
             if isinstance(reply.get("trace_dir"), str) and reply["trace_dir"] not in res.output_dirs:
                 res.output_dirs.append(reply["trace_dir"])
             for f in reply.get("files") or []:
-                res.files.append(TraceFile(host=str(addr), pid=int(f["pid"]), rank=f.get("rank"), path=str(f["path"])))
-                res.matched.append(MatchedProcess(host=str(addr), hostname=hostname, pid=int(f["pid"]), rank=f.get("rank"),
-                                                  local_rank=None, world_size=None, job_id=None, cmdline="",
-                                                  path=str(f["path"]), triggered=True, busy=False))
+                res.files.append(
+                    TraceFile(host=str(addr), pid=int(f["pid"]), rank=f.get("rank"), path=str(f["path"]))
+                )
+                res.matched.append(
+                    MatchedProcess(
+                        host=str(addr),
+                        hostname=hostname,
+                        pid=int(f["pid"]),
+                        rank=f.get("rank"),
+                        local_rank=None,
+                        world_size=None,
+                        job_id=None,
+                        cmdline="",
+                        path=str(f["path"]),
+                        triggered=True,
+                        busy=False,
+                    )
+                )
         return res if res.files else None
 
-    def _store_and_analyse(self, sample: SampleRow, res: TraceResult) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
+    def _store_and_analyse(
+        self, sample: SampleRow, res: TraceResult
+    ) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
         from kinetoscope.collect.deliver import record_trace_result, store_trace_result
         from kinetoscope.pipeline import ANALYSIS_NAME, analyze_inputs, record_run
 

@@ -42,7 +42,11 @@ def exposed_comm_pct(doc: Mapping[str, Any]) -> float | None:
             totals[r.get("rank")] = sum(p for p in parts if p is not None)
     shares = []
     for r in _rows(doc, "comm_comp_overlap"):
-        comm, overlap, total = _num(r.get("communication_time(us)")), _num(r.get("overlap_time(us)")), totals.get(r.get("rank"))
+        comm, overlap, total = (
+            _num(r.get("communication_time(us)")),
+            _num(r.get("overlap_time(us)")),
+            totals.get(r.get("rank")),
+        )
         if comm is not None and overlap is not None and total:
             shares.append(100.0 * max(0.0, comm - overlap) / total)
     return round(fmean(shares), 3) if shares else None

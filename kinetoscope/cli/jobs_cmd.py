@@ -26,9 +26,15 @@ from kinetoscope.cli.catalog_cmd import (
 )
 from kinetoscope.cli.examples import examples
 
-EXAMPLES = JOBS_EXAMPLES + "\n" + "\n".join(examples(
-    ("kscope jobs --sort waste --where 'gpu_util < 30'", "autopilot jobs wasting the most GPU time"),
-).splitlines()[1:])
+EXAMPLES = (
+    JOBS_EXAMPLES
+    + "\n"
+    + "\n".join(
+        examples(
+            ("kscope jobs --sort waste --where 'gpu_util < 30'", "autopilot jobs wasting the most GPU time"),
+        ).splitlines()[1:]
+    )
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -39,11 +45,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
         limit: int = typer.Option(0, "--limit", min=0, help="Show at most N jobs (0: all)."),
         sort: str | None = typer.Option(
-            None, "--sort", help="Autopilot jobs: 'waste' (most wasted GPU-hours first) or 'recent'."),
+            None, "--sort", help="Autopilot jobs: 'waste' (most wasted GPU-hours first) or 'recent'."
+        ),
         where: str | None = typer.Option(
-            None, "--where", metavar="EXPR",
+            None,
+            "--where",
+            metavar="EXPR",
             help="Autopilot jobs: e.g. 'gpu_util < 30 and lost > 0.1' (fields: gpu_util, mfu, lost, "
-                 "launch_bound, exposed_comm, waste_h, samples)."),
+            "launch_bound, exposed_comm, waste_h, samples).",
+        ),
     ) -> None:
         """List the jobs the catalog has seen, most recent first."""
         from kinetoscope.autopilot.fleetview import fleet_rows
@@ -69,17 +79,31 @@ def _catalog_jobs(cat: Any, as_json: bool, limit: int) -> None:
 
     found = cat.jobs(limit=limit or None)
     if as_json:
-        _emit_json({"kinetoscope_catalog": JSON_VERSION, "catalog": cat.display_url,
-                    "jobs": [j.to_dict() for j in found]})
+        _emit_json(
+            {
+                "kinetoscope_catalog": JSON_VERSION,
+                "catalog": cat.display_url,
+                "jobs": [j.to_dict() for j in found],
+            }
+        )
         return
     if not found:
         _print(f"No jobs in catalog {cat.display_url}.")
         return
-    t = _table(f"Jobs in {cat.display_url}", ["JOB ID", "HOSTS", "WORLD", "TRACES",
-                                              "FIRST SEEN (UTC)", "LAST SEEN (UTC)", "COMMAND"])
+    t = _table(
+        f"Jobs in {cat.display_url}",
+        ["JOB ID", "HOSTS", "WORLD", "TRACES", "FIRST SEEN (UTC)", "LAST SEEN (UTC)", "COMMAND"],
+    )
     for j in found:
-        t.add_row(j.job_id, _hosts(j.hosts), str(j.world_size or "-"), str(j.traces),
-                  _when(j.first_seen), _when(j.last_seen), j.cmdline or "-")
+        t.add_row(
+            j.job_id,
+            _hosts(j.hosts),
+            str(j.world_size or "-"),
+            str(j.traces),
+            _when(j.first_seen),
+            _when(j.last_seen),
+            j.cmdline or "-",
+        )
     _print(t)
 
 
@@ -91,8 +115,20 @@ def _print_fleet(rows: list[dict[str, Any]], url: str) -> None:
     if not rows:
         _print(f"No autopilot jobs match in catalog {url}.")
         return
-    t = _table(f"Autopilot jobs in {url}", ["JOB", "HOSTS", "SAMPLES", "WASTED GPU-H", "GPU BUSY %", "MFU",
-                                            "STRAGGLER", "TOP RECOMMENDATION", "STATE"])
+    t = _table(
+        f"Autopilot jobs in {url}",
+        [
+            "JOB",
+            "HOSTS",
+            "SAMPLES",
+            "WASTED GPU-H",
+            "GPU BUSY %",
+            "MFU",
+            "STRAGGLER",
+            "TOP RECOMMENDATION",
+            "STATE",
+        ],
+    )
     from rich.text import Text  # plain text: a job key like "torch:a:1:r" must not become an emoji
 
     for r in rows:
@@ -100,8 +136,16 @@ def _print_fleet(rows: list[dict[str, Any]], url: str) -> None:
         strag = r["straggler_kind"] or "-"
         if r["straggler_ranks"]:
             strag += " " + ",".join(map(str, r["straggler_ranks"]))
-        cells = [r["job_key"], ",".join(r["hosts"]), f"{r['samples_recorded']}/{r['traces']}",
-                 _fmt(r["wasted_gpu_hours"], 3), _fmt(r["gpu_busy_pct"]), _fmt(r["mfu"], 4), strag,
-                 r["top_recommendation"] or "-", state]
+        cells = [
+            r["job_key"],
+            ",".join(r["hosts"]),
+            f"{r['samples_recorded']}/{r['traces']}",
+            _fmt(r["wasted_gpu_hours"], 3),
+            _fmt(r["gpu_busy_pct"]),
+            _fmt(r["mfu"], 4),
+            strag,
+            r["top_recommendation"] or "-",
+            state,
+        ]
         t.add_row(*(Text(c) for c in cells))
     _print(t)

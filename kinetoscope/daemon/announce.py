@@ -21,8 +21,15 @@ log = logging.getLogger("kinetoscope.daemon")
 class CatalogAnnouncer:
     """A thread that heartbeats this daemon into the catalog's ``fleet_hosts``."""
 
-    def __init__(self, catalog_url: str, address: Callable[[], str], hostname: str,
-                 devices: Callable[[], int | None], version: str, interval_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        catalog_url: str,
+        address: Callable[[], str],
+        hostname: str,
+        devices: Callable[[], int | None],
+        version: str,
+        interval_s: float = 30.0,
+    ) -> None:
         self.catalog_url = catalog_url
         self._address = address
         self.hostname = hostname
@@ -50,8 +57,12 @@ class CatalogAnnouncer:
             with Catalog.open(self.catalog_url) as cat:
                 FleetStore(cat).announce(self._address(), self.hostname, self._devices(), self.version)
         except (KinetoscopeError, OSError) as exc:
-            self._rl.warning("announce", "cannot announce this daemon to the catalog: %s (retrying every %g s)",
-                             exc, self.interval_s)
+            self._rl.warning(
+                "announce",
+                "cannot announce this daemon to the catalog: %s (retrying every %g s)",
+                exc,
+                self.interval_s,
+            )
             return False
         self.beats += 1
         return True

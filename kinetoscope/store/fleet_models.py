@@ -39,7 +39,9 @@ class FleetHost(Base):
     last_error: Mapped[str | None] = mapped_column(sa.Text)
     next_retry: Mapped[datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
-    announced: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last heartbeat of `kscope daemon --catalog`
+    announced: Mapped[datetime | None] = mapped_column(
+        UTCDateTime
+    )  # last heartbeat of `kscope daemon --catalog`
     devices: Mapped[int | None] = mapped_column(sa.Integer)  # GPUs the daemon sees (NVML)
     version: Mapped[str | None] = mapped_column(sa.String(64))
 

@@ -25,17 +25,26 @@ from kinetoscope.store.fleet import FleetStore
 
 router = APIRouter()
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
-_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-        "object-src 'none'; base-uri 'none'; frame-ancestors 'self'; form-action 'self'")
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'self'; form-action 'self'"
+)
 TREND_W, TREND_H = 120, 28
 
 
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["urlpart"] = lambda s: quote(str(s), safe="")
-    env.filters["num"] = lambda v, d=1: "–" if v is None else (f"{v:,.{d}f}" if isinstance(v, float) else str(v))
+    env.filters["num"] = lambda v, d=1: (
+        "–" if v is None else (f"{v:,.{d}f}" if isinstance(v, float) else str(v))
+    )
     return env
 
 
@@ -45,10 +54,14 @@ def trend_points(values: list[float | None]) -> str:
     if len(ys) < 2:
         return ""
     step = TREND_W / (len(ys) - 1)
-    return " ".join(f"{i * step:.1f},{TREND_H - max(0.0, min(100.0, y)) / 100 * TREND_H:.1f}" for i, y in enumerate(ys))
+    return " ".join(
+        f"{i * step:.1f},{TREND_H - max(0.0, min(100.0, y)) / 100 * TREND_H:.1f}" for i, y in enumerate(ys)
+    )
 
 
-def _where(gpu_below: float | None, mfu_below: float | None, launch_above: float | None, where: str | None) -> str | None:
+def _where(
+    gpu_below: float | None, mfu_below: float | None, launch_above: float | None, where: str | None
+) -> str | None:
     parts = [where] if where else []
     if gpu_below is not None:
         parts.append(f"gpu_util < {gpu_below}")
@@ -79,10 +92,15 @@ def _number(name: str, text: str | None) -> float | None:
 
 
 @router.get("/fleet", response_class=HTMLResponse, include_in_schema=False)
-def fleet_page(request: Request, sort: str = "waste", gpu_below_text: str | None = Query(None, alias="gpu_below"),
-               mfu_below_text: str | None = Query(None, alias="mfu_below"),
-               launch_above_text: str | None = Query(None, alias="launch_above"),
-               straggler: bool = False, where: str | None = None) -> HTMLResponse:
+def fleet_page(
+    request: Request,
+    sort: str = "waste",
+    gpu_below_text: str | None = Query(None, alias="gpu_below"),
+    mfu_below_text: str | None = Query(None, alias="mfu_below"),
+    launch_above_text: str | None = Query(None, alias="launch_above"),
+    straggler: bool = False,
+    where: str | None = None,
+) -> HTMLResponse:
     error = None
     gpu_below = mfu_below = launch_above = None
     try:
@@ -92,17 +110,35 @@ def fleet_page(request: Request, sort: str = "waste", gpu_below_text: str | None
         rows = _rows(request, sort, _where(gpu_below, mfu_below, launch_above, where), straggler)
     except UsageError as exc:
         rows, error = [], str(exc)
-    html = _env().get_template("fleet.html.j2").render(
-        request=request, version=kinetoscope.__version__, catalog=request.app.state.catalog.display_url,
-        perfetto=request.app.state.perfetto is not None, rows=rows, sort=sort, gpu_below=gpu_below,
-        mfu_below=mfu_below, launch_above=launch_above, straggler=straggler, where=where or "", error=error,
-        trend_w=TREND_W, trend_h=TREND_H,
+    html = (
+        _env()
+        .get_template("fleet.html.j2")
+        .render(
+            request=request,
+            version=kinetoscope.__version__,
+            catalog=request.app.state.catalog.display_url,
+            perfetto=request.app.state.perfetto is not None,
+            rows=rows,
+            sort=sort,
+            gpu_below=gpu_below,
+            mfu_below=mfu_below,
+            launch_above=launch_above,
+            straggler=straggler,
+            where=where or "",
+            error=error,
+            trend_w=TREND_W,
+            trend_h=TREND_H,
+        )
     )
     return HTMLResponse(html, status_code=400 if error else 200, headers={"Content-Security-Policy": _CSP})
 
 
-@router.get("/api/fleet", tags=["catalog"], summary="Autopilot jobs ranked by wasted GPU-hours, with their samples")
-def fleet_api(request: Request, sort: str = "waste", where: str | None = None, straggler: bool = False) -> JSONResponse:
+@router.get(
+    "/api/fleet", tags=["catalog"], summary="Autopilot jobs ranked by wasted GPU-hours, with their samples"
+)
+def fleet_api(
+    request: Request, sort: str = "waste", where: str | None = None, straggler: bool = False
+) -> JSONResponse:
     try:
         rows = fleet_rows(FleetStore(request.app.state.catalog), sort=sort, where=where, straggler=straggler)
     except UsageError as exc:

@@ -31,21 +31,43 @@ def kscope_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_kscope(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", *args], cwd=REPO_ROOT, env=kscope_env(env),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def run_kscope(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        cwd=REPO_ROOT,
+        env=kscope_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def popen_kscope(*args: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "kinetoscope.cli.main", *args], cwd=REPO_ROOT,
-                                env=kscope_env(), stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "kinetoscope.cli.main", *args],
+            cwd=REPO_ROOT,
+            env=kscope_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def write_policy(path: Path, **overrides: Any) -> Path:
     """A policy for tests: trace at once, small traces, generous timeouts."""
-    values: dict[str, Any] = {"warmup_s": 0, "min_age_s": 0, "interval_s": 3600, "iterations": 3,
-                              "sweep_interval_s": 1, "trace_timeout_s": 180, "max_in_flight": 8, "rpc_timeout_s": 10}
+    values: dict[str, Any] = {
+        "warmup_s": 0,
+        "min_age_s": 0,
+        "interval_s": 3600,
+        "iterations": 3,
+        "sweep_interval_s": 1,
+        "trace_timeout_s": 180,
+        "max_in_flight": 8,
+        "rpc_timeout_s": 10,
+    }
     values.update(overrides)
     lines = [f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"' for k, v in values.items()]
     path.write_text("[autopilot]\n" + "\n".join(lines) + "\n", encoding="utf-8")
@@ -81,14 +103,30 @@ class RealFleet:
     def host_args(self) -> list[str]:
         return [a for addr in self.addresses for a in ("--host", addr)]
 
-    def start_job(self, name: str, host: str, *, ranks: int = 1, step_sleep_ms: float = 20, steps: int = 0,
-                  env: dict[str, str] | None = None) -> Any:
+    def start_job(
+        self,
+        name: str,
+        host: str,
+        *,
+        ranks: int = 1,
+        step_sleep_ms: float = 20,
+        steps: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> Any:
         from kinetoscope.demo.local import TrainingJob
 
         d = self.daemons[host]
-        job = TrainingJob(self.workdir / name, ranks=ranks, torchrun=ranks > 1, steps=steps, model="tiny",
-                          max_seconds=900, env={**d.kineto_env(), **(env or {})}, name=name,
-                          extra_args=["--step-sleep-ms", str(step_sleep_ms), *TINY]).start()
+        job = TrainingJob(
+            self.workdir / name,
+            ranks=ranks,
+            torchrun=ranks > 1,
+            steps=steps,
+            model="tiny",
+            max_seconds=900,
+            env={**d.kineto_env(), **(env or {})},
+            name=name,
+            extra_args=["--step-sleep-ms", str(step_sleep_ms), *TINY],
+        ).start()
         self.jobs[name] = job
         return job
 

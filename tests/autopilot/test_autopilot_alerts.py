@@ -55,9 +55,22 @@ def receiver() -> Iterator[Receiver]:
 
 
 def _job(store: FleetStore, key: str = "torch:node1:29500:run") -> str:
-    store.upsert_jobs([SeenJob(job_key=key, job_id="0", cmdline="python train.py", hosts=["node1:1778"],
-                               ranks=[{"host": "node1:1778", "hostname": "node1", "pid": 10, "rank": 0}],
-                               world_size=1, devices=1, opted_out=False, age_s=10)], warmup_s=0)
+    store.upsert_jobs(
+        [
+            SeenJob(
+                job_key=key,
+                job_id="0",
+                cmdline="python train.py",
+                hosts=["node1:1778"],
+                ranks=[{"host": "node1:1778", "hostname": "node1", "pid": 10, "rank": 0}],
+                world_size=1,
+                devices=1,
+                opted_out=False,
+                age_s=10,
+            )
+        ],
+        warmup_s=0,
+    )
     return key
 
 
@@ -66,8 +79,13 @@ def _record(store: FleetStore, key: str, n: int, busy: float) -> None:
     assert store.claim(key, "p", sid, ["node1:1778"], 60, 0, {"pids": [10]})
     summary = {"gpu_busy_pct": busy, "devices": 1, "interval_s": 60.0}
     store.finish(sid, "recorded", summary=summary)
-    alerts.evaluate(store, key, sid, summary, Alerts(webhook="http://x", gpu_busy_below_pct=30.0,
-                                                       straggler_lost_above=None))
+    alerts.evaluate(
+        store,
+        key,
+        sid,
+        summary,
+        Alerts(webhook="http://x", gpu_busy_below_pct=30.0, straggler_lost_above=None),
+    )
 
 
 def test_one_alert_per_episode(receiver: Receiver, catalog_url: str) -> None:
@@ -87,11 +105,18 @@ def test_one_alert_per_episode(receiver: Receiver, catalog_url: str) -> None:
         assert len(receiver.bodies) == 2
         first, second = receiver.bodies
         assert first["schema"] == alerts.SCHEMA and first["kind"] == "gpu_busy_low"
-        assert (first["job_key"], first["sample_id"], first["value"], first["threshold"]) == (key, "kst-test-0000", 10.0, 30.0)
+        assert (first["job_key"], first["sample_id"], first["value"], first["threshold"]) == (
+            key,
+            "kst-test-0000",
+            10.0,
+            30.0,
+        )
         assert first["hosts"] == ["node1:1778"] and second["sample_id"] == "kst-test-0004"
         episodes = store.alerts()
         assert [(e["sample_id"], e["closed"] is not None, e["sent"] is not None) for e in episodes] == [
-            ("kst-test-0000", True, True), ("kst-test-0004", False, True)]
+            ("kst-test-0000", True, True),
+            ("kst-test-0004", False, True),
+        ]
 
 
 def test_an_undelivered_alert_is_sent_at_the_next_cycle(receiver: Receiver, tmp_path: Path) -> None:

@@ -30,8 +30,16 @@ def test_a_daemon_announces_itself_and_the_autopilot_finds_it(tmp_path: Path) ->
         assert rows[0]["hostname"] and rows[0]["version"]
         none = run_kscope("autopilot", "--catalog", url, "--once")
         assert none.returncode == 2 and "--announced" in none.stderr
-        res = run_kscope("autopilot", "--announced", "--catalog", url, "--once", "--json",
-                         "--policy", str(write_policy(tmp_path / "p.toml")))
+        res = run_kscope(
+            "autopilot",
+            "--announced",
+            "--catalog",
+            url,
+            "--once",
+            "--json",
+            "--policy",
+            str(write_policy(tmp_path / "p.toml")),
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         report = json.loads(res.stdout)
         assert report["hosts_answered"] == 1 and report["hosts_failed"] == {}

@@ -22,10 +22,14 @@ from kinetoscope.store.fleet import FleetStore
 
 
 def metrics_text(utils: list[float]) -> str:
-    lines = ["# HELP kscope_gpu_utilization_percent GPU busy time share (NVML utilization.gpu)",
-             "# TYPE kscope_gpu_utilization_percent gauge"]
-    lines += [f'kscope_gpu_utilization_percent{{gpu="{i}",host="sim",name="H100",uuid="GPU-{i}"}} {u}'
-              for i, u in enumerate(utils)]
+    lines = [
+        "# HELP kscope_gpu_utilization_percent GPU busy time share (NVML utilization.gpu)",
+        "# TYPE kscope_gpu_utilization_percent gauge",
+    ]
+    lines += [
+        f'kscope_gpu_utilization_percent{{gpu="{i}",host="sim",name="H100",uuid="GPU-{i}"}} {u}'
+        for i, u in enumerate(utils)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -64,7 +68,7 @@ def metrics() -> Iterator[MetricsServer]:
 
 def test_parse_gpu_util() -> None:
     assert parse_gpu_util(metrics_text([10.0, 30.0])) == 20.0
-    assert parse_gpu_util("# no GPUs\nkscope_host_cpu_utilization_percent{host=\"h\"} 50\n") is None
+    assert parse_gpu_util('# no GPUs\nkscope_host_cpu_utilization_percent{host="h"} 50\n') is None
 
 
 def test_low_for_a_duration_and_sudden_drop() -> None:
@@ -86,18 +90,30 @@ def test_anomaly_policy_section(tmp_path: Path) -> None:
     p = tmp_path / "p.toml"
     p.write_text("[anomaly]\ngpu_util_below_pct = 25\nfor_s = 120\nmetrics_port = 9100\n")
     pol = load_policy(p)
-    assert pol.anomaly == AnomalyPolicy(metrics_port=9100, gpu_util_below_pct=25.0, for_s=120.0) and pol.anomaly.enabled
+    assert (
+        pol.anomaly == AnomalyPolicy(metrics_port=9100, gpu_util_below_pct=25.0, for_s=120.0)
+        and pol.anomaly.enabled
+    )
     p.write_text("[anomaly]\nthreshold = 3\n")
     with pytest.raises(UsageError, match="anomaly.threshold"):
         load_policy(p)
 
 
 def test_an_idle_job_is_traced_now_and_rate_limited(metrics: MetricsServer, tmp_path: Path) -> None:
-    policy = Policy(warmup_s=3600, min_age_s=0, trace_timeout_s=1, rpc_timeout_s=5, workers=4,
-                    anomaly=AnomalyPolicy(metrics_port=metrics.port, gpu_util_below_pct=30, for_s=0, min_gap_s=3600))
+    policy = Policy(
+        warmup_s=3600,
+        min_age_s=0,
+        trace_timeout_s=1,
+        rpc_timeout_s=5,
+        workers=4,
+        anomaly=AnomalyPolicy(metrics_port=metrics.port, gpu_util_below_pct=30, for_s=0, min_gap_s=3600),
+    )
     with SimFleet(2, procs_per_host=2, trace_root=str(tmp_path / "t")) as fleet:
-        pilot = Autopilot(AutopilotConfig(hosts=fleet.addresses, catalog_url=str(tmp_path / "c.db"), policy=policy,
-                                          instance="p"))
+        pilot = Autopilot(
+            AutopilotConfig(
+                hosts=fleet.addresses, catalog_url=str(tmp_path / "c.db"), policy=policy, instance="p"
+            )
+        )
         try:
             first = pilot.run_cycle()
             # both simulated hosts answer on 127.0.0.1, so both read the idle metrics: both jobs traced now

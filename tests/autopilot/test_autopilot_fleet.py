@@ -16,12 +16,23 @@ from kinetoscope.autopilot.service import Autopilot, AutopilotConfig, CycleRepor
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import FleetStore
 
-POLICY = Policy(warmup_s=0, min_age_s=0, interval_s=3600, iterations=3, trace_timeout_s=1, rpc_timeout_s=5,
-                max_in_flight=1000, backoff_base_s=60, workers=16)
+POLICY = Policy(
+    warmup_s=0,
+    min_age_s=0,
+    interval_s=3600,
+    iterations=3,
+    trace_timeout_s=1,
+    rpc_timeout_s=5,
+    max_in_flight=1000,
+    backoff_base_s=60,
+    workers=16,
+)
 
 
 def _pilot(fleet: SimFleet, url: str, instance: str, policy: Policy = POLICY) -> Autopilot:
-    return Autopilot(AutopilotConfig(hosts=fleet.addresses, catalog_url=url, policy=policy, instance=instance))
+    return Autopilot(
+        AutopilotConfig(hosts=fleet.addresses, catalog_url=url, policy=policy, instance=instance)
+    )
 
 
 @pytest.fixture()
@@ -83,7 +94,9 @@ def test_a_daemon_that_is_down_is_marked_and_retried_with_backoff(fleet: SimFlee
     pilot.close()
 
 
-def test_a_sample_whose_trace_never_comes_fails_with_the_trigger_s_reason(fleet: SimFleet, tmp_path: Path) -> None:
+def test_a_sample_whose_trace_never_comes_fails_with_the_trigger_s_reason(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
     pilot = _pilot(fleet, str(tmp_path / "c.db"), "p", replace(POLICY, max_in_flight=2))
     report = pilot.run_cycle()
     assert len(report.finished) == 2

@@ -49,8 +49,17 @@ def _check_recorded_once(url: str, sample_ids: list[str]) -> None:
 
 
 def _run_once(fleet: RealFleet, url: str, policy: Path, *extra: str) -> None:
-    res = run_kscope("autopilot", *fleet.host_args(), "--catalog", url, "--policy", str(policy), "--once",
-                     *extra, timeout=900)
+    res = run_kscope(
+        "autopilot",
+        *fleet.host_args(),
+        "--catalog",
+        url,
+        "--policy",
+        str(policy),
+        "--once",
+        *extra,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 
@@ -62,9 +71,20 @@ def test_once_samples_every_eligible_job_records_an_ended_one_and_skips_the_opte
     ending.wait_for_steps(1, timeout=180)
     url = str(tmp_path / "catalog.db")
     policy = write_policy(tmp_path / "policy.toml")
-    proc = popen_kscope("autopilot", *real_fleet.host_args(), "--catalog", url, "--policy", str(policy), "--once",
-                        "--instance", "pilot-1", log=tmp_path / "autopilot.log")
+    proc = popen_kscope(
+        "autopilot",
+        *real_fleet.host_args(),
+        "--catalog",
+        url,
+        "--policy",
+        str(policy),
+        "--once",
+        "--instance",
+        "pilot-1",
+        log=tmp_path / "autopilot.log",
+    )
     try:
+
         def ending_triggered() -> bool:
             if not Path(url).exists():
                 return False
@@ -106,13 +126,25 @@ def test_once_samples_every_eligible_job_records_an_ended_one_and_skips_the_opte
     assert rows[optout]["samples"] == [] and rows[optout]["opted_out"] is True
 
 
-def test_kill_9_and_restart_loses_no_sample_and_analyses_none_twice(real_fleet: RealFleet, tmp_path: Path) -> None:
+def test_kill_9_and_restart_loses_no_sample_and_analyses_none_twice(
+    real_fleet: RealFleet, tmp_path: Path
+) -> None:
     url = str(tmp_path / "catalog.db")
     policy = write_policy(tmp_path / "policy.toml", iterations=40)
     log = tmp_path / "autopilot.log"
-    proc = popen_kscope("autopilot", *real_fleet.host_args(), "--catalog", url, "--policy", str(policy),
-                        "--instance", "pilot-k", log=log)
+    proc = popen_kscope(
+        "autopilot",
+        *real_fleet.host_args(),
+        "--catalog",
+        url,
+        "--policy",
+        str(policy),
+        "--instance",
+        "pilot-k",
+        log=log,
+    )
     try:
+
         def triggered() -> bool:
             if not Path(url).exists():
                 return False
@@ -131,7 +163,9 @@ def test_kill_9_and_restart_loses_no_sample_and_analyses_none_twice(real_fleet: 
     jobs = _jobs(url)
     for key in (_key_of(jobs, real_fleet.jobs["single"].pid), _ddp_key(jobs)):
         assert [s.state for s in after[key]] == ["recorded"], after[key]
-    assert {s.sample_id for v in before.values() for s in v} <= {s.sample_id for v in after.values() for s in v}
+    assert {s.sample_id for v in before.values() for s in v} <= {
+        s.sample_id for v in after.values() for s in v
+    }
     _check_recorded_once(url, [s.sample_id for v in after.values() for s in v if s.state == "recorded"])
 
 
@@ -139,8 +173,9 @@ def test_kill_9_and_restart_loses_no_sample_and_analyses_none_twice(real_fleet: 
 def test_once_against_postgresql(real_fleet: RealFleet, tmp_path: Path, pg_url: str) -> None:
     policy = write_policy(tmp_path / "policy.toml")
     hosts = ["--host", real_fleet.address("a"), "--host", real_fleet.address("b")]
-    res = run_kscope("autopilot", *hosts, "--catalog", pg_url, "--policy", str(policy), "--once", "--json",
-                     timeout=900)
+    res = run_kscope(
+        "autopilot", *hosts, "--catalog", pg_url, "--policy", str(policy), "--once", "--json", timeout=900
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout)
     assert len(report["started"]) == 2 and sorted(report["finished"].values()) == ["recorded", "recorded"]

@@ -22,20 +22,30 @@ def test_defaults_without_a_file() -> None:
 
 def test_policy_file_overrides_and_alerts(tmp_path: Path) -> None:
     p = tmp_path / "p.toml"
-    p.write_text('interval_s = 600\n[autopilot]\nmax_in_flight = 3\n[alerts]\nwebhook = "http://h/x"\nmfu_below = 0.2\n')
+    p.write_text(
+        'interval_s = 600\n[autopilot]\nmax_in_flight = 3\n[alerts]\nwebhook = "http://h/x"\nmfu_below = 0.2\n'
+    )
     pol = load_policy(p)
-    assert (pol.interval_s, pol.max_in_flight, pol.alerts.webhook, pol.alerts.mfu_below) == (600.0, 3, "http://h/x", 0.2)
+    assert (pol.interval_s, pol.max_in_flight, pol.alerts.webhook, pol.alerts.mfu_below) == (
+        600.0,
+        3,
+        "http://h/x",
+        0.2,
+    )
     assert pol.warmup_s == Policy().warmup_s
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("intervall_s = 3\n", "unknown key 'intervall_s'"),
-    ("interval_s = 'soon'\n", "interval_s must be a non-negative number"),
-    ("iterations = 0\n", "must be at least 1"),
-    ("[alerts]\nwebhook = 'ftp://x'\n", "alerts.webhook must be an http"),
-    ("[alerts]\nbogus = 1\n", "unknown key 'alerts.bogus'"),
-    ("interval_s = \n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("intervall_s = 3\n", "unknown key 'intervall_s'"),
+        ("interval_s = 'soon'\n", "interval_s must be a non-negative number"),
+        ("iterations = 0\n", "must be at least 1"),
+        ("[alerts]\nwebhook = 'ftp://x'\n", "alerts.webhook must be an http"),
+        ("[alerts]\nbogus = 1\n", "unknown key 'alerts.bogus'"),
+        ("interval_s = \n", "not valid TOML"),
+    ],
+)
 def test_bad_policy_is_one_line_naming_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "p.toml"
     p.write_text(text)
@@ -50,8 +60,10 @@ def test_missing_policy_file(tmp_path: Path) -> None:
 
 
 def test_where_clauses() -> None:
-    assert [(k, v) for k, _op, v in parse_where("gpu_util < 30 and lost >= 0.1")] == [("gpu_busy_pct", 30.0),
-                                                                                      ("lost_fraction", 0.1)]
+    assert [(k, v) for k, _op, v in parse_where("gpu_util < 30 and lost >= 0.1")] == [
+        ("gpu_busy_pct", 30.0),
+        ("lost_fraction", 0.1),
+    ]
     for bad in ("gpu_util < thirty", "colour == 3", "gpu_util ~ 3"):
         with pytest.raises(UsageError, match="--where"):
             parse_where(bad)
@@ -99,3 +111,10 @@ def test_summary_of_a_real_8_rank_analysis(tmp_path: Path) -> None:
 def test_summary_without_gpu_kernels_leaves_waste_unknown() -> None:
     s = summarize({"traces": [], "recommendations": []}, devices=1, interval_s=60)
     assert s["gpu_busy_pct"] is None and s["wasted_gpu_s"] is None and s["launch_bound_pct"] is None
+
+
+def test_the_daemon_reads_the_opt_out_from_the_environment() -> None:
+    from kinetoscope.daemon.procinfo import parse_environ
+
+    assert parse_environ(b"RANK=1\0KSCOPE_AUTOPILOT=off\0PATH=/bin\0") == {"rank": 1, "autopilot": "off"}
+    assert "autopilot" not in parse_environ(b"RANK=1\0")

@@ -24,15 +24,37 @@ JOBS = {"torch:a:1:r": [20.0, 25.0, 10.0], "torch:b:1:r": [90.0, 85.0], "proc:c:
 def seed(url: str) -> None:
     with Catalog.open(url) as cat:
         store = FleetStore(cat)
-        store.upsert_jobs([SeenJob(job_key=k, job_id="0", cmdline=f"python train.py --job {k}", hosts=[f"{k.split(':')[1]}:1778"],
-                                   ranks=[{"host": "h:1778", "pid": 1, "rank": 0}], world_size=8, devices=8,
-                                   opted_out=k == "proc:d:9", age_s=60) for k in JOBS], warmup_s=0)
+        store.upsert_jobs(
+            [
+                SeenJob(
+                    job_key=k,
+                    job_id="0",
+                    cmdline=f"python train.py --job {k}",
+                    hosts=[f"{k.split(':')[1]}:1778"],
+                    ranks=[{"host": "h:1778", "pid": 1, "rank": 0}],
+                    world_size=8,
+                    devices=8,
+                    opted_out=k == "proc:d:9",
+                    age_s=60,
+                )
+                for k in JOBS
+            ],
+            warmup_s=0,
+        )
         for n, (key, busy) in enumerate((k, b) for k, values in JOBS.items() for b in values):
             sid = f"kst-20261125-1200{n:02d}-abcdef"
             assert store.claim(key, "seed", sid, ["h:1778"], 60, 0, {"pids": [1]})
-            store.finish(sid, "recorded", summary={"gpu_busy_pct": busy, "devices": 8, "interval_s": 3600.0,
-                                                   "wasted_gpu_s": (100 - busy) / 100 * 8 * 3600,
-                                                   "top_recommendation": "low-utilization"})
+            store.finish(
+                sid,
+                "recorded",
+                summary={
+                    "gpu_busy_pct": busy,
+                    "devices": 8,
+                    "interval_s": 3600.0,
+                    "wasted_gpu_s": (100 - busy) / 100 * 8 * 3600,
+                    "top_recommendation": "low-utilization",
+                },
+            )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +68,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     url = str(work / "catalog.db")
     seed(url)
     log = work / "serve.log"
-    server = ManagedProcess("serve", [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "0",
-                                      "--catalog", url], log, env_with_repo()).start()
+    server = ManagedProcess(
+        "serve",
+        [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "0", "--catalog", url],
+        log,
+        env_with_repo(),
+    ).start()
     try:
         deadline = time.monotonic() + 120
         base = None
@@ -122,7 +148,10 @@ def test_kscope_jobs_ranks_and_filters_like_the_page(tmp_path: Path) -> None:
     res = run_kscope("jobs", "--catalog", url, "--sort", "waste", "--where", "gpu_util < 60", "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["kinetoscope_catalog"] == 1 and [j["job_key"] for j in doc["jobs"]] == ["torch:a:1:r", "proc:c:7"]
+    assert doc["kinetoscope_catalog"] == 1 and [j["job_key"] for j in doc["jobs"]] == [
+        "torch:a:1:r",
+        "proc:c:7",
+    ]
     top = doc["jobs"][0]
     assert top["wasted_gpu_hours"] == pytest.approx((0.8 + 0.75 + 0.9) * 8) and top["gpu_busy_pct"] == 10.0
     assert [s["gpu_busy_pct"] for s in top["samples"]] == [20.0, 25.0, 10.0]

@@ -78,8 +78,12 @@ def upgrade() -> None:
         sa.Column("launch_bound_pct", sa.Float(), nullable=True),
         sa.Column("top_recommendation", sa.String(128), nullable=True),
         sa.Column("wasted_gpu_s", sa.Float(), nullable=True),
-        sa.ForeignKeyConstraint(["job_key"], ["fleet_jobs.job_key"], ondelete="CASCADE",
-                                name=op.f("fk_fleet_samples_job_key_fleet_jobs")),
+        sa.ForeignKeyConstraint(
+            ["job_key"],
+            ["fleet_jobs.job_key"],
+            ondelete="CASCADE",
+            name=op.f("fk_fleet_samples_job_key_fleet_jobs"),
+        ),
         sa.PrimaryKeyConstraint("sample_id", name=op.f("pk_fleet_samples")),
     )
     op.create_index(op.f("ix_fleet_samples_job_key"), "fleet_samples", ["job_key"])
@@ -97,8 +101,12 @@ def upgrade() -> None:
         sa.Column("closed", UTCDateTime(), nullable=True),
         sa.Column("sent", UTCDateTime(), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.ForeignKeyConstraint(["job_key"], ["fleet_jobs.job_key"], ondelete="CASCADE",
-                                name=op.f("fk_fleet_alerts_job_key_fleet_jobs")),
+        sa.ForeignKeyConstraint(
+            ["job_key"],
+            ["fleet_jobs.job_key"],
+            ondelete="CASCADE",
+            name=op.f("fk_fleet_alerts_job_key_fleet_jobs"),
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_fleet_alerts")),
     )
     op.create_index(op.f("ix_fleet_alerts_job_key"), "fleet_alerts", ["job_key"])
