@@ -44,7 +44,7 @@ from kinetoscope.collect.trigger import (
 )
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.store.catalog import Catalog
-from kinetoscope.store.fleet import FleetStore, SampleRow, utcnow
+from kinetoscope.store.fleet import Claim, FleetStore, SampleRow, utcnow
 
 log = logging.getLogger("kinetoscope.autopilot")
 
@@ -214,53 +214,59 @@ class Autopilot:
         return mine
 
     def plan(self, report: CycleReport, down: set[str]) -> list[SampleRow]:
-        """Claim due jobs within the fleet-wide and per-host limits; returns their new samples."""
+        """Claim due jobs within the fleet-wide and per-host limits (one transaction); returns their
+        new samples. A job another autopilot claimed first is skipped (its slot stays free this cycle)."""
         p = self.policy
         active = self.store.active_samples()
         per_host = Tally(h for s in active for h in s.hosts)
         room = p.max_in_flight - len(active)
         due = self.store.due_jobs(p.min_age_s)
-        planned: list[SampleRow] = []
+        claims: list[Claim] = []
         for job in due:
             hosts = list(job["hosts"])
-            if room <= 0:
+            if len(claims) >= room:
                 break
             if any(per_host[h] >= p.per_host for h in hosts) or set(hosts) & down:
                 continue
-            sample_id = new_sample_id()
-            request = {
-                "pids": sorted({r["pid"] for r in job["ranks"]}),
-                "iterations": p.iterations,
-                "devices": job["devices"],
-                "iteration_roundup": roundup_for(job["ranks"]),
-                "trigger": "schedule",
-            }
-            if job["job_key"] in self._anomalies:
-                kind, util = self._anomalies.pop(job["job_key"])
-                request.update(trigger=f"anomaly:{kind}", gpu_utilisation=round(util, 3))
-            if not self.store.claim(
-                job["job_key"], self.config.instance, sample_id, hosts, p.lease_s, p.interval_s, request
-            ):
-                continue
             per_host.update(hosts)
-            room -= 1
-            self._fresh.add(sample_id)
-            planned.append(
-                SampleRow(
-                    sample_id=sample_id,
-                    job_key=job["job_key"],
-                    owner=self.config.instance,
-                    state="planned",
-                    created=utcnow(),
-                    updated_at=utcnow(),
-                    hosts=hosts,
-                    request=request,
-                )
+            claims.append(Claim(job["job_key"], new_sample_id(), hosts, self._request(job)))
+        won = self.store.claim_many(self.config.instance, claims, p.lease_s, p.interval_s)
+        now = utcnow()
+        planned = [
+            SampleRow(
+                sample_id=c.sample_id,
+                job_key=c.job_key,
+                owner=self.config.instance,
+                state="planned",
+                created=now,
+                updated_at=now,
+                hosts=c.hosts,
+                request=c.request,
             )
-            report.started.append(sample_id)
+            for c in claims
+            if c.sample_id in won
+        ]
+        for s in planned:
+            self._fresh.add(s.sample_id)
+            self._anomalies.pop(s.job_key, None)
+            report.started.append(s.sample_id)
         self.metrics.queue_depth.set(max(0, len(due) - len(planned)))
         self.metrics.in_flight.set(len(active) + len(planned))
         return planned
+
+    def _request(self, job: dict[str, Any]) -> dict[str, Any]:
+        """What a sample of ``job`` asks the daemons for (kept in ``fleet_samples.request``)."""
+        request: dict[str, Any] = {
+            "pids": sorted({r["pid"] for r in job["ranks"]}),
+            "iterations": self.policy.iterations,
+            "devices": job["devices"],
+            "iteration_roundup": roundup_for(job["ranks"]),
+            "trigger": "schedule",
+        }
+        if job["job_key"] in self._anomalies:
+            kind, util = self._anomalies[job["job_key"]]
+            request.update(trigger=f"anomaly:{kind}", gpu_utilisation=round(util, 3))
+        return request
 
     def execute(self, samples: list[SampleRow], report: CycleReport) -> None:
         """Trigger every new sample at once (the fan-out), record them ``triggered`` in one

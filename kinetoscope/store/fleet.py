@@ -61,6 +61,16 @@ class SeenJob:
 
 
 @dataclass
+class Claim:
+    """A sample to plan: the job, the chosen trace id, its hosts and its request."""
+
+    job_key: str
+    sample_id: str
+    hosts: list[str]
+    request: dict[str, Any]
+
+
+@dataclass
 class SampleRow:
     """A ``fleet_samples`` row as a plain record (columns as attributes)."""
 
@@ -333,43 +343,65 @@ class FleetStore:
     ) -> bool:
         """Take the job's lease and plan its sample in one transaction; False if another owner holds it
         or the job already has an active sample."""
+        claim = Claim(job_key, sample_id, hosts, dict(request))
+        return bool(self.claim_many(owner, [claim], lease_s, interval_s, now))
+
+    def claim_many(
+        self,
+        owner: str,
+        claims: Sequence[Claim],
+        lease_s: float,
+        interval_s: float,
+        now: datetime | None = None,
+    ) -> set[str]:
+        """:meth:`claim` for many jobs in one transaction (one commit for a fan-out of hundreds);
+        returns the sample ids that were planned."""
         now = now or utcnow()
-        c = fleet_jobs.c
+        done: set[str] = set()
         with self.cat._write() as conn:
-            active = conn.execute(
-                sa.select(fleet_samples.c.sample_id).where(
-                    fleet_samples.c.job_key == job_key, fleet_samples.c.state.in_(ACTIVE_STATES)
-                )
-            ).first()
-            if active is not None:
-                return False
-            res = conn.execute(
-                fleet_jobs.update()
-                .where(
-                    c.job_key == job_key,
-                    sa.or_(c.lease_owner.is_(None), c.lease_owner == owner, c.lease_expires < now),
-                )
-                .values(
-                    lease_owner=owner,
-                    lease_expires=now + timedelta(seconds=lease_s),
-                    next_due=now + timedelta(seconds=interval_s),
-                )
+            for cl in sorted(claims, key=lambda c: c.job_key):  # a fixed lock order: no deadlock on PostgreSQL
+                if self._claim(conn, owner, cl, lease_s, interval_s, now):
+                    done.add(cl.sample_id)
+        return done
+
+    def _claim(
+        self, conn: sa.Connection, owner: str, cl: Claim, lease_s: float, interval_s: float, now: datetime
+    ) -> bool:
+        c = fleet_jobs.c
+        active = conn.execute(
+            sa.select(fleet_samples.c.sample_id).where(
+                fleet_samples.c.job_key == cl.job_key, fleet_samples.c.state.in_(ACTIVE_STATES)
             )
-            if res.rowcount != 1:
-                return False
-            conn.execute(
-                fleet_samples.insert().values(
-                    sample_id=sample_id,
-                    job_key=job_key,
-                    owner=owner,
-                    state="planned",
-                    created=now,
-                    updated_at=now,
-                    hosts=hosts,
-                    request=dict(request),
-                    interval_s=interval_s,
-                )
+        ).first()
+        if active is not None:
+            return False
+        res = conn.execute(
+            fleet_jobs.update()
+            .where(
+                c.job_key == cl.job_key,
+                sa.or_(c.lease_owner.is_(None), c.lease_owner == owner, c.lease_expires < now),
             )
+            .values(
+                lease_owner=owner,
+                lease_expires=now + timedelta(seconds=lease_s),
+                next_due=now + timedelta(seconds=interval_s),
+            )
+        )
+        if res.rowcount != 1:
+            return False
+        conn.execute(
+            fleet_samples.insert().values(
+                sample_id=cl.sample_id,
+                job_key=cl.job_key,
+                owner=owner,
+                state="planned",
+                created=now,
+                updated_at=now,
+                hosts=cl.hosts,
+                request=cl.request,
+                interval_s=interval_s,
+            )
+        )
         return True
 
     def take_over(self, sample_id: str, owner: str, lease_s: float, now: datetime | None = None) -> bool:
