@@ -107,3 +107,28 @@ def test_a_sample_whose_trace_never_comes_fails_with_the_trigger_s_reason(
     with Catalog.open(str(tmp_path / "c.db")) as cat:
         assert cat.analyses(limit=None) == []
     pilot.close()
+
+
+@pytest.mark.parametrize(
+    ("changes", "per_cycle"),
+    [
+        ({"interval_s": 3600}, [9, 0]),  # once after the warm-up, then not before the interval
+        ({"interval_s": 0}, [9, 9]),  # every cycle
+        ({"warmup_s": 3600}, [0, 0]),  # still warming up
+        ({"min_age_s": 3600}, [0, 0]),  # too young
+        ({"max_in_flight": 4, "interval_s": 0}, [4, 4]),  # the fleet-wide limit
+    ],
+)
+def test_schedule_over_cycles(fleet: SimFleet, tmp_path: Path, changes: dict, per_cycle: list[int]) -> None:
+    pilot = _pilot(fleet, str(tmp_path / "c.db"), "p", replace(POLICY, **changes))
+    try:
+        started = [len(pilot.run_cycle().started) for _ in per_cycle]
+        assert started == per_cycle
+        by_job: dict[str, int] = {}
+        for s in FleetStore(pilot.catalog).samples():
+            by_job[s.job_key] = by_job.get(s.job_key, 0) + 1
+        assert all(
+            not k.startswith(("torch:sim0:", "torch:sim4:", "torch:sim8:")) for k in by_job
+        )  # opted out
+    finally:
+        pilot.close()
