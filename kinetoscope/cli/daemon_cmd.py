@@ -66,6 +66,9 @@ def register(app: typer.Typer) -> None:
         ),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_json: bool = typer.Option(False, "--log-json", help="Log JSON lines to stderr."),
+        catalog: str | None = typer.Option(
+            None, "--catalog", metavar="URL",
+            help="Announce this daemon (address, GPUs, heartbeat) to kscope autopilot's catalog (docs/autopilot.md)."),
     ) -> None:
         """Run the per-host daemon: PyTorch processes register over IPC, `dyno` and `kscope trace` trigger traces over RPC."""
         from kinetoscope.daemon.daemon import Daemon, DaemonOptions
@@ -97,6 +100,7 @@ def register(app: typer.Typer) -> None:
             hostname=hostname,
             include_launchers=trace_launchers,
             rpc_timeout_s=rpc_timeout,
+            catalog_url=catalog,
         )
 
         def ready(d: Daemon) -> None:

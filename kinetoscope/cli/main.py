@@ -31,10 +31,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "breakdowns and more (HTA-compatible)."),
     "diff": ("kinetoscope.cli.diff_cmd", "Compare two traces: op/kernel counts and durations added, removed "
              "and changed."),
-    "jobs": ("kinetoscope.cli.catalog_cmd", "List the jobs the catalog has seen, most recent first."),
+    "jobs": ("kinetoscope.cli.jobs_cmd", "List the jobs the catalog has seen, most recent first."),
     "traces": ("kinetoscope.cli.catalog_cmd", "List recorded trace requests, newest first."),
     "report": ("kinetoscope.cli.report_cmd", "Write a self-contained HTML report (diagnosis, step-time "
                "breakdown, stragglers, kernels, ...)."),
+    "autopilot": ("kinetoscope.cli.autopilot_cmd", "Trace and diagnose every job of the fleet automatically, on a "
+                  "schedule."),
     "serve": ("kinetoscope.cli.serve_cmd", "Serve the web app: catalog browser, HTML reports, trace trigger "
               "form and a local Perfetto UI."),
     "demo": ("kinetoscope.cli.demo_cmd", "Run the end-to-end demo: daemon + DDP job + on-demand trace + "

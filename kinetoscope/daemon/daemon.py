@@ -51,6 +51,8 @@ class DaemonOptions:
     rpc_timeout_s: float = 5.0  # whole request, from accept to its last byte
     rpc_min_rate_bps: float = 1024.0  # after the first second (see rpc_server)
     max_connections: int = 64  # requests handled at once (status is answered besides)
+    catalog_url: str | None = None  # announce this daemon to the autopilot's catalog (daemon/announce.py)
+    announce_interval_s: float = 30.0
 
 
 def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
@@ -141,6 +143,8 @@ class Daemon:
             self._started.append(self.sampler)
             if self.options.metrics_port is not None:
                 self._start_exporter()
+            if self.options.catalog_url:
+                self._start_announcer(self.options.catalog_url)
         except BaseException:
             self.stop()
             raise
@@ -165,6 +169,20 @@ class Daemon:
         self.exporter = exporter
         self._started.append(exporter)
         log.info("Prometheus metrics on http://%s:%d/metrics", addr if ":" not in addr else f"[{addr}]", exporter.port)
+
+    def _start_announcer(self, url: str) -> None:
+        from kinetoscope.daemon.announce import CatalogAnnouncer
+
+        def address() -> str:  # a wildcard bind is reached by host name
+            host, port = self.rpc.addresses[0]
+            host = self.hostname if host in ("0.0.0.0", "::") else host
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+        nvml = getattr(self.sampler, "_nvml", None)
+        announcer = CatalogAnnouncer(url, address, self.hostname, lambda: len(nvml.handles) if nvml else None,
+                                     VERSION, self.options.announce_interval_s)
+        announcer.start()
+        self._started.append(announcer)
 
     def stop(self) -> None:
         """Stop everything that was started, newest first. Idempotent."""

@@ -385,6 +385,7 @@ class RpcHandlers:
             polls=p.polls,
             registered_s_ago=round(now - p.first_seen, 3),
             tracing=p.polls > 0 and not (p.last_type & 2),
+            autopilot=info.autopilot if info else None,
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:

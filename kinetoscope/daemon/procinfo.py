@@ -26,6 +26,7 @@ _STR_VARS = {
     "TORCHELASTIC_RUN_ID": "torchelastic_run_id",
     "MASTER_ADDR": "master_addr",
     "SLURM_JOB_ID": "slurm_job_id",
+    "KSCOPE_AUTOPILOT": "autopilot",  # "off" opts the job out of kscope autopilot
 }
 _WANTED = {k.encode() for k in (*_INT_VARS, *_STR_VARS)}
 MAX_CMDLINE = 4096
@@ -50,6 +51,7 @@ class ProcInfo:
     torchelastic_run_id: str | None = None
     master_addr: str | None = None
     slurm_job_id: str | None = None
+    autopilot: str | None = None
 
 
 def _read(path: str) -> bytes | None:

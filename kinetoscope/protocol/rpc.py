@@ -97,6 +97,8 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     polls: int
     registered_s_ago: float
     tracing: bool
+    # the job's KSCOPE_AUTOPILOT environment value ("off" opts the job out of the fleet autopilot)
+    autopilot: str | None = None
 
 
 class MatchedProcess(ProcessInfo, kw_only=True):

@@ -134,3 +134,6 @@ jobs = Job.__table__
 trace_requests = TraceRequest.__table__
 trace_files = TraceFile.__table__
 analyses = Analysis.__table__
+
+# The fleet autopilot's tables (same Base, so migrations and their test see one schema).
+from kinetoscope.store import fleet_models as _fleet_models  # noqa: E402,F401

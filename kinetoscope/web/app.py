@@ -137,6 +137,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
     app.include_router(perfetto.router)
     app.include_router(api.router)
 
+    app.include_router(__import__("kinetoscope.web.fleet", fromlist=["router"]).router)  # Fleet page, /api/fleet
     # outermost: refuses an oversized body before any other layer reads it
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 

@@ -1,0 +1,122 @@
+"""Webhook alerts, once per episode.
+
+An **episode** of kind K for a job starts with the first recorded sample over K's threshold and
+ends with the first later sample back under it; the webhook gets one POST when it starts (none
+while it lasts, a new one for the next episode). Episodes live in ``fleet_alerts``: the row is
+written before the POST and marked sent after it, so a crash in between re-sends it at the next
+cycle (at least once; receivers can de-duplicate on ``alert_id``). The JSON body is a contract
+(docs/autopilot.md, "Webhook").
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from kinetoscope import __version__
+from kinetoscope.autopilot.policy import Alerts
+from kinetoscope.store.fleet import FleetStore, utcnow
+
+log = logging.getLogger("kinetoscope.autopilot")
+SCHEMA = "kscope.autopilot.alert/1"
+
+
+def breaches(summary: Mapping[str, Any], alerts: Alerts) -> dict[str, tuple[float | None, float]]:
+    """Kind -> (value, threshold) of every alert whose threshold applies to ``summary``; kinds
+    whose value is unknown are left out (neither opened nor closed)."""
+    out: dict[str, tuple[float | None, float]] = {}
+    checks = (
+        ("gpu_busy_low", summary.get("gpu_busy_pct"), alerts.gpu_busy_below_pct, True),
+        ("straggler_loss", summary.get("lost_fraction"), alerts.straggler_lost_above, False),
+        ("mfu_low", summary.get("mfu"), alerts.mfu_below, True),
+    )
+    for kind, value, threshold, below in checks:
+        if threshold is None or not isinstance(value, (int, float)):
+            continue
+        out[kind] = (
+            (float(value), threshold)
+            if (value < threshold if below else value > threshold)
+            else (None, threshold)
+        )
+    return out
+
+
+def evaluate(
+    store: FleetStore, job_key: str, sample_id: str, summary: Mapping[str, Any], alerts: Alerts
+) -> list[int]:
+    """Open or close episodes for a recorded sample; returns the ids of episodes opened."""
+    opened = []
+    for kind, (value, threshold) in breaches(summary, alerts).items():
+        if value is None:
+            store.end_episode(job_key, kind)
+            continue
+        alert_id = store.start_episode(job_key, kind, sample_id, value, threshold)
+        if alert_id is not None:
+            opened.append(alert_id)
+    return opened
+
+
+def payload(alert: Mapping[str, Any], job: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The webhook's JSON body (docs/autopilot.md)."""
+    job = job or {}
+    opened = alert.get("opened")
+    return {
+        "schema": SCHEMA,
+        "alert_id": alert["id"],
+        "kind": alert["kind"],
+        "job_key": alert["job_key"],
+        "job_id": job.get("job_id"),
+        "hosts": list(job.get("hosts") or []),
+        "cmdline": job.get("cmdline"),
+        "sample_id": alert["sample_id"],
+        "trace_id": alert["sample_id"],
+        "value": alert.get("value"),
+        "threshold": alert.get("threshold"),
+        "opened": opened.strftime("%Y-%m-%dT%H:%M:%SZ") if opened else None,
+        "sent_at": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "kscope_version": __version__,
+    }
+
+
+def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> str | None:
+    """POST ``body``; None on a 2xx answer, else why it failed."""
+    req = urllib.request.Request(
+        url,
+        data=orjson.dumps(body),
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": f"kscope-autopilot/{__version__}"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            status = int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return str(getattr(exc, "reason", exc))
+    return None if 200 <= status < 300 else f"HTTP {status}"
+
+
+def send_pending(store: FleetStore, alerts: Alerts) -> tuple[int, int]:
+    """POST every unsent episode (at most ``max_attempts`` tries each); returns (sent, failed)."""
+    if not alerts.webhook:
+        return 0, 0
+    sent = failed = 0
+    for alert in store.unsent_alerts(alerts.max_attempts):
+        error = post_json(alerts.webhook, payload(alert, store.job(alert["job_key"])), alerts.timeout_s)
+        store.alert_attempt(alert["id"], sent=error is None)
+        if error is None:
+            sent += 1
+            log.info(
+                "alert %s sent",
+                alert["id"],
+                extra={"event": "alert_sent", "job_key": alert["job_key"], "kind": alert["kind"]},
+            )
+        else:
+            failed += 1
+            log.warning("alert %s not delivered to %s: %s", alert["id"], alerts.webhook, error)
+    return sent, failed

@@ -1,0 +1,152 @@
+"""Discovery: ask every daemon which processes are registered and group them into jobs.
+
+One sweep calls ``kscopeListProcesses`` on every host concurrently (a bounded thread pool; a
+daemon costs one short TCP exchange) and turns the answers into :class:`SeenJob` records keyed by
+a **job key** (see ``kinetoscope.store.fleet_models``): Kineto's own job id is ``0`` for every job
+outside Slurm, so processes are grouped by Slurm job id, else by the torch rendezvous
+(``MASTER_ADDR:MASTER_PORT`` + ``TORCHELASTIC_RUN_ID``), else each process is its own job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host
+from kinetoscope.collect.trigger import poll_interval_of
+from kinetoscope.errors import UsageError
+from kinetoscope.store.fleet import SeenJob
+
+
+@dataclass
+class SweepResult:
+    """What one discovery sweep found."""
+
+    jobs: list[SeenJob] = field(default_factory=list)
+    answered: dict[str, str] = field(default_factory=dict)  # address -> daemon's hostname
+    failed: dict[str, str] = field(default_factory=dict)  # address -> why
+    skipped: list[str] = field(default_factory=list)  # in back-off, not asked
+    seconds: float = 0.0
+
+
+def read_hosts_file(path: str) -> list[str]:
+    """Daemon addresses from a file: one ``host[:port]`` per line, ``#`` comments, blank lines ignored."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read hosts file {path}: {exc.strerror or exc}") from exc
+    out = []
+    for n, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            out.append(str(parse_host(text)))
+        except UsageError as exc:
+            raise UsageError(f"hosts file {path} line {n}: {exc}") from exc
+    return out
+
+
+def job_key(proc: dict[str, Any], hostname: str) -> str:
+    """The job a listed process belongs to (module docstring)."""
+    slurm = proc.get("slurm_job_id")
+    if slurm:
+        return f"slurm:{slurm}"
+    world = proc.get("world_size")
+    addr, port = proc.get("master_addr"), proc.get("master_port")
+    if isinstance(world, int) and world > 1 and addr and port:
+        return f"torch:{addr}:{port}:{proc.get('torchelastic_run_id') or '-'}"
+    return f"proc:{hostname}:{proc.get('pid')}"
+
+
+def _is_opted_out(proc: dict[str, Any], opt_out_values: Sequence[str]) -> bool:
+    value = proc.get("autopilot")
+    return isinstance(value, str) and value.strip().lower() in opt_out_values
+
+
+def group_jobs(
+    listings: dict[str, tuple[str, list[dict[str, Any]]]],
+    opt_out_values: Sequence[str],
+    devices_per_rank: int,
+) -> list[SeenJob]:
+    """``address -> (hostname, processes)`` into jobs (launchers and dead processes left out)."""
+    groups: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for address, (hostname, procs) in listings.items():
+        for p in procs:
+            if p.get("is_launcher") or p.get("alive") is False or not isinstance(p.get("pid"), int):
+                continue
+            groups.setdefault(job_key(p, hostname), []).append((address, hostname, p))
+    jobs = []
+    for key, members in sorted(groups.items()):
+        procs = [m[2] for m in members]
+        sizes = {int(p["world_size"]) for p in procs if isinstance(p.get("world_size"), int)}
+        ranks = [
+            {"host": a, "hostname": h, "pid": p["pid"], "rank": p.get("rank"), "poll_s": poll_interval_of(p)}
+            for a, h, p in members
+        ]
+        ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["host"], r["pid"]))
+        ages = [
+            float(p["registered_s_ago"]) for p in procs if isinstance(p.get("registered_s_ago"), (int, float))
+        ]
+        jobs.append(
+            SeenJob(
+                job_key=key,
+                job_id=str(procs[0].get("job_id")) if procs[0].get("job_id") is not None else None,
+                cmdline=next((p.get("cmdline") for p in procs if p.get("cmdline")), None),
+                hosts=sorted({m[0] for m in members}),
+                ranks=ranks,
+                world_size=max(sizes) if sizes else len(procs),
+                devices=len(procs) * devices_per_rank,
+                opted_out=any(_is_opted_out(p, opt_out_values) for p in procs),
+                age_s=max(ages, default=0.0),
+            )
+        )
+    return jobs
+
+
+def sweep(
+    addresses: Sequence[str],
+    *,
+    token: str | None,
+    rpc_timeout: float,
+    workers: int,
+    opt_out_values: Sequence[str],
+    devices_per_rank: int = 1,
+    skip: frozenset[str] = frozenset(),
+    client_factory: Callable[[HostAddress], DaemonClient] | None = None,
+) -> SweepResult:
+    """Ask every address not in ``skip`` for its processes; group the answers into jobs."""
+    started = time.perf_counter()
+    result = SweepResult(skipped=[a for a in addresses if a in skip])
+    asked = [a for a in addresses if a not in skip]
+
+    def one(address: str) -> tuple[str, dict[str, Any] | None, str | None]:
+        addr = parse_host(address)
+        client = (
+            client_factory(addr) if client_factory else DaemonClient(addr, token=token, timeout=rpc_timeout)
+        )
+        try:
+            return address, client.list_processes(), None
+        except DaemonError as exc:
+            return address, None, str(exc)
+
+    listings: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    if asked:
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(workers, len(asked))), thread_name_prefix="kscope-sweep"
+        ) as pool:
+            for address, reply, error in pool.map(one, asked):
+                if reply is None:
+                    result.failed[address] = error or "no answer"
+                    continue
+                hostname = str(reply.get("hostname") or parse_host(address).host)
+                procs = [p for p in reply.get("processes") or [] if isinstance(p, dict)]
+                result.answered[address] = hostname
+                listings[address] = (hostname, procs)
+    result.jobs = group_jobs(listings, opt_out_values, devices_per_rank)
+    result.seconds = time.perf_counter() - started
+    return result

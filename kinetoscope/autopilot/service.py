@@ -1,0 +1,484 @@
+"""The autopilot's cycle: discover → resume → plan → sample (trigger, wait, store, analyse,
+record) → alert. ``kscope autopilot`` runs :meth:`Autopilot.run_cycle` once (``--once``) or
+until stopped (:meth:`Autopilot.run_forever`).
+
+Crash safety (docs/autopilot.md): every step is a transaction in the catalog
+(``kinetoscope.store.fleet``); a sample's id is its trace id, chosen and written (``planned``)
+before the trigger. A restarted instance resumes its own unfinished samples: it asks the sample's
+daemons for the trace id (``kscopeTraceStatus``) and waits for the files they know, re-triggers
+only when no daemon knows it, and re-uses the catalog's analysis of the trace when one exists,
+so no sample is lost or analysed twice. Unfinished samples of another instance are taken over
+once that instance's lease on the job has expired.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetoscope.autopilot import alerts as alerting
+from kinetoscope.autopilot.anomaly import AnomalyDetector
+from kinetoscope.autopilot.discovery import SweepResult, sweep
+from kinetoscope.autopilot.metrics import AutopilotMetrics
+from kinetoscope.autopilot.policy import Policy
+from kinetoscope.autopilot.summary import summarize
+from kinetoscope.collect.client import DaemonClient, DaemonError, parse_host
+from kinetoscope.collect.trigger import (
+    DEFAULT_POLL_INTERVAL_S,
+    MatchedProcess,
+    Target,
+    TraceFile,
+    TraceOptions,
+    TraceProblem,
+    TraceRequest,
+    TraceResult,
+    align_roundup,
+    requested_by,
+    trigger_trace,
+    wait_for_trace,
+)
+from kinetoscope.errors import KinetoscopeError
+from kinetoscope.store.catalog import Catalog
+from kinetoscope.store.fleet import Claim, FleetStore, SampleRow, utcnow
+
+log = logging.getLogger("kinetoscope.autopilot")
+
+
+@dataclass
+class AutopilotConfig:
+    """Everything ``kscope autopilot`` was told."""
+
+    hosts: list[str]
+    catalog_url: str | None
+    policy: Policy = field(default_factory=Policy)
+    store_url: str | None = None
+    instance: str = "autopilot"
+    token: str | None = None
+    output_dir: str | None = None  # trace folder root on the hosts (default: each daemon's --trace-root)
+    announced: bool = False  # also watch daemons that announce themselves (kscope daemon --catalog)
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did (logged, and printed by ``--once --json``)."""
+
+    sweep_s: float = 0.0
+    hosts_answered: int = 0
+    hosts_failed: dict[str, str] = field(default_factory=dict)
+    jobs_seen: int = 0
+    jobs_new: int = 0
+    jobs_ended: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    finished: dict[str, str] = field(default_factory=dict)  # sample id -> final state
+    alerts_sent: int = 0
+    anomalies: dict[str, str] = field(default_factory=dict)  # job key -> kind, made due this cycle
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Autopilot:
+    """One autopilot instance over one catalog."""
+
+    def __init__(
+        self, config: AutopilotConfig, metrics: AutopilotMetrics | None = None, catalog: Catalog | None = None
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.metrics = metrics or AutopilotMetrics()
+        self.catalog = catalog or Catalog.open(config.catalog_url)
+        self.store = FleetStore(self.catalog)
+        self._fresh: set[str] = set()  # samples planned by this process (never triggered before)
+        self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
+        self.detector = AnomalyDetector(self.policy.anomaly)
+        self._anomalies: dict[
+            str, tuple[str, float]
+        ] = {}  # job key -> (kind, utilisation) made due this cycle
+
+    def close(self) -> None:
+        self.catalog.close()
+
+    # -- the cycle -------------------------------------------------------------------------------
+    def run_cycle(self) -> CycleReport:
+        started = time.perf_counter()
+        report = CycleReport()
+        result = self.discover(report)
+        work = self.resume(report) + self.plan(report, set(result.failed))
+        self.execute(work, report)
+        sent, failed = alerting.send_pending(self.store, self.policy.alerts)
+        report.alerts_sent = sent
+        self.metrics.alerts.labels("sent").inc(sent)
+        self.metrics.alerts.labels("failed").inc(failed)
+        report.seconds = round(time.perf_counter() - started, 3)
+        self.metrics.cycle_seconds.observe(report.seconds)
+        log.info(
+            "cycle done: %d hosts answered, %d jobs, %d samples started, %d finished in %.1f s",
+            report.hosts_answered,
+            report.jobs_seen,
+            len(report.started),
+            len(report.finished),
+            report.seconds,
+            extra={"event": "cycle", **{k: v for k, v in report.to_json().items() if k != "hosts_failed"}},
+        )
+        return report
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Cycles every ``sweep_interval_s`` until ``stop`` is set (SIGTERM); a failing cycle is logged
+        and retried at the next interval, never fatal."""
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                self.run_cycle()
+            except KinetoscopeError as exc:
+                log.error("cycle failed: %s", exc)
+            stop.wait(max(0.0, self.policy.sweep_interval_s - (time.monotonic() - began)))
+
+    # -- discovery -------------------------------------------------------------------------------
+    def addresses(self) -> list[str]:
+        """The daemons to ask: ``--host``/``--hosts-file``, plus recently announced ones with ``--announced``."""
+        out = list(self.config.hosts)
+        if self.config.announced:
+            out += [a for a in self.store.announced_hosts(self.policy.announced_max_age_s) if a not in out]
+        return out
+
+    def discover(self, report: CycleReport) -> SweepResult:
+        p = self.policy
+        result = sweep(
+            self.addresses(),
+            token=self.config.token,
+            rpc_timeout=p.rpc_timeout_s,
+            workers=p.workers,
+            opt_out_values=p.opt_out_values,
+            devices_per_rank=p.devices_per_rank,
+            skip=frozenset(self.store.hosts_in_backoff()),
+        )
+        for address, hostname in result.answered.items():
+            self.store.host_ok(address, hostname)
+        for address, error in result.failed.items():
+            retry = self.store.host_failed(address, error, p.backoff_base_s, p.backoff_max_s)
+            log.warning(
+                "daemon %s is down (%s); next try after %s",
+                address,
+                error,
+                retry.isoformat(),
+                extra={"event": "host_down", "host": address},
+            )
+        report.jobs_new = self.store.upsert_jobs(result.jobs, p.warmup_s)
+        report.jobs_ended = self.store.mark_ended(result.answered, [j.job_key for j in result.jobs])
+        if p.anomaly.enabled:
+            self.anomalies(result, report)
+        report.sweep_s, report.jobs_seen = round(result.seconds, 3), len(result.jobs)
+        report.hosts_answered, report.hosts_failed = len(result.answered), dict(result.failed)
+        self.metrics.sweep_seconds.observe(result.seconds)
+        self.metrics.jobs_known.set(sum(1 for j in result.jobs if not j.opted_out))
+        self.metrics.jobs_opted_out.set(sum(1 for j in result.jobs if j.opted_out))
+        self.metrics.hosts_down.set(len(result.failed) + len(result.skipped))
+        return result
+
+    def anomalies(self, result: SweepResult, report: CycleReport) -> None:
+        """Make jobs whose utilisation is anomalous due now (kinetoscope.autopilot.anomaly)."""
+        jobs = {j.job_key: j.hosts for j in result.jobs if not j.opted_out}
+        hosts = sorted({h for hs in jobs.values() for h in hs})
+        hits = self.detector.check(jobs, self.detector.host_utilisation(hosts, self.policy.workers))
+        for key, (kind, util) in hits.items():
+            if self.store.make_due(key, self.policy.anomaly.min_gap_s):
+                self._anomalies[key] = (kind, util)
+                report.anomalies[key] = kind
+                self.metrics.anomalies.labels(kind).inc()
+                log.info(
+                    "job %s: GPU utilisation %.1f %% (%s): trace now",
+                    key,
+                    util,
+                    kind,
+                    extra={"event": "anomaly", "job_key": key, "kind": kind, "utilisation": util},
+                )
+
+    # -- scheduling ------------------------------------------------------------------------------
+    def resume(self, report: CycleReport) -> list[SampleRow]:
+        """This instance's unfinished samples, and those of instances whose lease expired."""
+        mine = []
+        for s in self.store.active_samples():
+            if s.owner == self.config.instance or self.store.take_over(
+                s.sample_id, self.config.instance, self.policy.lease_s
+            ):
+                s.owner = self.config.instance
+                mine.append(s)
+                report.resumed.append(s.sample_id)
+        return mine
+
+    def plan(self, report: CycleReport, down: set[str]) -> list[SampleRow]:
+        """Claim due jobs within the fleet-wide and per-host limits (one transaction); returns their
+        new samples. A job another autopilot claimed first is skipped (its slot stays free this cycle)."""
+        p = self.policy
+        active = self.store.active_samples()
+        per_host = Tally(h for s in active for h in s.hosts)
+        room = p.max_in_flight - len(active)
+        due = self.store.due_jobs(p.min_age_s)
+        claims: list[Claim] = []
+        for job in due:
+            hosts = list(job["hosts"])
+            if len(claims) >= room:
+                break
+            if any(per_host[h] >= p.per_host for h in hosts) or set(hosts) & down:
+                continue
+            per_host.update(hosts)
+            claims.append(Claim(job["job_key"], new_sample_id(), hosts, self._request(job)))
+        won = self.store.claim_many(self.config.instance, claims, p.lease_s, p.interval_s)
+        now = utcnow()
+        planned = [
+            SampleRow(
+                sample_id=c.sample_id,
+                job_key=c.job_key,
+                owner=self.config.instance,
+                state="planned",
+                created=now,
+                updated_at=now,
+                hosts=c.hosts,
+                request=c.request,
+            )
+            for c in claims
+            if c.sample_id in won
+        ]
+        for s in planned:
+            self._fresh.add(s.sample_id)
+            self._anomalies.pop(s.job_key, None)
+            report.started.append(s.sample_id)
+        self.metrics.queue_depth.set(max(0, len(due) - len(planned)))
+        self.metrics.in_flight.set(len(active) + len(planned))
+        return planned
+
+    def _request(self, job: dict[str, Any]) -> dict[str, Any]:
+        """What a sample of ``job`` asks the daemons for (kept in ``fleet_samples.request``)."""
+        request: dict[str, Any] = {
+            "pids": sorted({r["pid"] for r in job["ranks"]}),
+            "iterations": self.policy.iterations,
+            "devices": job["devices"],
+            "iteration_roundup": roundup_for(job["ranks"]),
+            "trigger": "schedule",
+        }
+        if job["job_key"] in self._anomalies:
+            kind, util = self._anomalies[job["job_key"]]
+            request.update(trigger=f"anomaly:{kind}", gpu_utilisation=round(util, 3))
+        return request
+
+    def execute(self, samples: list[SampleRow], report: CycleReport) -> None:
+        """Trigger every new sample at once (the fan-out), record them ``triggered`` in one
+        transaction, then wait for, store and analyse each in its own thread."""
+        if not samples:
+            return
+        workers = max(1, min(len(samples), max(self.policy.max_in_flight, self.policy.workers)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kscope-sample") as pool:
+            fresh = [s for s in samples if s.sample_id in self._fresh]
+            triggered = dict(zip([s.sample_id for s in fresh], pool.map(self._trigger, fresh)))
+            self.store.mark_triggered(
+                {
+                    sid: self._request_of(s, triggered[s.sample_id])
+                    for s in fresh
+                    if (sid := s.sample_id) and triggered[sid].files
+                }
+            )
+            self._triggered.update(triggered)
+            for sample_id, state in pool.map(self.run_sample, samples):
+                report.finished[sample_id] = state
+
+    @staticmethod
+    def _request_of(sample: SampleRow, res: TraceResult) -> dict[str, Any]:
+        files = [{"host": f.host, "pid": f.pid, "rank": f.rank, "path": f.path} for f in res.files]
+        return {**sample.request, "files": files, "options": res.options.rpc_fields()}
+
+    # -- one sample ------------------------------------------------------------------------------
+    def run_sample(self, sample: SampleRow) -> tuple[str, str]:
+        """Trigger (or find) the trace, wait, store, analyse, record; never raises."""
+        try:
+            state, reason, error, summary, analysis_id = self._sample_pipeline(sample)
+        except Exception as exc:
+            log.exception("sample %s failed", sample.sample_id)
+            state, reason, error, summary, analysis_id = (
+                "failed",
+                "error",
+                f"{type(exc).__name__}: {exc}",
+                None,
+                None,
+            )
+        self.store.finish(
+            sample.sample_id, state, summary=summary, analysis_id=analysis_id, reason=reason, error=error
+        )
+        self.metrics.samples.labels(state, reason or "").inc()
+        log.info(
+            "sample %s of %s: %s%s",
+            sample.sample_id,
+            sample.job_key,
+            state,
+            f" ({reason})" if reason else "",
+            extra={
+                "event": "sample",
+                "sample_id": sample.sample_id,
+                "job_key": sample.job_key,
+                "state": state,
+                "reason": reason,
+            },
+        )
+        if state == "recorded" and summary is not None:
+            alerting.evaluate(self.store, sample.job_key, sample.sample_id, summary, self.policy.alerts)
+        return sample.sample_id, state
+
+    def _options(self, sample: SampleRow) -> tuple[Target, TraceOptions]:
+        pids = tuple(int(p) for p in sample.request.get("pids") or [])
+        roundup = sample.request.get("iteration_roundup")
+        return Target(pids=pids), TraceOptions(
+            iterations=int(sample.request.get("iterations") or self.policy.iterations),
+            iteration_roundup=int(roundup) if roundup else None,
+        )
+
+    def _sample_pipeline(
+        self, sample: SampleRow
+    ) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
+        res = self._triggered.pop(sample.sample_id, None)
+        if res is None:
+            res = self._find_trace(sample) or self._trigger(sample)
+        if not res.files:
+            kind = res.errors[0].kind if res.errors else "no_match"
+            return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
+        res = wait_for_trace(
+            res,
+            timeout=self.policy.trace_timeout_s,
+            token=self.config.token,
+            rpc_timeout=self.policy.rpc_timeout_s,
+        )
+        if any(e.kind == "exited" for e in res.errors):
+            return (
+                "job_ended",
+                "exited",
+                "; ".join(e.message for e in res.errors if e.kind == "exited")[:4000],
+                None,
+                None,
+            )
+        if not any(f.complete for f in res.files):
+            kind = res.errors[0].kind if res.errors else "incomplete"
+            return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
+        return self._store_and_analyse(sample, res)
+
+    def _trigger(self, sample: SampleRow) -> TraceResult:
+        target, options = self._options(sample)
+        try:
+            request = TraceRequest(
+                hosts=tuple(parse_host(h) for h in sample.hosts),
+                target=target,
+                options=options,
+                output_dir=self.config.output_dir,
+                trace_id=sample.sample_id,
+            )
+            return trigger_trace(
+                request,
+                token=self.config.token,
+                rpc_timeout=self.policy.rpc_timeout_s,
+                write_manifest_file=False,
+            )
+        except KinetoscopeError as exc:  # e.g. a trace id a daemon has seen: reported, not raised
+            res = TraceResult(trace_id=sample.sample_id, hosts=[], target=target, options=options)
+            res.errors.append(TraceProblem(kind="failed", message=str(exc)))
+            return res
+
+    def _find_trace(self, sample: SampleRow) -> TraceResult | None:
+        """The sample's trace rebuilt from its daemons' ``kscopeTraceStatus`` (None: no daemon knows it)."""
+        target, options = self._options(sample)
+        hosts = [parse_host(h) for h in sample.hosts]
+        res = TraceResult(
+            trace_id=sample.sample_id,
+            hosts=hosts,
+            target=target,
+            options=options,
+            created=sample.created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            requested_by=requested_by(),
+        )
+        for addr in hosts:
+            try:
+                reply = DaemonClient(
+                    addr, token=self.config.token, timeout=self.policy.rpc_timeout_s
+                ).trace_status(sample.sample_id)
+            except DaemonError:
+                continue
+            if not reply.get("known"):
+                continue
+            hostname = str(reply.get("hostname") or addr.host)
+            if isinstance(reply.get("trace_dir"), str) and reply["trace_dir"] not in res.output_dirs:
+                res.output_dirs.append(reply["trace_dir"])
+            for f in reply.get("files") or []:
+                res.files.append(
+                    TraceFile(host=str(addr), pid=int(f["pid"]), rank=f.get("rank"), path=str(f["path"]))
+                )
+                res.matched.append(
+                    MatchedProcess(
+                        host=str(addr),
+                        hostname=hostname,
+                        pid=int(f["pid"]),
+                        rank=f.get("rank"),
+                        local_rank=None,
+                        world_size=None,
+                        job_id=None,
+                        cmdline="",
+                        path=str(f["path"]),
+                        triggered=True,
+                        busy=False,
+                    )
+                )
+        return res if res.files else None
+
+    def _store_and_analyse(
+        self, sample: SampleRow, res: TraceResult
+    ) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
+        from kinetoscope.collect.deliver import record_trace_result, store_trace_result
+        from kinetoscope.pipeline import ANALYSIS_NAME, analyze_inputs, record_run
+
+        if self.config.store_url:
+            store_trace_result(res, self.config.store_url)
+            bad = [e for e in res.errors if e.kind == "store"]
+            if bad:
+                return "failed", "store", bad[0].message, None, None
+        record_trace_result(res, self.catalog.url, raise_errors=True)
+        existing = self.catalog.latest_analysis(sample.sample_id, name=ANALYSIS_NAME)
+        if existing is None:
+            run = analyze_inputs([sample.sample_id], catalog=self.catalog)
+            rec = record_run(self.catalog, run)
+            doc, analysis_id = run.document, rec.id
+        else:  # analysed before a crash: never twice
+            doc, analysis_id = existing.document, existing.id
+        devices = int(sample.request.get("devices") or len(res.files))
+        summary = summarize(doc, devices, float(self.policy.interval_s))
+        return "recorded", None, None, summary, analysis_id
+
+
+def roundup_for(ranks: list[dict[str, Any]]) -> int | None:
+    """The ``--iteration-roundup`` that aligns the ranks' windows (``trigger.align_roundup``) from
+    the poll intervals discovery saw, so the trigger needs no listing of its own; None for one rank."""
+    if len(ranks) < 2:
+        return None
+    polls = [float(r["poll_s"]) for r in ranks if isinstance(r.get("poll_s"), (int, float))]
+    return align_roundup(max(polls, default=DEFAULT_POLL_INTERVAL_S))
+
+
+def new_sample_id() -> str:
+    """``kst-YYYYmmdd-HHMMSS-<12 hex>``: a trace id (``kscope trace``'s shape) with 48 random bits,
+    since the autopilot starts hundreds of samples in the same second (``new_trace_id``'s 16 bits
+    would collide)."""
+    import secrets
+    from datetime import datetime, timezone
+
+    return f"kst-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(6)}"
+
+
+def default_instance() -> str:
+    import socket
+
+    return f"autopilot@{socket.gethostname()}"
+
+
+Factory = Callable[[AutopilotConfig], Autopilot]

@@ -1,0 +1,164 @@
+"""`kscope autopilot`: keep the whole fleet traced and diagnosed, no person in the loop.
+Thin: flags -> :class:`kinetoscope.autopilot.service.Autopilot` (docs/autopilot.md)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import typer
+
+from kinetoscope.cli.examples import examples
+
+EXAMPLES = examples(
+    ("kscope autopilot --host node1:1778 --host node2:1778 --once", "one cycle, then exit"),
+    ("kscope autopilot --hosts-file hosts.txt --catalog postgresql://db/k", "run as a service"),
+    ("kscope autopilot --hosts-file hosts.txt --policy fleet.toml --store s3://b/t", "own policy, S3"),
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("autopilot", epilog=EXAMPLES)
+    def autopilot(
+        host: list[str] | None = typer.Option(
+            None, "--host", metavar="HOST[:PORT]", help="A daemon to watch (repeatable, or comma-separated)."
+        ),
+        hosts_file: str | None = typer.Option(
+            None,
+            "--hosts-file",
+            metavar="FILE",
+            help="Daemons to watch, one host[:port] per line (# comments).",
+        ),
+        announced: bool = typer.Option(
+            False,
+            "--announced",
+            help="Also watch daemons that announce themselves to the catalog (kscope daemon --catalog URL).",
+        ),
+        catalog: str | None = typer.Option(
+            None,
+            "--catalog",
+            metavar="URL",
+            help="Catalog holding all autopilot state: SQLite path or postgresql://... "
+            "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db.",
+        ),
+        store: str | None = typer.Option(
+            None,
+            "--store",
+            metavar="URL",
+            help="Upload every sample's files here (folder, file:// or s3://).",
+        ),
+        policy: str | None = typer.Option(
+            None, "--policy", metavar="FILE", help="Policy TOML file (defaults: docs/autopilot.md)."
+        ),
+        once: bool = typer.Option(
+            False,
+            "--once",
+            help="One full cycle (discover, trace what is due, wait, analyse, record), then exit.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="With --once: print the cycle's report as JSON."),
+        instance: str | None = typer.Option(
+            None,
+            "--instance",
+            metavar="NAME",
+            help="Name of this autopilot in the catalog's leases (default autopilot@<hostname>); "
+            "a restart with the same name resumes its samples at once.",
+        ),
+        token: str | None = typer.Option(
+            None, "--token", envvar="KSCOPE_TOKEN", show_default=False, help="RPC token of the daemons."
+        ),
+        output_dir: str | None = typer.Option(
+            None,
+            "--output-dir",
+            "-o",
+            metavar="DIR",
+            help="Trace folder root on the hosts (default: each daemon's --trace-root).",
+        ),
+        metrics_port: int = typer.Option(
+            -1,
+            "--metrics-port",
+            help="Serve Prometheus /metrics on 127.0.0.1:PORT; 0 = a free port; -1 = off.",
+        ),
+        log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+        log_json: bool = typer.Option(False, "--log-json", help="Log one JSON object per line."),
+    ) -> None:
+        """Trace and diagnose every job of the fleet automatically, on a schedule."""
+        from kinetoscope.autopilot.discovery import read_hosts_file
+        from kinetoscope.autopilot.policy import load_policy
+        from kinetoscope.autopilot.service import Autopilot, AutopilotConfig, default_instance
+        from kinetoscope.collect.client import parse_hosts
+        from kinetoscope.daemon.logsetup import configure_logging
+        from kinetoscope.errors import UsageError
+
+        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise UsageError(f"--log-level {log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
+        addresses = [str(a) for a in parse_hosts(host)] if host else []
+        if hosts_file:
+            addresses += [a for a in read_hosts_file(hosts_file) if a not in addresses]
+        if not addresses and not announced:
+            raise UsageError(
+                "no daemons to watch: give --host HOST[:PORT] (repeatable), --hosts-file FILE, "
+                "or --announced (daemons started with --catalog URL)"
+            )
+        if as_json and not once:
+            raise UsageError("--json needs --once (a service logs instead; see --log-json)")
+        configure_logging(log_level, json_lines=log_json)
+        cfg = AutopilotConfig(
+            hosts=addresses,
+            catalog_url=catalog,
+            policy=load_policy(policy),
+            store_url=store,
+            instance=instance or default_instance(),
+            token=token,
+            output_dir=output_dir,
+            announced=announced,
+        )
+        pilot = Autopilot(cfg)
+        try:
+            if metrics_port >= 0:
+                port = pilot.metrics.serve(metrics_port)
+                print(
+                    f"kscope autopilot metrics: http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True
+                )
+            if once:
+                report = pilot.run_cycle()
+                if as_json:
+                    import orjson
+
+                    sys.stdout.write(
+                        orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
+                    )
+                else:
+                    states = (
+                        ", ".join(f"{v} {k}" for k, v in _count(report.finished.values()).items()) or "none"
+                    )
+                    print(
+                        f"autopilot cycle: {report.hosts_answered}/{report.hosts_answered + len(report.hosts_failed)} "
+                        "daemons answered, "
+                        f"{report.jobs_seen} jobs, {len(report.started)} samples started, "
+                        f"{len(report.resumed)} resumed, finished: {states} ({report.seconds:.1f} s)"
+                    )
+                return
+            stop = threading.Event()
+
+            def on_signal(signum: int, _frame: FrameType | None) -> None:
+                stop.set()
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, on_signal)
+            print(
+                f"kscope autopilot running: {len(addresses)} daemons, catalog {pilot.catalog.display_url}",
+                file=sys.stderr,
+                flush=True,
+            )
+            pilot.run_forever(stop)
+        finally:
+            pilot.close()
+
+
+def _count(values: object) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:  # type: ignore[attr-defined]
+        out[str(v)] = out.get(str(v), 0) + 1
+    return out
