@@ -198,30 +198,6 @@ def _print_file_locations(traces: list[Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("jobs", epilog=JOBS_EXAMPLES)
-    @_user_errors
-    def jobs_cmd(
-        catalog: Optional[str] = CatalogOpt,
-        as_json: bool = JsonOpt,
-        limit: int = typer.Option(0, "--limit", min=0, help="Show at most N jobs (0: all)."),
-    ) -> None:
-        """List the jobs the catalog has seen, most recent first."""
-        with _open(catalog) as cat:
-            found = cat.jobs(limit=limit or None)
-            if as_json:
-                _emit_json({"kinetoscope_catalog": JSON_VERSION, "catalog": cat.display_url,
-                            "jobs": [j.to_dict() for j in found]})
-                return
-            if not found:
-                _print(f"No jobs in catalog {cat.display_url}.")
-                return
-            t = _table(f"Jobs in {cat.display_url}", ["JOB ID", "HOSTS", "WORLD", "TRACES",
-                                                      "FIRST SEEN (UTC)", "LAST SEEN (UTC)", "COMMAND"])
-            for j in found:
-                t.add_row(j.job_id, _hosts(j.hosts), str(j.world_size or "-"), str(j.traces),
-                          _when(j.first_seen), _when(j.last_seen), j.cmdline or "-")
-            _print(t)
-
     @app.command("traces", epilog=TRACES_EXAMPLES)
     @_user_errors
     def traces_cmd(
