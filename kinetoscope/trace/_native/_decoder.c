@@ -583,6 +583,64 @@ static int append_compact(Col *c, const uint8_t *s, const uint8_t *e) {
     return 1;
 }
 
+/* reference.coerce_int for an args value: 1 (an int64 in *out), 0 (null: not usable), -1
+   (give up: out of int64, which Python counts in a warning, or a form only Python judges). */
+static int coerce_int(const Val *v, int64_t *out) {
+    switch (v->type) {
+    case V_INT: return int_value(v, out) ? 1 : -1;
+    case V_TRUE: *out = 1; return 1;
+    case V_FALSE: *out = 0; return 1;
+    case V_NULL:
+    case V_ARR:
+    case V_OBJ: return 0;
+    case V_FLOAT: {
+        double d;
+        if (!float_value(v, &d)) return -1;
+        if (!(d > -9.2e18 && d < 9.2e18)) return -1;
+        *out = (int64_t)d; /* truncation toward zero, as int(float) */
+        return 1;
+    }
+    case V_STR: {
+        /* _INT_RE: \s*[-+]?[0-9]+\s*\Z; non-ASCII (Unicode spaces) and escapes: Python */
+        const uint8_t *p = v->s, *e = v->e;
+        if (v->esc) return -1;
+        for (const uint8_t *q = p; q < e; q++)
+            if (*q >= 0x80) return -1;
+        while (p < e && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) p++;
+        int neg = 0;
+        if (p < e && (*p == '-' || *p == '+')) { neg = *p == '-'; p++; }
+        const uint8_t *d0 = p;
+        while (p < e && *p == '0') p++; /* leading zeros ("007" is 7) */
+        const uint8_t *d1 = p;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+        const uint8_t *d2 = p;
+        if (d2 == d0) return 0;
+        while (p < e && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) p++;
+        if (p != e) return 0;
+        if (d2 - d1 > 18) return -1;
+        int64_t x = 0;
+        for (const uint8_t *q = d1; q < d2; q++) x = x * 10 + (*q - '0');
+        *out = neg ? -x : x;
+        return 1;
+    }
+    default: return -1;
+    }
+}
+
+/* reference.coerce_float for an args value (strings: Python's float() rules). */
+static int coerce_float(const Val *v, double *out) {
+    switch (v->type) {
+    case V_INT:
+    case V_FLOAT: return float_value(v, out) ? 1 : -1;
+    case V_TRUE: *out = 1.0; return 1;
+    case V_FALSE: *out = 0.0; return 1;
+    case V_NULL:
+    case V_ARR:
+    case V_OBJ: return 0;
+    default: return -1;
+    }
+}
+
 /* A value of an args key that feeds a string column (reference.coerce_str). */
 static int put_str_arg(Col *c, const Val *v) {
     switch (v->type) {
@@ -900,10 +958,16 @@ static int x_args(Out *o, const Ev *ev, const Val *args, int64_t row) {
         int ok;
         if (g_keys[i].kind == C_I64) {
             int64_t x;
-            ok = vals[i].type == V_INT && int_value(&vals[i], &x) && col_i64(c, x);
+            int r = coerce_int(&vals[i], &x);
+            if (r < 0) return 0;
+            if (r == 0) continue; /* not usable: the next key of the column, if any */
+            ok = col_i64(c, x);
         } else if (g_keys[i].kind == C_F64) {
             double d;
-            ok = (vals[i].type == V_INT || vals[i].type == V_FLOAT) && float_value(&vals[i], &d) && col_f64(c, d);
+            int r = coerce_float(&vals[i], &d);
+            if (r < 0) return 0;
+            if (r == 0) continue;
+            ok = col_f64(c, d);
         } else {
             ok = put_str_arg(c, &vals[i]);
         }
