@@ -22,8 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kinetoscope.trace import Trace, TraceError, parse_trace
-from kinetoscope.trace import _native
+from kinetoscope.trace import Trace, TraceError, _native, parse_trace
 from tests.trace.conftest import assert_same_trace
 from tests.trace.corpus import TRACES_DIR
 from tests.trace.test_properties import SETTINGS, document
@@ -224,20 +223,26 @@ def test_what_the_native_decoder_hands_back(tmp_path: Path, event: str) -> None:
     "event",
     [
         '{"ph": "X", "cat": "cpu_op", "name": "n\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude80\\u0000", "ts": 1, "dur": 2}',
-        '{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"Input Dims": [[1, 2], [], [3]], '
-        '"Input type": ["float", "", "a\\"b\\\\c\\n"], "Concrete Inputs": ["", "1", "True"], '
-        '"grid": [1, 2, 3], "block": 7, "dtype": true, "flops": 12, "blocks per SM": 0.25, '
-        '"External id": 3, "external id": 4, "Call stack": [1.5, {"x": "y"}], "cbid": null}}',
+        (
+            '{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"Input Dims": [[1, 2], [], [3]], '
+            '"Input type": ["float", "", "a\\"b\\\\c\\n"], "Concrete Inputs": ["", "1", "True"], '
+            '"grid": [1, 2, 3], "block": 7, "dtype": true, "flops": 12, "blocks per SM": 0.25, '
+            '"External id": 3, "external id": 4, "Call stack": [1.5, {"x": "y"}], "cbid": null}}'
+        ),
         '{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"external id": 4, "External id": null}}',
         '{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"external id": 4, "External id": "0x5"}}',
-        '{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"stream": true, "device": false, "bytes": 2.9, '
-        '"correlation": -7.5, "Seq": " +12 ", "Ev Idx": "-007", "Group size": "", "flops": true, "Python id": [1]}}',
+        (
+            '{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"stream": true, "device": false, "bytes": 2.9, '
+            '"correlation": -7.5, "Seq": " +12 ", "Ev Idx": "-007", "Group size": "", "flops": true, "Python id": [1]}}'
+        ),
         '{"ph": "X", "cat": null, "name": "a", "pid": "Spans", "tid": "", "ts": 1, "dur": 1}',
         '{"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 9, "pid": "Traces", "tid": 2, "ts": 5}',
         '{"ph": "f", "cat": "ac2g", "name": null, "id": null, "ts": 5.25, "bp": "e"}',
         '{"ph": "t", "id": 1}',
-        '{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3, '
-        '"args": {"Bytes": 8, "Addr": -5, "Total Allocated": 9, "Device Id": 0, "Device Type": 1, "Total Reserved": 2}}',
+        (
+            '{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3, '
+            '"args": {"Bytes": 8, "Addr": -5, "Total Allocated": 9, "Device Id": 0, "Device Type": 1, "Total Reserved": 2}}'
+        ),
         '{"ph": "I", "ts": 3, "args": null}',
         '{"ph": "C", "name": "q", "pid": 1, "ts": 5, "args": {"v": 1, "w": true, "x": null, "y": [1], "z": 2.5}}',
         '{"ph": "C", "name": "q", "ts": "not read: no args object", "args": 5}',
