@@ -95,7 +95,7 @@ static int col_grow(Col *c, int64_t need) {
 }
 
 static int sgrow(Col *c, int64_t more) {
-    if (c->slen + more <= c->scap) return 1;
+    if (c->sdata && c->slen + more <= c->scap) return 1; /* (never NULL after: memcpy's rules) */
     int64_t cap = c->scap ? c->scap : 4096;
     while (cap < c->slen + more) cap *= 2;
     char *s = (char *)realloc(c->sdata, (size_t)cap);
