@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import Iterator
 
+from kinetoscope.trace import _native
 from kinetoscope.trace import cache as _cache
 from kinetoscope.trace.decode import CHUNK_BYTES, EventStream
 from kinetoscope.trace.discover import TraceList, check_ranks, expand_paths
@@ -48,6 +49,12 @@ def _gc_paused() -> Iterator[None]:
 # PARALLEL_WARM_MIN_BYTES on use them too. Below, starting interpreters costs more than it saves.
 PARALLEL_FILE_MIN_BYTES = 24 << 20
 PARALLEL_WARM_MIN_BYTES = 8 << 20
+# The same thresholds when the native decoder runs (kinetoscope.trace._native): it decodes a
+# chunk ~4x faster than the Python path, so the workers' start-up and the copies to and from
+# them pay off only for much larger files (measured: in-process was faster up to 350 MB of
+# JSON on a 2-core box; docs/performance.md, "Analysis engine").
+PARALLEL_NATIVE_FILE_MIN_BYTES = 2 << 30
+PARALLEL_NATIVE_WARM_MIN_BYTES = 1 << 30
 
 
 def estimated_json_bytes(path: str) -> int:
@@ -82,13 +89,14 @@ def _pool_for(path: str, workers: int | None, salvage: bool):
         if n <= 0 or (os.cpu_count() or 1) < 2:
             return None
         size = estimated_json_bytes(path)
+        native = _native.enabled()
         warm = parallel.get_pool(n, start=False)
         if warm is not None:
-            if size >= PARALLEL_WARM_MIN_BYTES:
+            if size >= (PARALLEL_NATIVE_WARM_MIN_BYTES if native else PARALLEL_WARM_MIN_BYTES):
                 return warm
             parallel.release_pool(warm)
             return None
-        if size < PARALLEL_FILE_MIN_BYTES:
+        if size < (PARALLEL_NATIVE_FILE_MIN_BYTES if native else PARALLEL_FILE_MIN_BYTES):
             return None
         return parallel.get_pool(n)
     return parallel.get_pool(workers)

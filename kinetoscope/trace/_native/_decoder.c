@@ -105,6 +105,26 @@ static int sgrow(Col *c, int64_t more) {
     return 1;
 }
 
+/* Give back the spare capacity before Polars adopts the buffers (numeric columns are shared,
+   not copied: their slack would stay allocated as long as the table lives). */
+static void col_shrink(Col *c) {
+    int64_t rows = c->n > 0 ? c->n : 1;
+    if (rows < c->cap) {
+        void *d = realloc(c->data, (size_t)(rows + (c->kind == C_STR ? 1 : 0)) * 8);
+        if (d) c->data = d;
+        uint8_t *v = (uint8_t *)realloc(c->valid, (size_t)(rows + 7) / 8);
+        if (v) c->valid = v;
+        c->cap = rows;
+    }
+    if (c->kind == C_STR && c->slen > 0 && c->slen < c->scap) {
+        char *sd = (char *)realloc(c->sdata, (size_t)c->slen);
+        if (sd) {
+            c->sdata = sd;
+            c->scap = c->slen;
+        }
+    }
+}
+
 static inline void setvalid(Col *c, int64_t i) { c->valid[i >> 3] |= (uint8_t)(1u << (i & 7)); }
 
 static int col_null(Col *c) {
@@ -1214,6 +1234,7 @@ static PyObject *column_arrow(ColumnObject *self, PyObject *args, PyObject *kw) 
     }
     /* non-empty buffers even for zero rows */
     if (!col_grow(c, 1) || (c->kind == C_STR && !sgrow(c, 1))) return PyErr_NoMemory();
+    col_shrink(c);
     struct ArrowSchema *s = (struct ArrowSchema *)calloc(1, sizeof(*s));
     struct ArrowArray *a = (struct ArrowArray *)calloc(1, sizeof(*a));
     const void **bufs = (const void **)calloc(3, sizeof(void *));
