@@ -250,7 +250,13 @@ def engine_child(path: str, repeat: int) -> dict:
     from kinetoscope.trace import _native, parse_trace
     from kinetoscope.trace.reference import read_bytes
 
+    from kinetoscope.trace import TraceError
+
     data = read_bytes(path)
+    try:
+        parse_trace(path, workers=0)
+    except TraceError as exc:  # not a trace (an execution trace): nothing to time
+        return {"error": str(exc), "raw_mb": len(data) / 1e6, "wall": 0.0, "cpu": 0.0}
     fd, tmp = tempfile.mkstemp(suffix=".json")
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
@@ -287,7 +293,8 @@ def run_engine(repeat: int, only: list[str] | None) -> list[dict]:
         r = run_child("engine", str(p), str(repeat))
         r["trace"] = str(p.relative_to(TRACES / "hta"))
         print(json.dumps(r), file=sys.stderr)
-        rows.append(r)
+        if "error" not in r:
+            rows.append(r)
     return rows
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import Iterator
@@ -82,6 +83,12 @@ def _pool_for(path: str, workers: int | None, salvage: bool):
     """The worker pool to parse ``path`` with, or None (parse in this process)."""
     if salvage or workers == 0:
         return None
+    if workers is None and "kinetoscope.trace.parallel" not in sys.modules:
+        # no pool can be running: decide on the size first, so that a small file never pays
+        # for importing the worker machinery (start-up time of every command)
+        cold = PARALLEL_NATIVE_FILE_MIN_BYTES if _native.enabled() else PARALLEL_FILE_MIN_BYTES
+        if estimated_json_bytes(path) < cold:
+            return None
     from kinetoscope.trace import parallel
 
     if workers is None:
