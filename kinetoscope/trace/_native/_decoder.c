@@ -1158,6 +1158,12 @@ static int one_event(Out *o, Ev *ev, int64_t idx) {
 /* The whole chunk. 1: decoded; 0: give up (o->why says why). */
 static int decode_all(Out *o, const uint8_t *buf, Py_ssize_t n) {
     Scan sc = {buf, buf + n};
+    /* CUPTI profiler ranges go to the Python path: find out at memchr speed, not after
+       scanning the chunk up to the first one (a name that merely contains the text goes too) */
+    if (memmem(buf, (size_t)n, g_profiler_cat, (size_t)g_profiler_cat_len) != NULL) {
+        o->why = "cuda_profiler_range events";
+        return 0;
+    }
     skip_ws(&sc);
     if (sc.p >= sc.end || *sc.p != '[') { o->why = "no '['"; return 0; }
     sc.p++;
