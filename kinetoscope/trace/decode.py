@@ -11,6 +11,8 @@ after the array is decoded with msgspec), and cuts the ``traceEvents`` array int
 candidate event boundaries (``}`` ``,`` ``{`` with optional whitespace). A boundary inside a
 string or a nested object always leaves the chunk's last event unclosed, so the chunk fails to
 decode; the chunk is then extended to a later boundary. Memory stays bounded by the chunk size.
+The native decoder (:mod:`kinetoscope.trace._native`) is tried on each chunk first; when it
+gives up (anything unusual, errors included) the chunk is decoded here, as before.
 """
 
 from __future__ import annotations

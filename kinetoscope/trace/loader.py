@@ -2,8 +2,9 @@
 
 Pipeline: :class:`~kinetoscope.trace.reader.BlockReader` (ISA-L gunzip, 4 MiB blocks) ->
 :class:`~kinetoscope.trace.decode.EventStream` (top-level metadata + ``traceEvents`` cut into
-~4 MiB chunks, each decoded by msgspec into typed structs) ->
-:class:`~kinetoscope.trace.tables.TableBuilder` (one Polars frame per table per chunk) ->
+~4 MiB chunks, each decoded by the native C decoder into Arrow columns
+(:mod:`kinetoscope.trace._native`), or, where it is not built or gives up, by msgspec into typed
+structs) -> :class:`~kinetoscope.trace.tables.TableBuilder` (one Polars frame per table per chunk) ->
 concatenation and metadata. Peak memory is the tables plus one chunk of Python objects, not
 the whole document. Results are cached as Parquet keyed by the file's content
 (:mod:`kinetoscope.trace.cache`).

@@ -58,6 +58,7 @@ typedef struct {
     int64_t nulls;
     char *sdata;         /* string bytes */
     int64_t slen, scap;
+    int64_t hint;        /* rows to allocate at first (an estimate from the chunk's size) */
     const void *bufs[3]; /* export */
 } Col;
 
@@ -78,7 +79,7 @@ static void col_free(Col *c) {
 
 static int col_grow(Col *c, int64_t need) {
     if (need <= c->cap) return 1;
-    int64_t cap = c->cap ? c->cap : 256;
+    int64_t cap = c->cap ? c->cap : (c->hint > 256 ? c->hint : 256);
     while (cap < need) cap *= 2;
     size_t es = 8;
     size_t extra = c->kind == C_STR ? 1 : 0;
@@ -96,7 +97,7 @@ static int col_grow(Col *c, int64_t need) {
 
 static int sgrow(Col *c, int64_t more) {
     if (c->sdata && c->slen + more <= c->scap) return 1; /* (never NULL after: memcpy's rules) */
-    int64_t cap = c->scap ? c->scap : 4096;
+    int64_t cap = c->scap ? c->scap : (c->hint * 16 > 4096 ? c->hint * 16 : 4096);
     while (cap < c->slen + more) cap *= 2;
     char *s = (char *)realloc(c->sdata, (size_t)cap);
     if (!s) return 0;
@@ -736,6 +737,7 @@ typedef struct {
     Label labels[MAX_LABELS];
     int nlabels;
     int64_t n_events;
+    int64_t hint;        /* complete events expected: the chunk's size / 256 bytes */
     int64_t end_rel;     /* where the top-level text continues (-1: at the end of the data) */
     const char *why;     /* why the decoder gave up */
     int64_t why_at;      /* byte offset of the event that made it give up */
@@ -752,6 +754,7 @@ static int table_init(Out *o, int t, int n, const int *kinds) {
     for (int i = 0; i < n; i++) {
         o->t[t][i] = col_new(kinds[i]);
         if (!o->t[t][i]) return 0;
+        if (t == T_EVENTS) o->t[t][i]->hint = o->hint;
     }
     return 1;
 }
@@ -972,6 +975,7 @@ static int x_args(Out *o, const Ev *ev, const Val *args, int64_t row) {
         if (!c) {
             c = o->args[col] = col_new(g_colkind[col]);
             if (!c) return 0;
+            c->hint = o->hint;
             for (int64_t r = 0; r < row; r++)
                 if (!col_null(c)) return 0;
         }
@@ -1336,6 +1340,7 @@ static PyObject *decode_chunk(PyObject *mod, PyObject *arg) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
+    o->hint = (int64_t)(view.len / 256);
     if (!table_init(o, T_EVENTS, E_N, E_KINDS) || !table_init(o, T_FLOWS, F_N, F_KINDS) ||
         !table_init(o, T_INSTANTS, I_N, I_KINDS) || !table_init(o, T_META, M_N, M_KINDS) ||
         !table_init(o, T_COUNTERS, K_N, K_KINDS)) {
