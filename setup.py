@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from setuptools import Extension, setup
+from setuptools import Extension, setup  # type: ignore[import-untyped]
 
 extra = shlex.split(os.environ.get("KSCOPE_NATIVE_CFLAGS", ""))
 setup(
