@@ -19,7 +19,7 @@ setup(
         Extension(
             "kinetoscope.trace._native._decoder",
             sources=["kinetoscope/trace/_native/_decoder.c"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function", *extra],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function", *extra],
             extra_link_args=[f for f in extra if f.startswith("-fsanitize")],
             optional=True,
         )
