@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 # (asking for plain `torch` would let the resolver pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast system-deps bench fuzz lint clean
+.PHONY: demo test test-fast system-deps bench fuzz asan lint clean
 
 $(VENV)/.base-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,19 @@ lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The native trace decoder built with AddressSanitizer + UBSan, then its tests and fuzz suite
+# once (any out-of-bounds access or undefined behaviour aborts the run); the normal build is
+# restored afterwards. A Python host needs libasan preloaded (docs/trace-loading.md); -s keeps a
+# sanitizer report on the terminal (pytest's capture would swallow it when the process aborts).
+ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+asan: $(VENV)/.test-installed
+	@set -e; trap 'KSCOPE_NATIVE_CFLAGS= $(PY) setup.py -q build_ext --inplace --force >/dev/null' EXIT; \
+	KSCOPE_NATIVE_CFLAGS="$(ASAN_FLAGS)" $(PY) setup.py -q build_ext --inplace --force; \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	KSCOPE_FUZZ_BUDGET=$${KSCOPE_FUZZ_BUDGET:-1} $(PY) -m pytest tests/trace/test_native.py tests/fuzz/test_native_fuzz.py \
+		-q -s -p no:cacheprovider --timeout=0
 
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/bench_daemon.py

@@ -21,6 +21,19 @@ each in a fresh subprocess (so ``ru_maxrss`` is per measurement):
 * ``N ranks``    ``load_traces`` of N copies of control (distributedInfo.rank 0..N-1) + the four
                  analyses over all ranks, vs HTA ``TraceAnalysis(trace_dir=...)``
 
+Native decoder (issue 14; ``--engine`` and ``--whole`` run only these, each ``--repeat`` times,
+interleaved, medians; ratios are within the same run, so a loaded box moves both sides):
+
+* ``--engine``  in process, JSON -> tables (``parse_trace(workers=0)`` of the decompressed JSON,
+                page cache warm): MB/s per core (raw MB / CPU seconds) native vs Python
+                (``KSCOPE_NATIVE=0``), for every trace of tests/data/traces
+* ``--whole``   whole processes, start-up included: ``kscope analyze --no-cache`` with the four
+                analyses (native, and ``KSCOPE_NATIVE=0``) vs HTA (a fresh interpreter importing
+                HTA + TraceAnalysis + the four analyses) on the 54 MB and 87 MB traces
+                (``--only`` picks others) and on the multi-rank sets (the real 8-rank DLRM job
+                of /work/shared/traces/param_dlrm8 when present, and ``--ranks`` copies of
+                control); peak RSS of each process (``wait4``)
+
 Times are wall seconds of the measured work only (imports excluded), best of ``--repeat``;
 ``cpu`` columns are the process CPU seconds of the same run. Peak RSS is the child's
 ``ru_maxrss`` (includes the interpreter and imports; see the ``baseline`` row).
@@ -153,6 +166,8 @@ def child(mode: str, path: str, extra: str) -> dict:
         out["chunks_failed"] = parallel.STATS["failed"] - stats0.get("failed", 0)
         out.update(_worker_usage())
         return out
+    if mode == "engine":
+        return engine_child(path, int(extra))
     if mode == "make-synth":
         return {"path": str(make_synthetic(Path(path), int(extra))), "wall": 0.0, "cpu": 0.0}
     if mode == "raw-size":
@@ -224,6 +239,167 @@ def child(mode: str, path: str, extra: str) -> dict:
         out["events"] = n
         return out
     raise SystemExit(f"unknown mode {mode}")
+
+
+def engine_child(path: str, repeat: int) -> dict:
+    """In process, JSON -> tables, native and Python alternately (``repeat`` times each after a
+    warm-up): medians of wall and CPU seconds. The JSON is decompressed to a temp file first
+    (page cache), so the figures are the decoding, not the gunzip."""
+    import statistics
+
+    from kinetoscope.trace import _native, parse_trace
+    from kinetoscope.trace.reference import read_bytes
+
+    from kinetoscope.trace import TraceError
+
+    data = read_bytes(path)
+    try:
+        parse_trace(path, workers=0)
+    except TraceError as exc:  # not a trace (an execution trace): nothing to time
+        return {"error": str(exc), "raw_mb": len(data) / 1e6, "wall": 0.0, "cpu": 0.0}
+    fd, tmp = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    out: dict = {"raw_mb": len(data) / 1e6, "wall": 0.0, "cpu": 0.0}
+    del data
+    runs: dict[str, list[tuple[float, float]]] = {"native": [], "python": []}
+    try:
+        for k in range(repeat + 1):
+            for name, flag in (("native", "1"), ("python", "0")):
+                os.environ["KSCOPE_NATIVE"] = flag
+                before = _native.STATS["native"]
+                gc.collect()
+                t0, c0 = time.perf_counter(), time.process_time()
+                trace = parse_trace(tmp, workers=0, locate=False)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                if k:
+                    runs[name].append((wall, cpu))
+                out[f"{name}_chunks"] = _native.STATS["native"] - before
+                out["events"] = len(trace.events)
+                del trace
+    finally:
+        os.unlink(tmp)
+    for name, rs in runs.items():
+        out[f"{name}_wall"] = statistics.median(r[0] for r in rs)
+        out[f"{name}_cpu"] = statistics.median(r[1] for r in rs)
+    return out
+
+
+def run_engine(repeat: int, only: list[str] | None) -> list[dict]:
+    rows = []
+    for p in sorted(TRACES.rglob("*.json*")):
+        if not p.name.endswith((".json", ".json.gz")) or (only and not any(o in str(p) for o in only)):
+            continue
+        r = run_child("engine", str(p), str(repeat))
+        r["trace"] = str(p.relative_to(TRACES / "hta"))
+        print(json.dumps(r), file=sys.stderr)
+        if "error" not in r:
+            rows.append(r)
+    return rows
+
+
+def print_engine(rows: list[dict]) -> None:
+    print("In process, JSON -> tables (parse_trace(workers=0) of the decompressed JSON; medians):")
+    print("| trace | raw MB | X events | native s (CPU s) | Python s (CPU s) | native MB/s per core | Python MB/s per core | Python CPU ÷ native CPU | chunks decoded natively |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: r["raw_mb"]):
+        nc, pc = max(r["native_cpu"], 1e-9), max(r["python_cpu"], 1e-9)
+        print(
+            f"| {r['trace']} | {r['raw_mb']:.1f} | {r['events']:,} | {r['native_wall']:.3f} ({nc:.3f}) "
+            f"| {r['python_wall']:.3f} ({pc:.3f}) | {r['raw_mb'] / nc:.0f} | {r['raw_mb'] / pc:.0f} "
+            f"| {pc / nc:.2f}x | {r['native_chunks']} |"
+        )
+
+
+def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS MB) of one fresh process running ``cmd`` (must succeed)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=str(REPO))
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode:
+        raise RuntimeError(f"{cmd} failed (rc {proc.returncode}): {err[-2000:]}")
+    return wall, usage.ru_maxrss / 1024.0
+
+
+FOUR = ["--only", "temporal_breakdown", "--only", "idle_time_breakdown", "--only", "kernel_breakdown",
+        "--only", "comm_comp_overlap"]  # fmt: skip
+
+
+def run_whole(target: str, rank_extra: str, repeat: int, skip_hta: bool, multi: bool) -> dict:
+    """Median wall and peak RSS of kscope analyze (native, Python) and HTA on ``target``,
+    interleaved round-robin."""
+    import statistics
+
+    kscope = Path(sys.executable).with_name("kscope")
+    ks = [str(kscope)] if kscope.exists() else [sys.executable, "-m", "kinetoscope.cli.main"]
+    base_env = {**os.environ, "COLUMNS": "100"}
+    base_env.pop("KSCOPE_NATIVE", None)
+    cases = {
+        "ks native": (ks + ["analyze", "--no-cache", *FOUR, target], {**base_env, "KSCOPE_NATIVE": "1"}),
+        "ks python": (ks + ["analyze", "--no-cache", *FOUR, target], {**base_env, "KSCOPE_NATIVE": "0"}),
+    }
+    if not skip_hta:
+        mode = "hta-multi" if multi else "hta"
+        cases["hta"] = ([sys.executable, __file__, "--child", mode, target, rank_extra], base_env)
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
+    for _ in range(repeat):
+        for name, (cmd, env) in cases.items():
+            got[name].append(whole_process(cmd, env))
+    return {
+        name: {"wall": statistics.median(r[0] for r in rs), "rss": max(r[1] for r in rs), "runs": [r[0] for r in rs]}
+        for name, rs in got.items()
+    }
+
+
+def print_whole(results: list[tuple[str, dict]]) -> None:
+    print("Whole processes, start-up included (kscope analyze --no-cache + the four analyses vs HTA; medians):")
+    print("| input | HTA s | KS native s | KS Python s (KSCOPE_NATIVE=0) | HTA ÷ KS native | HTA ÷ KS Python | KS Python ÷ KS native | peak RSS MB: HTA / KS native / KS Python |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in results:
+        hta, kn, kp = r.get("hta"), r["ks native"], r["ks python"]
+        h = f"{hta['wall']:.2f}" if hta else "-"
+        rn = f"{hta['wall'] / kn['wall']:.1f}x" if hta else "-"
+        rp = f"{hta['wall'] / kp['wall']:.1f}x" if hta else "-"
+        hr = f"{hta['rss']:.0f}" if hta else "-"
+        print(
+            f"| {name} | {h} | {kn['wall']:.2f} | {kp['wall']:.2f} | {rn} | {rp} | {kp['wall'] / kn['wall']:.2f}x "
+            f"| {hr} / {kn['rss']:.0f} / {kp['rss']:.0f} |"
+        )
+
+
+def main_native(args: argparse.Namespace) -> None:
+    """``--engine`` / ``--whole``: the native decoder's figures (issue 14)."""
+    print(f"CPUs: {os.cpu_count()}, load average at start: {os.getloadavg()}", file=sys.stderr)
+    if args.engine:
+        print_engine(run_engine(args.repeat, args.only))
+        print()
+    if args.whole:
+        results = []
+        only = args.only or ["df_index_resolver", "mtia_trace_single_rank"]
+        for p in sorted(TRACES.rglob("*.json*")):
+            if p.name.endswith((".json", ".json.gz")) and any(o in str(p) for o in only):
+                rank = run_child("ks-cold", str(p), "0").get("rank") or 0
+                name = str(p.relative_to(TRACES / "hta"))
+                print(f"... {name}", file=sys.stderr)
+                results.append((name, run_whole(str(p), str(rank), args.repeat, args.skip_hta, multi=False)))
+        dlrm = Path("/work/shared/traces/param_dlrm8")
+        if dlrm.is_dir():
+            print("... param_dlrm8", file=sys.stderr)
+            n = len(list(dlrm.glob("*.json*")))
+            results.append((f"param_dlrm8 ({n} ranks)", run_whole(str(dlrm), str(n), args.repeat, args.skip_hta, multi=True)))
+        if args.ranks:
+            workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kscope-bench-"))
+            workdir.mkdir(parents=True, exist_ok=True)
+            d = run_child("make-ranks", str(workdir), str(args.ranks))["path"]
+            print(f"... {args.ranks} ranks", file=sys.stderr)
+            results.append((f"{args.ranks} x control", run_whole(d, str(args.ranks), args.repeat, args.skip_hta, multi=True)))
+        for name, r in results:
+            print(json.dumps({"input": name, **r}), file=sys.stderr)
+        print_whole(results)
+    print(f"\nload average at the end: {os.getloadavg()} (the box is shared: compare ratios, not seconds)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +521,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     ap.add_argument("--workers", type=int, default=None, help="N for the N-workers columns (default: automatic)")
     ap.add_argument("--table-only", type=Path, default=None, help="print the tables of a --json file")
+    ap.add_argument("--engine", action="store_true", help="only: in-process JSON -> tables, native vs Python")
+    ap.add_argument("--whole", action="store_true", help="only: whole kscope analyze processes vs HTA")
     args = ap.parse_args()
 
     if args.child:
@@ -354,6 +532,9 @@ def main() -> None:
         print(MARK + json.dumps(res), flush=True)
         return
 
+    if args.engine or args.whole:
+        main_native(args)
+        return
     if args.table_only:
         data = json.loads(args.table_only.read_text())
         print_table(data["rows"], data["baseline"], data.get("multi"))

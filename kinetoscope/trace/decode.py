@@ -11,6 +11,8 @@ after the array is decoded with msgspec), and cuts the ``traceEvents`` array int
 candidate event boundaries (``}`` ``,`` ``{`` with optional whitespace). A boundary inside a
 string or a nested object always leaves the chunk's last event unclosed, so the chunk fails to
 decode; the chunk is then extended to a later boundary. Memory stays bounded by the chunk size.
+The native decoder (:mod:`kinetoscope.trace._native`) is tried on each chunk first; when it
+gives up (anything unusual, errors included) the chunk is decoded here, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from kinetoscope.trace import _native
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.limits import MAX_KEY_BYTES, Limits, fmt_size
 from kinetoscope.trace.reader import BlockReader
@@ -362,6 +365,7 @@ class EventStream:
         self.family = FLOAT  # typed structs for the next chunks (the table builder may switch)
         self.pool = pool  # parallel.ChunkPool: workers decode the chunks (None: all here)
         self.sep = b""  # the likely separator between events (see _last_boundary)
+        self.native = _native.decode if _native.enabled() else None  # C decoder of whole chunks
 
     # ---- buffer -------------------------------------------------------------------------
     def _more(self) -> bool:
@@ -1029,6 +1033,13 @@ class EventStream:
 
     def _decode_mv_inner(self, view, start, end, base_off, first, final):
         done = start - 1 + len(view) if final else None
+        if self.native is not None:  # the C decoder, else (it gave up) the Python path below
+            got = self.native(view)
+            if got is not None:
+                got.first_index = first
+                if got.end is not None:  # the array ended inside: the top level goes on there
+                    done = start - 1 + got.end
+                return got, done
         try:
             fam = self.family = sniff_family(view, self.family)
             # Raw values keep their source buffer exported: give them a copy, not the buffer

@@ -2,8 +2,9 @@
 
 Pipeline: :class:`~kinetoscope.trace.reader.BlockReader` (ISA-L gunzip, 4 MiB blocks) ->
 :class:`~kinetoscope.trace.decode.EventStream` (top-level metadata + ``traceEvents`` cut into
-~4 MiB chunks, each decoded by msgspec into typed structs) ->
-:class:`~kinetoscope.trace.tables.TableBuilder` (one Polars frame per table per chunk) ->
+~4 MiB chunks, each decoded by the native C decoder into Arrow columns
+(:mod:`kinetoscope.trace._native`), or, where it is not built or gives up, by msgspec into typed
+structs) -> :class:`~kinetoscope.trace.tables.TableBuilder` (one Polars frame per table per chunk) ->
 concatenation and metadata. Peak memory is the tables plus one chunk of Python objects, not
 the whole document. Results are cached as Parquet keyed by the file's content
 (:mod:`kinetoscope.trace.cache`).
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import Iterator
 
+from kinetoscope.trace import _native
 from kinetoscope.trace import cache as _cache
 from kinetoscope.trace.decode import CHUNK_BYTES, EventStream
 from kinetoscope.trace.discover import TraceList, check_ranks, expand_paths
@@ -48,6 +51,12 @@ def _gc_paused() -> Iterator[None]:
 # PARALLEL_WARM_MIN_BYTES on use them too. Below, starting interpreters costs more than it saves.
 PARALLEL_FILE_MIN_BYTES = 24 << 20
 PARALLEL_WARM_MIN_BYTES = 8 << 20
+# The same thresholds when the native decoder runs (kinetoscope.trace._native): it decodes a
+# chunk ~4x faster than the Python path, so the workers' start-up and the copies to and from
+# them pay off only for much larger files (measured: in-process was faster up to 350 MB of
+# JSON on a 2-core box; docs/performance.md, "Analysis engine").
+PARALLEL_NATIVE_FILE_MIN_BYTES = 2 << 30
+PARALLEL_NATIVE_WARM_MIN_BYTES = 1 << 30
 
 
 def estimated_json_bytes(path: str) -> int:
@@ -75,6 +84,12 @@ def _pool_for(path: str, workers: int | None, salvage: bool):
     """The worker pool to parse ``path`` with, or None (parse in this process)."""
     if salvage or workers == 0:
         return None
+    if workers is None and "kinetoscope.trace.parallel" not in sys.modules:
+        # no pool can be running: decide on the size first, so that a small file never pays
+        # for importing the worker machinery (start-up time of every command)
+        cold = PARALLEL_NATIVE_FILE_MIN_BYTES if _native.enabled() else PARALLEL_FILE_MIN_BYTES
+        if estimated_json_bytes(path) < cold:
+            return None
     from kinetoscope.trace import parallel
 
     if workers is None:
@@ -82,13 +97,14 @@ def _pool_for(path: str, workers: int | None, salvage: bool):
         if n <= 0 or (os.cpu_count() or 1) < 2:
             return None
         size = estimated_json_bytes(path)
+        native = _native.enabled()
         warm = parallel.get_pool(n, start=False)
         if warm is not None:
-            if size >= PARALLEL_WARM_MIN_BYTES:
+            if size >= (PARALLEL_NATIVE_WARM_MIN_BYTES if native else PARALLEL_WARM_MIN_BYTES):
                 return warm
             parallel.release_pool(warm)
             return None
-        if size < PARALLEL_FILE_MIN_BYTES:
+        if size < (PARALLEL_NATIVE_FILE_MIN_BYTES if native else PARALLEL_FILE_MIN_BYTES):
             return None
         return parallel.get_pool(n)
     return parallel.get_pool(workers)
@@ -226,6 +242,10 @@ def load_traces(
 
 
 PARALLEL_MIN_BYTES = 48 << 20  # estimated JSON bytes to parse before worker processes pay off
+# the same with the native decoder: 8 files of 35 MB (280 MB) loaded faster in one process than
+# in two worker interpreters (wall 4.8-6.8 s vs 6.3-12.0 s, CPU 1.8 s vs 3.2-3.5 s, RSS 360 vs
+# 390 MB on the 2-core box; docs/performance.md)
+PARALLEL_NATIVE_MIN_BYTES = 1 << 30
 
 
 def _estimated_json_bytes(path: str) -> int:
@@ -243,7 +263,7 @@ def _worker_count(files: list[str], workers: int | None) -> int:
         return max(1, min(workers, len(files)))
     if len(files) < 2:
         return 1
-    if sum(_estimated_json_bytes(f) for f in files) < PARALLEL_MIN_BYTES:
+    if sum(_estimated_json_bytes(f) for f in files) < (PARALLEL_NATIVE_MIN_BYTES if _native.enabled() else PARALLEL_MIN_BYTES):
         return 1
     return max(1, min(len(files), os.cpu_count() or 1, 16))
 

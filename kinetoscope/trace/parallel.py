@@ -643,8 +643,13 @@ def build_chunk(builder: Any, view: memoryview, family: Any) -> tuple[Any, dict[
     """Decode one chunk (``[`` events ``]``) and build its frames with ``builder``. Returns
     (the family to use next, the result header, the IPC payloads). Raises on anything that
     the main process must handle itself."""
+    from kinetoscope.trace import _native
     from kinetoscope.trace import decode as D
 
+    if _native.enabled():  # the C decoder (it gives up on anything the Python rules must judge)
+        got = _native.decode(view)
+        if got is not None:
+            return family, *_result(got.frames, got.n_events, got.labels, 0, {}, 0, 0, got.end)
     fam = D.sniff_family(view, family)
     end = None
     try:
@@ -664,32 +669,48 @@ def build_chunk(builder: Any, view: memoryview, family: Any) -> tuple[Any, dict[
     builder.add(chunk)
     n = len(events)
     del events, chunk
+    frames = {}
+    for name in TABLES:
+        got = getattr(builder, name)
+        if got:
+            frames[name] = got[0] if len(got) == 1 else __import__("polars").concat(got, how="diagonal_relaxed")
+    ids = builder.ids
+    labels = list(ids.labels.items())
+    warn = dict(builder.warn)
+    return source.family, *_result(
+        frames, n, labels, ids.out_of_range, warn, builder.slow_chunks, builder.exact_chunks, end
+    )
+
+
+def _result(
+    frames: dict[str, Any], n: int, labels: list[Any], oor: int, warn: dict[str, int], slow: int, exact: int,
+    end: int | None,
+) -> tuple[dict[str, Any], list[bytes]]:
+    """A chunk's frames as the result message: (header, Arrow IPC payloads)."""
     payloads = []
     tables = []
     for name in TABLES:
-        frames = getattr(builder, name)
-        if not frames:
+        df = frames.get(name)
+        if df is None:
             continue
-        df = frames[0] if len(frames) == 1 else __import__("polars").concat(frames, how="diagonal_relaxed")
         bio = io.BytesIO()
         df.write_ipc_stream(bio, compression="uncompressed")
         b = bio.getvalue()
         payloads.append(b)
         tables.append((name, len(b)))
-    ids = builder.ids
     hdr = {
         "ok": True,
         "n": n,
-        "labels": list(ids.labels.items()),
-        "oor": ids.out_of_range,
-        "warn": dict(builder.warn),
-        "slow": builder.slow_chunks,
-        "exact": builder.exact_chunks,
+        "labels": labels,
+        "oor": oor,
+        "warn": warn,
+        "slow": slow,
+        "exact": exact,
         "tables": tables,
         "payload": sum(map(len, payloads)),
         "end": end,
     }
-    return source.family, hdr, payloads
+    return hdr, payloads
 
 
 def _decode(view: memoryview, fam: Any) -> tuple[list[Any], bool]:

@@ -24,7 +24,6 @@ from msgspec import UNSET
 from msgspec.structs import astuple
 
 from kinetoscope.trace import decode as D
-from kinetoscope.trace.exactns import ns_from_texts, texts_blob
 from kinetoscope.trace.metadata import apply_location, infer_device_type
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.rules import (
@@ -136,6 +135,8 @@ def _float_is_exact(v: float) -> bool:
 
 def _ns_raw(raws: Any, *, missing_zero: bool) -> pl.Series:
     """``msgspec.Raw`` number texts -> int64 ns, exactly (vectorised; odd values one by one)."""
+    from kinetoscope.trace.exactns import ns_from_texts, texts_blob  # (numpy: only when needed)
+
     got = ns_from_texts(texts_blob(raws), len(raws))
     if got is not None:
         return pl.Series(got)
