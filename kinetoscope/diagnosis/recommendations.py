@@ -21,6 +21,8 @@ low-mfu                MFU < 30 %                                               
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -31,6 +33,9 @@ from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.stragglers import StragglerReport
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+# One recommendation: {"id", "severity", "title", "evidence", "action"} (the JSON contract).
+Recommendation = dict[str, Any]
 
 
 def _rec(rid: str, severity: str, title: str, evidence: dict[str, Any], action: str) -> dict[str, Any]:
@@ -49,6 +54,453 @@ def _ms(us: float | None) -> float | None:
     return None if us is None else round(float(us) / 1000.0, 3)
 
 
+
+
+@dataclass(frozen=True)
+class RuleInput:
+    """Everything a rule may look at: the job, its per-rank/per-step breakdown and the analyses
+    built on it. ``total`` is the summed step time of all ranks and steps (µs), the denominator
+    of every ``*_fraction``; ``gpu`` is whether any rank ran on an accelerator. ``extra`` holds the
+    optional analyses (``pipeline``, ``uneven``, ``hsgd_plan``) that newer rules read."""
+
+    job: Job
+    breakdown: pl.DataFrame
+    stragglers: StragglerReport
+    mfu: MFUResult
+    attention: dict[int, AttentionFinding]
+    compile_: dict[int, CompileFinding]
+    comm_by_type: dict[str, float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu(self) -> bool:
+        return any(t.meta.device_type not in ("CPU", "UNKNOWN") for t in self.job.traces.values())
+
+    @property
+    def total(self) -> float:
+        return float(self.breakdown["step_time(us)"].sum()) if self.breakdown.height else 0.0
+
+    def frac(self, col: str) -> float:
+        """Share of the summed step time spent in breakdown column ``col``."""
+        total = self.total
+        return float(self.breakdown[col].fill_null(0).sum()) / total if total > 0 else 0.0
+
+
+Rule = Callable[[RuleInput], list[Recommendation]]
+
+
+def _what_if(s: StragglerReport) -> dict[str, Any]:
+    """The straggler what-if numbers every straggler recommendation carries."""
+    return {
+        "mean_step_time_ms": _ms(s.mean_step_time_us),
+        "est_step_time_without_stragglers_ms": _ms(s.est_step_time_us),
+        "lost_fraction": _r(s.lost_fraction or 0.0),
+        "steps_analysed": s.steps_analysed,
+        "straggled_steps": s.straggled_steps,
+    }
+
+
+def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
+    """``straggler-persistent``: the same rank(s) make the others wait (seed 000)."""
+    s = ri.stragglers
+    if s.kind != "persistent":
+        return []
+    lost = s.lost_fraction or 0.0
+    pr = s.per_rank.filter(pl.col("rank").is_in(s.ranks))
+    who = ", ".join(
+        f"rank {r}" + (f" (host {s.hosts.get(r)})" if s.hosts.get(r) else "") for r in s.ranks
+    )
+    return [
+        _rec(
+            "straggler-persistent",
+            "high" if lost >= 0.10 else "medium",
+            f"Persistent straggler: {who} " + (
+                "has collectives that end late after its peers' (slow link / its collectives' transfer)"
+                if all((s.causes.get(r) or {}).get("explained_by") == "slow_link" for r in s.ranks)
+                else "arrives last at the collectives far more often than chance"),
+            {
+                **_what_if(s),
+                "ranks": s.ranks,
+                "hosts": {str(r): s.hosts.get(r) for r in s.ranks},
+                "late_steps": dict(zip(map(str, pr["rank"].to_list()), pr["late_steps"].to_list(), strict=True)),
+                "mean_lateness_ms": dict(
+                    zip(map(str, pr["rank"].to_list()), [_ms(v) for v in pr["mean_lateness(us)"].to_list()], strict=True)
+                ),
+                "compute_vs_median": dict(
+                    zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["compute_vs_median"].to_list()], strict=True)
+                ),
+                "last_at_collectives": {
+                    str(r): f"{k}/{n}" for r, k, n in zip(pr["rank"].to_list(), pr["last_count"].to_list(), pr["instances"].to_list(), strict=True)
+                },
+                "p_value": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["p_value"].to_list()], strict=True)),
+                "share_of_waiting": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["imposed_share"].to_list()], strict=True)),
+                "cause": s.cause,
+            },
+            f"Inspect {who}: the same rank is late every time, so it is that host, device or link, not "
+            "random noise. Check its GPU/CPU clocks and throttling (nvidia-smi -q -d PERFORMANCE, "
+            "dmesg), other processes on the host, its data pipeline and NIC (slow link: its link "
+            "error counters and an nccl-tests run on its pairs); compare its kernel "
+            "times with a healthy rank (compute_vs_median). If it cannot be fixed, exclude/replace "
+            "the node. Hierarchical SGD does NOT help a persistent straggler: it slows the same "
+            "subgroup at every synchronisation.",
+        )
+    ]
+
+
+HSGD_LIMITS = (
+    "Limits (PyTorch straggler-mitigation post): it only helps non-persistent, low-frequency "
+    "stragglers (if ~30 % of workers are randomly slow at every step, most subgroups are still "
+    "slowed); it averages parameters instead of overlapping gradient all-reduce with backward, "
+    "so it pays off only when stragglers cost more than ~10 %; use a warm-up of synchronous "
+    "steps for accuracy."
+)
+
+
+def late_rank_frequency(ri: RuleInput) -> float:
+    """Mean share of the ranks that are late in a straggled step (0 when no step straggled)."""
+    s = ri.stragglers
+    if not s.per_step.height:
+        return 0.0
+    late_per_step = s.per_step.filter(pl.col("late_ranks").list.len() > 0)["late_ranks"].list.len()
+    nr = max(len(ri.job.traces), 1)
+    return float(late_per_step.mean()) / nr if late_per_step.len() else 0.0  # type: ignore[arg-type]
+
+
+def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
+    """``straggler-intermittent``: different ranks late at different times; hierarchical SGD
+    when it is worth it (seed 000)."""
+    s = ri.stragglers
+    if s.kind != "intermittent":
+        return []
+    lost = s.lost_fraction or 0.0
+    worth = lost >= 0.10
+    frequent = late_rank_frequency(ri) >= 0.3
+    limits = HSGD_LIMITS
+    plan = ri.extra.get("hsgd_plan")
+    if worth and not frequent:
+        if len(s.ranks) == 1:
+            who = (
+                f"Only rank {s.ranks[0]} was late, in some steps but not most (if it stays the only "
+                "one, inspect its host as for a persistent straggler)"
+            )
+        else:
+            who = "Stragglers hit different ranks at different times"
+        action = (
+            who + ": use hierarchical SGD or post-local "
+            "SGD so a random straggler only delays a small group: register "
+            "post_localSGD_hook(PostLocalSGDState(subgroup=..., start_localSGD_iter=warmup)) and wrap "
+            "the optimizer in PostLocalSGDOptimizer(averager=HierarchicalModelAverager("
+            "period_group_size_dict=OrderedDict([(2, 8), (4, world_size)]), warmup_steps=warmup)). "
+            + limits
+        )
+        if plan is not None:
+            action += " Plan for this job's topology: " + str(plan["code"])
+    elif frequent:
+        action = (
+            "Late ranks are too frequent for hierarchical SGD to help (most subgroups would still "
+            "wait at each step). Find the common cause instead (shared storage or input pipeline, "
+            "host contention, network congestion). " + limits
+        )
+    else:
+        action = (
+            "Stragglers cost less than ~10 % of step time: hierarchical/post-local SGD would likely "
+            "lose more (no backward/communication overlap) than it gains. Watch the trend; find the "
+            "cause of the occasional stalls (GC, I/O, checkpointing, data outliers). " + limits
+        )
+    if s.recurrent_ranks:
+        action += f" Ranks {s.recurrent_ranks} recur among the late ranks: check them first."
+    evidence: dict[str, Any] = {
+        **_what_if(s), "late_ranks": s.ranks, "recurrent_ranks": s.recurrent_ranks, "frequent": frequent,
+    }
+    if plan is not None and worth and not frequent:
+        evidence["hsgd_plan"] = plan
+    return [
+        _rec(
+            "straggler-intermittent",
+            "medium" if worth else "low",
+            "Intermittent stragglers: different ranks arrive late in some steps"
+            if len(s.ranks) != 1
+            else f"Intermittent straggler: rank {s.ranks[0]} arrives late in some steps",
+            evidence,
+            action,
+        )
+    ]
+
+
+def sync_jitter(ri: RuleInput) -> list[Recommendation]:
+    """``sync-jitter``: no straggler, but ranks reach the collectives at random times."""
+    s = ri.stragglers
+    if not (s.kind == "none" and (s.skew_fraction or 0.0) >= 0.15):
+        return []
+    action = (
+        "No rank stands out, but ranks reach the collectives at randomly different times. "
+        + (
+            "Reduce host-side jitter: CUDA graphs make launch timing deterministic "
+            "(torch.compile(mode=\"reduce-overhead\")), keep data-loader workers off the training "
+            "cores, avoid per-step host syncs (.item(), printing)."
+            if ri.gpu
+            else "On CPU this is usually oversubscription: give each rank dedicated cores "
+            "(torch.set_num_threads / OMP_NUM_THREADS per rank, fewer ranks per host, taskset/numactl) "
+            "and keep other work off the host."
+        )
+    )
+    return [
+        _rec(
+            "sync-jitter",
+            "low",
+            "Arrival jitter at collectives without a consistent straggler",
+            {"skew_fraction": _r(s.skew_fraction), "noise_sigma_ms": _ms(s.sigma_us), "steps_analysed": s.steps_analysed},
+            action,
+        )
+    ]
+
+
+def launch_bound(ri: RuleInput) -> list[Recommendation]:
+    """``launch-bound``: the GPU waits for the host to launch kernels (seed 001)."""
+    if not (ri.gpu and ri.total > 0):
+        return []
+    breakdown = ri.breakdown
+    lg = ri.frac("launch_gap(us)")
+    if lg < 0.10:
+        return []
+    kernels = breakdown["n_kernels"].fill_null(0)
+    evidence: dict[str, Any] = {
+        "launch_gap_fraction": _r(lg),
+        "gpu_idle_fraction": _r(ri.frac("idle(us)")),
+        "kernels_per_step": _r(float(kernels.sum()) / max(breakdown.height, 1), 1),
+    }
+    try:  # HTA-style launch statistics (kinetoscope.analysis.launch_stats)
+        from kinetoscope.analysis.launch_stats import kernel_launch_summary
+
+        ls = kernel_launch_summary(list(ri.job.traces.values()))
+        for col, key in (
+            ("short_kernels_pctg", "short_kernels_pctg"),
+            ("cpu_duration_mean(us)", "launch_cpu_mean_us"),
+            ("gpu_duration_mean(us)", "kernel_gpu_mean_us"),
+            ("launch_delay_p50(us)", "launch_delay_p50_us"),
+        ):
+            if ls.height and col in ls.columns:
+                evidence[key] = _r(float(ls[col].mean()), 2)  # type: ignore[arg-type]
+    except ImportError:  # pragma: no cover - the analysis module is part of the package
+        pass
+    return [
+        _rec(
+            "launch-bound",
+            "high" if lg >= 0.30 else ("medium" if lg >= 0.15 else "low"),
+            "CPU launch-bound: the GPU waits for the host to launch kernels",
+            evidence,
+            "Cut per-kernel launch overhead: capture the step in CUDA graphs with "
+            "torch.compile(model, mode=\"reduce-overhead\") (or torch.cuda.CUDAGraph / "
+            "torch.cuda.make_graphed_callables for static parts), fuse small ops (torch.compile "
+            "default mode), and give each kernel more work (larger batch). Remove host syncs "
+            "(.item(), .cpu(), data-dependent shapes) that stall the launch queue.",
+        )
+    ]
+
+
+def _exposed_comm_action(top: str) -> str:
+    """The exposed-communication advice for the collective type with the most time."""
+    if top in ("allgather", "reducescatter"):
+        return (
+            "Sharded data parallel (FSDP) all-gathers/reduce-scatters are exposed: prefetch them "
+            "under compute (FSDP backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True; "
+            "FSDP2 reshard_after_forward=False for the last blocks), use larger wrapping units so "
+            "fewer, bigger collectives run, and communicate in bf16 (MixedPrecision(param_dtype="
+            "torch.bfloat16, reduce_dtype=torch.bfloat16))."
+        )
+    if top in ("alltoall", "sendrecv", "broadcast", "gather", "scatter"):
+        return (
+            f"{top} traffic is exposed: overlap it with compute (pipeline the input distribution, "
+            "e.g. TorchRec's TrainPipelineSparseDist for embedding all-to-alls; issue it async and "
+            "wait later), and send fewer bytes (fp16/bf16 or quantized communication)."
+        )
+    return (
+        "Overlap gradient all-reduce with backward and send fewer bytes: tune "
+        "DistributedDataParallel(bucket_cap_mb=...) (default 25 MB; smaller buckets start "
+        "communicating earlier in backward, larger ones cut per-collective overhead), set "
+        "gradient_as_bucket_view=True (no copy into buckets), and compress gradients with a "
+        "comm hook: ddp.register_comm_hook(process_group, "
+        "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook) "
+        "(or fp16_compress_hook), which halves the bytes on the wire."
+    )
+
+
+def exposed_comm(ri: RuleInput) -> list[Recommendation]:
+    """``exposed-comm``: collective transfer time not hidden behind compute (seed 004)."""
+    breakdown, total = ri.breakdown, ri.total
+    if not (total > 0 and breakdown["comm(us)"].sum() > 0):
+        return []
+    exposed = breakdown.select(
+        (pl.col("exposed_comm(us)") - pl.col("sync_wait(us)")).clip(lower_bound=0).sum()
+    ).item()
+    ef = float(exposed) / total
+    if ef < 0.10:
+        return []
+    comm = float(breakdown["comm(us)"].sum())
+    shares = {k: round(v, 3) for k, v in sorted((ri.comm_by_type or {}).items(), key=lambda kv: -kv[1])}
+    top = next(iter(shares), "allreduce")
+    action = _exposed_comm_action(top)
+    split = len(ri.job.traces) > 1
+    if not split:
+        action = (
+            "Only one rank's trace: waiting for other ranks cannot be separated from transfer, so "
+            "part of this may be stragglers elsewhere; load all ranks to tell. " + action
+        )
+    return [
+        _rec(
+            "exposed-comm",
+            ("high" if ef >= 0.25 else "medium") if split else "low",
+            "Communication is exposed: collective transfer time is not hidden behind compute",
+            {
+                "exposed_transfer_fraction": _r(ef),
+                "comm_fraction": _r(comm / total),
+                "sync_wait_fraction": _r(ri.frac("sync_wait(us)")),
+                "transfer_fraction": _r(ri.frac("transfer(us)")),
+                "overlap_fraction_of_comm": _r(1.0 - float(breakdown["exposed_comm(us)"].sum()) / comm if comm else None),
+                "comm_time_by_collective": shares,
+                "wait_vs_transfer_separable": split,
+            },
+            action,
+        )
+    ]
+
+
+def dataloader_stall(ri: RuleInput) -> list[Recommendation]:
+    """``dataloader-stall``: the loop waits on DataLoader ``__next__``."""
+    breakdown = ri.breakdown
+    if not ri.total > 0:
+        return []
+    dl = ri.frac("dataloader(us)")
+    if dl < 0.05:
+        return []
+    worst = (
+        breakdown.group_by("rank").agg((pl.col("dataloader(us)").sum() / pl.col("step_time(us)").sum()).alias("f"))
+        .sort("f", descending=True)
+    )
+    return [
+        _rec(
+            "dataloader-stall",
+            "medium" if dl >= 0.15 else "low",
+            "Data-loader stalls: the training loop waits for the next batch",
+            {
+                "dataloader_fraction": _r(dl),
+                "dataloader_ms_per_step": _ms(float(breakdown["dataloader(us)"].mean())),  # type: ignore[arg-type]
+                "worst_rank": int(worst["rank"][0]),
+                "worst_rank_fraction": _r(float(worst["f"][0])),
+            },
+            "Load batches in the background: DataLoader(num_workers=N (> 0; e.g. the CPU cores "
+            "per rank), pin_memory=True, persistent_workers=True, prefetch_factor=2-4); move "
+            "decoding/augmentation out of the training process or pre-process the data set.",
+        )
+    ]
+
+
+def attention_math_path(ri: RuleInput) -> list[Recommendation]:
+    """``attention-math-path``: attention on the unfused math path."""
+    math = {r: f for r, f in ri.attention.items() if f.math_path}
+    if not math:
+        return []
+    f0 = next(iter(math.values()))
+    return [
+        _rec(
+            "attention-math-path",
+            "medium",
+            "Attention runs on the unfused math path instead of flash/memory-efficient kernels",
+            {
+                "ranks": sorted(math),
+                "math_sdpa_ops": sum(f.math_sdpa_ops for f in math.values()),
+                "matmul_softmax_matmul_patterns": sum(f.manual_patterns for f in math.values()),
+                "math_time_ms_rank": _ms(f0.math_time_us),
+                "fused_attention_ops": 0,
+            },
+            "Use torch.nn.functional.scaled_dot_product_attention (not matmul-softmax-matmul) with "
+            "inputs the fused kernels accept: fp16/bf16 on GPU, head_dim <= 256 and a multiple of 8, "
+            "is_causal=True instead of a dense causal attn_mask, contiguous q/k/v, no unsupported "
+            "dropout/mask combinations. Check with `with torch.nn.attention.sdpa_kernel("
+            "[SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):`, which raises when they "
+            "cannot be used and says why.",
+        )
+    ]
+
+
+def recompilation(ri: RuleInput) -> list[Recommendation]:
+    """``recompilation``: torch.compile recompiles or compiles inside the window (seed 003)."""
+    rec_ranks = {r: f for r, f in ri.compile_.items() if f.recompiles > 0 or f.compiles_in_window > 0}
+    if not rec_ranks:
+        return []
+    f = max(rec_ranks.values(), key=lambda x: (x.recompiles, x.compile_time_us))
+    window = max((t.span_ns()[1] - t.span_ns()[0]) / 1000.0 for t in ri.job.traces.values() if t.span_ns()) or 1.0
+    share = f.compile_time_us / window
+    evidence: dict[str, Any] = {
+        "ranks": sorted(rec_ranks),
+        "recompiles": f.recompiles,
+        "compiles_in_window": f.compiles_in_window,
+        "frames": sorted(f.frames),
+        "compile_time_ms": _ms(f.compile_time_us),
+        "compile_time_fraction_of_window": _r(share),
+        "cache_lookups": f.cache_lookups,
+    }
+    events = ri.extra.get("recompile_events")
+    if events:
+        evidence["compiles"] = events
+    return [
+        _rec(
+            "recompilation",
+            "high" if share >= 0.10 else "medium",
+            "torch.compile recompiles during training",
+            evidence,
+            "Keep shapes static across steps (pad or bucket sequence lengths, DataLoader(drop_last=True)), "
+            "or declare the varying dimension dynamic up front: torch._dynamo.mark_dynamic(tensor, dim) "
+            "or torch.compile(..., dynamic=True). Run once with TORCH_LOGS=recompiles to see which guard "
+            "fails; avoid Python scalars/branches that change per step inside the compiled region.",
+        )
+    ]
+
+
+def low_mfu(ri: RuleInput) -> list[Recommendation]:
+    """``low-mfu``: model FLOPs utilisation under 30 % (seed 002)."""
+    mfu = ri.mfu
+    if not (mfu.mfu is not None and mfu.mfu < 0.30):
+        return []
+    return [
+        _rec(
+            "low-mfu",
+            "high" if mfu.mfu < 0.10 else "medium",
+            f"Low model FLOPs utilisation ({100 * mfu.mfu:.2g} %)",
+            {
+                "mfu": _r(mfu.mfu, 4),
+                "achieved_tflops_per_chip": _r((mfu.achieved_flops_per_chip or 0) / 1e12, 3),
+                "peak_tflops_per_chip": _r((mfu.peak_flops_per_chip or 0) / 1e12, 1),
+                "peak_source": mfu.peak_source,
+                "step_time_ms": _r((mfu.step_time_s or 0) * 1000.0, 3),
+                "flops_source": mfu.flops_source,
+            },
+            "Do more math per synchronisation: raise the per-device batch (or sequence length) until "
+            "memory is full (a larger global batch raises MFU as long as step time grows less than "
+            "proportionally), take fewer sync points per step (gradient accumulation under "
+            "DDP no_sync(), no per-step .item()/host syncs), use bf16 autocast (or TF32 for fp32 "
+            "matmuls), and address the other recommendations (stragglers, exposed communication, "
+            "launch overhead) that leave the device idle.",
+        )
+    ]
+
+
+# The rules in the order of the table in docs/diagnosis.md section 7 (ties in severity keep
+# this order). Add a rule: write ``def my_rule(ri: RuleInput) -> list[Recommendation]`` and
+# append it here (and a row to the table).
+RULES: list[Rule] = [
+    straggler_persistent,
+    straggler_intermittent,
+    sync_jitter,
+    launch_bound,
+    exposed_comm,
+    dataloader_stall,
+    attention_math_path,
+    recompilation,
+    low_mfu,
+]
+
+
 def recommend(
     job: Job,
     breakdown: pl.DataFrame,
@@ -57,339 +509,14 @@ def recommend(
     attention: dict[int, AttentionFinding],
     compile_: dict[int, CompileFinding],
     comm_by_type: dict[str, float] | None = None,
-) -> list[dict[str, Any]]:
+    *,
+    extra: dict[str, Any] | None = None,
+    rules: list[Rule] | None = None,
+) -> list[Recommendation]:
     """All recommendations with their evidence, most severe first. ``comm_by_type``: share of
-    collective time per collective type (picks DDP / FSDP / all-to-all advice)."""
-    recs: list[dict[str, Any]] = []
-    gpu = any(t.meta.device_type not in ("CPU", "UNKNOWN") for t in job.traces.values())
-    total = float(breakdown["step_time(us)"].sum()) if breakdown.height else 0.0
-
-    def frac(col: str) -> float:
-        return float(breakdown[col].fill_null(0).sum()) / total if total > 0 else 0.0
-
-    # ---- stragglers -----------------------------------------------------------------------------
-    s = stragglers
-    lost = s.lost_fraction or 0.0
-    what_if = {
-        "mean_step_time_ms": _ms(s.mean_step_time_us),
-        "est_step_time_without_stragglers_ms": _ms(s.est_step_time_us),
-        "lost_fraction": _r(lost),
-        "steps_analysed": s.steps_analysed,
-        "straggled_steps": s.straggled_steps,
-    }
-    if s.kind == "persistent":
-        pr = s.per_rank.filter(pl.col("rank").is_in(s.ranks))
-        who = ", ".join(
-            f"rank {r}" + (f" (host {s.hosts.get(r)})" if s.hosts.get(r) else "") for r in s.ranks
-        )
-        recs.append(
-            _rec(
-                "straggler-persistent",
-                "high" if lost >= 0.10 else "medium",
-                f"Persistent straggler: {who} " + (
-                    "has collectives that end late after its peers' (slow link / its collectives' transfer)"
-                    if all((s.causes.get(r) or {}).get("explained_by") == "slow_link" for r in s.ranks)
-                    else "arrives last at the collectives far more often than chance"),
-                {
-                    **what_if,
-                    "ranks": s.ranks,
-                    "hosts": {str(r): s.hosts.get(r) for r in s.ranks},
-                    "late_steps": dict(zip(map(str, pr["rank"].to_list()), pr["late_steps"].to_list(), strict=True)),
-                    "mean_lateness_ms": dict(
-                        zip(map(str, pr["rank"].to_list()), [_ms(v) for v in pr["mean_lateness(us)"].to_list()], strict=True)
-                    ),
-                    "compute_vs_median": dict(
-                        zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["compute_vs_median"].to_list()], strict=True)
-                    ),
-                    "last_at_collectives": {
-                        str(r): f"{k}/{n}" for r, k, n in zip(pr["rank"].to_list(), pr["last_count"].to_list(), pr["instances"].to_list(), strict=True)
-                    },
-                    "p_value": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["p_value"].to_list()], strict=True)),
-                    "share_of_waiting": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["imposed_share"].to_list()], strict=True)),
-                    "cause": s.cause,
-                },
-                f"Inspect {who}: the same rank is late every time, so it is that host, device or link, not "
-                "random noise. Check its GPU/CPU clocks and throttling (nvidia-smi -q -d PERFORMANCE, "
-                "dmesg), other processes on the host, its data pipeline and NIC (slow link: its link "
-                "error counters and an nccl-tests run on its pairs); compare its kernel "
-                "times with a healthy rank (compute_vs_median). If it cannot be fixed, exclude/replace "
-                "the node. Hierarchical SGD does NOT help a persistent straggler: it slows the same "
-                "subgroup at every synchronisation.",
-            )
-        )
-    elif s.kind == "intermittent":
-        worth = lost >= 0.10
-        frequent = False
-        if s.per_step.height:
-            late_per_step = s.per_step.filter(pl.col("late_ranks").list.len() > 0)["late_ranks"].list.len()
-            nr = max(len(job.traces), 1)
-            frequent = bool(late_per_step.len() and float(late_per_step.mean()) / nr >= 0.3)  # type: ignore[arg-type]
-        limits = (
-            "Limits (PyTorch straggler-mitigation post): it only helps non-persistent, low-frequency "
-            "stragglers (if ~30 % of workers are randomly slow at every step, most subgroups are still "
-            "slowed); it averages parameters instead of overlapping gradient all-reduce with backward, "
-            "so it pays off only when stragglers cost more than ~10 %; use a warm-up of synchronous "
-            "steps for accuracy."
-        )
-        if worth and not frequent:
-            if len(s.ranks) == 1:
-                who = (
-                    f"Only rank {s.ranks[0]} was late, in some steps but not most (if it stays the only "
-                    "one, inspect its host as for a persistent straggler)"
-                )
-            else:
-                who = "Stragglers hit different ranks at different times"
-            action = (
-                who + ": use hierarchical SGD or post-local "
-                "SGD so a random straggler only delays a small group: register "
-                "post_localSGD_hook(PostLocalSGDState(subgroup=..., start_localSGD_iter=warmup)) and wrap "
-                "the optimizer in PostLocalSGDOptimizer(averager=HierarchicalModelAverager("
-                "period_group_size_dict=OrderedDict([(2, 8), (4, world_size)]), warmup_steps=warmup)). "
-                + limits
-            )
-        elif frequent:
-            action = (
-                "Late ranks are too frequent for hierarchical SGD to help (most subgroups would still "
-                "wait at each step). Find the common cause instead (shared storage or input pipeline, "
-                "host contention, network congestion). " + limits
-            )
-        else:
-            action = (
-                "Stragglers cost less than ~10 % of step time: hierarchical/post-local SGD would likely "
-                "lose more (no backward/communication overlap) than it gains. Watch the trend; find the "
-                "cause of the occasional stalls (GC, I/O, checkpointing, data outliers). " + limits
-            )
-        if s.recurrent_ranks:
-            action += f" Ranks {s.recurrent_ranks} recur among the late ranks: check them first."
-        recs.append(
-            _rec(
-                "straggler-intermittent",
-                "medium" if worth else "low",
-                "Intermittent stragglers: different ranks arrive late in some steps"
-                if len(s.ranks) != 1
-                else f"Intermittent straggler: rank {s.ranks[0]} arrives late in some steps",
-                {**what_if, "late_ranks": s.ranks, "recurrent_ranks": s.recurrent_ranks, "frequent": frequent},
-                action,
-            )
-        )
-    elif s.kind == "none" and (s.skew_fraction or 0.0) >= 0.15:
-        action = (
-            "No rank stands out, but ranks reach the collectives at randomly different times. "
-            + (
-                "Reduce host-side jitter: CUDA graphs make launch timing deterministic "
-                "(torch.compile(mode=\"reduce-overhead\")), keep data-loader workers off the training "
-                "cores, avoid per-step host syncs (.item(), printing)."
-                if gpu
-                else "On CPU this is usually oversubscription: give each rank dedicated cores "
-                "(torch.set_num_threads / OMP_NUM_THREADS per rank, fewer ranks per host, taskset/numactl) "
-                "and keep other work off the host."
-            )
-        )
-        recs.append(
-            _rec(
-                "sync-jitter",
-                "low",
-                "Arrival jitter at collectives without a consistent straggler",
-                {"skew_fraction": _r(s.skew_fraction), "noise_sigma_ms": _ms(s.sigma_us), "steps_analysed": s.steps_analysed},
-                action,
-            )
-        )
-
-    # ---- launch-bound ------------------------------------------------------------------------------
-    if gpu and total > 0:
-        lg = frac("launch_gap(us)")
-        if lg >= 0.10:
-            kernels = breakdown["n_kernels"].fill_null(0)
-            evidence: dict[str, Any] = {
-                "launch_gap_fraction": _r(lg),
-                "gpu_idle_fraction": _r(frac("idle(us)")),
-                "kernels_per_step": _r(float(kernels.sum()) / max(breakdown.height, 1), 1),
-            }
-            try:  # HTA-style launch statistics (kinetoscope.analysis.launch_stats)
-                from kinetoscope.analysis.launch_stats import kernel_launch_summary
-
-                ls = kernel_launch_summary(list(job.traces.values()))
-                for col, key in (
-                    ("short_kernels_pctg", "short_kernels_pctg"),
-                    ("cpu_duration_mean(us)", "launch_cpu_mean_us"),
-                    ("gpu_duration_mean(us)", "kernel_gpu_mean_us"),
-                    ("launch_delay_p50(us)", "launch_delay_p50_us"),
-                ):
-                    if ls.height and col in ls.columns:
-                        evidence[key] = _r(float(ls[col].mean()), 2)  # type: ignore[arg-type]
-            except ImportError:  # pragma: no cover - the analysis module is part of the package
-                pass
-            recs.append(
-                _rec(
-                    "launch-bound",
-                    "high" if lg >= 0.30 else ("medium" if lg >= 0.15 else "low"),
-                    "CPU launch-bound: the GPU waits for the host to launch kernels",
-                    evidence,
-                    "Cut per-kernel launch overhead: capture the step in CUDA graphs with "
-                    "torch.compile(model, mode=\"reduce-overhead\") (or torch.cuda.CUDAGraph / "
-                    "torch.cuda.make_graphed_callables for static parts), fuse small ops (torch.compile "
-                    "default mode), and give each kernel more work (larger batch). Remove host syncs "
-                    "(.item(), .cpu(), data-dependent shapes) that stall the launch queue.",
-                )
-            )
-
-    # ---- exposed communication ---------------------------------------------------------------------------
-    if total > 0 and breakdown["comm(us)"].sum() > 0:
-        exposed = breakdown.select(
-            (pl.col("exposed_comm(us)") - pl.col("sync_wait(us)")).clip(lower_bound=0).sum()
-        ).item()
-        ef = float(exposed) / total
-        if ef >= 0.10:
-            comm = float(breakdown["comm(us)"].sum())
-            shares = {k: round(v, 3) for k, v in sorted((comm_by_type or {}).items(), key=lambda kv: -kv[1])}
-            top = next(iter(shares), "allreduce")
-            if top in ("allgather", "reducescatter"):
-                action = (
-                    "Sharded data parallel (FSDP) all-gathers/reduce-scatters are exposed: prefetch them "
-                    "under compute (FSDP backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True; "
-                    "FSDP2 reshard_after_forward=False for the last blocks), use larger wrapping units so "
-                    "fewer, bigger collectives run, and communicate in bf16 (MixedPrecision(param_dtype="
-                    "torch.bfloat16, reduce_dtype=torch.bfloat16))."
-                )
-            elif top in ("alltoall", "sendrecv", "broadcast", "gather", "scatter"):
-                action = (
-                    f"{top} traffic is exposed: overlap it with compute (pipeline the input distribution, "
-                    "e.g. TorchRec's TrainPipelineSparseDist for embedding all-to-alls; issue it async and "
-                    "wait later), and send fewer bytes (fp16/bf16 or quantized communication)."
-                )
-            else:
-                action = (
-                    "Overlap gradient all-reduce with backward and send fewer bytes: tune "
-                    "DistributedDataParallel(bucket_cap_mb=...) (default 25 MB; smaller buckets start "
-                    "communicating earlier in backward, larger ones cut per-collective overhead), set "
-                    "gradient_as_bucket_view=True (no copy into buckets), and compress gradients with a "
-                    "comm hook: ddp.register_comm_hook(process_group, "
-                    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook) "
-                    "(or fp16_compress_hook), which halves the bytes on the wire."
-                )
-            split = len(job.traces) > 1
-            if not split:
-                action = (
-                    "Only one rank's trace: waiting for other ranks cannot be separated from transfer, so "
-                    "part of this may be stragglers elsewhere; load all ranks to tell. " + action
-                )
-            recs.append(
-                _rec(
-                    "exposed-comm",
-                    ("high" if ef >= 0.25 else "medium") if split else "low",
-                    "Communication is exposed: collective transfer time is not hidden behind compute",
-                    {
-                        "exposed_transfer_fraction": _r(ef),
-                        "comm_fraction": _r(comm / total),
-                        "sync_wait_fraction": _r(frac("sync_wait(us)")),
-                        "transfer_fraction": _r(frac("transfer(us)")),
-                        "overlap_fraction_of_comm": _r(1.0 - float(breakdown["exposed_comm(us)"].sum()) / comm if comm else None),
-                        "comm_time_by_collective": shares,
-                        "wait_vs_transfer_separable": split,
-                    },
-                    action,
-                )
-            )
-
-    # ---- data loading ------------------------------------------------------------------------------------
-    if total > 0:
-        dl = frac("dataloader(us)")
-        if dl >= 0.05:
-            worst = (
-                breakdown.group_by("rank").agg((pl.col("dataloader(us)").sum() / pl.col("step_time(us)").sum()).alias("f"))
-                .sort("f", descending=True)
-            )
-            recs.append(
-                _rec(
-                    "dataloader-stall",
-                    "medium" if dl >= 0.15 else "low",
-                    "Data-loader stalls: the training loop waits for the next batch",
-                    {
-                        "dataloader_fraction": _r(dl),
-                        "dataloader_ms_per_step": _ms(float(breakdown["dataloader(us)"].mean())),  # type: ignore[arg-type]
-                        "worst_rank": int(worst["rank"][0]),
-                        "worst_rank_fraction": _r(float(worst["f"][0])),
-                    },
-                    "Load batches in the background: DataLoader(num_workers=N (> 0; e.g. the CPU cores "
-                    "per rank), pin_memory=True, persistent_workers=True, prefetch_factor=2-4); move "
-                    "decoding/augmentation out of the training process or pre-process the data set.",
-                )
-            )
-
-    # ---- attention ---------------------------------------------------------------------------------------
-    math = {r: f for r, f in attention.items() if f.math_path}
-    if math:
-        f0 = next(iter(math.values()))
-        recs.append(
-            _rec(
-                "attention-math-path",
-                "medium",
-                "Attention runs on the unfused math path instead of flash/memory-efficient kernels",
-                {
-                    "ranks": sorted(math),
-                    "math_sdpa_ops": sum(f.math_sdpa_ops for f in math.values()),
-                    "matmul_softmax_matmul_patterns": sum(f.manual_patterns for f in math.values()),
-                    "math_time_ms_rank": _ms(f0.math_time_us),
-                    "fused_attention_ops": 0,
-                },
-                "Use torch.nn.functional.scaled_dot_product_attention (not matmul-softmax-matmul) with "
-                "inputs the fused kernels accept: fp16/bf16 on GPU, head_dim <= 256 and a multiple of 8, "
-                "is_causal=True instead of a dense causal attn_mask, contiguous q/k/v, no unsupported "
-                "dropout/mask combinations. Check with `with torch.nn.attention.sdpa_kernel("
-                "[SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):`, which raises when they "
-                "cannot be used and says why.",
-            )
-        )
-
-    # ---- recompilation ---------------------------------------------------------------------------------------
-    rec_ranks = {r: f for r, f in compile_.items() if f.recompiles > 0 or f.compiles_in_window > 0}
-    if rec_ranks:
-        f = max(rec_ranks.values(), key=lambda x: (x.recompiles, x.compile_time_us))
-        window = max((t.span_ns()[1] - t.span_ns()[0]) / 1000.0 for t in job.traces.values() if t.span_ns()) or 1.0
-        share = f.compile_time_us / window
-        recs.append(
-            _rec(
-                "recompilation",
-                "high" if share >= 0.10 else "medium",
-                "torch.compile recompiles during training",
-                {
-                    "ranks": sorted(rec_ranks),
-                    "recompiles": f.recompiles,
-                    "compiles_in_window": f.compiles_in_window,
-                    "frames": sorted(f.frames),
-                    "compile_time_ms": _ms(f.compile_time_us),
-                    "compile_time_fraction_of_window": _r(share),
-                    "cache_lookups": f.cache_lookups,
-                },
-                "Keep shapes static across steps (pad or bucket sequence lengths, DataLoader(drop_last=True)), "
-                "or declare the varying dimension dynamic up front: torch._dynamo.mark_dynamic(tensor, dim) "
-                "or torch.compile(..., dynamic=True). Run once with TORCH_LOGS=recompiles to see which guard "
-                "fails; avoid Python scalars/branches that change per step inside the compiled region.",
-            )
-        )
-
-    # ---- MFU ---------------------------------------------------------------------------------------------------
-    if mfu.mfu is not None and mfu.mfu < 0.30:
-        recs.append(
-            _rec(
-                "low-mfu",
-                "high" if mfu.mfu < 0.10 else "medium",
-                f"Low model FLOPs utilisation ({100 * mfu.mfu:.2g} %)",
-                {
-                    "mfu": _r(mfu.mfu, 4),
-                    "achieved_tflops_per_chip": _r((mfu.achieved_flops_per_chip or 0) / 1e12, 3),
-                    "peak_tflops_per_chip": _r((mfu.peak_flops_per_chip or 0) / 1e12, 1),
-                    "peak_source": mfu.peak_source,
-                    "step_time_ms": _r((mfu.step_time_s or 0) * 1000.0, 3),
-                    "flops_source": mfu.flops_source,
-                },
-                "Do more math per synchronisation: raise the per-device batch (or sequence length) until "
-                "memory is full (a larger global batch raises MFU as long as step time grows less than "
-                "proportionally), take fewer sync points per step (gradient accumulation under "
-                "DDP no_sync(), no per-step .item()/host syncs), use bf16 autocast (or TF32 for fp32 "
-                "matmuls), and address the other recommendations (stragglers, exposed communication, "
-                "launch overhead) that leave the device idle.",
-            )
-        )
+    collective time per collective type (picks DDP / FSDP / all-to-all advice); ``extra``: the
+    optional analyses newer rules read (see ``RuleInput``); ``rules``: default ``RULES``."""
+    ri = RuleInput(job, breakdown, stragglers, mfu, attention, compile_, comm_by_type, dict(extra or {}))
+    recs = [rec for rule in (RULES if rules is None else rules) for rec in rule(ri)]
     recs.sort(key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
     return recs
