@@ -23,7 +23,9 @@ from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
 from kinetoscope.diagnosis.collectives import extract_collectives
 from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation
+from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
+from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.report import DIAGNOSIS_KEYS, Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
@@ -31,6 +33,7 @@ from kinetoscope.trace.model import Trace
 
 __all__ = [
     "DIAGNOSIS_KEYS",
+    "EXTRA_KEYS",
     "PEAK_FLOPS",
     "ClockAlignment",
     "Diagnosis",
@@ -127,7 +130,9 @@ def diagnose(
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
-    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls))
+    pipe = analyze_pipeline(job, steps, clock.offsets)
+    extra: dict[str, Any] = {"pipeline": pipe.to_dict() if pipe else None}
+    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(
         c.height for c in colls.values()
     ) else pl.DataFrame(schema={"rank": pl.Int64, "signal": pl.String})
@@ -138,7 +143,7 @@ def diagnose(
         notes.append("no steps: neither ProfilerStep#N nor Optimizer.step#... annotations in the traces")
     if not any(c.height for c in colls.values()):
         notes.append("no collectives found (no NCCL kernels, no gloo:* annotations, no c10d:: ops)")
-    return Diagnosis(
+    return ExtendedDiagnosis(
         job=job,
         clock=clock,
         steps=bd,
@@ -149,6 +154,7 @@ def diagnose(
         step_source=source,
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
+        extra=extra,
     )
 
 

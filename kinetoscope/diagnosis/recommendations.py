@@ -100,10 +100,16 @@ def _what_if(s: StragglerReport) -> dict[str, Any]:
     }
 
 
+def p2p_is_pipeline(ri: RuleInput) -> bool:
+    """Whether the job is pipeline-parallel and point-to-point traffic is all its collectives:
+    then arrival order at the send/recv pairs is the schedule (the bubble), not stragglers."""
+    return ri.extra.get("pipeline") is not None and set(ri.comm_by_type or {"sendrecv": 1.0}) <= {"sendrecv"}
+
+
 def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
     """``straggler-persistent``: the same rank(s) make the others wait (seed 000)."""
     s = ri.stragglers
-    if s.kind != "persistent":
+    if s.kind != "persistent" or p2p_is_pipeline(ri):
         return []
     lost = s.lost_fraction or 0.0
     pr = s.per_rank.filter(pl.col("rank").is_in(s.ranks))
@@ -170,7 +176,7 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
     """``straggler-intermittent``: different ranks late at different times; hierarchical SGD
     when it is worth it (seed 000)."""
     s = ri.stragglers
-    if s.kind != "intermittent":
+    if s.kind != "intermittent" or p2p_is_pipeline(ri):
         return []
     lost = s.lost_fraction or 0.0
     worth = lost >= 0.10
@@ -230,7 +236,7 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
 def sync_jitter(ri: RuleInput) -> list[Recommendation]:
     """``sync-jitter``: no straggler, but ranks reach the collectives at random times."""
     s = ri.stragglers
-    if not (s.kind == "none" and (s.skew_fraction or 0.0) >= 0.15):
+    if not (s.kind == "none" and (s.skew_fraction or 0.0) >= 0.15) or p2p_is_pipeline(ri):
         return []
     action = (
         "No rank stands out, but ranks reach the collectives at randomly different times. "
@@ -339,6 +345,8 @@ def exposed_comm(ri: RuleInput) -> list[Recommendation]:
     comm = float(breakdown["comm(us)"].sum())
     shares = {k: round(v, 3) for k, v in sorted((ri.comm_by_type or {}).items(), key=lambda kv: -kv[1])}
     top = next(iter(shares), "allreduce")
+    if top == "sendrecv" and ri.extra.get("pipeline") is not None:
+        return []  # a pipeline's send/recv waits are its bubble: pipeline-bubble reports them
     action = _exposed_comm_action(top)
     split = len(ri.job.traces) > 1
     if not split:
@@ -429,7 +437,9 @@ def recompilation(ri: RuleInput) -> list[Recommendation]:
     if not rec_ranks:
         return []
     f = max(rec_ranks.values(), key=lambda x: (x.recompiles, x.compile_time_us))
-    window = max((t.span_ns()[1] - t.span_ns()[0]) / 1000.0 for t in ri.job.traces.values() if t.span_ns()) or 1.0
+    spans = [sp for t in ri.job.traces.values() if (sp := t.span_ns())]
+    window = max((sp[1] - sp[0]) / 1000.0 for sp in spans) if spans else 1.0
+    window = window or 1.0
     share = f.compile_time_us / window
     evidence: dict[str, Any] = {
         "ranks": sorted(rec_ranks),
@@ -485,6 +495,107 @@ def low_mfu(ri: RuleInput) -> list[Recommendation]:
     ]
 
 
+def _bubble_at(p: int, m: int, chunks: int = 1) -> float:
+    return round((p - 1) / (chunks * m + p - 1), 4) if p > 1 and m > 0 else 0.0
+
+
+def pipeline_bubble(ri: RuleInput) -> list[Recommendation]:
+    """``pipeline-bubble``: pipeline stages idle (fill, drain, waits) >= 15 % of the step (seed 001)."""
+    pp = ri.extra.get("pipeline")
+    if not pp or (pp["bubble_fraction"] or 0.0) < 0.15:
+        return []
+    b, p, m = float(pp["bubble_fraction"]), int(pp["num_stages"]), pp["microbatches"]
+    t = float(pp["step_time_ms"])
+    evidence: dict[str, Any] = {
+        "bubble_fraction": b,
+        "expected_bubble_fraction": pp["expected_bubble_fraction"],
+        "schedule": pp["schedule"],
+        "stages": p,
+        "microbatches": m,
+        "stage_bubble_fraction": {str(s["stage"]): s["bubble_fraction"] for s in pp["stages"]},
+        "step_time_ms": t,
+    }
+    more = ""
+    if m:
+        target = -(-(p - 1) * 9 // 1)  # bubble <= 10 %: (p-1)/(m+p-1) <= 0.1  <=>  m >= 9 (p-1)
+        evidence["expected_bubble_at"] = {str(k): _bubble_at(p, k) for k in (2 * m, 4 * m, target)}
+        evidence["microbatches_for_10pct_bubble"] = target
+        evidence["expected_bubble_interleaved_2_chunks"] = _bubble_at(p, m, 2)
+        # same global batch cut into 2m micro-batches: each takes half as long
+        evidence["est_step_time_2x_microbatches_ms"] = _r(t * (2 * m + p - 1) / (2 * (m + p - 1)))
+        more = (
+            f"With p = {p} stages and m = {m} micro-batches a GPipe/1F1B schedule idles "
+            f"(p-1)/(m+p-1) = {_bubble_at(p, m):.0%} of the step; {2 * m} micro-batches would idle "
+            f"{_bubble_at(p, 2 * m):.0%}, {target} (the 10 % point) {_bubble_at(p, target):.0%} "
+            "(smaller micro-batches run less efficiently: keep them large enough to fill the device). "
+        )
+    gap = b - float(pp["expected_bubble_fraction"] or 0.0)
+    if pp["expected_bubble_fraction"] is not None and gap > 0.10:
+        more += (
+            f"The measured idle is {gap:.0%} of the step above what the schedule alone explains: the "
+            "rest is stage imbalance (see pipeline-imbalance), send/recv transfer, or host overhead. "
+        )
+    return [
+        _rec(
+            "pipeline-bubble",
+            "high" if b >= 0.40 else ("medium" if b >= 0.25 else "low"),
+            f"Pipeline bubble: stages idle {b:.0%} of the step waiting for each other",
+            evidence,
+            more + "Raise n_microbatches in the schedule (ScheduleGPipe/Schedule1F1B(stage, "
+            "n_microbatches=...)), or switch to an interleaved schedule (ScheduleInterleaved1F1B with "
+            f"v model chunks per rank divides the bubble by v: {_bubble_at(p, m or 1, 2):.0%} at v = 2) or a "
+            "zero-bubble one (ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble, which fill the "
+            "bubble with weight-gradient work). Shorter pipelines (fewer stages, more data-parallel "
+            "replicas) also shrink it (PipeTransformer).",
+        )
+    ]
+
+
+# Stage compute of a balanced 2-stage CPU pipeline differed by up to 15 % on a loaded 2-core box
+# (docs/diagnosis.md, "Pipeline parallelism"): below 20 % an excess is not called imbalance.
+IMBALANCE_MIN = 0.20
+
+
+def pipeline_imbalance(ri: RuleInput) -> list[Recommendation]:
+    """``pipeline-imbalance``: the slowest stage computes >= 20 % more than the mean stage (seed 001)."""
+    pp = ri.extra.get("pipeline")
+    if not pp or (pp["imbalance"]["excess_fraction"] or 0.0) < IMBALANCE_MIN:
+        return []
+    im = pp["imbalance"]
+    k, ex = int(im["slowest_stage"]), float(im["excess_fraction"])
+    comp = im["stage_compute_ms"]
+    lightest = min(range(len(comp)), key=lambda i: comp[i])
+    move = 1.0 - float(im["mean_stage_compute_ms"]) / comp[k] if comp[k] else 0.0
+    speedup = float(im["est_speedup_balanced"] or 1.0)
+    return [
+        _rec(
+            "pipeline-imbalance",
+            "high" if speedup >= 1.25 else ("medium" if speedup >= 1.10 else "low"),
+            f"Pipeline stage {k} is the slowest: {ex:.0%} more compute than the mean stage; it sets the pace",
+            {
+                "slowest_stage": k,
+                "slowest_ranks": im["slowest_ranks"],
+                "excess_fraction": ex,
+                "stage_compute_ms": comp,
+                "mean_stage_compute_ms": im["mean_stage_compute_ms"],
+                "step_time_ms": pp["step_time_ms"],
+                "est_step_time_balanced_ms": im["est_step_time_balanced_ms"],
+                "est_speedup_balanced": im["est_speedup_balanced"],
+                "move_fraction_of_slowest_stage": _r(move),
+                "lightest_stage": lightest,
+            },
+            f"Rebalance layers: move about {move:.0%} of stage {k}'s work (its compute "
+            f"{comp[k]:.1f} ms per step vs the mean {float(im['mean_stage_compute_ms']):.1f} ms) to the "
+            f"lighter stages, first stage {lightest} ({comp[lightest]:.1f} ms): change the split points "
+            "(torch.distributed.pipelining pipe_split()/SplitPoint, or the layers given to each "
+            "PipelineStage), counting the embedding/head/loss with the stage that runs them. Balanced, "
+            f"the step would take about {float(im['est_step_time_balanced_ms']):.1f} ms instead of "
+            f"{float(pp['step_time_ms']):.1f} ms. This is not a straggler: the stage is slower every "
+            "step because it has more work, not because its rank is slow.",
+        )
+    ]
+
+
 # The rules in the order of the table in docs/diagnosis.md section 7 (ties in severity keep
 # this order). Add a rule: write ``def my_rule(ri: RuleInput) -> list[Recommendation]`` and
 # append it here (and a row to the table).
@@ -498,6 +609,8 @@ RULES: list[Rule] = [
     attention_math_path,
     recompilation,
     low_mfu,
+    pipeline_bubble,
+    pipeline_imbalance,
 ]
 
 
