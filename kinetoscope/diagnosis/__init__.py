@@ -29,6 +29,7 @@ from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.report import DIAGNOSIS_KEYS, Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
+from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.trace.model import Trace
 
 __all__ = [
@@ -131,7 +132,8 @@ def diagnose(
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
     pipe = analyze_pipeline(job, steps, clock.offsets)
-    extra: dict[str, Any] = {"pipeline": pipe.to_dict() if pipe else None}
+    uneven = analyze_uneven(job, steps, colls, clock.offsets)
+    extra: dict[str, Any] = {"pipeline": pipe.to_dict() if pipe else None, "uneven_inputs": uneven.to_dict() if uneven else None}
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(
         c.height for c in colls.values()

@@ -596,6 +596,51 @@ def pipeline_imbalance(ri: RuleInput) -> list[Recommendation]:
     ]
 
 
+def uneven_inputs(ri: RuleInput) -> list[Recommendation]:
+    """``uneven-inputs``: ranks ran different numbers of steps or collectives (seed 004)."""
+    u = ri.extra.get("uneven_inputs")
+    if not u:
+        return []
+    short = ", ".join(map(str, u["short_ranks"]))
+    steps = u["steps_per_rank"]
+    fix = (
+        "Give every rank the same number of batches: DistributedSampler(dataset, drop_last=True) drops "
+        "the tail so all ranks get floor(N / world_size) batches (drop_last=False pads by repeating "
+        "samples to ceil(N / world_size)); with an IterableDataset, shard it evenly and stop all ranks "
+        "at the shortest shard. If the counts must differ, run the loop under "
+        "`with torch.distributed.algorithms.Join([ddp_model, zero_optimizer]):` so finished ranks "
+        "shadow the others' collectives instead of hanging them."
+    )
+    if u["mode"] == "unmatched":
+        un = u["unmatched_collective"]
+        waiting = ", ".join(map(str, u["waiting_ranks"]))
+        return [
+            _rec(
+                "uneven-inputs",
+                "high",
+                f"Uneven inputs: rank(s) {waiting} wait in an {un['coll']} that rank(s) {short} never enter",
+                {**u, "steps_per_rank": steps},
+                f"{un['coll']} instances per rank {un['instances_per_rank']}: rank(s) {short} stopped "
+                f"first (out of data) and rank(s) {waiting} waited {un['waited_ms']} ms in the next one (typical "
+                f"{un['typical_ms']} ms), i.e. until the process-group timeout: the job hangs when one "
+                "rank runs out of data. " + fix,
+            )
+        ]
+    lost = float(u["lost_fraction"])
+    return [
+        _rec(
+            "uneven-inputs",
+            "medium" if lost >= 0.05 else "low",
+            f"Uneven inputs: rank(s) {short} ran out of data first and shadowed the others' collectives",
+            u,
+            f"Steps per rank {steps}: rank(s) {short} finished early and then only echoed the others' "
+            f"collectives (Join) for {u['idle_ms']} ms ({lost:.0%} of the ranks' time) while they trained on. "
+            "Join keeps this correct, but those ranks' devices idle and the others' gradients average over "
+            "fewer ranks in those steps. " + fix,
+        )
+    ]
+
+
 # The rules in the order of the table in docs/diagnosis.md section 7 (ties in severity keep
 # this order). Add a rule: write ``def my_rule(ri: RuleInput) -> list[Recommendation]`` and
 # append it here (and a row to the table).
@@ -611,6 +656,7 @@ RULES: list[Rule] = [
     low_mfu,
     pipeline_bubble,
     pipeline_imbalance,
+    uneven_inputs,
 ]
 
 
