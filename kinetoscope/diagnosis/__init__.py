@@ -27,6 +27,7 @@ from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
+from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
 from kinetoscope.diagnosis.report import DIAGNOSIS_KEYS, Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
@@ -133,7 +134,12 @@ def diagnose(
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
     pipe = analyze_pipeline(job, steps, clock.offsets)
     uneven = analyze_uneven(job, steps, colls, clock.offsets)
-    extra: dict[str, Any] = {"pipeline": pipe.to_dict() if pipe else None, "uneven_inputs": uneven.to_dict() if uneven else None}
+    compiles = [e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))]
+    extra: dict[str, Any] = {
+        "pipeline": pipe.to_dict() if pipe else None,
+        "uneven_inputs": uneven.to_dict() if uneven else None,
+        "recompilation": recompilation_summary(compiles),
+    }
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(
         c.height for c in colls.values()

@@ -450,9 +450,19 @@ def recompilation(ri: RuleInput) -> list[Recommendation]:
         "compile_time_fraction_of_window": _r(share),
         "cache_lookups": f.cache_lookups,
     }
-    events = ri.extra.get("recompile_events")
-    if events:
-        evidence["compiles"] = events
+    summary = ri.extra.get("recompilation")
+    where = ""
+    if summary and summary["recompiles"]:
+        rec = [e for e in summary["events"] if e["recompile"]]
+        evidence["recompile_steps"] = summary["recompile_steps"]
+        evidence["recompiles_detail"] = [
+            {k: e[k] for k in ("rank", "compile_id", "step", "duration_ms")} for e in rec
+        ]
+        worst = max(rec, key=lambda e: e["duration_ms"] or 0.0)
+        where = (
+            f" Recompiles at step(s) {summary['recompile_steps']}: {summary['recompile_time_ms']} ms in all "
+            f"(the longest, compile {worst['compile_id']} at step {worst['step']}, {worst['duration_ms']} ms)."
+        )
     return [
         _rec(
             "recompilation",
@@ -462,7 +472,7 @@ def recompilation(ri: RuleInput) -> list[Recommendation]:
             "Keep shapes static across steps (pad or bucket sequence lengths, DataLoader(drop_last=True)), "
             "or declare the varying dimension dynamic up front: torch._dynamo.mark_dynamic(tensor, dim) "
             "or torch.compile(..., dynamic=True). Run once with TORCH_LOGS=recompiles to see which guard "
-            "fails; avoid Python scalars/branches that change per step inside the compiled region.",
+            "fails; avoid Python scalars/branches that change per step inside the compiled region." + where,
         )
     ]
 
