@@ -27,6 +27,7 @@ from typing import Any
 
 import polars as pl
 
+from kinetoscope.diagnosis import hsgd as hsgd
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding
 from kinetoscope.diagnosis.mfu import MFUResult
@@ -172,6 +173,21 @@ def late_rank_frequency(ri: RuleInput) -> float:
     return float(late_per_step.mean()) / nr if late_per_step.len() else 0.0  # type: ignore[arg-type]
 
 
+def _hsgd_plan(ri: RuleInput, late_share: float) -> dict[str, Any]:
+    """The hierarchical-SGD plan for this job's hosts and stragglers (``hsgd.plan``)."""
+    s, bd = ri.stragglers, ri.breakdown
+    overlapped = (
+        float((bd["comm(us)"].fill_null(0) - bd["exposed_comm(us)"].fill_null(0)).clip(lower_bound=0).sum()) / ri.total
+        if ri.total > 0
+        else 0.0
+    )
+    rate = None
+    if s.per_step.height and s.steps_analysed:
+        late = int(s.per_step["late_ranks"].list.len().sum())
+        rate = late / (s.steps_analysed * max(len(ri.job.traces), 1))
+    return hsgd.plan(ri.job.hosts(), s.lost_fraction or 0.0, late_share, overlapped, rate)
+
+
 def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
     """``straggler-intermittent``: different ranks late at different times; hierarchical SGD
     when it is worth it (seed 000)."""
@@ -180,9 +196,10 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
         return []
     lost = s.lost_fraction or 0.0
     worth = lost >= 0.10
-    frequent = late_rank_frequency(ri) >= 0.3
+    share = late_rank_frequency(ri)
+    frequent = share >= 0.3
     limits = HSGD_LIMITS
-    plan = ri.extra.get("hsgd_plan")
+    plan = _hsgd_plan(ri, share) if worth and not frequent else None
     if worth and not frequent:
         if len(s.ranks) == 1:
             who = (
@@ -199,8 +216,15 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
             "period_group_size_dict=OrderedDict([(2, 8), (4, world_size)]), warmup_steps=warmup)). "
             + limits
         )
-        if plan is not None:
-            action += " Plan for this job's topology: " + str(plan["code"])
+        if plan is not None and plan["applies"]:
+            action += (
+                f" Plan for this job ({plan['hosts']} hosts x {plan['ranks_per_host'][0]} ranks): "
+                f"period_group_size_dict {plan['period_group_size_dict']}, warmup_steps {plan['warmup_steps']}, "
+                f"expected gain up to {plan['expected_gain_fraction_max']:.0%} of step time, "
+                f"{plan['expected_net_gain_fraction']:.0%} net of the lost backward overlap: {plan['code']}"
+            )
+        elif plan is not None:
+            action += f" No hierarchical-SGD plan for this job: {plan['reason']}."
     elif frequent:
         action = (
             "Late ranks are too frequent for hierarchical SGD to help (most subgroups would still "
