@@ -33,6 +33,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--short-by", type=int, default=3)
     p.add_argument("--join", action="store_true")
     p.add_argument("--timeout-s", type=float, default=8.0)
+    p.add_argument("--record-shapes", action="store_true", help="record message sizes (record_param_comms)")
     return p.parse_args()
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     data = [torch.randn(64, 256) for _ in range(n)]
     done = 0
     a.out.mkdir(parents=True, exist_ok=True)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=a.record_shapes) as prof:
         try:
             with Join([model], enable=a.join):
                 for x in data:

@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job, assemble_jobs
+from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
 from kinetoscope.diagnosis.collectives import extract_collectives
@@ -139,6 +140,7 @@ def diagnose(
         "pipeline": pipe.to_dict() if pipe else None,
         "uneven_inputs": uneven.to_dict() if uneven else None,
         "recompilation": recompilation_summary(compiles),
+        "collective_bandwidth": collective_bandwidth(job.traces, colls, clock.offsets),
     }
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-from kinetoscope.diagnosis import hsgd as hsgd
 from kinetoscope.diagnosis.assembly import Job
-from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding
+from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, detect_launch_gaps
+from kinetoscope.diagnosis.hsgd import plan as hsgd_plan
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.stragglers import StragglerReport
 
@@ -185,7 +186,7 @@ def _hsgd_plan(ri: RuleInput, late_share: float) -> dict[str, Any]:
     if s.per_step.height and s.steps_analysed:
         late = int(s.per_step["late_ranks"].list.len().sum())
         rate = late / (s.steps_analysed * max(len(ri.job.traces), 1))
-    return hsgd.plan(ri.job.hosts(), s.lost_fraction or 0.0, late_share, overlapped, rate)
+    return hsgd_plan(ri.job.hosts(), s.lost_fraction or 0.0, late_share, overlapped, rate)
 
 
 def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
@@ -285,6 +286,24 @@ def sync_jitter(ri: RuleInput) -> list[Recommendation]:
     ]
 
 
+def _cuda_graph_gain(ri: RuleInput) -> dict[str, Any]:
+    """What capturing the step in a CUDA graph would give: the graph replays its kernels
+    back to back, so the host-bound gaps go (one launch per graph remains). Per step, over all
+    ranks: ``est_step_time_cuda_graph_ms = mean step − mean launch gap``."""
+    bd = ri.breakdown
+    gaps = [g for t in ri.job.traces.values() for g in detect_launch_gaps(t).gaps_us]
+    steps = max(bd.height, 1)
+    mean_step = float(bd["step_time(us)"].mean() or 0.0)  # type: ignore[arg-type]
+    mean_gap = float(bd["launch_gap(us)"].fill_null(0).mean() or 0.0)  # type: ignore[arg-type]
+    graph = mean_step - mean_gap
+    return {
+        "median_launch_gap_us": _r(float(np.median(gaps)), 2) if gaps else None,
+        "host_bound_gaps_per_step": _r(len(gaps) / steps, 1),
+        "est_step_time_cuda_graph_ms": _ms(graph),
+        "est_speedup_cuda_graph": _r(mean_step / graph) if graph > 0 else None,
+    }
+
+
 def launch_bound(ri: RuleInput) -> list[Recommendation]:
     """``launch-bound``: the GPU waits for the host to launch kernels (seed 001)."""
     if not (ri.gpu and ri.total > 0):
@@ -313,6 +332,7 @@ def launch_bound(ri: RuleInput) -> list[Recommendation]:
                 evidence[key] = _r(float(ls[col].mean()), 2)  # type: ignore[arg-type]
     except ImportError:  # pragma: no cover - the analysis module is part of the package
         pass
+    evidence |= _cuda_graph_gain(ri)
     return [
         _rec(
             "launch-bound",
@@ -355,6 +375,35 @@ def _exposed_comm_action(top: str) -> str:
     )
 
 
+SMALL_MESSAGE_BYTES = 1 << 20
+
+
+def comm_decision(bw: dict[str, Any] | None) -> tuple[str, str] | None:
+    """Compress vs overlap vs slow link, from the top collective's sizes and bus bandwidth
+    (``bandwidth.collective_bandwidth``): messages under 1 MiB are latency-bound (fewer, larger
+    buckets); a median bus bandwidth under half the job's own 90th percentile means the same
+    transfer runs at very different speeds (a slow or shared link); else bandwidth-bound
+    (send fewer bytes, overlap more)."""
+    if not bw:
+        return None
+    if bw["bytes_median"] < SMALL_MESSAGE_BYTES:
+        return "latency-bound", (
+            f"Messages are small ({bw['bytes_median']:,} B median per collective, bus bandwidth "
+            f"{bw['busbw_GBps']} GB/s): per-collective latency dominates, so send fewer, larger ones "
+            "(raise bucket_cap_mb) rather than compressing."
+        )
+    if bw["busbw_GBps"] < 0.5 * bw["busbw_GBps_p90"]:
+        return "slow-link", (
+            f"The same collective runs at very different speeds (bus bandwidth median {bw['busbw_GBps']} "
+            f"vs p90 {bw['busbw_GBps_p90']} GB/s): suspect a slow or shared link; run nccl-tests on the "
+            "ranks' pairs before tuning the job."
+        )
+    return "bandwidth-bound", (
+        f"Transfers are bandwidth-bound ({bw['bytes_median']:,} B per collective at {bw['busbw_GBps']} GB/s "
+        "bus bandwidth, as nccl-tests define it): send fewer bytes or hide them under compute."
+    )
+
+
 def exposed_comm(ri: RuleInput) -> list[Recommendation]:
     """``exposed-comm``: collective transfer time not hidden behind compute (seed 004)."""
     breakdown, total = ri.breakdown, ri.total
@@ -372,6 +421,10 @@ def exposed_comm(ri: RuleInput) -> list[Recommendation]:
     if top == "sendrecv" and ri.extra.get("pipeline") is not None:
         return []  # a pipeline's send/recv waits are its bubble: pipeline-bubble reports them
     action = _exposed_comm_action(top)
+    bw = ri.extra.get("collective_bandwidth") or {}
+    decision = comm_decision(bw.get(top))
+    if decision:
+        action = decision[1] + " " + action
     split = len(ri.job.traces) > 1
     if not split:
         action = (
@@ -391,6 +444,7 @@ def exposed_comm(ri: RuleInput) -> list[Recommendation]:
                 "overlap_fraction_of_comm": _r(1.0 - float(breakdown["exposed_comm(us)"].sum()) / comm if comm else None),
                 "comm_time_by_collective": shares,
                 "wait_vs_transfer_separable": split,
+                **({"collective_bandwidth": bw, "comm_decision": decision[0] if decision else None} if bw else {}),
             },
             action,
         )

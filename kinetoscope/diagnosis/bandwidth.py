@@ -1,0 +1,139 @@
+"""Per-collective algorithm and bus bandwidth, as NCCL's tests (nccl-tests, PERFORMANCE.md) define them.
+
+For one instance of a collective over ``n`` ranks moving ``S`` bytes in ``t`` seconds:
+
+``algbw = S / t``
+    ``S``: the buffer size of the operation (all-reduce, broadcast, reduce-scatter input,
+    all-to-all: the per-rank buffer; all-gather: the gathered output = ``n`` x the input).
+``busbw = algbw x factor``
+    the rate each link must sustain, comparable to the hardware's peak: all-reduce
+    ``2(n−1)/n``; all-gather, reduce-scatter, all-to-all ``(n−1)/n``; broadcast, reduce,
+    send/recv 1.
+
+``S`` = ``nelems`` (the trace's ``In msg nelems``) x the element size (``msg_dtype`` of the
+rank's ``record_param_comms`` for that collective, else a ``f32``/``f16``/``bf16``/... token of
+the kernel name, else 4 bytes, flagged in ``dtype_assumed``). ``t`` is the *transfer* time:
+from the last rank's arrival to the median end (aligned clocks), so waiting for late ranks is
+not counted as slow transfer. Instances are matched across ranks by their order within the
+collective type (the k-th all-reduce of every rank).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from statistics import median
+from typing import Any
+
+import polars as pl
+
+from kinetoscope.trace.model import Trace
+
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "f32": 4,
+    "int": 4,
+    "int32": 4,
+    "i32": 4,
+    "uint32": 4,
+    "half": 2,
+    "float16": 2,
+    "f16": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "short": 2,
+    "int16": 2,
+    "double": 8,
+    "float64": 8,
+    "f64": 8,
+    "long": 8,
+    "int64": 8,
+    "i64": 8,
+    "uint64": 8,
+    "byte": 1,
+    "char": 1,
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "i8": 1,
+    "u8": 1,
+    "int8_t": 1,
+    "uint8_t": 1,
+}
+_NAME_DTYPE = re.compile(
+    r"_(f32|f16|bf16|f64|i32|i64|i8|u8|float|half|double|int8_t|uint8_t)(?=_|\(|$)", re.IGNORECASE
+)
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reducescatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+}
+
+
+def element_bytes(trace: Trace, coll: str, kernel_name: str | None) -> tuple[int, bool]:
+    """Bytes per element of ``coll`` on this rank, and whether it was assumed (4)."""
+    ev = trace.events.filter(
+        (pl.col("name") == "record_param_comms")
+        & pl.col("msg_dtype").is_not_null()
+        & pl.col("collective_name").is_not_null()
+    )
+    names = ev.select(pl.col("collective_name").str.to_lowercase().str.replace_all("_", ""), "msg_dtype")
+    hit = names.filter(pl.col("collective_name").str.contains(coll))["msg_dtype"]
+    if hit.len():
+        size = _DTYPE_BYTES.get(str(hit.mode()[0]).lower())
+        if size:
+            return size, False
+    m = _NAME_DTYPE.search(kernel_name or "")
+    if m and m.group(1).lower() in _DTYPE_BYTES:
+        return _DTYPE_BYTES[m.group(1).lower()], False
+    return 4, True
+
+
+def collective_bandwidth(
+    traces: dict[int, Trace], colls: dict[int, pl.DataFrame], offsets: dict[int, int]
+) -> dict[str, dict[str, Any]]:
+    """Per collective type: instances, median bytes, transfer time, algbw and busbw (GB/s)."""
+    world = len(traces)
+    out: dict[str, dict[str, Any]] = {}
+    types = sorted(
+        {c for df in colls.values() if df.height for c in df["coll"].unique().to_list()} - {"sendrecv"}
+    )
+    for coll in types:
+        per_rank = {
+            r: df.filter(pl.col("coll") == coll).sort("arrival") for r, df in colls.items() if df.height
+        }
+        per_rank = {r: d for r, d in per_rank.items() if d.height}
+        if len(per_rank) < 2:
+            continue
+        sizes = {r: element_bytes(traces[r], coll, str(d["name"][0])) for r, d in per_rank.items()}
+        k_max = min(d.height for d in per_rank.values())
+        rows = []
+        for k in range(k_max):
+            arr = [int(d["arrival"][k]) + int(offsets.get(r, 0)) for r, d in per_rank.items()]
+            end = [int(d["end"][k]) + int(offsets.get(r, 0)) for r, d in per_rank.items()]
+            nel = [d["nelems"][k] for d in per_rank.values() if d["nelems"][k] is not None]
+            t = median(end) - max(arr)
+            if not nel or t <= 0:
+                continue
+            r0 = next(iter(per_rank))
+            s = float(median(nel)) * sizes[r0][0] * (world if coll == "allgather" else 1)
+            rows.append((s, t))
+        if not rows:
+            continue
+        factor = BUS_FACTOR[coll](world) if coll in BUS_FACTOR else 1.0
+        alg = [s / t for s, t in rows]  # bytes per ns = GB/s
+        out[coll] = {
+            "instances": len(rows),
+            "ranks": world,
+            "bytes_median": int(median(s for s, _ in rows)),
+            "transfer_ms_median": round(median(t for _, t in rows) / 1e6, 4),
+            "algbw_GBps": round(median(alg), 3),
+            "busbw_GBps": round(median(alg) * factor, 3),
+            "busbw_GBps_p90": round(sorted(alg)[int(0.9 * (len(alg) - 1))] * factor, 3),
+            "bus_factor": round(factor, 4),
+            "dtype_bytes": sizes[next(iter(per_rank))][0],
+            "dtype_assumed": any(a for _, a in sizes.values()),
+        }
+    return out
