@@ -8,10 +8,11 @@ with a send (the first stage, which has its input) while the others open it with
 Terms (per rank and step, on the aligned clock; ``T`` is the step's duration):
 
 ``idle``
-    time inside point-to-point spans that no compute covers: the rank waits for a peer's
-    activation or gradient. CPU ranks: compute = the rank's ``cpu_op`` events other than
-    point-to-point ones; GPU ranks: compute = the union of their computation kernels, and
-    ``idle`` = ``T`` − compute.
+    time the rank waits for a peer's activation or gradient. CPU ranks: the gaps of at least
+    ``WAIT_GAP_NS`` between its own ``cpu_op`` events (other than communication ones) that
+    fall inside a send or receive span; shorter gaps are host work between ops (Python), and
+    asynchronous sends overlap such work, so counting every uncovered instant of a send span
+    would book it as idle. GPU ranks: ``T`` − the union of their computation kernels.
 ``compute``
     ``T`` − ``idle``: forward and backward of all its micro-batches, optimizer, host work.
 ``bubble_fraction`` (stage)
@@ -63,6 +64,8 @@ _MB = re.compile(r"^(Forward|Backward) (\d+)$")
 _PP = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
 
 Intervals = np.ndarray  # shape (n, 2), int64 ns, sorted and disjoint after _union
+# A gap between a CPU rank's ops shorter than this is host work (Python between ops), not a wait.
+WAIT_GAP_NS = 200_000
 
 
 def _union(iv: Intervals) -> Intervals:
@@ -108,7 +111,7 @@ def _clip(iv: Intervals, lo: int, hi: int) -> Intervals:
 class RankPipe:
     """One rank's point-to-point and compute intervals (aligned ns) and its micro-batch marks."""
 
-    p2p: Intervals
+    p2p: Intervals  # send and receive spans
     compute: Intervals
     posts: pl.DataFrame  # ts, op ("send" | "recv"), end
     recv_done: np.ndarray  # sorted ends of the receive spans (completions)
@@ -143,7 +146,8 @@ def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
             (pl.col("k") == "cpu_op") & ~pl.col("name").str.contains(r"^c10d::|^(?:gloo|nccl|mpi|ucc):")
         )
     marks = _marks(ev.filter(pl.col("k") == "user_annotation"))
-    done = p2p.filter(pl.col("name").str.contains("(?i)recv"))["end"].sort().to_numpy().astype(np.int64)
+    recv = p2p.filter(pl.col("name").str.contains("(?i)recv"))
+    done = recv["end"].sort().to_numpy().astype(np.int64)
     return RankPipe(
         p2p=_union(p2p.select("ts", "end").to_numpy().astype(np.int64)),
         compute=_union(comp.select("ts", "end").to_numpy().astype(np.int64)),
@@ -194,10 +198,30 @@ class StepCut:
         return self.end - self.start
 
 
+def _waits(p2p: Intervals, comp: Intervals, start: int, end: int) -> Intervals:
+    """Gaps of at least WAIT_GAP_NS between compute intervals, within [start, end), that a
+    point-to-point span overlaps (kept whole where they overlap it)."""
+    edges = (
+        np.concatenate(([start], comp.ravel(), [end])).reshape(-1, 2)
+        if len(comp)
+        else np.array([[start, end]])
+    )
+    gaps = edges[(edges[:, 1] - edges[:, 0]) >= WAIT_GAP_NS]
+    if len(gaps) == 0 or len(p2p) == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    out = [
+        (max(int(g0), int(a)), min(int(g1), int(b)))
+        for g0, g1 in gaps
+        for a, b in p2p[(p2p[:, 0] < g1) & (p2p[:, 1] > g0)]
+    ]
+    return _union(np.asarray(out, dtype=np.int64)) if out else np.empty((0, 2), dtype=np.int64)
+
+
 def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
     p2p = _clip(rp.p2p, start, end)
     comp = _clip(rp.compute, start, end)
-    idle = (end - start - _length(comp)) if rp.gpu else _length(p2p) - _intersection(p2p, comp)
+    waits = _waits(p2p, comp, start, end)
+    idle = (end - start - _length(comp)) if rp.gpu else _length(waits)
     posts = rp.posts.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
     ops = posts["op"].to_list()
     i = int(np.searchsorted(rp.recv_done, start))
@@ -207,7 +231,7 @@ def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
     fwd: list[int] = []
     bwd: list[int] = []
     for ts, e, kind in marks.select("ts", "end", "kind").iter_rows():
-        own = (e - ts) - (_length(_clip(p2p, ts, e)) - _intersection(_clip(p2p, ts, e), _clip(comp, ts, e)))
+        own = (e - ts) - _length(_clip(waits, ts, e))
         (fwd if kind == "F" else bwd).append(own)
     return StepCut(
         rank=rank,
@@ -293,9 +317,8 @@ def _stage_order(cuts: dict[int, list[StepCut]]) -> list[list[int]] | None:
     d = len(first)
     rest.sort()
     if len(rest) % d:
-        d = 1
-        first = first[:1] + []
-    stages = [sorted(first)] if d == len(first) else [[f] for f in sorted(first)]
+        return None  # the other ranks do not split into groups of d replicas
+    stages = [sorted(first)]
     ranks = [r for _, r in rest]
     stages += [sorted(ranks[i : i + d]) for i in range(0, len(ranks), d)]
     return stages

@@ -16,7 +16,12 @@ dataloader-stall       DataLoader ``__next__`` time >= 5 % of step time         
 attention-math-path    math-path SDPA or matmul-softmax-matmul, no fused kernels    medium
 recompilation          TorchDynamo recompiles or compiles inside the trace window   high if compile time >= 10 % of the window, else medium
 low-mfu                MFU < 30 %                                                  high < 10 %, else medium
+pipeline-bubble        pipeline stages idle >= 15 % of the step                    high >= 40 %, medium >= 25 %, else low
+pipeline-imbalance     slowest stage computes >= 20 % above the mean stage         by balanced speed-up: high >= 1.25x, medium >= 1.10x
+uneven-inputs          ranks ran different numbers of steps/collectives            high if a collective hangs, else medium >= 5 % idle
 =====================  ==========================================================  ==========
+
+One rule function per row, in ``RULES`` (docs/diagnosis.md sections 7 and 11).
 """
 
 from __future__ import annotations
