@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, schedule
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -36,6 +37,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--heavy-stage", type=int, default=-1, help="stage with more layers (-1: none)")
     p.add_argument("--heavy-factor", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=6, help="profiled steps (after 2 unprofiled)")
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        help="pipeline replicas: rank r is stage r % (world/dp) of replica r // (world/dp), stages wrapped in DDP across replicas",
+    )
     return p.parse_args()
 
 
@@ -51,10 +58,18 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(rank)
-    n = round(a.layers * (a.heavy_factor if rank == a.heavy_stage else 1.0))
-    mod = stage_module(n, a.width)
-    stage = PipelineStage(mod, rank, world, torch.device("cpu"))
+    pp = world // a.dp
+    stage_idx, replica = rank % pp, rank // pp
+    torch.manual_seed(stage_idx)
+    n = round(a.layers * (a.heavy_factor if stage_idx == a.heavy_stage else 1.0))
+    mod: torch.nn.Module = stage_module(n, a.width)
+    pp_group = None
+    if a.dp > 1:  # every rank creates every group, in the same order
+        pp_groups = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(a.dp)]
+        dp_groups = [dist.new_group(list(range(s, world, pp))) for s in range(pp)]
+        pp_group = pp_groups[replica]
+        mod = DDP(mod, process_group=dp_groups[stage_idx])
+    stage = PipelineStage(mod, stage_idx, pp, torch.device("cpu"), group=pp_group)
     sched = SCHEDULES[a.schedule](
         stage, n_microbatches=a.microbatches, loss_fn=lambda o, t: (o - t).pow(2).mean()
     )
@@ -64,9 +79,9 @@ def main() -> None:
 
     def one_step() -> None:
         opt.zero_grad()
-        if rank == 0:
+        if stage_idx == 0:
             sched.step(x)
-        elif rank == world - 1:
+        elif stage_idx == pp - 1:
             sched.step(target=y, losses=[])
         else:
             sched.step()

@@ -6,8 +6,9 @@
 Problems and what is scored (each scenario: expected vs got, ``ok`` when every check holds):
 
 * ``pipeline`` (seed 001): ``torch.distributed.pipelining`` jobs (``pipeline_job.py``, torchrun,
-  gloo, 2-4 stages, GPipe / 1F1B, balanced or one stage with ``factor`` x the layers). Checks:
-  ``pipeline`` not null, ``schedule`` as run, stage ``i`` = rank ``i``, the heavy stage named
+  gloo, 2-4 stages, GPipe / 1F1B, balanced or one stage with ``factor`` x the layers; one job
+  of 2 pipeline replicas x 2 stages with DDP across replicas). Checks: ``pipeline`` not null,
+  ``schedule`` as run, stage ``i`` = ranks ``i + d * stages``, the heavy stage named
   as ``slowest_stage`` with ``excess_fraction`` >= 0.2 (balanced: no ``pipeline-imbalance``).
   Reported, not scored: measured ``bubble_fraction`` vs the schedule's ``(p-1)/(m+p-1)``.
 * ``uneven`` (seed 004): DDP jobs whose ``short`` rank gets 3 fewer batches
@@ -83,15 +84,23 @@ def scenarios(quick: bool = False) -> list[SeedScenario]:
         ("pp_1f1b2_bal", 2, "1f1b", 4, -1, 1.0),
         ("pp_gpipe3_heavy2", 3, "gpipe", 6, 2, 3.0),
         ("pp_1f1b4_heavy0", 4, "1f1b", 8, 0, 3.0),
+        ("pp_1f1b2x2dp_heavy1", 2, "1f1b", 4, 1, 3.0, 2),
     ]
     out = [
         SeedScenario(
             sid,
             "pipeline",
-            {"stages": p, "schedule": s, "microbatches": m, "heavy_stage": h, "factor": f},
+            {
+                "stages": p,
+                "schedule": s,
+                "microbatches": m,
+                "heavy_stage": h,
+                "factor": f,
+                "dp": dp[0] if dp else 1,
+            },
             {"schedule": {"gpipe": "GPipe", "1f1b": "1F1B"}[s], "slowest_stage": h if h >= 0 else None},
         )
-        for sid, p, s, m, h, f in (pp[1:3] if quick else pp)
+        for sid, p, s, m, h, f, *dp in (pp[1:3] if quick else pp)
     ]
     un = [
         ("un_join_r1", 3, 1, True, "join"),
@@ -174,8 +183,10 @@ def run_pipeline(sc: SeedScenario, out: Path) -> tuple[dict[str, Any], dict[str,
     p = sc.params
     _torchrun(
         "pipeline_job.py",
-        p["stages"],
+        p["stages"] * p["dp"],
         out,
+        "--dp",
+        str(p["dp"]),
         "--schedule",
         p["schedule"],
         "--microbatches",
@@ -207,7 +218,8 @@ def run_pipeline(sc: SeedScenario, out: Path) -> tuple[dict[str, Any], dict[str,
     checks = {
         "recognised": bool(pp),
         "schedule": pp.get("schedule") == sc.expected["schedule"],
-        "stages": got["stage_ranks"] == [[i] for i in range(p["stages"])],
+        "stages": got["stage_ranks"]
+        == [[i + d * p["stages"] for d in range(p["dp"])] for i in range(p["stages"])],
         "imbalance": (flagged and im.get("slowest_stage") == heavy) if heavy is not None else not flagged,
     }
     return got, checks

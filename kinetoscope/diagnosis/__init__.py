@@ -133,15 +133,7 @@ def diagnose(
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
-    pipe = analyze_pipeline(job, steps, clock.offsets)
-    uneven = analyze_uneven(job, steps, colls, clock.offsets)
-    compiles = [e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))]
-    extra: dict[str, Any] = {
-        "pipeline": pipe.to_dict() if pipe else None,
-        "uneven_inputs": uneven.to_dict() if uneven else None,
-        "recompilation": recompilation_summary(compiles),
-        "collective_bandwidth": collective_bandwidth(job.traces, colls, clock.offsets),
-    }
+    extra = seed_analyses(job, steps, colls, clock)
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(
         c.height for c in colls.values()
@@ -166,6 +158,20 @@ def diagnose(
         notes=notes,
         extra=extra,
     )
+
+
+def seed_analyses(job: Job, steps: pl.DataFrame, colls: dict[int, pl.DataFrame], clock: ClockAlignment) -> dict[str, Any]:
+    """The analyses added for the seeds' problems (docs/diagnosis.md section 11): the JSON values
+    of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``)."""
+    pipe = analyze_pipeline(job, steps, clock.offsets)
+    uneven = analyze_uneven(job, steps, colls, clock.offsets)
+    compiles = [e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))]
+    return {
+        "pipeline": pipe.to_dict() if pipe else None,
+        "uneven_inputs": uneven.to_dict() if uneven else None,
+        "recompilation": recompilation_summary(compiles),
+        "collective_bandwidth": collective_bandwidth(job.traces, colls, clock.offsets),
+    }
 
 
 def common_steps(instances: pl.DataFrame, bd: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:

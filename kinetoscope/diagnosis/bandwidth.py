@@ -10,9 +10,9 @@ For one instance of a collective over ``n`` ranks moving ``S`` bytes in ``t`` se
     ``2(n−1)/n``; all-gather, reduce-scatter, all-to-all ``(n−1)/n``; broadcast, reduce,
     send/recv 1.
 
-``S`` = ``nelems`` (the trace's ``In msg nelems``) x the element size (``msg_dtype`` of the
-rank's ``record_param_comms`` for that collective, else a ``f32``/``f16``/``bf16``/... token of
-the kernel name, else 4 bytes, flagged in ``dtype_assumed``). ``t`` is the *transfer* time:
+``S`` = ``nelems`` (the trace's ``In msg nelems``) x the element size (the ``f32``/``f16``/
+``bf16``/... token of the kernel name, else 4 bytes, flagged in ``dtype_assumed``; the
+``msg_dtype`` column is not read: scale-out's slim traces do not carry it). ``t`` is the *transfer* time:
 from the last rank's arrival to the median end (aligned clocks), so waiting for late ranks is
 not counted as slow transfer. Instances are matched across ranks by their order within the
 collective type (the k-th all-reduce of every rank).
@@ -72,19 +72,9 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 }
 
 
-def element_bytes(trace: Trace, coll: str, kernel_name: str | None) -> tuple[int, bool]:
-    """Bytes per element of ``coll`` on this rank, and whether it was assumed (4)."""
-    ev = trace.events.filter(
-        (pl.col("name") == "record_param_comms")
-        & pl.col("msg_dtype").is_not_null()
-        & pl.col("collective_name").is_not_null()
-    )
-    names = ev.select(pl.col("collective_name").str.to_lowercase().str.replace_all("_", ""), "msg_dtype")
-    hit = names.filter(pl.col("collective_name").str.contains(coll))["msg_dtype"]
-    if hit.len():
-        size = _DTYPE_BYTES.get(str(hit.mode()[0]).lower())
-        if size:
-            return size, False
+def element_bytes(kernel_name: str | None) -> tuple[int, bool]:
+    """Bytes per element from the dtype token of the collective's kernel name
+    (``..._Sum_f32_RING_LL``, ``..._bf16``), and whether it was assumed (4 bytes)."""
     m = _NAME_DTYPE.search(kernel_name or "")
     if m and m.group(1).lower() in _DTYPE_BYTES:
         return _DTYPE_BYTES[m.group(1).lower()], False
@@ -107,7 +97,7 @@ def collective_bandwidth(
         per_rank = {r: d for r, d in per_rank.items() if d.height}
         if len(per_rank) < 2:
             continue
-        sizes = {r: element_bytes(traces[r], coll, str(d["name"][0])) for r, d in per_rank.items()}
+        sizes = {r: element_bytes(str(d["name"][0])) for r, d in per_rank.items()}
         k_max = min(d.height for d in per_rank.values())
         rows = []
         for k in range(k_max):

@@ -140,3 +140,36 @@ def test_imbalance_rule_names_stage_and_share_to_move():
     assert rec["severity"] == "high"
     low = {**PP, "imbalance": {**PP["imbalance"], "excess_fraction": 0.1}}
     assert pipeline_imbalance(_ri(low)) == []
+
+
+@pytest.fixture(scope="module")
+def dp_pp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp_dp")
+    run_torchrun(
+        "pipeline_job.py",
+        4,
+        out,
+        "--dp",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--microbatches",
+        "4",
+        "--width",
+        "512",
+        "--batch",
+        "64",
+        "--heavy-stage",
+        "1",
+        "--heavy-factor",
+        "3",
+    )
+    return diagnose(out)
+
+
+def test_two_pipeline_replicas_group_their_stages(dp_pp):
+    # ranks 0-1 and 2-3 are two pipelines; stage s of both is wrapped in DDP across the replicas
+    pp = dp_pp.to_dict()["pipeline"]
+    assert pp["replicas"] == 2 and [s["ranks"] for s in pp["stages"]] == [[0, 2], [1, 3]]
+    assert pp["imbalance"]["slowest_stage"] == 1 and pp["imbalance"]["slowest_ranks"] == [1, 3]
+    assert all(s["replica_spread"] is not None for s in pp["stages"])
