@@ -153,7 +153,7 @@ def diagnose(
         stragglers=strag,
         mfu=mfu,
         recommendations=recs,
-        step_source=source,
+        step_source=None if source is None else str(source),
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
         extra=extra,
