@@ -15,16 +15,21 @@ For one instance of a collective over ``n`` ranks moving ``S`` bytes in ``t`` se
 ``msg_dtype`` column is not read: scale-out's slim traces do not carry it). ``t`` is the *transfer* time:
 from the last rank's arrival to the median end (aligned clocks), so waiting for late ranks is
 not counted as slow transfer. Instances are matched across ranks by their order within the
-collective type (the k-th all-reduce of every rank).
+collective type (the k-th all-reduce of every rank). Only *bulk* instances count (at least a
+tenth of the type's largest): the 1-element all-reduces beside DDP's gradient buckets (Join's
+flags) are counted in ``small_instances``. CPU/gloo traces carry no ``In msg nelems``: the size
+then comes from the issuing ``c10d::`` op's recorded shapes (``host_op_nelems``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from statistics import median
 from typing import Any
 
+import orjson
 import polars as pl
 
 from kinetoscope.trace.model import Trace
@@ -81,6 +86,35 @@ def element_bytes(kernel_name: str | None) -> tuple[int, bool]:
     return 4, True
 
 
+def host_op_nelems(trace: Trace) -> dict[int, int]:
+    """Elements per collective from the issuing ``c10d::<collective>_`` op's recorded shapes
+    (``record_shapes=True``; CPU/gloo traces carry no ``In msg nelems``), keyed by the op's start
+    (= the collective's ``arrival`` for the ``backend_annotation`` signal): the sum over the
+    first argument's tensors of the product of their dimensions."""
+    ops = trace.events.filter(pl.col("name").str.starts_with("c10d::") & pl.col("input_dims").is_not_null())
+    out: dict[int, int] = {}
+    for ts, dims in ops.select("ts", "input_dims").iter_rows():
+        try:
+            first = orjson.loads(dims)[0]
+        except (orjson.JSONDecodeError, IndexError, TypeError):
+            continue
+        tensors = first if first and isinstance(first[0], list) else [first]
+        if tensors and all(isinstance(t, list) and all(isinstance(x, int) for x in t) for t in tensors):
+            out[int(ts)] = sum(math.prod(t) for t in tensors)
+    return out
+
+
+def _with_nelems(trace: Trace, df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with missing ``nelems`` filled from the issuing host op's shapes."""
+    if df["nelems"].null_count() == 0:
+        return df
+    by_ts = host_op_nelems(trace)
+    if not by_ts:
+        return df
+    fill = pl.Series([by_ts.get(int(a)) for a in df["arrival"].to_list()], dtype=pl.Int64)
+    return df.with_columns(pl.col("nelems").fill_null(fill))
+
+
 def collective_bandwidth(
     traces: dict[int, Trace], colls: dict[int, pl.DataFrame], offsets: dict[int, int]
 ) -> dict[str, dict[str, Any]]:
@@ -92,7 +126,9 @@ def collective_bandwidth(
     )
     for coll in types:
         per_rank = {
-            r: df.filter(pl.col("coll") == coll).sort("arrival") for r, df in colls.items() if df.height
+            r: _with_nelems(traces[r], df.filter(pl.col("coll") == coll).sort("arrival"))
+            for r, df in colls.items()
+            if df.height
         }
         per_rank = {r: d for r, d in per_rank.items() if d.height}
         if len(per_rank) < 2:
@@ -112,10 +148,15 @@ def collective_bandwidth(
             rows.append((s, t))
         if not rows:
             continue
+        # bulk transfers only: DDP's gradient buckets, not the 1-element flags beside them (Join)
+        biggest = max(sz for sz, _ in rows)
+        small = sum(1 for sz, _ in rows if sz < 0.1 * biggest)
+        rows = [(sz, t) for sz, t in rows if sz >= 0.1 * biggest]
         factor = BUS_FACTOR[coll](world) if coll in BUS_FACTOR else 1.0
         alg = [s / t for s, t in rows]  # bytes per ns = GB/s
         out[coll] = {
             "instances": len(rows),
+            "small_instances": small,
             "ranks": world,
             "bytes_median": int(median(s for s, _ in rows)),
             "transfer_ms_median": round(median(t for _, t in rows) / 1e6, 4),
