@@ -19,18 +19,24 @@ from typing import Any
 import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job, assemble_jobs
+from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
 from kinetoscope.diagnosis.collectives import extract_collectives
 from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation
+from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
+from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
+from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
 from kinetoscope.diagnosis.report import DIAGNOSIS_KEYS, Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
+from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.trace.model import Trace
 
 __all__ = [
     "DIAGNOSIS_KEYS",
+    "EXTRA_KEYS",
     "PEAK_FLOPS",
     "ClockAlignment",
     "Diagnosis",
@@ -127,7 +133,8 @@ def diagnose(
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
     attention = {r: detect_attention(t) for r, t in job.traces.items()}
     comp = {r: detect_compilation(t) for r, t in job.traces.items()}
-    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls))
+    extra = seed_analyses(job, steps, colls, clock)
+    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(
         c.height for c in colls.values()
     ) else pl.DataFrame(schema={"rank": pl.Int64, "signal": pl.String})
@@ -138,7 +145,7 @@ def diagnose(
         notes.append("no steps: neither ProfilerStep#N nor Optimizer.step#... annotations in the traces")
     if not any(c.height for c in colls.values()):
         notes.append("no collectives found (no NCCL kernels, no gloo:* annotations, no c10d:: ops)")
-    return Diagnosis(
+    return ExtendedDiagnosis(
         job=job,
         clock=clock,
         steps=bd,
@@ -146,10 +153,25 @@ def diagnose(
         stragglers=strag,
         mfu=mfu,
         recommendations=recs,
-        step_source=source,
+        step_source=None if source is None else str(source),
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
+        extra=extra,
     )
+
+
+def seed_analyses(job: Job, steps: pl.DataFrame, colls: dict[int, pl.DataFrame], clock: ClockAlignment) -> dict[str, Any]:
+    """The analyses added for the seeds' problems (docs/diagnosis.md section 11): the JSON values
+    of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``)."""
+    pipe = analyze_pipeline(job, steps, clock.offsets)
+    uneven = analyze_uneven(job, steps, colls, clock.offsets)
+    compiles = [e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))]
+    return {
+        "pipeline": pipe.to_dict() if pipe else None,
+        "uneven_inputs": uneven.to_dict() if uneven else None,
+        "recompilation": recompilation_summary(compiles),
+        "collective_bandwidth": collective_bandwidth(job.traces, colls, clock.offsets),
+    }
 
 
 def common_steps(instances: pl.DataFrame, bd: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:

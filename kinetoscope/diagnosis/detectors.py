@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 
@@ -76,7 +78,7 @@ def _first_dims(s: str | None) -> list[int] | None:
     return None
 
 
-def _attention_shapes(da: str | None, db: str | None, dc: str | None, a: dict, b: dict, c: dict) -> bool:
+def _attention_shapes(da: str | None, db: str | None, dc: str | None, a: dict[str, Any], b: dict[str, Any], c: dict[str, Any]) -> bool:
     """matmul -> softmax -> matmul looks like attention: the softmax input is at least 3-D (batch
     [x heads] x queries x keys) and has the shape of the first product and of the second
     product's first operand. Without recorded shapes: the three ops follow each other within
@@ -169,3 +171,35 @@ def detect_compilation(trace: Trace) -> CompileFinding:
         f.compile_time_us = busy_span(whole.select("ts", (pl.col("ts") + pl.col("dur")).alias("end")))["busy"][0] / 1000.0
     f.recompiles = sum(1 for _fr, c in f.compile_ids if c > 0)
     return f
+
+
+@dataclass
+class LaunchGaps:
+    """Host-bound GPU idle of one rank: gaps before a device event whose launch call came after
+    the GPU had run out of queued work (the same rule as ``breakdown``'s ``launch_gap``), one
+    value per gap. ``median_gap_us``: the typical wait for the host per such kernel."""
+
+    gaps_us: list[float] = field(default_factory=list)
+    device_events: int = 0
+
+    @property
+    def median_gap_us(self) -> float | None:
+        return float(np.median(self.gaps_us)) if self.gaps_us else None
+
+
+def detect_launch_gaps(trace: Trace) -> LaunchGaps:
+    dev = trace.device_events()
+    if dev.is_empty():
+        return LaunchGaps()
+    launches = (
+        trace.runtime().filter(pl.col("correlation").is_not_null()).group_by("correlation").agg(pl.col("ts").min().alias("_lts"))
+    )
+    d = (
+        dev.select("ts", (pl.col("ts") + pl.col("dur")).alias("end"), "correlation")
+        .sort("ts")
+        .with_columns(_front=pl.col("end").cum_max().shift(1))
+        .join(launches, on="correlation", how="left")
+        .with_columns(_gap=(pl.col("ts") - pl.col("_front")).clip(lower_bound=0))
+    )
+    host = d.filter((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") > pl.col("_front")))
+    return LaunchGaps(gaps_us=(host["_gap"] / 1000.0).to_list(), device_events=dev.height)

@@ -128,6 +128,7 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
             )
         else:
             console.print(f"[bold]mfu[/] — n/a: {mfu.get('reason')}", highlight=False)
+    render_seed_keys(console, doc)
     if recs:
         t = Table(title="[bold]recommendations[/]", title_justify="left", show_lines=True)
         for c in ("severity", "id", "evidence", "action"):
@@ -136,3 +137,47 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
             ev = ", ".join(f"{k}={_f(v, 3)}" for k, v in r["evidence"].items() if not isinstance(v, dict)) or "-"
             t.add_row(r["severity"], r["id"], ev, r["action"])
         console.print(t)
+
+
+def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
+    """The ``pipeline``, ``uneven_inputs`` and ``recompilation`` keys, when not null."""
+    pp = doc.get("pipeline")
+    if isinstance(pp, dict):
+        im = pp.get("imbalance") or {}
+        rows = [
+            [_f(s["stage"]), _f(s["ranks"]), _f(s["compute_ms"]), _f(s["bubble_fraction"], 3),
+             _f(s.get("fwd_ms_per_microbatch")), _f(s.get("bwd_ms_per_microbatch"))]
+            for s in pp.get("stages", [])[:MAX_ROWS]
+        ]
+        _table(
+            console,
+            f"[bold]pipeline[/] — {pp.get('schedule') or 'schedule not recognised'}, {pp.get('num_stages')} stages, "
+            f"{pp.get('microbatches')} micro-batches; bubble {_f(pp.get('bubble_fraction'), 3)} (schedule alone "
+            f"{_f(pp.get('expected_bubble_fraction'), 3)}); slowest stage {im.get('slowest_stage')} "
+            f"(+{_f(im.get('excess_fraction'), 3)}): step {_f(pp.get('step_time_ms'))} ms -> "
+            f"{_f(im.get('est_step_time_balanced_ms'))} ms balanced",
+            ["stage", "ranks", "compute ms/step", "bubble", "fwd ms/mb", "bwd ms/mb"],
+            rows,
+            len(pp.get("stages", [])) - MAX_ROWS,
+        )
+    un = doc.get("uneven_inputs")
+    if isinstance(un, dict):
+        console.print(
+            f"[bold]uneven inputs[/] — {un['mode']}: short rank(s) {_f(un['short_ranks'])}, steps per rank "
+            f"{un['steps_per_rank']}" + (f", waiting rank(s) {_f(un['waiting_ranks'])}" if un.get("waiting_ranks") else ""),
+            highlight=False,
+        )
+    rc = doc.get("recompilation")
+    if isinstance(rc, dict):
+        rows = [
+            [_f(e["rank"]), e["compile_id"], "yes" if e["recompile"] else "no", _f(e["step"]), _f(e["duration_ms"])]
+            for e in rc.get("events", [])[:MAX_ROWS]
+        ]
+        _table(
+            console,
+            f"[bold]compilations[/] — {rc['compiles']} in the window, {rc['recompiles']} recompiles "
+            f"({_f(rc['recompile_time_ms'])} ms)",
+            ["rank", "compile id", "recompile", "step", "ms"],
+            rows,
+            len(rc.get("events", [])) - MAX_ROWS,
+        )

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 from diag_synth import MS, make_job
 
-from kinetoscope.diagnosis import diagnose
+from kinetoscope.diagnosis import EXTRA_KEYS, diagnose
 from kinetoscope.diagnosis.assembly import assemble_jobs, name_pattern
 from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, estimate_op_flops, match_device
@@ -220,11 +220,12 @@ def test_runner_hook_builds_the_diagnosis_document_once(monkeypatch):
     res = AnalysisResults()
     diag = run_diagnosis(traces, res)
     assert len(calls) == 1 and not res.errors
-    assert set(diag) == {"summary", "job", "steps", "stragglers", "mfu", "recommendations"}
+    # the first contract's keys, then the keys added since (pipeline, uneven_inputs, recompilation)
+    assert set(diag) == {"summary", "job", "steps", "stragglers", "mfu", "recommendations", *EXTRA_KEYS}
     doc = build_document(traces, res, diagnosis=diag)
     assert doc["diagnosis_summary"][0].startswith("NO STRAGGLER") and doc["steps"][0]["rank"] == 0
     # as a Mapping (any consumer): every key read costs one document, built once
     d = diagnose(traces)
     calls.clear()
-    assert dict(d)["job"]["world_size"] == 4 and list(d) == ["summary", "job", "steps", "stragglers", "mfu", "recommendations"]
+    assert dict(d)["job"]["world_size"] == 4 and list(d) == ["summary", "job", "steps", "stragglers", "mfu", "recommendations", *EXTRA_KEYS]
     assert len(calls) == 1

@@ -1,0 +1,453 @@
+"""Pipeline parallelism: stages, micro-batch compute, the bubble and stage imbalance.
+
+A job is *pipeline-parallel* when every rank exchanges point-to-point messages (``send`` /
+``recv``: gloo/MPI/UCC ``<backend>:send|recv`` annotations, ``c10d::send``/``c10d::recv_`` host
+ops, NCCL ``SendRecv`` kernels) in (the median of) its steps, and some ranks open their step
+with a send (the first stage, which has its input) while the others open it with a receive.
+
+Terms (per rank and step, on the aligned clock; ``T`` is the step's duration):
+
+``idle``
+    time the rank waits for a peer's activation or gradient. CPU ranks: the gaps of at least
+    ``WAIT_GAP_NS`` between its own ``cpu_op`` events (other than communication ones) that
+    fall inside a send or receive span; shorter gaps are host work between ops (Python), and
+    asynchronous sends overlap such work, so counting every uncovered instant of a send span
+    would book it as idle. GPU ranks: ``T`` − the union of their computation kernels.
+``compute``
+    ``T`` − ``idle``: forward and backward of all its micro-batches, optimizer, host work.
+``bubble_fraction`` (stage)
+    ``idle / T``: warm-up and cool-down (the pipeline fills and drains) plus the waits that the
+    slowest stage imposes between micro-batches. The job's is the mean over stages. A balanced
+    GPipe or 1F1B schedule with ``p`` stages and ``m`` micro-batches is expected to idle
+    ``(p − 1) / (m + p − 1)`` (``expected_bubble_fraction``).
+
+Stages: the ranks opening their step with a send are stage 0 (``d`` of them: ``d`` pipeline
+replicas); the others are ordered by when their first receive of the step completes (a later
+stage receives its first activation later) and cut into groups of ``d``.
+
+Imbalance (the M_S what-if of "Understanding Stragglers in Large Model Training", OSDI '25,
+for stages): per-micro-batch compute ``t_s = compute_s / m``. A GPipe/1F1B step's critical path
+holds every stage once (fill and drain) and ``m − 1`` more micro-batches of the slowest stage,
+``T ≈ Σ_s t_s + (m − 1)·t_max``; with every stage at the mean, ``T_bal = T − (m − 1)·(t_max −
+t_mean)``. ``excess_fraction = t_max / t_mean − 1``.
+
+Bubble vs straggler: a bubble is idle that the schedule itself imposes (and shrinks with more
+micro-batches); an imbalanced stage is a stage whose own compute is larger, every step; a
+straggler is a rank slower than the other ranks *of its own stage* (replicas), or a stage whose
+compute varies from step to step — reported in ``replica_spread`` and ``step_cv``.
+
+Schedule: ``PP:<stage><F|B|I|W><mb>`` annotations (``torch.distributed.pipelining`` runtime
+schedules): several stage ids on one rank → ``interleaved``, ``I``/``W`` actions →
+``zero-bubble``; ``Forward i``/``Backward i`` annotations: every rank runs all its forwards
+before its first backward → ``GPipe``, else ``1F1B``; without annotations, the last stage's
+receives before its first send: all ``m`` → ``GPipe``, one → ``1F1B``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from statistics import mean, median
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from kinetoscope.analysis.kernel_types import COMMUNICATION_PATTERN
+from kinetoscope.diagnosis.assembly import Job
+from kinetoscope.trace.model import Trace
+
+P2P_SPAN = r"^(?:gloo|mpi|ucc|nccl):(?:send|recv)$|(?i)SendRecv|ncclDevKernel_(?:Send|Recv)"
+P2P_POST = r"^c10d::(?:send|recv_?|recv_any_source_?)$"
+_P2P_ANY = r"(?i)(?:^|[:_])(?:send|recv)"
+_MB = re.compile(r"^(Forward|Backward) (\d+)$")
+_PP = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
+
+Intervals = np.ndarray  # shape (n, 2), int64 ns, sorted and disjoint after _union
+# A gap between a CPU rank's ops shorter than this is host work (Python between ops), not a wait.
+WAIT_GAP_NS = 200_000
+
+
+def _union(iv: Intervals) -> Intervals:
+    """Sorted, disjoint union of ``[start, end)`` rows."""
+    if len(iv) == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    iv = iv[np.argsort(iv[:, 0], kind="stable")]
+    out: list[list[int]] = [[int(iv[0, 0]), int(iv[0, 1])]]
+    for s, e in iv[1:]:
+        if s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], int(e))
+        else:
+            out.append([int(s), int(e)])
+    return np.asarray(out, dtype=np.int64)
+
+
+def _length(iv: Intervals) -> int:
+    return int((iv[:, 1] - iv[:, 0]).sum()) if len(iv) else 0
+
+
+def _intersection(a: Intervals, b: Intervals) -> int:
+    """Length of the intersection of two unions (both sorted and disjoint)."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
+        total += max(0, int(hi - lo))
+        if a[i, 1] < b[j, 1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _clip(iv: Intervals, lo: int, hi: int) -> Intervals:
+    if len(iv) == 0:
+        return iv
+    c = np.clip(iv, lo, hi)
+    out: Intervals = c[c[:, 1] > c[:, 0]]
+    return out
+
+
+@dataclass
+class RankPipe:
+    """One rank's point-to-point and compute intervals (aligned ns) and its micro-batch marks."""
+
+    p2p: Intervals  # send and receive spans
+    compute: Intervals
+    posts: pl.DataFrame  # ts, op ("send" | "recv"), end
+    recv_done: np.ndarray  # sorted ends of the receive spans (completions)
+    marks: pl.DataFrame  # ts, end, kind (F/B/I/W), mb, stage_id (-1 when not recorded)
+    gpu: bool
+
+
+def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
+    ev = trace.events.filter(pl.col("dur").is_not_null()).with_columns(
+        (pl.col("ts") + offset).alias("ts"), (pl.col("ts") + offset + pl.col("dur")).alias("end")
+    )
+    kinds = ev["kind"].cast(pl.String)
+    ev = ev.with_columns(kinds.alias("k"))
+    p2p = ev.filter(pl.col("name").str.contains(P2P_SPAN))
+    posts = ev.filter((pl.col("k") == "cpu_op") & pl.col("name").str.contains(P2P_POST))
+    if posts.is_empty():  # annotations only: their start is the post
+        posts = p2p.filter(pl.col("k") != "kernel")
+    posts = posts.select(
+        "ts",
+        "end",
+        pl.when(pl.col("name").str.contains("(?i)send"))
+        .then(pl.lit("send"))
+        .otherwise(pl.lit("recv"))
+        .alias("op"),
+    ).sort("ts")
+    kern = ev.filter(pl.col("k") == "kernel")
+    gpu = kern.height > 0
+    if gpu:
+        comp = kern.filter(~pl.col("name").str.contains(COMMUNICATION_PATTERN))
+    else:
+        comp = ev.filter(
+            (pl.col("k") == "cpu_op") & ~pl.col("name").str.contains(r"^c10d::|^(?:gloo|nccl|mpi|ucc):")
+        )
+    marks = _marks(ev.filter(pl.col("k") == "user_annotation"))
+    recv = p2p.filter(pl.col("name").str.contains("(?i)recv"))
+    done = recv["end"].sort().to_numpy().astype(np.int64)
+    return RankPipe(
+        p2p=_union(p2p.select("ts", "end").to_numpy().astype(np.int64)),
+        compute=_union(comp.select("ts", "end").to_numpy().astype(np.int64)),
+        posts=posts,
+        recv_done=done,
+        marks=marks,
+        gpu=gpu,
+    )
+
+
+def _marks(ann: pl.DataFrame) -> pl.DataFrame:
+    rows: list[tuple[int, int, str, int, int]] = []
+    for name, ts, end in ann.select("name", "ts", "end").iter_rows():
+        m = _MB.match(name)
+        if m:
+            rows.append((ts, end, m.group(1)[0], int(m.group(2)), -1))
+            continue
+        m = _PP.match(name)
+        if m:
+            rows.append((ts, end, m.group(2), int(m.group(3)), int(m.group(1))))
+    schema = {"ts": pl.Int64, "end": pl.Int64, "kind": pl.String, "mb": pl.Int64, "stage_id": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row").sort("ts")
+
+
+@dataclass
+class StepCut:
+    """One rank's numbers for one step."""
+
+    rank: int
+    step: int
+    start: int
+    end: int
+    idle: int
+    first_op: str | None
+    first_recv_end: int | None
+    sends: int
+    recvs: int
+    leading_recvs: int  # receives posted before the first send
+    microbatches: int  # distinct micro-batch ids in F/B marks (0: none)
+    fwd_ns: list[int] = field(default_factory=list)
+    bwd_ns: list[int] = field(default_factory=list)
+    order: str = ""  # F/B sequence of the marks (GPipe vs 1F1B)
+    stage_ids: int = 0
+    split_backward: bool = False
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+def _waits(p2p: Intervals, comp: Intervals, start: int, end: int) -> Intervals:
+    """Gaps of at least WAIT_GAP_NS between compute intervals, within [start, end), that a
+    point-to-point span overlaps (kept whole where they overlap it)."""
+    edges = (
+        np.concatenate(([start], comp.ravel(), [end])).reshape(-1, 2)
+        if len(comp)
+        else np.array([[start, end]])
+    )
+    gaps = edges[(edges[:, 1] - edges[:, 0]) >= WAIT_GAP_NS]
+    if len(gaps) == 0 or len(p2p) == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    out = [
+        (max(int(g0), int(a)), min(int(g1), int(b)))
+        for g0, g1 in gaps
+        for a, b in p2p[(p2p[:, 0] < g1) & (p2p[:, 1] > g0)]
+    ]
+    return _union(np.asarray(out, dtype=np.int64)) if out else np.empty((0, 2), dtype=np.int64)
+
+
+def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
+    p2p = _clip(rp.p2p, start, end)
+    comp = _clip(rp.compute, start, end)
+    waits = _waits(p2p, comp, start, end)
+    idle = (end - start - _length(comp)) if rp.gpu else _length(waits)
+    posts = rp.posts.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    ops = posts["op"].to_list()
+    i = int(np.searchsorted(rp.recv_done, start))
+    first_recv_end = int(rp.recv_done[i]) if i < len(rp.recv_done) and rp.recv_done[i] < end else None
+    first_send = ops.index("send") if "send" in ops else len(ops)
+    marks = rp.marks.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    fwd: list[int] = []
+    bwd: list[int] = []
+    for ts, e, kind in marks.select("ts", "end", "kind").iter_rows():
+        own = (e - ts) - _length(_clip(waits, ts, e))
+        (fwd if kind == "F" else bwd).append(own)
+    return StepCut(
+        rank=rank,
+        step=step,
+        start=start,
+        end=end,
+        idle=max(0, idle),
+        first_op=ops[0] if ops else None,
+        first_recv_end=first_recv_end,
+        sends=ops.count("send"),
+        recvs=ops.count("recv"),
+        leading_recvs=sum(1 for o in ops[:first_send] if o == "recv"),
+        microbatches=int(marks.filter(pl.col("kind") == "F")["mb"].n_unique()) if marks.height else 0,
+        fwd_ns=fwd,
+        bwd_ns=bwd,
+        order="".join("F" if k == "F" else "B" for k in marks["kind"].to_list()),
+        stage_ids=int(marks.filter(pl.col("stage_id") >= 0)["stage_id"].n_unique()) if marks.height else 0,
+        split_backward=bool(marks.height and marks["kind"].is_in(["I", "W"]).any()),
+    )
+
+
+@dataclass
+class PipelineReport:
+    """The ``pipeline`` key of the diagnosis (``to_dict``); ``None`` stands for "not a pipeline"."""
+
+    schedule: str | None
+    schedule_source: str
+    stages: list[dict[str, Any]]
+    microbatches: int | None
+    bubble_fraction: float
+    expected_bubble_fraction: float | None
+    step_time_ms: float
+    imbalance: dict[str, Any]
+    steps_analysed: int
+    replicas: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schedule": self.schedule,
+            "schedule_source": self.schedule_source,
+            "num_stages": len(self.stages),
+            "replicas": self.replicas,
+            "microbatches": self.microbatches,
+            "stages": self.stages,
+            "bubble_fraction": _r(self.bubble_fraction),
+            "expected_bubble_fraction": _r(self.expected_bubble_fraction),
+            "step_time_ms": _r(self.step_time_ms),
+            "steps_analysed": self.steps_analysed,
+            "imbalance": self.imbalance,
+        }
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def expected_bubble(p: int, m: int, chunks: int = 1) -> float:
+    """Idle share of a balanced GPipe/1F1B step: ``(p − 1) / (v·m + p − 1)`` with ``v`` model
+    chunks per rank (``v = 1``: GPipe, 1F1B; ``v > 1``: interleaved 1F1B, Narayanan et al. 2021)."""
+    return (p - 1) / (chunks * m + p - 1) if p > 1 and m > 0 else 0.0
+
+
+def _stage_order(cuts: dict[int, list[StepCut]]) -> list[list[int]] | None:
+    """Stages as lists of ranks (see the module docstring), or None when the ranks do not look
+    like a pipeline (some rank without point-to-point traffic, or no first/other stage split)."""
+    first: list[int] = []
+    rest: list[tuple[float, int]] = []
+    step_start: dict[int, int] = {}  # earliest start of each step over the ranks (aligned clock)
+    for cs in cuts.values():
+        for c in cs:
+            step_start[c.step] = min(step_start.get(c.step, c.start), c.start)
+    for r, cs in cuts.items():
+        if not cs or median(c.sends + c.recvs for c in cs) < 1:
+            return None
+        opens = [c.first_op for c in cs if c.first_op]
+        if opens.count("send") > len(opens) / 2:
+            first.append(r)
+        else:
+            ends = [c.first_recv_end - step_start[c.step] for c in cs if c.first_recv_end is not None]
+            rest.append((median(ends) if ends else float("inf"), r))
+    if not first or not rest:
+        return None
+    d = len(first)
+    rest.sort()
+    if len(rest) % d:
+        return None  # the other ranks do not split into groups of d replicas
+    stages = [sorted(first)]
+    ranks = [r for _, r in rest]
+    stages += [sorted(ranks[i : i + d]) for i in range(0, len(ranks), d)]
+    return stages
+
+
+def _schedule(cuts: dict[int, list[StepCut]], last: list[int], m: int | None) -> tuple[str | None, str]:
+    """The schedule as recognised and what it was recognised from (module docstring)."""
+    all_cuts = [c for cs in cuts.values() for c in cs]
+    if any(c.stage_ids > 1 for c in all_cuts):
+        return (
+            "interleaved-zero-bubble" if any(c.split_backward for c in all_cuts) else "interleaved"
+        ), "PP annotations"
+    if any(c.split_backward for c in all_cuts):
+        return "zero-bubble", "PP annotations"
+    orders = [c.order for c in all_cuts if c.order]
+    if orders:
+        gpipe = all(re.fullmatch(r"F*B*", o) for o in orders)
+        return ("GPipe" if gpipe else "1F1B"), "micro-batch annotations"
+    lead = [c.leading_recvs for r in last for c in cuts[r]]
+    if m and lead:
+        k = median(lead)
+        if k >= m:
+            return "GPipe", "last stage's receives before its first send"
+        if k <= 1:
+            return "1F1B", "last stage's receives before its first send"
+    return None, "not recognised"
+
+
+def _microbatches(cuts: dict[int, list[StepCut]], stage0: list[int]) -> int | None:
+    """Micro-batches per step: distinct ids of the F marks, else the first stage's receives
+    (one gradient per micro-batch)."""
+    marked = [c.microbatches for cs in cuts.values() for c in cs if c.microbatches]
+    if marked:
+        return int(median(marked))
+    recvs = [c.recvs for r in stage0 for c in cuts[r]]
+    return int(median(recvs)) if recvs and median(recvs) >= 1 else None
+
+
+def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> PipelineReport | None:
+    """The pipeline analysis of ``job`` (``steps``: ``breakdown.step_table``; ``offsets``: the
+    clock alignment's per-rank ns offsets), or None when the job is not pipeline-parallel."""
+    if len(job.traces) < 2 or steps.is_empty():
+        return None
+    if not all(t.events["name"].str.contains(_P2P_ANY).any() for t in job.traces.values()):
+        return None
+    common = (
+        steps.group_by("step")
+        .agg(pl.col("rank").n_unique().alias("n"))
+        .filter(pl.col("n") == len(job.traces))["step"]
+    )
+    st = steps.filter(pl.col("step").is_in(common.implode()))
+    if st.is_empty():
+        return None
+    pipes = {r: _rank_pipe(t, int(offsets.get(r, 0))) for r, t in job.traces.items()}
+    cuts: dict[int, list[StepCut]] = {r: [] for r in job.traces}
+    for r, step, start, end in st.select("rank", "step", "start", "end").iter_rows():
+        cuts[r].append(_cut(r, step, start, end, pipes[r]))
+    # the first step holds one-off work (shape exchange, warm caches): leave it out when others remain
+    if len(common) > 2:
+        first = int(common.min())  # type: ignore[arg-type]
+        cuts = {r: [c for c in cs if c.step != first] for r, cs in cuts.items()}
+    order = _stage_order(cuts)
+    if order is None:
+        return None
+    m = _microbatches(cuts, order[0])
+    schedule, source = _schedule(cuts, order[-1], m)
+    return _report(cuts, order, m, schedule, source)
+
+
+def _stage_rows(cuts: dict[int, list[StepCut]], order: list[list[int]]) -> list[dict[str, Any]]:
+    rows = []
+    for s, ranks in enumerate(order):
+        comp = [median((c.duration - c.idle) for c in cuts[r]) for r in ranks]
+        bub = [median(c.idle / c.duration for c in cuts[r] if c.duration) for r in ranks]
+        per_step = [c.duration - c.idle for r in ranks for c in cuts[r]]
+        fwd = [x for r in ranks for c in cuts[r] for x in c.fwd_ns]
+        bwd = [x for r in ranks for c in cuts[r] for x in c.bwd_ns]
+        rows.append(
+            {
+                "stage": s,
+                "ranks": ranks,
+                "compute_ms": round(mean(comp) / 1e6, 3),
+                "bubble_fraction": round(mean(bub), 4),
+                "fwd_ms_per_microbatch": round(median(fwd) / 1e6, 3) if fwd else None,
+                "bwd_ms_per_microbatch": round(median(bwd) / 1e6, 3) if bwd else None,
+                "replica_spread": round(max(comp) / min(comp) - 1.0, 4)
+                if len(comp) > 1 and min(comp) > 0
+                else None,
+                "step_cv": round(float(np.std(per_step) / np.mean(per_step)), 4)
+                if len(per_step) > 1 and np.mean(per_step) > 0
+                else None,
+            }
+        )
+    return rows
+
+
+def _report(
+    cuts: dict[int, list[StepCut]], order: list[list[int]], m: int | None, schedule: str | None, source: str
+) -> PipelineReport:
+    rows = _stage_rows(cuts, order)
+    by_step: dict[int, int] = {}
+    for cs in cuts.values():
+        for c in cs:
+            by_step[c.step] = max(by_step.get(c.step, 0), c.duration)
+    t_ms = median(by_step.values()) / 1e6
+    comp = [row["compute_ms"] for row in rows]
+    c_mean, c_max = mean(comp), max(comp)
+    slowest = comp.index(c_max)
+    mm = m or 1
+    balanced = t_ms - (mm - 1) / mm * (c_max - c_mean)
+    p = len(order)
+    imbalance = {
+        "slowest_stage": slowest,
+        "slowest_ranks": order[slowest],
+        "excess_fraction": round(c_max / c_mean - 1.0, 4) if c_mean > 0 else 0.0,
+        "stage_compute_ms": comp,
+        "mean_stage_compute_ms": round(c_mean, 3),
+        "est_step_time_balanced_ms": round(balanced, 3),
+        "est_speedup_balanced": round(t_ms / balanced, 4) if balanced > 0 else None,
+    }
+    return PipelineReport(
+        schedule=schedule,
+        schedule_source=source,
+        stages=rows,
+        microbatches=m,
+        bubble_fraction=mean(row["bubble_fraction"] for row in rows),
+        expected_bubble_fraction=expected_bubble(p, m) if m and schedule in ("GPipe", "1F1B", None) else None,
+        step_time_ms=t_ms,
+        imbalance=imbalance,
+        steps_analysed=len(by_step),
+        replicas=len(order[0]),
+    )
