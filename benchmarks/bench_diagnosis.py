@@ -117,6 +117,28 @@ def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir:
     return outs
 
 
+def rediagnose(o: Outcome, workdir: Path) -> Outcome:
+    """``o`` with its verdict recomputed from the traces its run kept under ``workdir/<sid>``
+    (GPU: the rank files; CPU: the daemon's trace directory); labels are kept."""
+    t0 = time.monotonic()
+    root = workdir / o.sid
+    paths = sorted(root.glob("*.pt.trace.json")) if o.generator == "gpu" else [
+        m.parent for m in sorted(root.glob("traces/*/manifest.json"))]
+    o = Outcome(**{k: v for k, v in o.to_dict().items() if k in Outcome.__dataclass_fields__})
+    o.error = None
+    try:
+        if not paths:
+            raise FileNotFoundError(f"{root}: no kept traces (run with --keep --workdir)")
+        v = verdict(paths)
+        o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
+    except Exception as exc:
+        o.kind, o.ranks, o.error = "error", [], f"{type(exc).__name__}: {exc}"[:2000]
+    o.seconds = time.monotonic() - t0
+    mark = "ok " if o.exact else "ERR" if o.error else "MISS"
+    print(f"{mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, got {o.kind} {o.ranks}", flush=True)
+    return o
+
+
 def load_outcomes(path: Path) -> list[Outcome]:
     """Outcomes saved by ``--json`` (the document or its ``.partial`` list)."""
     try:
@@ -253,6 +275,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="write the tables into docs/diagnosis.md under '### Results: LABEL'")
     p.add_argument("--from-json", nargs="*", default=None, metavar="PATH",
                    help="score the outcomes saved in these --json files (or their .partial) instead of running")
+    p.add_argument("--rediagnose", nargs="*", default=None, metavar="PATH",
+                   help="with --workdir: diagnose again the traces kept (--keep) by the runs saved in these --json "
+                        "files, with this version (the same real CPU jobs scored before and after a change)")
     p.add_argument("--examples", type=int, default=2, help="wrong verdicts listed per type (2)")
     return p.parse_args(argv)
 
@@ -269,7 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     part = Path(a.json + ".partial") if a.json else None
-    if a.from_json is not None:
+    if a.rediagnose is not None:
+        if not a.workdir:
+            print("error: --rediagnose needs --workdir (where the saved run kept its traces)", file=sys.stderr)
+            return 2
+        outcomes = [rediagnose(o, workdir) for p in a.rediagnose for o in load_outcomes(Path(p))]
+        gpu_out = [o for o in outcomes if o.generator == "gpu"]
+        cpu_out = [o for o in outcomes if o.generator == "cpu"]
+    elif a.from_json is not None:
         outcomes = [o for p in a.from_json for o in load_outcomes(Path(p))]
         gpu_out = [o for o in outcomes if o.generator == "gpu"]
         cpu_out = [o for o in outcomes if o.generator == "cpu"]
@@ -283,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         "all": summary_by_type(outcomes, dict.fromkeys([*gpu.TYPES, *cpu.CPU_TYPES])),
     }
     runs = [saved_run(Path(p)) for p in a.from_json or []]
+    if a.rediagnose:
+        runs = [{"commit": git_rev(), "command": f"bench_diagnosis.py {' '.join(argv if argv is not None else sys.argv[1:])} "
+                 f"(verdicts recomputed on the traces of: {saved_run(Path(p))['command']})",
+                 "seconds": time.monotonic() - t0} for p in a.rediagnose[:1]]
     doc = {
         "commit": ", ".join(sorted({r["commit"] for r in runs})) if runs else git_rev(),
         "kinetoscope": str(Path(kinetoscope.__file__).parent),
