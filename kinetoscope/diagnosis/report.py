@@ -27,7 +27,11 @@ def _pct(x: float | None) -> str:
 
 
 def _ms(us: float | None) -> str:
-    return "n/a" if us is None else f"{us / 1000.0:.1f} ms"
+    """A duration given in µs, as ms (one decimal), or as µs below 0.1 ms (a GPU job's noise
+    sigma of a few µs is not "0.0 ms")."""
+    if us is None:
+        return "n/a"
+    return f"{us / 1000.0:.1f} ms" if abs(us) >= 100.0 or us == 0 else f"{us:.0f} µs"
 
 
 def _n(k: int, noun: str) -> str:

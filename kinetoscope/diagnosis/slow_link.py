@@ -42,8 +42,11 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
     A rank is named when it ends beyond ``max(k_sigma x sigma_end, link_floor_us)`` after the
     instance's median end (``sigma_end`` = 1.4826 x MAD of all end skews) at ``late`` of the
     ``events`` instances where some rank did, far more often than chance (binomial against
-    ``1/N``: ``p < alpha``), at ``min_events`` instances or more, and its summed end excess is
-    at least ``rel_step`` of the summed step time. Needs ``link_min_ranks`` ranks: with two
+    ``1/N``: ``p < alpha``), at ``min_events`` instances or more, and its *net* end excess (the
+    late ends' excess less what it ends early beyond the same threshold elsewhere) is at least
+    ``link_min_effect`` of the summed step time. A slow link's tail only ever ends late; ends
+    that are as often as much early are instances matched crosswise (two buckets whose order
+    differs between ranks: +x at one, -x at the next), not a link. Needs ``link_min_ranks`` ranks: with two
     ranks and unknown clocks, the clocks are aligned on collective ends, so a late end is
     indistinguishable from a clock offset, and the median end is not a peer's end."""
     n_inst, n = mx.A.shape
@@ -53,6 +56,7 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
     sigma = 1.4826 * float(np.median(np.abs(S - np.median(S))))
     thr = max(th.k_sigma * sigma, th.link_floor_us * 1000.0)
     late = S >= thr
+    early = S <= -thr
     events = int(late.any(axis=1).sum())
     out = []
     for j, r in enumerate(mx.ranks):
@@ -61,7 +65,8 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
             continue
         p = binom_sf(k, events, 1.0 / n)
         excess = float(S[late[:, j], j].sum())
-        if p < th.alpha and excess >= th.rel_step * total_T:
+        net = excess + float(S[early[:, j], j].sum())
+        if p < th.alpha and net >= th.link_min_effect * total_T:
             per_step = np.bincount(mx.step_idx[late[:, j]], weights=S[late[:, j], j], minlength=len(mx.steps))
             out.append(SlowLink(r, k, events, n_inst, n, p, excess, thr, per_step > 0, per_step))
     return sorted(out, key=lambda x: -x.excess_ns)

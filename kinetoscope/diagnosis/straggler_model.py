@@ -36,6 +36,8 @@ class StragglerThresholds:
     max_named: int = 8
     link_floor_us: float = 50.0
     link_min_ranks: int = 3
+    link_min_effect: float = 0.015
+    ring_note_fraction: float = 0.15
 
 
 PER_RANK_SCHEMA: dict[str, pl.DataType] = {
@@ -88,6 +90,8 @@ class StragglerReport:
     intermittent_ranks: list[int] = field(default_factory=list)
     lost_fraction: float | None = None
     skew_fraction: float | None = None
+    transfer_fraction: float | None = None
+    transfer_spread: float | None = None
     mean_step_time_us: float | None = None
     est_step_time_us: float | None = None
     sigma_us: float | None = None
@@ -137,6 +141,8 @@ class StragglerReport:
             "causes": {str(r): c for r, c in self.causes.items()},
             "lost_fraction": self.lost_fraction,
             "skew_fraction": self.skew_fraction,
+            "transfer_fraction": self.transfer_fraction,
+            "transfer_spread": self.transfer_spread,
             "what_if": {
                 "mean_step_time_us": self.mean_step_time_us,
                 "est_step_time_without_stragglers_us": self.est_step_time_us,

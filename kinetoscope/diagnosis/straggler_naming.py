@@ -230,16 +230,23 @@ def _pair(
 
 
 def _steady_effect(rnd: Round, j: int, quiet: np.ndarray) -> float:
-    """Rank ``j``'s imposed wait in the quiet steps without its single largest step (one step:
-    without its largest instance): the frequency route must not borrow its effect size from
-    one stall."""
+    """Rank ``j``'s imposed wait in the quiet steps with its single largest step replaced by the
+    mean of its other steps (one step: its largest instance by the mean of its other imposing
+    instances): the frequency route must not borrow its effect size from one stall, and must not
+    lose a steady rank's effect either (dropping one of two steps halved it)."""
     per_step = rnd.step_imposed[quiet, j]
-    if per_step.size >= 2:
-        return float(per_step.sum() - per_step.max())
-    if per_step.size == 0:
+    n = int(per_step.size)
+    if n >= 2:
+        return float(per_step.sum() - per_step.max()) * n / (n - 1)
+    if n == 0:
         return 0.0
     per_inst = rnd.imposed[:, j]
-    return float(per_step.sum()) * (float(per_inst.sum() - per_inst.max()) / float(per_inst.sum())) if per_inst.sum() > 0 else 0.0
+    pos = per_inst[per_inst > 0]
+    k = int(pos.size)
+    if k < 2:
+        return 0.0
+    rest = float(pos.sum() - pos.max()) * k / (k - 1)
+    return float(per_step.sum()) * rest / float(pos.sum())
 
 
 def spike_share(nm: Named, mx: Matrix, th: StragglerThresholds) -> float:

@@ -160,6 +160,7 @@ def analyze_stragglers(
     fixed = {nm.rank for nm in named}
     excess = _excess(mx, r0, fixed, links, T_ns)
     rep.skew_fraction = float(r0.waiting.sum()) / total_T if total_T > 0 else None
+    rep.transfer_fraction, rep.transfer_spread = _transfer(su.bd, total_T)
     rep.lost_fraction = float(excess.sum()) / total_T if total_T > 0 else None
     rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
     rep.est_step_time_us = float((T_ns - excess).mean()) / 1000.0
@@ -211,6 +212,20 @@ def _setup(
         return None
     r0 = attribution_round(mx, set(), th.tie_us * 1000.0)
     return _Setup(mx, steps, bd, T_ns, float(T_ns.sum()), r0, inst)
+
+
+def _transfer(bd: pl.DataFrame, total_T: float) -> tuple[float | None, float | None]:
+    """The collectives' own transfer time (``transfer(us)``: in a collective after every rank
+    arrived) as a share of step time: the median rank's, and the spread (largest minus smallest
+    rank's share). A ring collective runs at its slowest link's pace on every rank, so a slow
+    link or NIC lengthens everybody's transfer alike: a large share with a small spread is a
+    slow collective, not a rank straggler."""
+    if total_T <= 0 or "transfer(us)" not in bd.columns or bd.is_empty():
+        return None, None
+    per_rank = bd.group_by("rank").agg(pl.col("transfer(us)").fill_null(0).sum().alias("t"))["t"].to_numpy() * 1000.0
+    if per_rank.size == 0:
+        return None, None
+    return float(np.median(per_rank)) / total_T, float(per_rank.max() - per_rank.min()) / total_T
 
 
 def _drop_isolated(named: list[Named], steps: list[int], th: StragglerThresholds, rep: StragglerReport) -> list[Named]:
@@ -295,7 +310,19 @@ def _verdict_none(
             f"no rank is last far more often than chance or late beyond the noise (most often last: "
             f"rank {mx.ranks[top]} at {k}/{rep.instances} collectives, chance {100 * r0.p0:.0f}%)"
         )
+    rep.reason += _ring_note(rep, th)
     return True
+
+
+def _ring_note(rep: StragglerReport, th: StragglerThresholds) -> str:
+    """A note for a ``none`` verdict whose collectives' own transfer is a large share of the
+    step on every rank alike: a slow link or NIC slows a whole ring and names no rank."""
+    tf, spread = rep.transfer_fraction, rep.transfer_spread
+    if tf is None or spread is None or tf < th.ring_note_fraction or spread > 0.25 * tf:
+        return ""
+    return (f"; the collectives' own transfer takes {100 * tf:.0f}% of step time on every rank alike "
+            f"(spread {100 * spread:.1f}%): if that is more than their bytes need, a slow link or NIC is "
+            "slowing the whole ring, which names no rank")
 
 
 def _verdict(
@@ -319,7 +346,7 @@ def _verdict(
         r for r, c in counts.items() if c >= 3 and c / max(rep.straggled_steps, 1) >= th.recurrent_concentration
     )
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
-    rep.reason = _reason(rep, named)
+    rep.reason = _reason(rep, named, mx.ranks)
     late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late)] for nm in named}
     link_of = {nm.rank: nm.link for nm in named if nm.link is not None}
     rep.causes = {r: link_cause(link_of[r], len(su.steps), su.total_T) if r in link_of
@@ -346,7 +373,9 @@ def _confidence(rep: StragglerReport, th: StragglerThresholds) -> str:
     return "medium" if rep.instances >= 8 else "low"
 
 
-def _reason(rep: StragglerReport, named: list[Named]) -> str:
+def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
+    """One segment per named rank with its own evidence: late collective ends (slow link), stalls
+    beyond the noise (magnitude), or how often it was last against chance (frequency)."""
     parts = []
     for nm in named:
         if nm.rank not in rep.ranks and nm.rank not in rep.intermittent_ranks:
@@ -356,8 +385,14 @@ def _reason(rep: StragglerReport, named: list[Named]) -> str:
                          f"collectives ({nm.link.late} of the {nm.link.events} late ends, chance 1/{nm.link.world}, "
                          f"p={nm.p:.2g}), late in {int(nm.late.sum())}/{rep.steps_analysed} steps")
             continue
-        parts.append(
-            f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "
-            f"p={nm.p:.2g}), late in {int(nm.late.sum())}/{rep.steps_analysed} steps"
-        )
+        late = f"late in {int(nm.late.sum())}/{rep.steps_analysed} steps"
+        last = (f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "
+                f"p={nm.p:.2g}), ")
+        if not nm.freq:  # named for its stalls: they are its evidence
+            stall = float(nm.rnd.step_imposed[:, ranks.index(nm.rank)].max()) / 1e6
+            # the last rank not named has no peer to share the chance of being last with
+            head = f"rank {nm.rank} " if nm.rnd.free <= 1 else last
+            parts.append(f"{head}stalled beyond the noise in {nm.events} step(s) (up to {stall:.1f} ms), {late}")
+            continue
+        parts.append(f"{last}{late}")
     return "; ".join(parts)
