@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_diagnosis.py [--quick] [--gpu-per-type N] [--cpu-jobs N]
         [--bases dlrm8 nccl_parser ...] [--workdir DIR] [--keep] [--json OUT]
         [--update-docs LABEL] [--examples K]
+    .venv/bin/python benchmarks/bench_diagnosis.py --rediagnose SAVED.json --workdir DIR [--json OUT]
 
 Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
 
@@ -10,8 +11,9 @@ Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
   ``../shared/traces/param_dlrm8``), replicated into 2-8 ranks, with delays injected at chosen
   (rank, collective instance) and the trace re-timed consistently (``gpu.py``). Types: clean,
   persistent (one rank), persistent2 (two ranks), intermittent (random ranks at random
-  instances), small (3-8 % of a step, persistent), slow_link (the rank's own collective
-  duration longer), compute (the rank's compute between collectives stretched).
+  instances), small (3-8 % of a step, persistent), slow_link (a ring slowed by one rank's link,
+  plus that rank's own completion tail), compute (the rank's compute between collectives
+  stretched), slow_ring (a ring slowed by one rank's link, no tail: expected none).
 * ``cpu``: real DDP jobs (torchrun + gloo, 2-8 ranks) under an extra CPU-burning process,
   traced through a private ``kscope daemon`` with no change to the script (``cpu.py``,
   ``train_knobs.py``). Types: clean, persistent (sleep), compute, intermittent, persistent2,
@@ -26,7 +28,9 @@ arrival-order ground truth is recomputed from the written files with the standar
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
 (a minute or two). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
-``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
+``--rediagnose`` scores again the traces a ``--keep --workdir`` run left, with this version of
+the diagnosis (the same real CPU jobs before and after a change: real jobs differ from run to
+run). ``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
 docs/diagnosis.md under "### Results: LABEL" (replacing a subsection of the same label).
 """
 
@@ -234,8 +238,13 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   step per step, spread over its instances); `persistent2` (two ranks of >= 4, each 10-40 %,
   drawn independently per instance so they take turns being last); `intermittent` (2-4 stalls of
   20-60 % of a step at random instances, >= 2 different ranks); `small` (one rank, 3-8 %);
-  `slow_link` (one rank's own collective duration longer, 10-30 % of a step in total);
-  `compute` (one rank's compute between collectives stretched by 10-40 % of a step).
+  `slow_link` (a slow link or NIC on one rank: the ring runs at its pace, so every rank's
+  transfer grows by 10-30 % of a step in total, and the rank's own tail of 25-50 % of that
+  completes after its peers', so it ends later and arrives late next; §5);
+  `compute` (one rank's compute between collectives stretched by 10-40 % of a step);
+  `slow_ring` (the same slow link without a tail, ends together: nobody waits, expected `none`).
+  Each rank file names its host (4 ranks per host, as a kscope manifest does): ranks of one
+  host share its clock, an 8-rank job's two hosts are aligned from the collectives (§3).
   Labels come from what was injected; the arrival-order ground truth of the written files
   (`truth.py`, standard library) checks them ("truth agrees": every labelled rank imposes
   >= 1 % of a step per step, no other rank >= 2 %; for `persistent2`, which share the wait they

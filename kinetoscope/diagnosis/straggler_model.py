@@ -38,6 +38,7 @@ class StragglerThresholds:
     link_min_ranks: int = 3
     link_min_effect: float = 0.015
     ring_note_fraction: float = 0.15
+    min_event_share: float = 0.5
 
 
 PER_RANK_SCHEMA: dict[str, pl.DataType] = {
