@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_diagnosis.py [--quick] [--gpu-per-type N] [--cpu-jobs N]
         [--bases dlrm8 nccl_parser ...] [--workdir DIR] [--keep] [--json OUT]
         [--update-docs LABEL] [--examples K]
+    .venv/bin/python benchmarks/bench_diagnosis.py --rediagnose SAVED.json --workdir DIR [--json OUT]
 
 Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
 
@@ -10,8 +11,9 @@ Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
   ``../shared/traces/param_dlrm8``), replicated into 2-8 ranks, with delays injected at chosen
   (rank, collective instance) and the trace re-timed consistently (``gpu.py``). Types: clean,
   persistent (one rank), persistent2 (two ranks), intermittent (random ranks at random
-  instances), small (3-8 % of a step, persistent), slow_link (the rank's own collective
-  duration longer), compute (the rank's compute between collectives stretched).
+  instances), small (3-8 % of a step, persistent), slow_link (a ring slowed by one rank's link,
+  plus that rank's own completion tail), compute (the rank's compute between collectives
+  stretched), slow_ring (a ring slowed by one rank's link, no tail: expected none).
 * ``cpu``: real DDP jobs (torchrun + gloo, 2-8 ranks) under an extra CPU-burning process,
   traced through a private ``kscope daemon`` with no change to the script (``cpu.py``,
   ``train_knobs.py``). Types: clean, persistent (sleep), compute, intermittent, persistent2,
@@ -26,7 +28,9 @@ arrival-order ground truth is recomputed from the written files with the standar
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
 (a minute or two). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
-``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
+``--rediagnose`` scores again the traces a ``--keep --workdir`` run left, with this version of
+the diagnosis (the same real CPU jobs before and after a change: real jobs differ from run to
+run). ``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
 docs/diagnosis.md under "### Results: LABEL" (replacing a subsection of the same label).
 """
 
@@ -115,6 +119,28 @@ def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir:
               f"got {o.kind} {o.ranks} ({o.seconds:.1f} s){' ' + o.error if o.error else ''}", flush=True)
         outs.append(o)
     return outs
+
+
+def rediagnose(o: Outcome, workdir: Path) -> Outcome:
+    """``o`` with its verdict recomputed from the traces its run kept under ``workdir/<sid>``
+    (GPU: the rank files; CPU: the daemon's trace directory); labels are kept."""
+    t0 = time.monotonic()
+    root = workdir / o.sid
+    paths = sorted(root.glob("*.pt.trace.json")) if o.generator == "gpu" else [
+        m.parent for m in sorted(root.glob("traces/*/manifest.json"))]
+    o = Outcome(**{k: v for k, v in o.to_dict().items() if k in Outcome.__dataclass_fields__})
+    o.error = None
+    try:
+        if not paths:
+            raise FileNotFoundError(f"{root}: no kept traces (run with --keep --workdir)")
+        v = verdict(paths)
+        o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
+    except Exception as exc:
+        o.kind, o.ranks, o.error = "error", [], f"{type(exc).__name__}: {exc}"[:2000]
+    o.seconds = time.monotonic() - t0
+    mark = "ok " if o.exact else "ERR" if o.error else "MISS"
+    print(f"{mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, got {o.kind} {o.ranks}", flush=True)
+    return o
 
 
 def load_outcomes(path: Path) -> list[Outcome]:
@@ -212,8 +238,13 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   step per step, spread over its instances); `persistent2` (two ranks of >= 4, each 10-40 %,
   drawn independently per instance so they take turns being last); `intermittent` (2-4 stalls of
   20-60 % of a step at random instances, >= 2 different ranks); `small` (one rank, 3-8 %);
-  `slow_link` (one rank's own collective duration longer, 10-30 % of a step in total);
-  `compute` (one rank's compute between collectives stretched by 10-40 % of a step).
+  `slow_link` (a slow link or NIC on one rank: the ring runs at its pace, so every rank's
+  transfer grows by 10-30 % of a step in total, and the rank's own tail of 25-50 % of that
+  completes after its peers', so it ends later and arrives late next; §5);
+  `compute` (one rank's compute between collectives stretched by 10-40 % of a step);
+  `slow_ring` (the same slow link without a tail, ends together: nobody waits, expected `none`).
+  Each rank file names its host (4 ranks per host, as a kscope manifest does): ranks of one
+  host share its clock, an 8-rank job's two hosts are aligned from the collectives (§3).
   Labels come from what was injected; the arrival-order ground truth of the written files
   (`truth.py`, standard library) checks them ("truth agrees": every labelled rank imposes
   >= 1 % of a step per step, no other rank >= 2 %; for `persistent2`, which share the wait they
@@ -253,6 +284,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="write the tables into docs/diagnosis.md under '### Results: LABEL'")
     p.add_argument("--from-json", nargs="*", default=None, metavar="PATH",
                    help="score the outcomes saved in these --json files (or their .partial) instead of running")
+    p.add_argument("--rediagnose", nargs="*", default=None, metavar="PATH",
+                   help="with --workdir: diagnose again the traces kept (--keep) by the runs saved in these --json "
+                        "files, with this version (the same real CPU jobs scored before and after a change)")
     p.add_argument("--examples", type=int, default=2, help="wrong verdicts listed per type (2)")
     return p.parse_args(argv)
 
@@ -269,7 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     part = Path(a.json + ".partial") if a.json else None
-    if a.from_json is not None:
+    if a.rediagnose is not None:
+        if not a.workdir:
+            print("error: --rediagnose needs --workdir (where the saved run kept its traces)", file=sys.stderr)
+            return 2
+        outcomes = [rediagnose(o, workdir) for p in a.rediagnose for o in load_outcomes(Path(p))]
+        gpu_out = [o for o in outcomes if o.generator == "gpu"]
+        cpu_out = [o for o in outcomes if o.generator == "cpu"]
+    elif a.from_json is not None:
         outcomes = [o for p in a.from_json for o in load_outcomes(Path(p))]
         gpu_out = [o for o in outcomes if o.generator == "gpu"]
         cpu_out = [o for o in outcomes if o.generator == "cpu"]
@@ -283,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         "all": summary_by_type(outcomes, dict.fromkeys([*gpu.TYPES, *cpu.CPU_TYPES])),
     }
     runs = [saved_run(Path(p)) for p in a.from_json or []]
+    if a.rediagnose:
+        runs = [{"commit": git_rev(), "command": f"bench_diagnosis.py {' '.join(argv if argv is not None else sys.argv[1:])} "
+                 f"(verdicts recomputed on the traces of: {saved_run(Path(p))['command']})",
+                 "seconds": time.monotonic() - t0} for p in a.rediagnose[:1]]
     doc = {
         "commit": ", ".join(sorted({r["commit"] for r in runs})) if runs else git_rev(),
         "kinetoscope": str(Path(kinetoscope.__file__).parent),

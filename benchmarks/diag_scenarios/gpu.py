@@ -9,16 +9,23 @@ re-timed by a discrete-event model of blocking collectives on the communication 
 * rank ``r`` arrives at ``i`` at ``arrival = new_end(r, i-1) + L_i + stretch + jitter + delay``
   (``L_i`` the base segment length; ``stretch`` = a compute slowdown spread over the segment;
   ``delay`` = a host-side stall just before the collective; ``jitter`` = exponential noise);
-* the collective ends on rank ``r`` at ``max_r' arrival(r', i) + D_i * link(r, i)``: when its
-  last rank has arrived plus its own duration (``D_i`` the base's transfer time; ``link > 1`` a
-  slow link on that rank);
+* the collective ends on rank ``r`` at ``max_r' arrival(r', i) + D_i * max_r' link(r', i) +
+  tail(r, i)``: when its last rank has arrived plus the transfer (``D_i`` the base's transfer
+  time). A ring collective (NCCL's ring/tree all-reduce, gloo's ring) moves every chunk through
+  every link, so it runs at the pace of its slowest link: ``link(r', i) > 1`` (a slow link or NIC
+  on rank ``r'``) lengthens *every* rank's transfer alike, and the ends stay together. ``tail``
+  is what completes on the slow rank's own side after its peers are done (its last chunk still
+  crossing its slow NIC, the completion handled late on that host): that rank alone ends later,
+  and so arrives later at its next collective;
 * every other event of rank ``r`` (CPU ops, compute kernels, step annotations) moves with a
   monotone piecewise-linear time warp through the knots ``E_{i-1} -> new_end(r, i-1)``,
   ``A_i -> arrival(r, i)``, ``E_i -> new_end(r, i)``: an event's start and end are warped, so
   nesting and order are kept and later events shift.
 
 One clock (no per-rank offset): like the real DLRM job, kernel ends of an instance agree (within
-``D_i * (link - 1)`` plus a few µs). Labels come from what was injected; ``truth.py`` recomputes
+the slow rank's ``tail`` plus a few µs). Each rank's file names its host (``host_name``,
+``GPUS_PER_HOST`` ranks per host), as the manifest of a kscope-collected job does: the product
+may take one clock per host, and must measure the offset between hosts from the collectives. Labels come from what was injected; ``truth.py`` recomputes
 the arrival-order ground truth from the written files as a sanity check.
 """
 
@@ -40,6 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HTA = REPO_ROOT / "tests" / "data" / "traces" / "hta"
 DLRM8 = REPO_ROOT.parent / "shared" / "traces" / "param_dlrm8"
 
+GPUS_PER_HOST = 4
+
 # Flow arrows and async markers are not needed to diagnose and make big bases slow to re-read.
 _DROP_CATS = {"ac2g", "async_cpu_to_gpu", "fwdbwd"}
 _DROP_PH = {"s", "f", "t"}
@@ -52,9 +61,9 @@ BASES: dict[str, tuple[Path, tuple[int, ...]]] = {
     "trace_diff": (HTA / "trace_diff" / "control" / "control.json.gz", (4,)),
 }
 
-TYPES = ("clean", "persistent", "persistent2", "intermittent", "small", "slow_link", "compute")
+TYPES = ("clean", "persistent", "persistent2", "intermittent", "small", "slow_link", "compute", "slow_ring")
 # expected verdict kind of each scenario type
-KIND = {"clean": "none", "intermittent": "intermittent"} | {
+KIND = {"clean": "none", "intermittent": "intermittent", "slow_ring": "none"} | {
     t: "persistent" for t in ("persistent", "persistent2", "small", "slow_link", "compute")
 }
 
@@ -151,12 +160,14 @@ class Plan:
 
     delay: np.ndarray
     stretch: np.ndarray
-    link: np.ndarray
+    link: np.ndarray  # a rank's link factor: the slowest sets every rank's transfer pace
     jitter_mean_us: float
+    tail: np.ndarray | None = None  # µs completing on the rank's own side after its peers
 
     @classmethod
     def empty(cls, world: int, n: int, jitter_mean_us: float) -> Plan:
-        return cls(np.zeros((world, n)), np.zeros((world, n)), np.ones((world, n)), jitter_mean_us)
+        return cls(np.zeros((world, n)), np.zeros((world, n)), np.ones((world, n)), jitter_mean_us,
+                   np.zeros((world, n)))
 
 
 def simulate(base: Base, plan: Plan, rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +182,9 @@ def simulate(base: Base, plan: Plan, rng: random.Random) -> tuple[np.ndarray, np
                         for _ in range(world)])
         arr[:, i] = prev + L + plan.stretch[:, i] + jit + plan.delay[:, i]
         last = arr[:, i].max()
-        end[:, i] = last + base.D[i] * plan.link[:, i] + np.array([rng.uniform(0.0, 3.0) for _ in range(world)])
+        tail = plan.tail[:, i] if plan.tail is not None else np.zeros(world)
+        pace = float(plan.link[:, i].max())  # a ring moves at its slowest link's pace
+        end[:, i] = last + base.D[i] * pace + tail + np.array([rng.uniform(0.0, 3.0) for _ in range(world)])
         prev = end[:, i]
     return arr, end
 
@@ -198,6 +211,13 @@ def warp(t: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     return np.where(t > xs[-1], t + (ys[-1] - xs[-1]), out)
 
 
+def host_of(rank: int) -> str:
+    """The host a rank runs on: ``GPUS_PER_HOST`` ranks per host, as a kscope-collected job's
+    manifest names them. Ranks of one host share its clock; an 8-rank scenario spans two hosts,
+    so the product also has to measure an offset between hosts."""
+    return f"node{rank // GPUS_PER_HOST}"
+
+
 def rank_doc(base: Base, xs: np.ndarray, ys: np.ndarray, rank: int, world: int) -> dict[str, Any]:
     """The base document re-timed for one rank."""
     nts = warp(base.ts, xs, ys)
@@ -215,6 +235,7 @@ def rank_doc(base: Base, xs: np.ndarray, ys: np.ndarray, rank: int, world: int) 
     info.update(rank=rank, world_size=world)
     info.pop("pg_config", None)
     doc["distributedInfo"] = info
+    doc["host_name"] = host_of(rank)
     doc["traceEvents"] = events
     return doc
 
@@ -293,12 +314,20 @@ def make_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario
             plan.delay[r, i] = rng.uniform(0.2, 0.6) * base.step_us
         ranks = sorted(set(who))
         params |= {"events": [[r, i] for r, i in zip(who, insts, strict=True)]}
-    elif stype == "slow_link":
+    elif stype in ("slow_link", "slow_ring"):
+        # a slow link or NIC on rank r: the ring runs at its pace (every rank's transfer longer
+        # by `frac` of a step in all); slow_link: r's own side also completes `tail_share` of that
+        # later than its peers (and r arrives late next); slow_ring: the ends stay together
         r = rng.randrange(world)
         frac = rng.uniform(0.10, 0.30)
         extra = _per_step_split(base, frac, base.D, rng)
         plan.link[r] = 1.0 + extra / base.D
-        ranks, params = [r], params | {"rank": r, "frac_of_step": round(frac, 3)}
+        params |= {"rank": r, "frac_of_step": round(frac, 3)}
+        if stype == "slow_link":
+            share = rng.uniform(0.25, 0.5)
+            assert plan.tail is not None
+            plan.tail[r] = share * extra
+            ranks, params = [r], params | {"tail_share": round(share, 3)}
     elif stype == "compute":
         r = rng.randrange(world)
         frac = rng.uniform(0.10, 0.40)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -12,24 +11,13 @@ import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
+from kinetoscope.diagnosis.frames import frame_rows
 from kinetoscope.diagnosis.mfu import MFUResult
-from kinetoscope.diagnosis.stragglers import StragglerReport
+from kinetoscope.diagnosis.straggler_model import StragglerReport
 
 DIAGNOSIS_KEYS = ("job", "steps", "stragglers", "mfu", "recommendations")
 # A sentence ends at ". " before a capital letter (so "e.g. the" does not end one).
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
-
-
-def frame_rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    """A DataFrame as JSON-ready row objects (NaN/inf become null)."""
-    if df.is_empty():
-        return []
-    rows = df.to_dicts()
-    for row in rows:
-        for k, v in row.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                row[k] = None
-    return rows
 
 
 def _pct(x: float | None) -> str:
@@ -39,7 +27,11 @@ def _pct(x: float | None) -> str:
 
 
 def _ms(us: float | None) -> str:
-    return "n/a" if us is None else f"{us / 1000.0:.1f} ms"
+    """A duration given in µs, as ms (one decimal), or as µs below 0.1 ms (a GPU job's noise
+    sigma of a few µs is not "0.0 ms")."""
+    if us is None:
+        return "n/a"
+    return f"{us / 1000.0:.1f} ms" if abs(us) >= 100.0 or us == 0 else f"{us:.0f} µs"
 
 
 def _n(k: int, noun: str) -> str:
@@ -115,7 +107,7 @@ class SummaryLines(list[str]):
 
 
 @dataclass
-class Diagnosis(Mapping):
+class Diagnosis(Mapping[str, Any]):
     """Result of ``kinetoscope.diagnosis.diagnose``.
 
     Tables (Polars): ``steps`` (per rank, per step), ``collectives`` (per matched collective
@@ -281,8 +273,8 @@ class Diagnosis(Mapping):
         out += self.summary()
         with pl.Config(tbl_rows=max_rows, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=40, tbl_hide_dataframe_shape=True):
             if self.stragglers.per_rank.height:
-                out += ["", "Per rank (imposed = how much earlier the collectives would end had the rank arrived like the "
-                        "next-latest one; whatif_saving = per step, had only this rank arrived like the typical rank)"]
+                out += ["", ("Per rank (imposed = how much earlier the collectives would end had the rank arrived like the "
+                             "next-latest one; whatif_saving = per step, had only this rank arrived like the typical rank)")]
                 out.append(str(self.stragglers.per_rank.select(
                     "rank", "host", "role", "last_count", "instances", "p_value", "imposed_wait(us)", "imposed_share",
                     "whatif_saving(us)", "late_steps", "mean_lateness(us)", "compute_vs_median",

@@ -2,7 +2,8 @@
 
 Checked with the standard-library arrival-order ground truth (truth.py) on the written files:
 an injected stall at (rank r, instance i) makes r the last rank at i by the stall; a slow link
-makes r's own collective longer and r last at the next instance; nothing else imposes a wait;
+makes every rank's collective longer alike, and its rank's own tail makes it last at the next
+instance; nothing else imposes a wait;
 ranks' kernel ends agree (one clock); every event keeps a non-negative duration and its place.
 No timing assertions: the amounts are what was injected, up to the generator's 3 µs end jitter.
 """
@@ -39,7 +40,7 @@ def _waits(insts: list[truth.Instance]) -> list[tuple[int, float]]:
 def test_stall_makes_the_rank_last_by_the_stall(base, tmp_path):
     plan = gpu.Plan.empty(4, base.n, jitter_mean_us=0.0)
     plan.delay[2, 5] = 800.0
-    gt, insts, docs = _job(base, plan, tmp_path)
+    gt, insts, _docs = _job(base, plan, tmp_path)
     assert len(insts) == base.n == 21
     waits = _waits(insts)
     assert waits[5][0] == 2 and waits[5][1] == pytest.approx(800.0, abs=TOL_US)
@@ -50,15 +51,31 @@ def test_stall_makes_the_rank_last_by_the_stall(base, tmp_path):
     assert insts[6].arrival[0] - clean[6].arrival[0] == pytest.approx(800.0, abs=2 * TOL_US)
 
 
-def test_slow_link_makes_the_rank_last_at_the_next_instance(base, tmp_path):
+def test_slow_link_slows_every_rank_alike_and_its_tail_makes_the_rank_last_next(base, tmp_path):
+    """A ring collective runs at its slowest link's pace: rank 1's 4x slower link makes every
+    rank's transfer 4x, the ends stay together and nobody waits. Only what completes on rank 1's
+    side after its peers (its tail) makes it end later and arrive last at the next instance."""
     plan = gpu.Plan.empty(3, base.n, jitter_mean_us=0.0)
     plan.link[1, 8] = 4.0
-    _gt, insts, _docs = _job(base, plan, tmp_path)
-    extra = 3.0 * base.D[8]
+    _gt, insts, _docs = _job(base, plan, tmp_path / "ring")
     own = {r: insts[8].end[r] - max(insts[8].arrival.values()) for r in range(3)}
-    assert own[1] - own[0] == pytest.approx(extra, abs=TOL_US)
+    assert all(v == pytest.approx(4.0 * base.D[8], abs=TOL_US) for v in own.values())
+    assert all(w <= TOL_US for _r, w in _waits(insts))
+    tail = 1.5 * base.D[8]
+    assert plan.tail is not None
+    plan.tail[1, 8] = tail
+    _gt, insts, _docs = _job(base, plan, tmp_path / "tail")
+    own = {r: insts[8].end[r] - max(insts[8].arrival.values()) for r in range(3)}
+    assert own[1] - own[0] == pytest.approx(tail, abs=TOL_US)
     r, w = insts[9].last_two()
-    assert r == 1 and w == pytest.approx(extra, abs=TOL_US)
+    assert r == 1 and w == pytest.approx(tail, abs=TOL_US)
+
+
+def test_ranks_name_their_host_four_per_host(tmp_path):
+    """One clock per host, as a kscope-collected job's manifest says: 8 ranks span two hosts."""
+    sc = gpu.make_scenario("clean", BASE, 8, 0)
+    docs = [truth.load_json(p) for p in gpu.build(sc, tmp_path)]
+    assert [d["host_name"] for d in docs] == ["node0"] * 4 + ["node1"] * 4
 
 
 def test_compute_stretch_and_jitter_keep_every_event_in_order(base, tmp_path):
@@ -78,7 +95,7 @@ def test_compute_stretch_and_jitter_keep_every_event_in_order(base, tmp_path):
 
 
 def test_labels_of_generated_scenarios_match_the_arrival_truth(tmp_path):
-    for stype in ("clean", "persistent", "slow_link", "compute"):
+    for stype in ("clean", "persistent", "slow_link", "compute", "slow_ring"):
         sc = gpu.make_scenario(stype, BASE, 4, 0)
         gt = truth.ground_truth(gpu.build(sc, tmp_path / sc.sid))
         assert gpu.truth_agrees(sc, gt), (sc.sid, gt.imposed_us)

@@ -1,0 +1,157 @@
+"""Attribution by what-if per collective instance: the instance matrix, who was waited for and
+how long (one *round*, with a set of ranks fixed), and the arrival noise.
+
+Definitions (``docs/diagnosis.md`` §5): the *typical arrival* is the lower median of the ranks'
+arrivals at an instance; the *last group* the ranks within ``tie`` of the last arrival; a rank of
+it *imposes* ``(last - next-latest outside the group) / |group|``; a *fixed* rank arrives like the
+typical rank of the ranks not fixed (the what-if)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """One-sided binomial test: ``P(X >= k)`` for ``X ~ Binomial(n, p)`` (log-space sum)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    base = math.lgamma(n + 1)
+    terms = [base - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq for j in range(k, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def union_by_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_groups: int) -> np.ndarray:
+    """Length of the union of ``[start, end)`` per group id (``0..n_groups-1``); empty intervals
+    are ignored."""
+    out = np.zeros(n_groups, dtype=np.float64)
+    ok = ends > starts
+    if not ok.any():
+        return out
+    g, s, e = groups[ok], starts[ok].astype(np.float64), ends[ok].astype(np.float64)
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    cut = np.flatnonzero(np.diff(g)) + 1
+    for gs, ss, es in zip(np.split(g, cut), np.split(s, cut), np.split(e, cut), strict=True):
+        run = np.maximum.accumulate(es)
+        prev = np.concatenate(([-np.inf], run[:-1]))
+        out[gs[0]] = float(np.clip(es - np.maximum(ss, prev), 0, None).sum())
+    return out
+
+
+def noise_sigma(instances: pl.DataFrame) -> float:
+    """Arrival jitter (ns): ``1.4826 x`` the median, over all (rank, instance), of the absolute
+    deviation of the rank's skew from its own median skew, where a skew is the arrival minus the
+    instance's *median* arrival. Centering on each rank's median removes a persistent straggler's
+    steady offset; pooling the ranks and using the median arrival keeps the estimate defined
+    with two ranks (the lower-median skew of the earlier of two ranks is always 0)."""
+    inst = instances.filter(pl.col("n_ranks") > 1)
+    if inst.is_empty():
+        return 0.0
+    dev = (
+        inst.with_columns(s=(pl.col("arrival") - pl.col("arrival").median().over("instance")).cast(pl.Float64))
+        .with_columns(c=(pl.col("s") - pl.col("s").median().over("rank")).abs())
+    )["c"]
+    return float(1.4826 * float(dev.median())) if dev.len() else 0.0  # type: ignore[arg-type]
+
+
+@dataclass
+class Matrix:
+    """Complete instances as arrays: ``A[i, j]`` arrival (ns) of rank ``ranks[j]`` at instance
+    ``i``; ``step_idx[i]`` index into ``steps``; ``m[i]`` typical arrival."""
+
+    ranks: list[int]
+    steps: list[int]
+    A: np.ndarray
+    step_idx: np.ndarray
+    m: np.ndarray
+    E: np.ndarray | None = None  # collective end (ns) per [instance, rank], same order as A
+
+
+def build_matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tuple[Matrix, int]:
+    """The complete-instance matrix, and how many partial instances were left out."""
+    n = len(ranks)
+    per = inst.group_by("instance").agg(pl.len().alias("_n"), pl.col("step").first())
+    complete = per.filter(pl.col("_n") == n)
+    partial = per.height - complete.height
+    sub = inst.filter(pl.col("instance").is_in(complete["instance"].implode()))
+    wide = sub.pivot(on="rank", index=["instance", "step"], values="arrival", aggregate_function="first").sort(
+        "step", "instance")
+    if wide.is_empty():
+        return Matrix(ranks, steps, np.zeros((0, n), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)), partial
+    A = np.column_stack([wide[str(r)].to_numpy().astype(np.int64) for r in ranks])
+    order = np.argsort(A, axis=1, kind="stable")
+    srt = np.take_along_axis(A, order, axis=1)
+    m = srt[:, (n - 1) // 2]
+    pos = {s: k for k, s in enumerate(steps)}
+    step_idx = np.array([pos[s] for s in wide["step"].to_list()], dtype=np.int64)
+    E = None
+    if "end" in sub.columns:
+        ew = sub.pivot(on="rank", index=["instance", "step"], values="end", aggregate_function="first").sort(
+            "step", "instance")
+        E = np.column_stack([ew[str(r)].to_numpy().astype(np.int64) for r in ranks])
+    return Matrix(ranks, steps, A, step_idx, m, E), partial
+
+
+@dataclass
+class Round:
+    """Attribution with the set ``fixed`` arriving like the typical rank."""
+
+    last: np.ndarray  # bool [inst, rank]: in the last group
+    imposed: np.ndarray  # float [inst, rank] (ns)
+    step_imposed: np.ndarray  # float [step, rank] (ns): union per step
+    waiting: np.ndarray  # float [step] (ns): union of [m, L]
+    p0: float
+    free: int  # ranks not fixed: the chance of being last is 1 / free without ties
+
+
+def attribution_round(mx: Matrix, fixed: set[int], tie_ns: float) -> Round:
+    n_inst, n = mx.A.shape
+    A = fixed_arrivals(mx, fixed)
+    L = A.max(axis=1)
+    last = A >= (L - tie_ns)[:, None]
+    last[:, [j for j, r in enumerate(mx.ranks) if r in fixed]] = False  # a fixed rank is never waited for
+    last[last.all(axis=1)] = False  # all ranks arrived together: nobody was waited for
+    others = np.where(last, -np.inf, A).max(axis=1)
+    others = np.where(np.isfinite(others), others, mx.m.astype(np.float64))
+    size = last.sum(axis=1)
+    imposed = np.where(last, ((L - others) / np.maximum(size, 1))[:, None], 0.0)
+    n_steps = len(mx.steps)
+    step_imposed = np.zeros((n_steps, n))
+    for j in range(n):
+        step_imposed[:, j] = union_by_group(mx.step_idx, L - imposed[:, j], L, n_steps)
+    waiting = union_by_group(mx.step_idx, mx.m.astype(np.float64), L, n_steps)
+    free = max(n - len(fixed & set(mx.ranks)), 1)  # fixed ranks arrive like the typical rank: never last
+    p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
+    return Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free)
+
+
+def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
+    """Arrivals (float ns) with each rank of ``fixed`` arriving no later than the typical rank
+    of the others: the lower median of the ranks not fixed. With few ranks the median of all
+    ranks can be a second straggler's arrival (3 ranks, 2 late): fixing one straggler at it
+    would leave it tied last with the other instead of arriving like the punctual ranks."""
+    A = mx.A.astype(np.float64).copy()
+    cols = [j for j, r in enumerate(mx.ranks) if r in fixed]
+    free = [j for j in range(A.shape[1]) if j not in cols]
+    if not cols or A.shape[0] == 0:
+        return A
+    # every rank fixed: all arrive like the typical rank of the job (nobody waits)
+    typ = np.sort(A[:, free], axis=1)[:, (len(free) - 1) // 2] if free else mx.m.astype(np.float64)
+    A[:, cols] = np.minimum(A[:, cols], typ[:, None])
+    return A
+
+
+def waiting_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:
+    """Per step: waiting ``|union [m, L]|`` with ``fixed`` arriving like the typical rank."""
+    A = fixed_arrivals(mx, fixed)
+    return union_by_group(mx.step_idx, mx.m.astype(np.float64), A.max(axis=1), len(mx.steps))

@@ -1,0 +1,271 @@
+"""Which ranks to name, and whether each is persistent: the noise thresholds, the greedy what-if
+over sets of ranks (frequency, magnitude and pair routes) and the persistence tests
+(``docs/diagnosis.md`` §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from kinetoscope.diagnosis.attribution import (
+    Matrix,
+    Round,
+    attribution_round,
+    binom_sf,
+    fixed_arrivals,
+    noise_sigma,
+    waiting_fixed,
+)
+from kinetoscope.diagnosis.slow_link import SlowLink
+from kinetoscope.diagnosis.straggler_model import StragglerThresholds
+
+
+@dataclass
+class Named:
+    rank: int
+    freq: bool
+    events: int
+    big_steps: int
+    late: np.ndarray  # bool [step]
+    rnd: Round
+    p: float
+    k: int
+    partner: int | None = None  # named as a pair with this rank (judged jointly)
+    link: SlowLink | None = None  # its late collective ends (slow link evidence)
+    by_link: bool = False  # named for its late ends alone (not for its arrivals)
+    alone_late: np.ndarray | None = None  # bool [step]: late with the other named ranks fixed
+    alone_imposed: np.ndarray | None = None  # float [step] (ns): its imposed wait with them fixed
+
+
+def noise_thresholds(
+    inst: pl.DataFrame, steps: list[int], r0: Round, T_ns: np.ndarray, factor: np.ndarray, th: StragglerThresholds
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Arrival noise sigma (ns) and, per step, the persistent and event thresholds (ns).
+
+    Frequent stalls inflate sigma (with two ranks every stall moves both skews): the steps with
+    a candidate event (half the event threshold's noise term) are left out and sigma measured
+    again, once, when they are at most half of the steps. The MAD barely moves when a few steps
+    of a clean job are left out; it drops when stalls hit a third of the steps."""
+    clean_ref = float(np.median(np.clip(T_ns - r0.waiting, 0, None)))
+    floor_abs = th.abs_floor_us * 1000.0
+
+    def thresholds_for(sig: float) -> tuple[np.ndarray, np.ndarray]:
+        floor = max(th.k_sigma * sig, floor_abs)
+        floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), floor_abs)
+        return factor * max(floor_p, th.rel_step * clean_ref), factor * max(floor, th.rel_step_intermittent * clean_ref)
+
+    sigma = noise_sigma(inst)
+    cand = factor * max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_intermittent * clean_ref)
+    ev_steps = set(np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1)).tolist())
+    if 1 <= len(ev_steps) <= len(steps) / 2:
+        sigma2 = noise_sigma(inst.filter(pl.col("step").is_in([s for k, s in enumerate(steps) if k not in ev_steps])))
+        if 0 < sigma2 < sigma:
+            sigma = sigma2
+    thr_p, thr_i = thresholds_for(sigma)
+    return sigma, thr_p, thr_i
+
+
+def name_ranks(
+    mx: Matrix, r0: Round, th: StragglerThresholds, total_T: float, thr_p: np.ndarray, thr_i: np.ndarray, sigma: float
+) -> list[Named]:
+    """Greedy what-if over sets: name ranks round by round (module docstring); when no single
+    rank passes, a pair of ranks that are each last far more often than chance and together
+    save enough is named (two stragglers that alternate as the last one each impose little
+    alone)."""
+    named: list[Named] = []
+    fixed: set[int] = set()
+    rnd = r0
+    floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
+    quiet = np.ones(len(mx.steps), dtype=bool)
+    # every rank may be named: with the others fixed the last free rank can only be named by
+    # magnitude (it is last whenever it is not early, chance ~ its own rate), e.g. a 2-rank
+    # job whose two ranks each stall once
+    while len(named) < min(th.max_named, len(mx.ranks)):
+        picks = (_single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor, quiet)
+                 or _pair(mx, rnd, fixed, th, total_T, floor, quiet))
+        if not picks:
+            break
+        named += picks
+        fixed |= {nm.rank for nm in picks}
+        for nm in picks:  # a stall perturbs everybody's arrivals: no frequency evidence from its steps
+            if not nm.freq:
+                quiet &= ~nm.late
+        rnd = attribution_round(mx, fixed, th.tie_us * 1000.0)
+    return named
+
+
+def frequency(rnd: Round, j: int, qi: np.ndarray) -> tuple[int, float]:
+    """Rank ``j``'s last count and binomial p-value over the instances ``qi`` (quiet steps)."""
+    n = int(qi.sum())
+    k = int(rnd.last[qi, j].sum())
+    size = rnd.last[qi].sum(axis=1)
+    p0 = float(size.mean()) / rnd.free if n and size.any() else 1.0 / rnd.free
+    return k, binom_sf(k, n, min(p0, 1.0))
+
+
+def late_alone(mx: Matrix, named: list[Named], thr_p: np.ndarray, th: StragglerThresholds) -> None:
+    """Set each arrival-named rank's steps late beyond the persistent threshold once the other
+    named ranks are fixed (a pair: its partner is not fixed, and each member gets the pair's
+    joint late steps). Two stragglers with the same delay alternate as the last one: in the
+    round that names the first, it imposes only in the steps where it beat the other, so its
+    own late steps undercount it; with the other fixed it is late in every step it delays."""
+    arrival = [nm for nm in named if not nm.by_link]
+    if len(arrival) < 2:
+        return
+    for nm in arrival:
+        keep = {nm.rank, nm.partner}
+        rnd = attribution_round(mx, {x.rank for x in arrival if x.rank not in keep}, th.tie_us * 1000.0)
+        worst = rnd.step_imposed.max(axis=1)
+        js = [mx.ranks.index(r) for r in keep if r is not None]
+        imp = rnd.step_imposed[:, js]
+        nm.alone_late = ((imp >= thr_p[:, None]) & (imp >= th.rel_to_worst * worst[:, None])).any(axis=1)
+        nm.alone_imposed = imp.sum(axis=1)  # a pair: the two alternate, their waits add up per step
+    for nm in arrival:  # a pair is judged jointly: either member late
+        if nm.partner is not None and nm.alone_late is not None:
+            mate = next((x for x in arrival if x.rank == nm.partner), None)
+            if mate is not None:
+                nm.alone_late = nm.alone_late | mate.late | nm.late
+
+
+def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool) -> bool:
+    """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
+    and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
+    instance): with two ranks, 6 late steps of 10 are what chance gives one of them."""
+    if nm.link is not None and nm.by_link:
+        # named for its late ends: persistent when they recur (in most steps; short traces: min_events)
+        if by_steps:
+            return bool(nm.late.mean() >= th.persistent_share)
+        return nm.link.late >= th.min_events
+    size = 1 if nm.partner is None else 2  # a pair is judged jointly: either of the two last
+    if by_steps:
+        late = nm.late if nm.alone_late is None else nm.late | nm.alone_late
+        k, n, p0 = int(late.sum()), len(late), size / nm.rnd.free
+    else:
+        js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
+        k, n, p0 = int(nm.rnd.last[:, js].any(axis=1).sum()), nm.rnd.last.shape[0], size * nm.rnd.p0
+    if n == 0 or k / n < th.persistent_share or binom_sf(k, n, p0) >= th.alpha:
+        return False
+    return nm.freq or nm.big_steps >= th.persistent_share * len(mx.steps)
+
+
+def _single(
+    mx: Matrix, rnd: Round, fixed: set[int], th: StragglerThresholds, total_T: float,
+    thr_p: np.ndarray, thr_i: np.ndarray, floor: float, quiet: np.ndarray,
+) -> list[Named]:
+    """The rank imposing the most wait that passes the frequency or the magnitude route. The
+    frequency route reads only the quiet steps (no stall of a rank named by magnitude)."""
+    tot = rnd.imposed.sum(axis=0)
+    worst = rnd.step_imposed.max(axis=1)
+    for j in np.argsort(-tot, kind="stable"):
+        r = mx.ranks[int(j)]
+        if r in fixed or tot[j] <= 0:
+            continue
+        top = rnd.step_imposed[:, j] >= th.rel_to_worst * worst
+        events = (rnd.step_imposed[:, j] >= thr_i) & top
+        # frequency evidence from steps without a stall, its own or a named rank's
+        # (with fewer than min_steps_confident steps the instances are the units: a one-step
+        # trace's only step is not left out for holding the rank's own lateness)
+        own_quiet = quiet & ~events if len(mx.steps) >= th.min_steps_confident else quiet
+        qi = own_quiet[mx.step_idx]
+        _, p_q = frequency(rnd, int(j), qi)
+        freq = (
+            p_q < th.alpha
+            and _steady_effect(rnd, int(j), own_quiet) >= th.min_rank_effect * total_T
+            and float(rnd.imposed[qi, j].sum()) >= th.min_share * float(rnd.imposed[qi].sum())
+        )
+        ev = int(events.sum())
+        big = int(((rnd.step_imposed[:, j] >= thr_p) & top).sum())
+        if freq or ev >= 1:
+            steady_big = big >= th.persistent_share * len(mx.steps) and len(mx.steps) >= 2
+            if freq:
+                late = events | (top & (rnd.step_imposed[:, j] >= floor) & own_quiet)
+            else:  # by magnitude: late beyond the persistent threshold when that is its pattern
+                late = top & (rnd.step_imposed[:, j] >= thr_p) if steady_big else events
+            k, p = frequency(rnd, int(j), np.ones(len(mx.step_idx), dtype=bool))
+            return [Named(r, freq, ev, big, late, rnd, p, k)]
+    return []
+
+
+def _pair(
+    mx: Matrix, rnd: Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float,
+    quiet: np.ndarray, top_k: int = 6,
+) -> list[Named]:
+    """Two ranks that are the two latest arrivals far more often than chance (binomial against
+    ``1 / C(N', 2)``, Bonferroni-corrected over the pairs tried, among the ``top_k`` ranks most
+    often last) and whose joint what-if saves at least twice ``min_rank_effect`` of the step
+    time. Two stragglers with the same delay alternate as the last one: each alone is last only
+    half the time and imposes only the jitter between them, but together they are the two
+    latest almost every time, which noise seldom makes two given ranks."""
+    qi = quiet[mx.step_idx]
+    n = int(qi.sum())
+    if n == 0 or rnd.free < 3:
+        return []
+    A = fixed_arrivals(mx, fixed)
+    top2 = np.sort(np.argsort(-A, axis=1, kind="stable")[:, :2], axis=1)[qi]
+    counts = [(int(rnd.last[qi, j].sum()), j) for j, r in enumerate(mx.ranks) if r not in fixed]
+    cands = [c for c in sorted(counts, reverse=True)[:top_k] if c[0] > 0]
+    tries = max(len(cands) * (len(cands) - 1) // 2, 1)
+    p0 = 2.0 / (rnd.free * (rnd.free - 1))
+    base = waiting_fixed(mx, fixed)
+    best: tuple[float, int, int, np.ndarray] | None = None
+    for x in range(len(cands)):
+        for y in range(x + 1, len(cands)):
+            ja, jb = sorted((cands[x][1], cands[y][1]))
+            k = int(((top2[:, 0] == ja) & (top2[:, 1] == jb)).sum())
+            if binom_sf(k, n, p0) >= th.alpha / tries:
+                continue
+            saved = np.where(quiet, np.clip(base - waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0)
+            if best is None or saved.sum() > best[0]:
+                best = (float(saved.sum()), ja, jb, saved)
+    if best is None or best[0] < 2 * th.min_rank_effect * total_T:
+        return []
+    out = []
+    for j, other in ((best[1], best[2]), (best[2], best[1])):
+        k, p = frequency(rnd, j, np.ones(len(mx.step_idx), dtype=bool))
+        in_step = np.bincount(mx.step_idx[rnd.last[:, j]], minlength=len(mx.steps)) > 0
+        out.append(Named(mx.ranks[j], True, 0, 0, (best[3] >= floor) & in_step, rnd, p, k, partner=mx.ranks[other]))
+    return out
+
+
+def _steady_effect(rnd: Round, j: int, quiet: np.ndarray) -> float:
+    """Rank ``j``'s imposed wait in the quiet steps with its single largest step replaced by the
+    mean of its other steps (one step: its largest instance by the mean of its other imposing
+    instances): the frequency route must not borrow its effect size from one stall, and must not
+    lose a steady rank's effect either (dropping one of two steps halved it)."""
+    per_step = rnd.step_imposed[quiet, j]
+    n = int(per_step.size)
+    if n >= 2:
+        return float(per_step.sum() - per_step.max()) * n / (n - 1)
+    if n == 0:
+        return 0.0
+    per_inst = rnd.imposed[:, j]
+    pos = per_inst[per_inst > 0]
+    k = int(pos.size)
+    if k < 2:
+        return 0.0
+    rest = float(pos.sum() - pos.max()) * k / (k - 1)
+    return float(per_step.sum()) * rest / float(pos.sum())
+
+
+def spike_share(nm: Named, mx: Matrix, th: StragglerThresholds) -> float:
+    """Share of a rank's imposed wait that falls in its spike steps (steps imposing more than
+    ``spike_factor`` times its median step); 0 with fewer than ``min_steps_confident`` steps."""
+    # with the other named ranks fixed: in its own naming round a straggler that alternates
+    # with another as the last one imposes only where it beat it, which reads as spikes
+    per_step = nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)] if nm.alone_imposed is None else nm.alone_imposed
+    med = float(np.median(per_step))
+    if len(per_step) < th.min_steps_confident or med <= 0 or per_step.sum() <= 0:
+        return 0.0
+    return float(per_step[per_step > th.spike_factor * med].sum() / per_step.sum())
+
+
+def pattern_of(persistent: list[Named], skew_spikes: list[Named], mx: Matrix, th: StragglerThresholds) -> str:
+    if skew_spikes:
+        return "steady skew with spikes"
+    if not persistent:
+        return "bursts"
+    if any(spike_share(nm, mx, th) > 0 for nm in persistent):
+        return "steady with spikes"
+    return "steady"

@@ -1,0 +1,142 @@
+"""The straggler report's tables: per step, per rank, each named rank's share of the lost time
+and the ranks that would hold the job back next (``docs/diagnosis.md`` §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from kinetoscope.diagnosis.attribution import Matrix, Round, binom_sf, waiting_fixed
+from kinetoscope.diagnosis.straggler_model import PER_RANK_SCHEMA, PER_STEP_SCHEMA
+from kinetoscope.diagnosis.straggler_naming import Named
+
+
+def per_step_table(
+    mx: Matrix,
+    r0: Round,
+    T_ns: np.ndarray,
+    excess: np.ndarray,
+    thr_i: np.ndarray,
+    thr_p: np.ndarray,
+    bd: pl.DataFrame,
+    late: dict[int, np.ndarray],
+) -> pl.DataFrame:
+    counts = np.bincount(mx.step_idx, minlength=len(mx.steps))
+    lat = bd.group_by("step").agg(pl.col("lateness(us)").max().alias("_ml"))
+    maxlat = {s: v for s, v in lat.iter_rows()}
+    rows = []
+    for k, s in enumerate(mx.steps):
+        top = int(np.argmax(r0.step_imposed[k])) if counts[k] else None
+        rows.append({
+            "step": s,
+            "step_time(us)": T_ns[k] / 1000.0,
+            "lost(us)": r0.waiting[k] / 1000.0,
+            "excess(us)": excess[k] / 1000.0,
+            "est_step_time(us)": (T_ns[k] - excess[k]) / 1000.0,
+            "threshold(us)": thr_i[k] / 1000.0,
+            "persistent_threshold(us)": thr_p[k] / 1000.0,
+            "last_rank": mx.ranks[top] if top is not None and r0.step_imposed[k, top] > 0 else None,
+            "max_lateness(us)": maxlat.get(s),
+            "late_ranks": sorted(r for r, v in late.items() if v[k]),
+            "n_instances": int(counts[k]),
+            "max_imposed(us)": float(r0.step_imposed[k].max()) / 1000.0 if mx.ranks else 0.0,
+        })
+    return pl.DataFrame(rows, schema=PER_STEP_SCHEMA, orient="row")
+
+
+def lost_shares(mx: Matrix, order: list[int], waiting: np.ndarray) -> dict[int, float]:
+    """Each named rank's share of the time the named ranks cost: its marginal what-if saving
+    in naming order (fixing it after the ranks named before it) over the saving of all."""
+    out: dict[int, float] = {}
+    prev, fixed = float(waiting.sum()), set()
+    total = prev - float(waiting_fixed(mx, set(order)).sum())
+    for r in order:
+        fixed.add(r)
+        now = float(waiting_fixed(mx, fixed).sum())
+        out[r] = (prev - now) / total if total > 0 else 0.0
+        prev = now
+    return out
+
+
+def next_ranks(mx: Matrix, final: Round, fixed: set[int], T_ns: np.ndarray) -> list[dict[str, Any]]:
+    """Once the named ranks are fixed, who would hold the job back next (top two, with the wait
+    they would impose per step)."""
+    tot = final.step_imposed.sum(axis=0)
+    out = []
+    for j in np.argsort(-tot, kind="stable"):
+        r = mx.ranks[int(j)]
+        if r in fixed or tot[j] <= 0:
+            continue
+        out.append({
+            "rank": r,
+            "imposed_per_step_us": float(tot[j]) / len(mx.steps) / 1000.0,
+            "share_of_step": float(tot[j]) / float(T_ns.sum()) if T_ns.sum() > 0 else None,
+            "last_count": int(final.last[:, j].sum()),
+        })
+        if len(out) == 2:
+            break
+    return out
+
+
+def per_rank_table(
+    bd: pl.DataFrame,
+    hosts: dict[int, str | None],
+    mx: Matrix | None,
+    named: dict[int, Named] | None,
+    roles: dict[int, str],
+    final: Round | None = None,
+    T_ns: np.ndarray | None = None,
+    lost_share: dict[int, float] | None = None,
+) -> pl.DataFrame:
+    if bd.is_empty():
+        return pl.DataFrame(schema=PER_RANK_SCHEMA)
+    Tdf = bd.group_by("step").agg(pl.col("step_time(us)").median().alias("_T"))
+    total_T = float(Tdf["_T"].sum()) or 1.0
+    x = bd.join(Tdf, on="step", how="left")
+    agg = x.group_by("rank").agg(
+        pl.len().cast(pl.Int64).alias("steps"),
+        pl.col("lateness(us)").mean().alias("mean_lateness(us)"),
+        (pl.col("lateness(us)") / pl.col("_T")).mean().alias("mean_lateness_frac"),
+        (pl.col("lateness(us)").sum() / total_T).alias("score"),
+        pl.col("self_time(us)").mean().alias("mean_self_time(us)"),
+        pl.col("compute(us)").mean().alias("mean_compute(us)"),
+        pl.col("sync_wait(us)").mean().alias("mean_sync_wait(us)"),
+        pl.col("dataloader(us)").mean().alias("mean_dataloader(us)"),
+    )
+    med = agg["mean_compute(us)"].median()
+    extra: dict[str, list[Any]] = {k: [] for k in ("rank", "instances", "last_count", "p_value", "imposed_wait(us)",
+                                                   "imposed_share", "whatif_saving(us)", "role", "late_steps")}
+    if mx is not None and final is not None and T_ns is not None:
+        named = named or {}
+        n_inst = mx.A.shape[0]
+        base = waiting_fixed(mx, set()).sum()
+        for j, r in enumerate(mx.ranks):
+            rnd = named[r].rnd if r in named else final
+            late = named[r].late if r in named else np.zeros(len(mx.steps), bool)
+            k = int(rnd.last[:, j].sum())
+            tot = float(rnd.imposed.sum())
+            extra["rank"].append(r)
+            extra["instances"].append(n_inst)
+            extra["last_count"].append(k)
+            extra["p_value"].append(binom_sf(k, n_inst, rnd.p0))
+            extra["imposed_wait(us)"].append(float(rnd.step_imposed[:, j].sum()) / 1000.0)
+            extra["imposed_share"].append(float(rnd.imposed[:, j].sum()) / tot if tot > 0 else 0.0)
+            extra["whatif_saving(us)"].append(float(base - waiting_fixed(mx, {r}).sum()) / len(mx.steps) / 1000.0)
+            extra["role"].append(roles.get(r))
+            extra["late_steps"].append(int(late.sum()))
+    ex = pl.DataFrame(extra, schema={"rank": pl.Int64, "instances": pl.Int64, "last_count": pl.Int64,
+                                     "p_value": pl.Float64, "imposed_wait(us)": pl.Float64, "imposed_share": pl.Float64,
+                                     "whatif_saving(us)": pl.Float64, "role": pl.String, "late_steps": pl.Int64})
+    agg = (
+        agg.join(ex, on="rank", how="left")
+        .with_columns(
+            pl.col("late_steps").fill_null(0),
+            (pl.col("mean_compute(us)") / med).alias("compute_vs_median") if med else pl.lit(None, dtype=pl.Float64).alias("compute_vs_median"),
+            pl.col("rank").map_elements(lambda r: hosts.get(r), return_dtype=pl.String).alias("host"),
+            pl.col("rank").replace_strict(lost_share or {}, default=None, return_dtype=pl.Float64).alias("lost_share"),
+        )
+        .with_columns((pl.col("late_steps") / pl.col("steps")).alias("late_share"))
+    )
+    return agg.select(list(PER_RANK_SCHEMA)).cast(PER_RANK_SCHEMA).sort("rank")  # type: ignore[arg-type]
