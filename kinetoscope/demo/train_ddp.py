@@ -148,7 +148,7 @@ def _launch_torchrun(args: argparse.Namespace, argv: list[str]) -> None:
     """Replace this process by torchrun running this module with ``args.ranks`` ranks."""
     rest: list[str] = []
     skip = False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue

@@ -911,7 +911,7 @@ class EventStream:
         while hi > lo:
             a = max(lo, hi - window)
             best = None
-            for best in _BOUNDARY.finditer(buf, a, hi + 0):
+            for best in _BOUNDARY.finditer(buf, a, hi + 0):  # noqa: B007 (keeps the last match)
                 pass
             if best is not None:
                 return best.start()
@@ -974,7 +974,7 @@ class EventStream:
             h = hi
             while h > lo and best is None:
                 a = max(lo, h - window)
-                for best in _SALVAGE_END.finditer(buf, a, h):
+                for best in _SALVAGE_END.finditer(buf, a, h):  # noqa: B007 (keeps the last match)
                     pass
                 if a == lo:
                     break
@@ -1087,7 +1087,7 @@ class EventStream:
                 sub.release()
             return self._chunk(evs, first, is_typed, base_off, start - 1 + end), start - 1 + end
         if "truncated" in text or (b is not None and b >= n - 1):
-            if final and b is not None and not ("truncated" in text):
+            if final and b is not None and "truncated" not in text:
                 # the last byte of the data is wrong: report it as a syntax error
                 return self._syntax_error(exc, b, view, start, base_off, first)
             raise _Split

@@ -15,9 +15,8 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from kinetoscope.trace import _native
 from kinetoscope.trace import cache as _cache

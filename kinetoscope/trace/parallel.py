@@ -40,8 +40,9 @@ import sys
 import tempfile
 import threading
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import msgspec
 
@@ -393,7 +394,7 @@ class ChunkPool:
                 return False
         return len(self.workers) == self.n and all(w.alive for w in self.workers)
 
-    def begin(self, path: str) -> "_Job":
+    def begin(self, path: str) -> _Job:
         return _Job(self, path)
 
     def close(self) -> None:
