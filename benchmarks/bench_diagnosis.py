@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kinetoscope  # noqa: E402
-from benchmarks.diag_scenarios import cpu, gpu, truth  # noqa: E402
+from benchmarks.diag_scenarios import cpu, gpu, seeds, truth  # noqa: E402
 from benchmarks.diag_scenarios.score import Outcome, misses, summary_by_type, table  # noqa: E402
 
 DOCS = ROOT / "docs" / "diagnosis.md"
@@ -195,6 +195,10 @@ def report(doc: dict[str, Any]) -> str:
         title = {"gpu": "GPU scenarios (re-timed real traces)", "cpu": "Real CPU DDP jobs (torchrun + gloo, daemon)",
                  "all": "Both generators"}[gen]
         lines += ["", f"{title}:", "", table(s)]
+    if doc.get("seeds"):
+        rows = [f"| {k} | {v['n']} | {v['ok']} |" for k, v in doc["seeds"]["score"].items()]
+        lines += ["", "Seed problems (real jobs, benchmarks/diag_scenarios/seeds.py):", "",
+                  "| problem | n | every check held |", "|---|---:|---:|", *rows]
     if doc["misses"]:
         lines += ["", "Targets missed: " + "; ".join(doc["misses"]) + "."]
     else:
@@ -287,6 +291,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rediagnose", nargs="*", default=None, metavar="PATH",
                    help="with --workdir: diagnose again the traces kept (--keep) by the runs saved in these --json "
                         "files, with this version (the same real CPU jobs scored before and after a change)")
+    p.add_argument("--seeds", action="store_true",
+                   help="also run the seed problems' real jobs (pipeline, uneven inputs, recompilation, HSGD plan; "
+                        "benchmarks/diag_scenarios/seeds.py, about 6 min)")
     p.add_argument("--examples", type=int, default=2, help="wrong verdicts listed per type (2)")
     return p.parse_args(argv)
 
@@ -339,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         "examples": examples(outcomes, a.examples),
         "scenarios": [o.to_dict() for o in outcomes],
     }
+    if a.seeds:
+        doc["seeds"] = seeds.run_all(seeds.scenarios(a.quick), workdir / "seeds", a.keep)
     text = report(doc)
     print("\n" + text)
     if a.json:
