@@ -42,21 +42,16 @@ __all__ = [
     "diagnose",
 ]
 
-_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
-
-
 def _expand(item: Trace | str | os.PathLike[str], notes: list[str]) -> list[Trace]:
     from kinetoscope.trace import TraceError, load_trace
+    from kinetoscope.trace.discover import trace_files_in
 
     if isinstance(item, Trace):
         return [item]
     p = Path(item)
     if p.is_dir():
         out = []
-        for f in sorted(
-            f for f in p.iterdir()
-            if f.is_file() and f.name.endswith(_TRACE_SUFFIXES) and not f.name.startswith("manifest")
-        ):
+        for f in trace_files_in(p):
             try:
                 out.append(load_trace(f))
             except TraceError as exc:  # a folder may hold other JSON files: skip, say so

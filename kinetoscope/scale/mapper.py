@@ -9,12 +9,12 @@ so the other ranks are still analysed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
+from kinetoscope.scale.request import AnalyzeRequest
 from kinetoscope.trace.model import Trace, TraceMeta
 
 
@@ -24,12 +24,8 @@ class RankTask:
 
     index: int  # position in the input order (results are put back in this order)
     path: str
-    names: tuple[str, ...]
-    options: Mapping[str, Any] = field(default_factory=dict)
-    diagnosis: bool = True  # send back what the diagnosis reads
-    cache: bool = True
-    salvage: bool = False
-    cache_dir: str | None = None
+    names: tuple[str, ...]  # the analyses to run (the plan's, resolved)
+    request: AnalyzeRequest
     load_workers: int | None = None  # chunk workers for a large file (0: none; pools pass 0)
 
 
@@ -37,7 +33,7 @@ class RankTask:
 class RankResult:
     index: int
     path: str
-    error: str | None = None  # the file could not be loaded (message names it)
+    error: str | None = None  # the file could not be loaded, or its task failed (message names it)
     trace: Trace | None = None  # trimmed: metadata, + diagnosis rows, or full for "driver" analyses
     has_gpu: bool = False
     results: dict[str, pl.DataFrame] = field(default_factory=dict)  # "concat" analyses
@@ -49,34 +45,52 @@ class RankResult:
         return self.trace.meta if self.trace is not None else None
 
 
+def _load_error(path: str, exc: Exception) -> str:
+    return str(exc) if exc.__class__.__name__ == "TraceError" else f"{path}: {type(exc).__name__}: {exc}"
+
+
 def map_rank(task: RankTask) -> RankResult:
     """Load one rank file and analyse it (see module docstring). Never raises for a bad file."""
-    from kinetoscope.analysis import registry
-    from kinetoscope.analysis._common import device_frame
-    from kinetoscope.scale.reduce import REDUCERS
-    from kinetoscope.scale.slim import meta_only, slim_for_diagnosis
     from kinetoscope.trace import load_trace
 
+    req = task.request
     out = RankResult(task.index, task.path)
     try:
         trace = load_trace(
-            task.path, cache=task.cache, salvage=task.salvage, cache_dir=task.cache_dir, workers=task.load_workers
+            task.path, cache=req.cache, salvage=req.salvage, cache_dir=req.cache_dir, workers=task.load_workers
         )
     except Exception as exc:  # noqa: BLE001 - one bad rank file must not stop the other ranks
-        out.error = str(exc) if exc.__class__.__name__ == "TraceError" else f"{task.path}: {type(exc).__name__}: {exc}"
+        out.error = _load_error(task.path, exc)
         return out
+    full = _analyse(trace, task, out)
+    out.trace = trace if full else _for_driver(trace, req.diagnosis)
+    return out
+
+
+def _analyse(trace: Trace, task: RankTask, out: RankResult) -> bool:
+    """Run the per-rank analyses into ``out``; True when a ``driver`` analysis needs the full trace."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.analysis._common import device_frame
+    from kinetoscope.scale.reducers import REDUCERS
+
     out.has_gpu = device_frame(trace).height > 0
+    opts = task.request.options
     full = False
     for name in task.names:
         spec = registry.get(name)
         try:
             if spec.combine in ("concat", "concat_by_rank"):
-                out.results[name] = spec.call([trace], task.options)
+                out.results[name] = spec.call([trace], opts)
             elif spec.combine == "reduce":
-                out.partials[name] = REDUCERS[name].map(trace, spec.resolve_options(task.options))
+                out.partials[name] = REDUCERS[name].map(trace, spec.resolve_options(opts))
             else:
                 full = True
         except Exception as exc:  # noqa: BLE001 - recorded per analysis, as run_analyses does
             out.errors[name] = f"{type(exc).__name__}: {exc}"
-    out.trace = trace if full else slim_for_diagnosis(trace) if task.diagnosis else meta_only(trace)
-    return out
+    return full
+
+
+def _for_driver(trace: Trace, diagnosis: bool) -> Trace:
+    from kinetoscope.scale.slim import meta_only, slim_for_diagnosis
+
+    return slim_for_diagnosis(trace) if diagnosis else meta_only(trace)

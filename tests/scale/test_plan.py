@@ -60,5 +60,5 @@ def test_ray_backend_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
 
 
 def test_unknown_backend_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="local, ray"):
+    with pytest.raises(UsageError, match="single, local, ray"):
         make_executor("spark")
