@@ -2,8 +2,8 @@
 
 A worker loads its file (parse, or the Parquet cache keyed by content hash), runs the analyses
 that split over ranks on that one trace and returns only small things: result DataFrames,
-partials for the cross-rank reducers, and a trimmed trace for the driver (metadata only, or what
-the diagnosis reads: ``slim.py``). A file that fails to load comes back as an error naming it,
+partials for the cross-rank reducers, and a digest of the trace for the driver (its metadata and
+what the job diagnosis reads of it: ``kinetoscope.diagnosis.extract``). A file that fails to load comes back as an error naming it,
 so the other ranks are still analysed.
 """
 
@@ -34,7 +34,7 @@ class RankResult:
     index: int
     path: str
     error: str | None = None  # the file could not be loaded, or its task failed (message names it)
-    trace: Trace | None = None  # trimmed: metadata, + diagnosis rows, or full for "driver" analyses
+    trace: Trace | None = None  # a DigestTrace (metadata + diagnosis figures), or full for "driver" analyses
     has_gpu: bool = False
     results: dict[str, pl.DataFrame] = field(default_factory=dict)  # "concat" analyses
     errors: dict[str, str] = field(default_factory=dict)  # analysis name -> message
@@ -91,6 +91,8 @@ def _analyse(trace: Trace, task: RankTask, out: RankResult) -> bool:
 
 
 def _for_driver(trace: Trace, diagnosis: bool) -> Trace:
-    from kinetoscope.scale.slim import meta_only, slim_for_diagnosis
+    """The diagnosis's figures of the rank (``diagnosis.extract``: O(steps + collectives), not
+    O(events)), or only the metadata when no diagnosis is wanted."""
+    from kinetoscope.diagnosis.extract import digest_trace
 
-    return slim_for_diagnosis(trace) if diagnosis else meta_only(trace)
+    return digest_trace(trace) if diagnosis else Trace(meta=trace.meta)

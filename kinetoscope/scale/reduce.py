@@ -9,7 +9,7 @@ Per analysis, by its ``AnalysisSpec.combine`` (see docs/scale.md):
   partial, ``reduce(partials, options)`` on the driver the frame;
 * ``driver``: the analysis on the full traces sent back by the workers.
 
-Then the job diagnosis (``run_diagnosis``) on the slim traces and ``build_document``, the same
+Then the job diagnosis (``run_diagnosis``) on the rank digests (``diagnosis.extract``) and ``build_document``, the same
 functions the single-process path uses, so the two documents are equal.
 """
 
