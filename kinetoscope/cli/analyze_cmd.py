@@ -231,13 +231,13 @@ def _run(request: Any, catalog_url: str | None) -> Any:
         def on_backend(backend: str, why: str, n_files: int) -> None:
             # what --backend auto chose: a pool or Ray always, this process only on a terminal
             if request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal)):
-                err.print(f"[dim]backend {backend}: {escape(why)}[/]")
+                err.print(f"[dim]backend {backend}: {escape(why)}[/]", soft_wrap=True)
 
         run = analyze(request, progress=lambda done, failed, total: bar.update(task, completed=done, total=total,
                                                                              failed=failed),
                       on_backend=on_backend)
     for why in run.scale.load_errors.values():
-        err.print(f"[red]error:[/] not analysed: {escape(str(why))}")
+        err.print(f"[red]error:[/] not analysed: {escape(str(why))}", soft_wrap=True)
     return run
 
 

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -101,21 +102,41 @@ class LocalExecutor:
         self._pool: ProcessPoolExecutor | None = None
 
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
+        """Tasks on the pool as they finish. A worker that dies (OOM kill, crash) breaks the
+        whole pool and fails every task in flight: those are rerun one at a time, each in a
+        fresh one-worker pool, so only the task that kills its worker fails."""
         if self.workers <= 1 or len(items) <= 1:
             yield from InProcessExecutor().map_unordered(fn, items)
             return
-        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        self._pool = ProcessPoolExecutor(
-            max_workers=min(self.workers, len(items)),
-            mp_context=multiprocessing.get_context(method),
-            initializer=_init_worker,
-        )
+        self._pool = self._new_pool(min(self.workers, len(items)))
         futures = {self._pool.submit(fn, it): it for it in items}
+        suspects: list[T] = []
         for fut in as_completed(futures):
             try:
                 yield Outcome(futures[fut], fut.result())
-            except Exception as exc:  # noqa: BLE001 - a worker died (OOM kill, crash): that rank fails
+            except BrokenProcessPool:
+                suspects.append(futures[fut])
+            except Exception as exc:  # noqa: BLE001 - the task could not be sent or returned (pickling)
                 yield Outcome(futures[fut], error=f"worker process failed: {_failure(exc)}")
+        self.close()
+        for it in suspects:
+            yield self._alone(fn, it)
+
+    def _new_pool(self, workers: int) -> ProcessPoolExecutor:
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        return ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker
+        )
+
+    def _alone(self, fn: Callable[[T], R], item: T) -> Outcome[T, R]:
+        self._pool = self._new_pool(1)
+        try:
+            return Outcome(item, self._pool.submit(fn, item).result())
+        except Exception as exc:  # noqa: BLE001 - it killed its worker again: this task fails, not the job
+            why = "the worker process died (killed, e.g. out of memory)" if isinstance(exc, BrokenProcessPool) else _failure(exc)
+            return Outcome(item, error=f"worker process failed: {why}")
+        finally:
+            self.close()
 
     def close(self) -> None:
         if self._pool is not None:
