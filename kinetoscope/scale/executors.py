@@ -195,7 +195,11 @@ class RayExecutor:
             self._started = True
 
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
-        remote = self.ray.remote(num_cpus=1, max_retries=RAY_TASK_RETRIES, retry_exceptions=False)(fn)
+        # SPREAD: map tasks are independent and alike; spread them over the nodes rather than
+        # packing the driver's node first (the default), so every node parses from the start
+        remote = self.ray.remote(
+            num_cpus=1, max_retries=RAY_TASK_RETRIES, retry_exceptions=False, scheduling_strategy="SPREAD"
+        )(fn)
         refs = {remote.remote(it): it for it in items}
         pending = list(refs)
         while pending:

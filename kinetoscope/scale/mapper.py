@@ -9,6 +9,7 @@ so the other ranks are still analysed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +40,24 @@ class RankResult:
     results: dict[str, pl.DataFrame] = field(default_factory=dict)  # "concat" analyses
     errors: dict[str, str] = field(default_factory=dict)  # analysis name -> message
     partials: dict[str, Any] = field(default_factory=dict)  # "reduce" analyses
+    worker: str = ""  # where it ran: host:pid, plus the Ray node id on Ray
+
 
     @property
     def meta(self) -> TraceMeta | None:
         return self.trace.meta if self.trace is not None else None
+
+
+def _where() -> str:
+    """``host:pid`` of this worker, with ``@<ray node id>`` inside a Ray task."""
+    import socket
+    import sys
+
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        here += f"@{ray.get_runtime_context().get_node_id()}"
+    return here
 
 
 def _load_error(path: str, exc: Exception) -> str:
@@ -51,11 +66,15 @@ def _load_error(path: str, exc: Exception) -> str:
 
 def map_rank(task: RankTask) -> RankResult:
     """Load one rank file and analyse it (see module docstring). Never raises for a bad file."""
+    from kinetoscope.scale.memory import check_fits
     from kinetoscope.trace import load_trace
 
     req = task.request
-    out = RankResult(task.index, task.path)
+    out = RankResult(task.index, task.path, worker=_where())
     try:
+        out.error = check_fits(task.path)  # before loading: a clear error, never an OOM kill
+        if out.error is not None:
+            return out
         trace = load_trace(
             task.path, cache=req.cache, salvage=req.salvage, cache_dir=req.cache_dir, workers=task.load_workers
         )

@@ -78,6 +78,7 @@ class ScaleRun:
     backend: str = "single"  # where the map ran
     why: str = ""  # why that backend (``--backend auto`` says it)
     notes: list[str] = field(default_factory=list)
+    workers: dict[str, str] = field(default_factory=dict)  # file -> where its map task ran (host:pid[@node])
 
 
 def _wanted(ok: list[RankResult], ranks: frozenset[int] | None) -> list[RankResult]:
@@ -113,4 +114,6 @@ def reduce_document(ranks: Sequence[RankResult], request: AnalyzeRequest, names:
         diag = run_diagnosis(traces, results, **request.diagnosis_options())
         if request.only_diagnosis:
             diag = {k: v for k, v in diag.items() if k in request.only_diagnosis or k == "summary"}
-    return ScaleRun(build_document(traces, results, diagnosis=diag), results, traces, load_errors)
+    run = ScaleRun(build_document(traces, results, diagnosis=diag), results, traces, load_errors)
+    run.workers = {r.path: r.worker for r in ordered}
+    return run

@@ -32,6 +32,7 @@ def test_auto_picks_the_pool_and_a_bad_rank_is_an_error_entry(tmp_path: Path) ->
         ],
         capture_output=True,
         text=True,
+        check=False,
         timeout=900,
         env=env,
     )
