@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from kinetoscope.trace.model import Trace
+from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.schema import DEVICE_KINDS
 
 if TYPE_CHECKING:
@@ -70,11 +70,36 @@ class RankFigures:
         return self.collectives.with_columns(pl.lit(rank, dtype=pl.Int64).alias("rank"))
 
 
+_TABLES = ("events", "flows", "counters", "instants", "processes", "threads")
+_EMPTY: dict[str, pl.DataFrame] = {}
+
+
+def _empty_tables() -> dict[str, pl.DataFrame]:
+    """One set of empty tables shared by every digest in this process: a driver holding
+    thousands of digests must not hold thousands of empty 46-column tables."""
+    if not _EMPTY:
+        from kinetoscope.trace.schema import empty_table
+
+        _EMPTY.update({name: empty_table(name) for name in _TABLES})
+    return _EMPTY
+
+
 @dataclass
 class DigestTrace(Trace):
-    """A rank's metadata and ``RankFigures`` instead of its events (events tables empty)."""
+    """A rank's metadata and ``RankFigures`` instead of its events (events tables empty,
+    shared; only ``meta`` and ``figures`` are pickled)."""
 
     figures: RankFigures | None = None
+
+    @classmethod
+    def of(cls, meta: TraceMeta, figures: RankFigures) -> DigestTrace:
+        return cls(meta=meta, figures=figures, **_empty_tables())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"meta": self.meta, "figures": self.figures}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(_empty_tables(), **state)
 
     @property
     def event_count(self) -> int:
@@ -100,7 +125,7 @@ def figures_of(trace: Trace) -> RankFigures:
 
 def digest_trace(trace: Trace) -> DigestTrace:
     """``trace`` reduced to its metadata and diagnosis figures (what a map task sends back)."""
-    return DigestTrace(meta=trace.meta, figures=figures_of(trace))
+    return DigestTrace.of(trace.meta, figures_of(trace))
 
 
 def rank_figures(trace: Trace) -> RankFigures:

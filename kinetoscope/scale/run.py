@@ -14,8 +14,10 @@ build the document with the same code. Steps:
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from kinetoscope.scale.executors import Outcome, choose_backend, make_executor
 from kinetoscope.scale.mapper import RankResult, RankTask, map_rank
@@ -34,10 +36,14 @@ def _tasks(files: Sequence[str], plan: Plan, request: AnalyzeRequest, backend: s
     return [RankTask(i, f, tuple(plan.names), request, load_workers) for i, f in enumerate(files)]
 
 
-def _result(out: Outcome[RankTask, RankResult]) -> RankResult:
-    if out.value is not None:
-        return out.value
-    return RankResult(out.item.index, out.item.path, error=f"{out.item.path}: {out.error}")
+def _result(out: Outcome[RankTask, RankResult], backend: str) -> RankResult:
+    if out.value is None:
+        return RankResult(out.item.index, out.item.path, error=f"{out.item.path}: {out.error}")
+    if backend == "single":
+        # Detach the small results from the rank's full tables (a Polars filter or slice may
+        # share their buffers), as a pool's pickling does: the driver keeps only small things.
+        return cast(RankResult, pickle.loads(pickle.dumps(out.value, protocol=pickle.HIGHEST_PROTOCOL)))
+    return out.value
 
 
 def run_analysis(
@@ -77,7 +83,7 @@ def _map(
     failed = 0
     try:
         for out in executor.map_unordered(map_rank, tasks):
-            res = _result(out)
+            res = _result(out, backend)
             failed += res.error is not None
             ranks.append(res)
             if progress is not None:
