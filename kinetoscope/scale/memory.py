@@ -3,9 +3,10 @@ for the memory that is free is a clear error naming the figures, never an OOM ki
 
 Terms: *JSON bytes* is the uncompressed size of the trace (a ``.json.gz`` file's gzip trailer
 holds it, modulo 4 GiB); the *load estimate* is what loading and analysing it takes at peak:
-``LOAD_BASE_BYTES + LOAD_FACTOR x JSON bytes``. The factor is the measured peak of the streaming
-loader (0.92x the JSON on the 475 MB trace, docs/performance.md) rounded up; the base covers
-the interpreter, Polars and the analyses. *Available* is ``psutil.virtual_memory().available``,
+``LOAD_BASE_BYTES + LOAD_FACTOR x JSON bytes``. The factor is the measured peak of loading and
+analysing one trace in one process (2.09x the JSON for a 2 GB trace, docs/performance.md "One
+huge trace"; the loader alone peaks at 0.92x), rounded up; the base covers the interpreter and
+Polars. *Available* is ``psutil.virtual_memory().available``,
 or ``$KSCOPE_MEMORY_AVAILABLE`` (bytes, or with a K/M/G suffix) where the host's figure is not
 this process's to use (a container limit, a box shared with others).
 """
@@ -17,7 +18,7 @@ import struct
 
 from kinetoscope.errors import UsageError
 
-LOAD_FACTOR = 1.0
+LOAD_FACTOR = 2.2
 LOAD_BASE_BYTES = 300 << 20
 GIB = float(1 << 30)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

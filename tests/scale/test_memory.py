@@ -13,7 +13,7 @@ import pytest
 
 from kinetoscope.errors import UsageError
 from kinetoscope.scale import AnalyzeRequest, run_analysis
-from kinetoscope.scale.memory import available_bytes, check_fits, json_bytes
+from kinetoscope.scale.memory import LOAD_BASE_BYTES, LOAD_FACTOR, available_bytes, check_fits, json_bytes
 from tests.scale.conftest import PAIR
 
 
@@ -40,7 +40,7 @@ def test_a_rank_too_big_for_the_free_memory_is_an_error_with_the_figures(
     monkeypatch.setenv("KSCOPE_MEMORY_AVAILABLE", "100M")
     why = check_fits(str(PAIR[0]))
     raw = json_bytes(str(PAIR[0]))
-    need = (300 << 20) + raw
+    need = LOAD_BASE_BYTES + int(LOAD_FACTOR * raw)
     assert (
         why is not None
         and f"a {raw / (1 << 20):.0f} MiB JSON trace needs about {need / (1 << 20):.0f} MiB" in why
@@ -68,7 +68,8 @@ def test_the_other_ranks_are_still_analysed(monkeypatch: pytest.MonkeyPatch) -> 
     """Only the ranks over the limit fail: with the limit between the two files' needs, the
     smaller rank is analysed and the larger one is an error entry."""
     needs = sorted((json_bytes(str(p)), p) for p in PAIR)
-    monkeypatch.setenv("KSCOPE_MEMORY_AVAILABLE", str(300 * (1 << 20) + (needs[0][0] + needs[1][0]) // 2))
+    between = LOAD_BASE_BYTES + int(LOAD_FACTOR * (needs[0][0] + needs[1][0]) / 2)
+    monkeypatch.setenv("KSCOPE_MEMORY_AVAILABLE", str(between))
     run = run_analysis(AnalyzeRequest(backend="single", cache=False), [str(p) for p in PAIR])
     assert list(run.load_errors) == [str(needs[1][1])]
     assert [t.meta.path for t in run.traces] == [str(needs[0][1])]
