@@ -7,27 +7,40 @@ and the demo share.
     run.paths         # the local trace files that were analysed
     run.trace_id      # the catalog request, when the inputs were one
 
-Everything goes through the analysis runner (``kinetoscope.analysis.runner``: ``run_analyses``,
-``run_diagnosis``, ``build_document``); this module only resolves inputs and summarises.
+Callers build one ``AnalyzeRequest`` and call ``analyze``; inputs are resolved by the pluggable
+discovery of ``kinetoscope.trace.discover`` (paths) with the URL and trace-id resolvers here,
+and the analysis itself is ``kinetoscope.scale.run_analysis``, the one orchestration (a single
+process or a map/reduce). This module only resolves inputs, runs, summarises and records.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kinetoscope.errors import KinetoscopeError, UsageError
-from kinetoscope.protocol.defaults import TRACE_SUFFIXES
+from kinetoscope.errors import UsageError
+from kinetoscope.scale.request import AnalyzeRequest
+
+if TYPE_CHECKING:
+    from kinetoscope.trace.discover import InputError, Resolver
+
+
+def __getattr__(name: str) -> Any:
+    """``InputError`` lives with the discovery (``kinetoscope.trace.discover``); imported on
+    first use so that importing this module stays free of Polars."""
+    if name == "InputError":
+        from kinetoscope.trace.discover import InputError
+
+        return InputError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ANALYSIS_NAME = "analyze"  # the catalog name shared with `kscope analyze` and the web app
 
-
-class InputError(KinetoscopeError):
-    """An input names nothing that can be analysed (message says which and why)."""
+__all__ = ["ANALYSIS_NAME", "AnalysisRun", "AnalyzeRequest", "InputError", "ResolvedInputs", "analyze", "resolve_inputs"]
 
 
 @dataclass
@@ -47,17 +60,11 @@ class AnalysisRun:
     inputs: list[str]
     trace_id: str | None = None
     notes: list[str] = field(default_factory=list)
+    scale: Any = None  # the kinetoscope.scale.ScaleRun behind the document (traces, results, backend)
 
 
 def _is_url(text: str) -> bool:
     return "://" in text and not text.startswith("file://")
-
-
-def _trace_files_in(d: Path) -> list[Path]:
-    return sorted(
-        f for f in d.iterdir()
-        if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and not f.name.startswith("manifest")
-    )
 
 
 def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
@@ -67,6 +74,7 @@ def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = Non
     from its ``storage_url`` (verified, into the fetch cache) — the whole request at once when
     the request has a ``store_url``. Incomplete files (``complete`` false) are skipped."""
     from kinetoscope.store import fetch
+    from kinetoscope.trace.discover import InputError
 
     files = [f for f in record.files if f.complete is not False]
     if not files:
@@ -101,6 +109,56 @@ def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = Non
     return out
 
 
+class UrlResolver:
+    """A storage URL (``s3://bucket/traces/<trace_id>[/file]``): downloaded with
+    ``kinetoscope.store.fetch`` (verified, cached), a folder expanded to its trace files."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.cache_dir = cache_dir
+
+    def resolve(self, raw: str) -> list[Path] | None:
+        if not _is_url(raw):
+            return None
+        from kinetoscope.store import fetch
+        from kinetoscope.trace.discover import trace_files_in
+
+        local = Path(fetch(raw, self.cache_dir))
+        return trace_files_in(local) if local.is_dir() else [local]
+
+
+class TraceIdResolver:
+    """A catalog trace id (anything else): the request's files (``request_files``). The
+    catalog (``catalog``, else ``catalog_url``) is opened only when an id needs it; ``ids``
+    collects the ids resolved."""
+
+    def __init__(self, catalog: Any = None, catalog_url: str | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.catalog, self.catalog_url, self.cache_dir = catalog, catalog_url, cache_dir
+        self.ids: set[str] = set()
+        self._opened: Any = None
+
+    def resolve(self, raw: str) -> list[Path] | None:
+        if self.catalog is None:
+            from kinetoscope.store import Catalog
+
+            self._opened = self.catalog = Catalog.open(self.catalog_url)
+        from kinetoscope.trace.discover import InputError
+
+        rec = self.catalog.get_trace_request(raw)
+        if rec is None:
+            raise InputError(
+                f"{raw}: not a file or folder, and the catalog {self.catalog.display_url} has no trace with this id "
+                "(`kscope traces` lists them)"
+            )
+        self.ids.add(rec.trace_id)
+        return request_files(rec, cache_dir=self.cache_dir)
+
+    def close(self) -> None:
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+
+
 def resolve_inputs(
     inputs: Sequence[str | os.PathLike[str]],
     *,
@@ -110,107 +168,66 @@ def resolve_inputs(
 ) -> ResolvedInputs:
     """Files, folders (their ``*.json``/``*.json.gz`` but not manifests), storage URLs
     (``s3://bucket/traces/<trace_id>[/file]``, downloaded with ``kinetoscope.store.fetch``) and
-    catalog trace ids (any input that is neither an existing path nor a URL), in that order of
-    interpretation. ``catalog`` is an open ``Catalog``; else ``catalog_url`` (None: the default
-    catalog) is opened only if a trace id needs it."""
+    catalog trace ids (any input that is neither an existing path nor a URL), resolved in that
+    order by ``trace.discover.discover`` (resolvers: ``UrlResolver``, ``PathResolver``,
+    ``TraceIdResolver``). ``catalog`` is an open ``Catalog``; else ``catalog_url`` (None: the
+    default catalog) is opened only if a trace id needs it."""
+    from kinetoscope.trace.discover import PathResolver, discover
+
     if not inputs:
         raise UsageError("give at least one trace file, folder, storage URL or trace id")
     res = ResolvedInputs(inputs=[os.fspath(i) for i in inputs])
-    trace_ids: set[str] = set()
-    opened = None
+    ids = TraceIdResolver(catalog, catalog_url, cache_dir)
+    chain: list[Resolver] = [UrlResolver(cache_dir), PathResolver(), ids]
     try:
-        for raw in res.inputs:
-            p = Path(os.path.expanduser(raw.removeprefix("file://")))
-            if _is_url(raw):
-                from kinetoscope.store import fetch
-
-                local = Path(fetch(raw, cache_dir))
-                res.paths.extend(_trace_files_in(local) if local.is_dir() else [local])
-                continue
-            if p.is_dir():
-                found = _trace_files_in(p)
-                if not found:
-                    raise InputError(f"{raw}: no trace files (*.json, *.json.gz) in this folder")
-                res.paths.extend(found)
-                continue
-            if p.is_file():
-                res.paths.append(p)
-                continue
-            if "/" in raw or raw.endswith(TRACE_SUFFIXES):
-                raise InputError(f"{raw}: no such file or folder")
-            if catalog is None:
-                from kinetoscope.store import Catalog
-
-                opened = catalog = Catalog.open(catalog_url)
-            rec = catalog.get_trace_request(raw)
-            if rec is None:
-                raise InputError(
-                    f"{raw}: not a file or folder, and the catalog {catalog.display_url} has no trace with this id "
-                    "(`kscope traces` lists them)"
-                )
-            res.paths.extend(request_files(rec, cache_dir=cache_dir))
-            trace_ids.add(rec.trace_id)
+        res.paths = discover(res.inputs, chain)
     finally:
-        if opened is not None:
-            opened.close()
-    if len(trace_ids) == 1 and len(res.inputs) == 1:
-        res.trace_id = trace_ids.pop()
-    # the same file named twice (a folder and a file in it) is analysed once
-    seen: set[Path] = set()
-    uniq = []
-    for p in res.paths:
-        key = p.resolve()
-        if key not in seen:
-            seen.add(key)
-            uniq.append(p)
-    res.paths = uniq
+        ids.close()
+    if len(ids.ids) == 1 and len(res.inputs) == 1:
+        res.trace_id = next(iter(ids.ids))
     return res
 
 
 def diagnosis_options(model_flops: float | None, peak_flops: float | None) -> dict[str, float]:
     """The ``diagnose`` keywords the user gave (``--model-flops``/``--peak-flops``), unset ones left out."""
-    return {k: v for k, v in {"model_flops": model_flops, "peak_flops": peak_flops}.items() if v is not None}
+    return AnalyzeRequest(model_flops=model_flops, peak_flops=peak_flops).diagnosis_options()
+
+
+def analyze(
+    request: AnalyzeRequest,
+    *,
+    catalog: Any = None,
+    progress: Callable[[int, int, int], None] | None = None,
+    on_backend: Callable[[str, str, int], None] | None = None,
+) -> AnalysisRun:
+    """Resolve ``request.inputs`` (``resolve_inputs``) and analyse them (``kinetoscope.scale.run_analysis``:
+    the one orchestration, whatever the backend). ``progress``/``on_backend`` as there."""
+    from kinetoscope.scale import run_analysis
+
+    res = resolve_inputs(request.inputs, catalog=catalog, catalog_url=request.catalog_url,
+                         cache_dir=request.fetch_cache_dir)
+    run = run_analysis(request, res.paths, progress=progress, on_backend=on_backend)
+    return AnalysisRun(document=run.document, paths=res.paths, inputs=res.inputs, trace_id=res.trace_id,
+                       notes=res.notes, scale=run)
+
+
+def _request(request: AnalyzeRequest | None, fields: dict[str, Any]) -> AnalyzeRequest:
+    if request is not None:
+        return replace(request, **fields) if fields else request
+    if fields.get("backend", "auto") is None:  # the old spelling of "this process"
+        fields["backend"] = "single"
+    return AnalyzeRequest(**fields)
 
 
 def analyze_paths(
-    paths: Sequence[str | os.PathLike[str]],
-    *,
-    names: Sequence[str] | None = None,
-    options: Mapping[str, Any] | None = None,
-    model_flops: float | None = None,
-    peak_flops: float | None = None,
-    cache: bool = True,
-    salvage: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
-    backend: str | None = None,
-    workers: int | None = None,
-    ray_address: str | None = None,
+    paths: Sequence[str | os.PathLike[str]], request: AnalyzeRequest | None = None, **fields: Any
 ) -> dict[str, Any]:
-    """Load the traces and build the analysis document: ``run_analyses`` (default analyses
-    unless ``names``), the job diagnosis (``run_diagnosis``) and ``build_document``.
+    """The analysis document of local trace files (folders expanded): ``request`` (or one
+    built from ``fields``, the ``AnalyzeRequest`` fields) over ``paths``. A file that fails to
+    load is an ``errors`` entry; none loading is an ``InputError``."""
+    from kinetoscope.scale import run_analysis
 
-    ``backend`` (``"local"`` process pool or ``"ray"``) analyses the files as a map/reduce
-    (``kinetoscope.scale``: one rank per worker, only small results on the driver; the same
-    document, and a file that fails to load is an ``errors`` entry instead of an exception).
-    ``None`` (default): everything in this process, as below."""
-    from kinetoscope.analysis.runner import build_document, run_analyses
-    from kinetoscope.diagnosis.document import run_diagnosis
-    from kinetoscope.trace import load_traces
-
-    diag_opts = diagnosis_options(model_flops, peak_flops)
-    if backend is not None:
-        from kinetoscope.scale import analyze_files
-
-        return analyze_files(
-            paths, backend=backend, workers=workers, ray_address=ray_address, names=names, options=options,
-            diagnosis_options=diag_opts, cache=cache, salvage=salvage, cache_dir=cache_dir,
-        ).document
-    traces = load_traces([os.fspath(p) for p in paths], cache=cache, salvage=salvage, cache_dir=cache_dir)
-    if not traces:
-        raise InputError("no trace files to analyse")
-    results = run_analyses(traces, names, options)
-    diagnosis = run_diagnosis(traces, results, **diag_opts)
-    return build_document(traces, results, diagnosis=diagnosis)
+    return run_analysis(_request(request, fields), paths).document
 
 
 def analyze_inputs(
@@ -219,12 +236,12 @@ def analyze_inputs(
     catalog: Any = None,
     catalog_url: str | None = None,
     fetch_cache_dir: str | os.PathLike[str] | None = None,
-    **analysis_options: Any,
+    **fields: Any,
 ) -> AnalysisRun:
-    """``resolve_inputs`` + ``analyze_paths`` (keyword options as there)."""
-    res = resolve_inputs(inputs, catalog=catalog, catalog_url=catalog_url, cache_dir=fetch_cache_dir)
-    doc = analyze_paths(res.paths, **analysis_options)
-    return AnalysisRun(document=doc, paths=res.paths, inputs=res.inputs, trace_id=res.trace_id, notes=res.notes)
+    """``analyze`` with the request built from keywords (``AnalyzeRequest`` fields)."""
+    req = _request(None, {**fields, "inputs": tuple(os.fspath(i) for i in inputs), "catalog_url": catalog_url,
+                          "fetch_cache_dir": fetch_cache_dir})
+    return analyze(req, catalog=catalog)
 
 
 def document_summary(doc: Mapping[str, Any]) -> dict[str, Any]:

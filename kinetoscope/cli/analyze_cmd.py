@@ -1,8 +1,8 @@
 """`kscope analyze`: load traces, run the registered analyses, render tables or one JSON document.
 
-All the work is in the library (``kinetoscope.pipeline``: inputs -> ``load_traces`` ->
-``run_analyses`` / ``run_diagnosis`` / ``build_document`` -> catalog record); this module only
-parses arguments and renders.
+All the work is in the library: the arguments become one ``AnalyzeRequest`` and
+``kinetoscope.pipeline.analyze`` runs it (inputs resolved, then ``kinetoscope.scale.run_analysis``,
+the one orchestration for every backend); this module only parses arguments and renders.
 """
 
 from __future__ import annotations
@@ -214,67 +214,31 @@ def _output(out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any],
         _render_human(out, traces, doc, results, show_all=show_all)
 
 
-def _in_process(resolved: Any, inputs: list[str], only: list[str] | None, only_analyses: list[str],
-                only_diagnosis: list[str], opts: dict[str, Any], wanted: set[int] | None, ranks: str | None,
-                no_cache: bool, salvage: bool, model_flops: float | None, peak_flops: float | None) -> Any:
-    """The default path: every trace loaded into this process (a handful of files)."""
-    from kinetoscope.analysis import build_document, run_analyses
-    from kinetoscope.diagnosis.document import run_diagnosis
-    from kinetoscope.trace import load_traces
-
-    traces = load_traces([str(p) for p in resolved.paths], cache=not no_cache, salvage=salvage)
-    if not traces:
-        raise UsageError("no trace files found in " + ", ".join(inputs))
-    if wanted is not None:
-        have = sorted({t.meta.rank for t in traces if t.meta.rank is not None})
-        traces = [t for t in traces if t.meta.rank in wanted]
-        if not traces:
-            raise UsageError(
-                f"--ranks {ranks}: no trace has those ranks (loaded ranks: {', '.join(map(str, have)) or 'none known'})"
-            )
-
-    if only and not only_analyses:  # only diagnosis keys asked for
-        from kinetoscope.analysis import AnalysisResults
-
-        results = AnalysisResults()
-    else:
-        results = run_analyses(traces, only_analyses or None, opts)
-    diagnosis: dict[str, Any] = {}
-    if not only or only_diagnosis:
-        diagnosis = run_diagnosis(traces, results, model_flops=model_flops, peak_flops=peak_flops)
-        if only_diagnosis:
-            diagnosis = {k: v for k, v in diagnosis.items() if k in only_diagnosis or k == "summary"}
-    doc = build_document(traces, results, diagnosis=diagnosis)
-    return traces, results, doc
-
-
-def _scaled(resolved: Any, backend: str, workers: int | None, ray_address: str | None, only: list[str] | None,
-            only_analyses: list[str], only_diagnosis: list[str], opts: dict[str, Any], wanted: set[int] | None,
-            ranks: str | None, no_cache: bool, salvage: bool, model_flops: float | None, peak_flops: float | None) -> Any:
-    """``--backend``: the map/reduce path (kinetoscope.scale), with a progress bar of ranks mapped."""
-    from rich.markup import escape
+def _run(request: Any, catalog_url: str | None) -> Any:
+    """Resolve and analyse (``kinetoscope.pipeline.analyze``: the one orchestration, whatever the
+    backend), saying on stderr which backend ran and why, with a progress bar of ranks done /
+    failed when there are several; each rank that failed is an error line, not a failed command."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kinetoscope.pipeline import diagnosis_options
-    from kinetoscope.scale import analyze_files
+    from kinetoscope.pipeline import analyze
 
     err = Console(stderr=True, highlight=False)
-    diag_opts = diagnosis_options(model_flops, peak_flops)
-    with Progress(TextColumn("ranks mapped"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("map", total=len(resolved.paths))
-        run = analyze_files(
-            [str(p) for p in resolved.paths], backend=backend, workers=workers, ray_address=ray_address,
-            names=only_analyses or None, options=opts, analyses=not (only and not only_analyses),
-            diagnosis=not only or bool(only_diagnosis), diagnosis_options=diag_opts,
-            only_diagnosis=only_diagnosis or None, wanted_ranks=wanted, cache=not no_cache, salvage=salvage,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
-    for why in run.load_errors.values():
-        err.print(f"[red]error:[/] not analysed: {escape(str(why))}")
-    if not run.traces:
-        raise UsageError(f"--ranks {ranks}: no trace has those ranks")
-    return run.traces, run.results, run.document
+    columns = (TextColumn("ranks"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("map", total=None, failed=0)
+
+        def on_backend(backend: str, why: str, n_files: int) -> None:
+            # what --backend auto chose: a pool or Ray always, this process only on a terminal
+            if request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal)):
+                err.print(f"[dim]backend {backend}: {escape(why)}[/]", soft_wrap=True)
+
+        run = analyze(request, progress=lambda done, failed, total: bar.update(task, completed=done, total=total,
+                                                                             failed=failed),
+                      on_backend=on_backend)
+    for why in run.scale.load_errors.values():
+        err.print(f"[red]error:[/] not analysed: {escape(str(why))}", soft_wrap=True)
+    return run
 
 
 def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quiet: bool) -> None:
@@ -334,15 +298,17 @@ def register(app: typer.Typer) -> None:
             None, "--catalog", help="Catalog URL for trace ids and for recording the analysis "
             "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db)."
         ),
-        backend: str | None = typer.Option(
-            None, "--backend", help="Map/reduce over ranks for many rank files: 'local' (process pool) or 'ray'. "
-            "Default: everything in this process (best for a handful of files). See docs/scale.md.",
+        backend: str = typer.Option(
+            "auto", "--backend", help="Where the per-rank work runs: 'single' (this process), 'local' (process pool, "
+            "one rank per worker), 'ray', or 'auto': Ray when --ray-address or $RAY_ADDRESS is given, this process "
+            "for up to 4 rank files, else the local pool (it says which and why). See docs/scale.md.",
         ),
         workers: int | None = typer.Option(
-            None, "--workers", min=1, help="With --backend: worker processes (local) or local Ray CPUs (default: CPU count).",
+            None, "--workers", min=1, help="Worker processes (local) or local Ray CPUs (default: CPU count).",
         ),
         ray_address: str | None = typer.Option(
-            None, "--ray-address", help="With --backend ray: the Ray cluster to join (default: $RAY_ADDRESS, else a local Ray).",
+            None, "--ray-address", help="The Ray cluster to join (default: $RAY_ADDRESS; with --backend ray and "
+            "neither, a local Ray is started).",
         ),
         record: bool | None = typer.Option(
             None, "--record/--no-record",
@@ -367,11 +333,9 @@ def register(app: typer.Typer) -> None:
         if not inputs:
             raise UsageError("give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)")
         from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
-        from kinetoscope.pipeline import resolve_inputs
 
         known = set(registry.names())
         only_analyses = [n for n in only or [] if n not in DIAGNOSIS_KEYS]
-        only_diagnosis = [n for n in only or [] if n in DIAGNOSIS_KEYS]
         for n in only_analyses:
             if n not in known:
                 raise UsageError(
@@ -380,15 +344,16 @@ def register(app: typer.Typer) -> None:
         opts = _parse_options(option or [])
         wanted = _parse_ranks(ranks)
 
-        resolved = resolve_inputs(inputs, catalog_url=catalog)
-        if backend is not None:
-            traces, results, doc = _scaled(resolved, backend, workers, ray_address, only, only_analyses, only_diagnosis,
-                                           opts, wanted, ranks, no_cache, salvage, model_flops, peak_flops)
-        else:
-            if ray_address is not None or workers is not None:
-                raise UsageError("--workers and --ray-address go with --backend local|ray")
-            traces, results, doc = _in_process(resolved, inputs, only, only_analyses, only_diagnosis, opts, wanted,
-                                               ranks, no_cache, salvage, model_flops, peak_flops)
+        from kinetoscope.pipeline import AnalyzeRequest
+
+        request = AnalyzeRequest.from_only(
+            only or [], DIAGNOSIS_KEYS, inputs=tuple(inputs), options=opts, ranks=wanted, model_flops=model_flops,
+            peak_flops=peak_flops, cache=not no_cache, salvage=salvage, catalog_url=catalog, backend=backend,
+            workers=workers, ray_address=ray_address,
+        )
+        run = _run(request, catalog)
+        resolved, doc = run, run.document
+        traces, results = run.scale.traces, run.scale.results
         _output(out, as_json, traces, doc, results, show_all)
         want_record = record if record is not None else bool(
             catalog or os.environ.get("KSCOPE_CATALOG") or resolved.trace_id

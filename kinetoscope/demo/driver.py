@@ -294,7 +294,7 @@ def step_analyze(ctx: DemoContext) -> None:
     """Run every default analysis and the job diagnosis over the collected traces (the library
     behind `kscope analyze`), print the short diagnosis and compare it with the ground truth."""
     assert ctx.trace is not None
-    from kinetoscope.pipeline import analyze_paths
+    from kinetoscope.pipeline import AnalyzeRequest, analyze_paths
 
     files = sorted((f for f in ctx.trace.files if f.complete), key=lambda f: (f.rank is None, f.rank))
     paths = [f.path for f in files]
@@ -302,7 +302,7 @@ def step_analyze(ctx: DemoContext) -> None:
     with ctx.console.status("   loading the traces, running the analyses and the diagnosis..."):
         try:
             # cache=False: the demo leaves nothing in the user's trace cache
-            doc = analyze_paths(paths, cache=False)
+            doc = analyze_paths(paths, AnalyzeRequest(cache=False))
         except KinetoscopeError:
             raise
         except Exception as exc:  # noqa: BLE001 - the demo names the step instead of a traceback

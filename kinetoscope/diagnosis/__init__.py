@@ -22,8 +22,7 @@ from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
-from kinetoscope.diagnosis.collectives import extract_collectives
-from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation
+from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
@@ -48,21 +47,16 @@ __all__ = [
     "diagnose",
 ]
 
-_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
-
-
 def _expand(item: Trace | str | os.PathLike[str], notes: list[str]) -> list[Trace]:
     from kinetoscope.trace import TraceError, load_trace
+    from kinetoscope.trace.discover import trace_files_in
 
     if isinstance(item, Trace):
         return [item]
     p = Path(item)
     if p.is_dir():
         out = []
-        for f in sorted(
-            f for f in p.iterdir()
-            if f.is_file() and f.name.endswith(_TRACE_SUFFIXES) and not f.name.startswith("manifest")
-        ):
+        for f in trace_files_in(p):
             try:
                 out.append(load_trace(f))
             except TraceError as exc:  # a folder may hold other JSON files: skip, say so
@@ -107,7 +101,8 @@ def diagnose(
     if not jobs:
         jobs = [Job(key="empty")]
     job = jobs[0]
-    colls = {r: extract_collectives(t) for r, t in job.traces.items()}
+    job.figures = {r: figures_of(t) for r, t in job.traces.items()}  # the only reads of the events
+    colls = {r: f.collectives_of(r) for r, f in job.figures.items()}
     clock = align_clocks(colls, job.hosts())
     steps = step_table(job, clock)
     instances = instance_table(colls, clock, steps)
@@ -131,8 +126,8 @@ def diagnose(
         notes.append(f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out")
     strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped)
     mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
-    attention = {r: detect_attention(t) for r, t in job.traces.items()}
-    comp = {r: detect_compilation(t) for r, t in job.traces.items()}
+    attention = {r: f.attention for r, f in job.figures.items()}
+    comp = {r: f.compilation for r, f in job.figures.items()}
     extra = seed_analyses(job, steps, colls, clock)
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
     signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(

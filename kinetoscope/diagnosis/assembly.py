@@ -50,6 +50,8 @@ class Job:
     duplicates: dict[int, list[str]] = field(default_factory=dict)  # rank -> paths left out
     unranked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # rank -> what the diagnosis reads of its trace (``extract.RankFigures``), set by ``diagnose``
+    figures: dict[int, Any] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -77,6 +79,11 @@ class Job:
             "rank_sources": {str(r): self.traces[r].meta.rank_source for r in self.ranks},
             "notes": list(self.notes),
         }
+
+
+def event_count(t: Trace) -> int:
+    """Rows of the trace's events table (a ``extract.DigestTrace`` carries its source's count)."""
+    return int(getattr(t, "event_count", t.events.height))
 
 
 def name_pattern(path: str) -> str:
@@ -117,7 +124,7 @@ def _build(key: str, members: list[Trace]) -> Job:
     for t in ranked:
         by_rank[int(t.meta.rank)].append(t)  # type: ignore[arg-type]
     for r, ts in by_rank.items():
-        ts = sorted(ts, key=lambda t: (-t.events.height, t.meta.path))
+        ts = sorted(ts, key=lambda t: (-event_count(t), t.meta.path))
         job.traces[r] = ts[0]
         if len(ts) > 1:
             job.duplicates[r] = [t.meta.path for t in ts[1:]]

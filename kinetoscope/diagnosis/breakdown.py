@@ -50,13 +50,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from kinetoscope.analysis.intervals import busy_span, merge_intervals_by, sweep_states
-from kinetoscope.analysis.kernel_types import COMMUNICATION, COMPUTATION, kernel_type_expr
-from kinetoscope.analysis.steps import assign_steps, detect_steps
+from kinetoscope.analysis.intervals import busy_span
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
-from kinetoscope.diagnosis.collectives import BACKEND_ANNOTATION_PATTERN, collective_host_ops_mask
-from kinetoscope.trace.schema import DEVICE_KINDS
 
 DATALOADER_PATTERN = r"(?i)enumerate\(DataLoader\)|DataLoader.*__next__|_DataLoaderIter.*__next__"
 
@@ -111,7 +107,7 @@ def step_table(job: Job, clock: ClockAlignment) -> pl.DataFrame:
     """Steps of every rank on the aligned clock, with a job-wide ``step`` label."""
     # The job's rank, not the trace's: a single-process trace has no rank of its own (``None``),
     # and detect_steps may have been memoised before the job gave it one.
-    frames = [detect_steps(t).with_columns(pl.lit(r, dtype=pl.Int64).alias("rank")) for r, t in job.traces.items()]
+    frames = [f.steps.with_columns(pl.lit(r, dtype=pl.Int64).alias("rank")) for r, f in job.figures.items()]
     raw = pl.concat(frames) if frames else pl.DataFrame(schema=STEPS_SCHEMA)
     if raw.is_empty():
         return pl.DataFrame(schema=STEPS_SCHEMA)
@@ -252,124 +248,72 @@ def _launch_gaps(trace, dev: pl.DataFrame) -> pl.DataFrame:
 
 
 def rank_breakdown(job: Job, steps: pl.DataFrame, instances: pl.DataFrame, clock: ClockAlignment) -> pl.DataFrame:
-    """The per-rank, per-step table (module docstring), µs."""
+    """The per-rank, per-step table (module docstring), µs: each rank's own figures
+    (``extract.step_figures``, per local step) relabelled to the job's steps, plus what depends
+    on the other ranks (waiting, lateness, matched collectives)."""
     frames = []
     t0 = int(steps["start"].min()) if steps.height else 0  # type: ignore[arg-type]
-    for r, trace in job.traces.items():
+    for r, fig in job.figures.items():
         steps_r = steps.filter(pl.col("rank") == r)
         if steps_r.is_empty():
             continue
-        off = clock.offsets.get(r, 0)
         base = steps_r.select(
             "step", pl.col("start").alias("_start"), (pl.col("end") - pl.col("start")).alias("step_time")
         )
-        local = steps_r.select(
-            "rank", pl.col("local_step").alias("step"), (pl.col("start") - off).alias("start"), (pl.col("end") - off).alias("end")
-        )
         label = steps_r.select(pl.col("local_step").alias("_local"), "step")
-        ev = trace.events
-        has_dev = ev.filter(pl.col("kind").is_in(list(DEVICE_KINDS))).height > 0
-        inst_r = instances.filter(pl.col("rank") == r)
-        # communication intervals (own clock -> aligned) from instances; unmatched collectives too
-        comm_iv = inst_r.select("step", pl.col("arrival").alias("ts"), "end")
-        if has_dev:
-            dev = ev.filter(pl.col("kind").is_in(list(DEVICE_KINDS)) & pl.col("stream").is_not_null())
-            dev = assign_steps(trace, dev, local).filter(pl.col("step").is_not_null())
-            dev = (
-                dev.rename({"step": "_local"}).join(label, on="_local").drop("_local")
-                .with_columns(ktype=kernel_type_expr("name"), end=pl.col("ts") + pl.col("dur") + off, ts=pl.col("ts") + off)
-            )
-            comp_iv = dev.filter(pl.col("ktype") == COMPUTATION).select("step", "ts", "end")
-            comm_dev = dev.filter(pl.col("ktype") == COMMUNICATION).select("step", "ts", "end")
-            comm_iv = comm_dev  # on GPU every comm kernel counts, matched or not
-            other_iv = dev.filter(~pl.col("ktype").is_in([COMPUTATION, COMMUNICATION])).select("step", "ts", "end")
-            n_k = dev.filter(pl.col("kind") == "kernel").group_by("step").agg(pl.len().cast(pl.Int64).alias("n_kernels"))
-            gaps = _launch_gaps(trace, dev.with_columns(ts=pl.col("ts") - off, end=pl.col("end") - off))
-        else:
-            host = ev.filter(pl.col("kind") == "cpu_op")
-            comm_threads = ev.filter(
-                (pl.col("kind") == "user_annotation") & pl.col("name").str.contains(BACKEND_ANNOTATION_PATTERN)
-            )["tid"].unique()
-            host = host.filter(~collective_host_ops_mask() & ~pl.col("tid").is_in(comm_threads.implode()))
-            host = _assign(host.with_columns(ts=pl.col("ts") + off), steps_r)
-            comp_iv = host.filter(pl.col("step").is_not_null()).select("step", "ts", (pl.col("ts") + pl.col("dur")).alias("end"))
-            own = _assign(
-                ev.filter(
-                    (pl.col("kind") == "user_annotation") & pl.col("name").str.contains(BACKEND_ANNOTATION_PATTERN)
-                ).with_columns(ts=pl.col("ts") + off),
-                steps_r,
-            )
-            comm_iv = own.filter(pl.col("step").is_not_null()).select("step", "ts", (pl.col("ts") + pl.col("dur")).alias("end"))
-            other_iv = comp_iv.clear()
-            n_k = pl.DataFrame(schema={"step": pl.Int64, "n_kernels": pl.Int64})
-            gaps = pl.DataFrame(schema={"step": pl.Int64, "launch_gap": pl.Int64})
-        # compute / comm / overlap / busy via a sweep per step
-        bits = pl.concat(
-            [
-                comp_iv.with_columns(bit=pl.lit(1, pl.Int64)),
-                comm_iv.with_columns(bit=pl.lit(2, pl.Int64)),
-                other_iv.with_columns(bit=pl.lit(4, pl.Int64)),
-            ]
-        ).filter(pl.col("step").is_not_null() & (pl.col("end") > pl.col("ts")))
-        if bits.height:
-            merged = merge_intervals_by(bits, ["step", "bit"])
-            seg = sweep_states(merged, ["step"]).with_columns(_len=pl.col("next_t") - pl.col("t")).collect()
-            agg = seg.group_by("step").agg(
-                pl.col("_len").filter((pl.col("state") & 1) > 0).sum().alias("compute"),
-                pl.col("_len").filter((pl.col("state") & 2) > 0).sum().alias("comm"),
-                pl.col("_len").filter((pl.col("state") & 3) == 2).sum().alias("exposed_comm"),
-                pl.col("_len").sum().alias("busy"),
-            )
-        else:
-            agg = pl.DataFrame(schema={"step": pl.Int64, "compute": pl.Int64, "comm": pl.Int64, "exposed_comm": pl.Int64, "busy": pl.Int64})
-        wait = _union_by(
-            inst_r.filter(pl.col("step").is_not_null()).select(
-                "step", pl.col("arrival").alias("ts"), pl.min_horizontal("last", "end").alias("end")
-            ),
-            ["step"],
-            "sync_wait",
-        )
-        late = _union_by(
-            inst_r.filter(pl.col("step").is_not_null() & (pl.col("n_ranks") > 1)).select(
-                "step", pl.col("typical").alias("ts"), pl.col("arrival").alias("end")
-            ),
-            ["step"],
-            "lateness",
-        )
-        dl = _assign(
-            ev.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).with_columns(ts=pl.col("ts") + off), steps_r
-        )
-        dl = _union_by(
-            dl.filter(pl.col("step").is_not_null()).select("step", "ts", (pl.col("ts") + pl.col("dur")).alias("end")),
-            ["step"],
-            "dataloader",
-        )
-        n_c = inst_r.group_by("step").agg(pl.len().cast(pl.Int64).alias("n_collectives"))
-        if not has_dev:
-            n_c = comm_iv.group_by("step").agg(pl.len().cast(pl.Int64).alias("n_collectives"))
-        out = base
-        for extra in (agg, wait, late, dl, gaps, n_k, n_c):
+        own = fig.step_figures.rename({"step": "_local"}).join(label, on="_local").drop("_local")
+        out = base.join(own, on="step", how="left")
+        for extra in _cross_rank(instances.filter(pl.col("rank") == r), fig.has_device):
             out = out.join(extra, on="step", how="left")
-        z = ["compute", "comm", "exposed_comm", "busy", "sync_wait", "lateness", "dataloader", "n_collectives"]
-        out = out.with_columns([pl.col(c).fill_null(0) for c in z])
-        out = out.with_columns(
-            pl.min_horizontal("sync_wait", "comm").alias("sync_wait"),
-        ).with_columns(
-            transfer=(pl.col("comm") - pl.col("sync_wait")).clip(lower_bound=0),
-            self_time=pl.col("step_time") - pl.col("sync_wait"),
-            idle=(pl.col("step_time") - pl.col("busy")).clip(lower_bound=0),
-            launch_gap=pl.col("launch_gap").fill_null(0) if has_dev else pl.lit(None, dtype=pl.Int64),
-            n_kernels=pl.col("n_kernels").fill_null(0) if has_dev else pl.lit(None, dtype=pl.Int64),
-        )
-        out = out.select(
-            pl.lit(r, dtype=pl.Int64).alias("rank"),
-            "step",
-            ((pl.col("_start") - t0) / 1000.0).alias("start(us)"),
-            *[(pl.col(c).cast(pl.Float64) / 1000.0).alias(f"{c}(us)") for c in BREAKDOWN_COLUMNS],
-            "n_kernels",
-            "n_collectives",
-        )
-        frames.append(out.cast(BREAKDOWN_SCHEMA))  # type: ignore[arg-type]
+        frames.append(_finish_rank(out, r, t0, fig.has_device))
     if not frames:
         return pl.DataFrame(schema=BREAKDOWN_SCHEMA)
     return pl.concat(frames).sort("rank", "step")
+
+
+def _cross_rank(inst_r: pl.DataFrame, has_dev: bool) -> list[pl.DataFrame]:
+    """Per step of one rank, from its matched collective instances (aligned clocks): time
+    waiting for the last rank, lateness against the typical rank, and (GPU) the count."""
+    wait = _union_by(
+        inst_r.filter(pl.col("step").is_not_null()).select(
+            "step", pl.col("arrival").alias("ts"), pl.min_horizontal("last", "end").alias("end")
+        ),
+        ["step"],
+        "sync_wait",
+    )
+    late = _union_by(
+        inst_r.filter(pl.col("step").is_not_null() & (pl.col("n_ranks") > 1)).select(
+            "step", pl.col("typical").alias("ts"), pl.col("arrival").alias("end")
+        ),
+        ["step"],
+        "lateness",
+    )
+    if not has_dev:  # CPU: the backend's own annotations were counted per rank
+        return [wait, late]
+    return [wait, late, inst_r.group_by("step").agg(pl.len().cast(pl.Int64).alias("n_collectives"))]
+
+
+def _finish_rank(out: pl.DataFrame, r: int, t0: int, has_dev: bool) -> pl.DataFrame:
+    """Fill, derive (transfer, self time, idle) and convert one rank's rows to µs."""
+    if not has_dev:
+        out = out.rename({"n_host_collectives": "n_collectives"})
+    z = ["compute", "comm", "exposed_comm", "busy", "sync_wait", "lateness", "dataloader", "n_collectives"]
+    out = out.with_columns([pl.col(c).fill_null(0) for c in z])
+    out = out.with_columns(
+        pl.min_horizontal("sync_wait", "comm").alias("sync_wait"),
+    ).with_columns(
+        transfer=(pl.col("comm") - pl.col("sync_wait")).clip(lower_bound=0),
+        self_time=pl.col("step_time") - pl.col("sync_wait"),
+        idle=(pl.col("step_time") - pl.col("busy")).clip(lower_bound=0),
+        launch_gap=pl.col("launch_gap").fill_null(0) if has_dev else pl.lit(None, dtype=pl.Int64),
+        n_kernels=pl.col("n_kernels").fill_null(0) if has_dev else pl.lit(None, dtype=pl.Int64),
+    )
+    out = out.select(
+        pl.lit(r, dtype=pl.Int64).alias("rank"),
+        "step",
+        ((pl.col("_start") - t0) / 1000.0).alias("start(us)"),
+        *[(pl.col(c).cast(pl.Float64) / 1000.0).alias(f"{c}(us)") for c in BREAKDOWN_COLUMNS],
+        "n_kernels",
+        "n_collectives",
+    )
+    return out.cast(BREAKDOWN_SCHEMA)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ Formula (PaLM; seed 002's FSDP appendix)::
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,19 +115,32 @@ def _device_of(trace) -> tuple[str | None, int | None]:
     return pick.get("name"), pick.get("numSms")
 
 
-def detect_precision(traces) -> str | None:
-    """The precision of most GEMM-kernel time (kernel-name markers), or None."""
+def precision_time(trace) -> dict[str, int]:
+    """GEMM-kernel time (ns) of one trace per precision (kernel-name markers)."""
     acc = {p: 0 for p in PRECISIONS}
-    for t in traces:
-        k = t.events.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(_GEMM_KERNEL))
-        if k.is_empty():
-            continue
-        for prec, pat in _PREC_RULES:
-            m = k.filter(pl.col("name").str.contains(pat))
-            acc[prec] += int(m["dur"].sum() or 0)
-            k = k.filter(~pl.col("name").str.contains(pat))
+    k = trace.events.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(_GEMM_KERNEL))
+    if k.is_empty():
+        return acc
+    for prec, pat in _PREC_RULES:
+        m = k.filter(pl.col("name").str.contains(pat))
+        acc[prec] += int(m["dur"].sum() or 0)
+        k = k.filter(~pl.col("name").str.contains(pat))
+    return acc
+
+
+def pick_precision(per_rank: Iterable[dict[str, int]]) -> str | None:
+    """The precision of most GEMM-kernel time over the ranks (``precision_time`` each), or None."""
+    acc = {p: 0 for p in PRECISIONS}
+    for one in per_rank:
+        for p, v in one.items():
+            acc[p] += v
     best = max(acc, key=lambda p: acc[p])
     return best if acc[best] > 0 else None
+
+
+def detect_precision(traces) -> str | None:
+    """The precision of most GEMM-kernel time (kernel-name markers), or None."""
+    return pick_precision(precision_time(t) for t in traces)
 
 
 # ---- FLOPs from the trace -------------------------------------------------------------------------
@@ -312,8 +326,8 @@ def compute_mfu(
     else:
         per_rank = []
         srcs = set()
-        for r, t in job.traces.items():
-            f = trace_step_flops(t, steps.filter(pl.col("rank") == r), clock_offsets.get(r, 0))
+        for fig in job.figures.values():  # per local step: only the median per rank is used
+            f = fig.step_flops
             if f.height:
                 per_rank.append(float(f["flops"].median()))  # type: ignore[arg-type]
                 srcs.update(f["source"].to_list())
@@ -336,11 +350,11 @@ def compute_mfu(
         res.peak_source = "--peak-flops"
     elif not is_cpu:
         t0 = next(iter(job.traces.values()))
-        name, cus = _device_of(t0)
+        name, cus = next(iter(job.figures.values())).device  # t0's (same order as job.traces)
         res.device = name
         key = match_device(name, cus, vendor_amd=t0.meta.device_type == "AMD GPU")
         res.device_key = key
-        prec = precision or detect_precision(job.traces.values())
+        prec = precision or pick_precision(f.precision_time for f in job.figures.values())
         if prec is None:
             prec = "bf16"
             res.assumptions.append("precision not visible in kernel names: assumed bf16 (mixed precision)")

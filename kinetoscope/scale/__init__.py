@@ -1,79 +1,77 @@
-"""Scale-out analysis: thousands of rank traces as a map/reduce, on a process pool or on Ray.
+"""Scale-out analysis: thousands of rank traces as a map/reduce, in this process, on a process
+pool or on Ray; the one orchestration every analysis goes through.
 
-    from kinetoscope.scale import analyze_files
-    run = analyze_files(paths, backend="local", workers=8)    # or backend="ray"
-    run.document    # equal to kinetoscope.pipeline.analyze_paths(paths) (tests/scale)
+    from kinetoscope.scale import AnalyzeRequest, run_analysis
+    run = run_analysis(AnalyzeRequest(inputs=paths, backend="local", workers=8))  # or "ray", "auto"
+    run.document    # the ``kscope analyze --json`` document, whatever the backend (tests/scale)
 
 map (``mapper.map_rank``, one task per rank file, on a worker): load, run the per-rank analyses,
 return small results. reduce (``reduce.reduce_document``, driver): concatenate / reduce across
 ranks, diagnose the job, build the document. ``plan`` checks the split before any work starts;
-``executors`` runs the tasks. See docs/scale.md.
+``executors`` runs the tasks; ``run`` ties them together. See docs/scale.md.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from kinetoscope.scale.executors import BACKENDS, make_executor
-from kinetoscope.scale.mapper import RankResult, RankTask, map_rank
-from kinetoscope.scale.plan import Plan, make_plan
-from kinetoscope.scale.reduce import REDUCERS, ScaleRun, reduce_document
+from kinetoscope.lazy import lazy_exports
 
-__all__ = ["BACKENDS", "REDUCERS", "Plan", "RankResult", "RankTask", "ScaleRun", "analyze_files", "make_plan", "map_rank"]
+if TYPE_CHECKING:
+    from kinetoscope.scale.reduce import ScaleRun
+    from kinetoscope.scale.request import AnalyzeRequest
+
+# Lazy (PEP 562): ``kinetoscope.pipeline`` imports the request type at start-up, and that must not
+# import Polars and every analysis.
+_names, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "BACKENDS": "request",
+        "AnalyzeRequest": "request",
+        "REDUCERS": "reducers",
+        "Plan": "plan",
+        "make_plan": "plan",
+        "RankResult": "mapper",
+        "RankTask": "mapper",
+        "map_rank": "mapper",
+        "ScaleRun": "reduce",
+        "reduce_document": "reduce",
+        "choose_backend": "executors",
+        "make_executor": "executors",
+        "run_analysis": "run",
+    },
+)
+__all__ = [
+    "BACKENDS",
+    "REDUCERS",
+    "AnalyzeRequest",
+    "Plan",
+    "RankResult",
+    "RankTask",
+    "ScaleRun",
+    "analyze_files",
+    "choose_backend",
+    "make_executor",
+    "make_plan",
+    "map_rank",
+    "reduce_document",
+    "run_analysis",
+]
 
 
 def analyze_files(
     paths: Sequence[str | os.PathLike[str]],
+    request: AnalyzeRequest | None = None,
     *,
-    backend: str = "local",
-    workers: int | None = None,
-    ray_address: str | None = None,
-    names: Sequence[str] | None = None,
-    options: Mapping[str, Any] | None = None,
-    analyses: bool = True,
-    diagnosis: bool = True,
-    diagnosis_options: Mapping[str, Any] | None = None,
-    only_diagnosis: Sequence[str] | None = None,
-    wanted_ranks: set[int] | None = None,
-    cache: bool = True,
-    salvage: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+    **fields: Any,
 ) -> ScaleRun:
-    """Analyse trace files (folders expanded) as a map/reduce; the document as ``analyze_paths``.
+    """``run_analysis`` over ``paths`` with ``request`` (or one built from ``fields``, the
+    ``AnalyzeRequest`` fields, e.g. ``backend="local", workers=2``)."""
+    from kinetoscope.scale.request import AnalyzeRequest
+    from kinetoscope.scale.run import run_analysis
 
-    ``progress(done, total)`` is called after each rank is mapped. Raises ``InputError`` when
-    no file could be loaded (each file's error is in the message)."""
-    from kinetoscope.pipeline import InputError
-    from kinetoscope.trace import expand_paths
-
-    files = expand_paths([os.fspath(p) for p in paths])
-    if not files:
-        raise InputError("no trace files to analyse")
-    plan = make_plan(names) if analyses else Plan()
-    executor = make_executor(backend, workers=workers, ray_address=ray_address)
-    in_process = backend == "local" and (workers == 1 or len(files) == 1)
-    tasks = [
-        RankTask(
-            index=i, path=f, names=tuple(plan.names), options=dict(options or {}), diagnosis=diagnosis,
-            cache=cache, salvage=salvage, cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-            load_workers=None if in_process else 0,
-        )
-        for i, f in enumerate(files)
-    ]
-    ranks: list[RankResult] = []
-    try:
-        for res in executor.map_unordered(map_rank, tasks):
-            ranks.append(res)
-            if progress is not None:
-                progress(len(ranks), len(tasks))
-    finally:
-        executor.close()
-    if all(r.error is not None for r in ranks):
-        raise InputError("no trace file could be loaded: " + "; ".join(str(r.error) for r in ranks[:5]))
-    return reduce_document(
-        ranks, names=plan.names, options=options, analyses=analyses, diagnosis=diagnosis,
-        diagnosis_options=diagnosis_options, only_diagnosis=only_diagnosis, wanted_ranks=wanted_ranks,
-    )
+    req = request if request is not None else AnalyzeRequest(**fields)
+    return run_analysis(req, paths, progress=progress)

@@ -1,8 +1,12 @@
-"""Where the map step runs: a local process pool (default) or Ray tasks.
+"""Where the map step runs: this process, a local process pool, or Ray tasks.
 
-Both take the same module-level function and picklable tasks and yield results as they finish
-(the driver puts them back in input order), so the reduce does not care which ran them.
+All take the same module-level function and picklable tasks and yield ``Outcome``s as they
+finish (the driver puts them back in input order), so the reduce does not care which ran them.
+A task that fails outside the function (a worker killed, a Ray node lost after its retries) is
+an ``Outcome`` with ``error`` set: one failed rank, not a failed job.
 
+* ``choose_backend``: what ``--backend auto`` picks (``AUTO_SINGLE_MAX``) and why.
+* ``InProcessExecutor``: this process, one task after the other (easiest to debug).
 * ``LocalExecutor(workers)``: ``concurrent.futures.ProcessPoolExecutor`` on a ``forkserver``
   (else ``spawn``) context: no fork of a driver holding threads and Polars state.
   ``workers=1`` runs in this process (no pool, easiest to debug).
@@ -17,24 +21,73 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any, Protocol, TypeVar
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.scale.request import BACKENDS
 
 T = TypeVar("T")
 R = TypeVar("R")
-BACKENDS = ("local", "ray")
+# --backend auto: up to this many rank files run in this process (a pool costs ~1 s per worker
+# to start and pickles every result; below this the pool's parallelism does not pay for it).
+AUTO_SINGLE_MAX = 4
+RAY_TASK_RETRIES = 3  # a task on a node that dies is rerun elsewhere this many times
+
+
+@dataclass
+class Outcome(Generic[T, R]):
+    """One task's end: its item and either its value or why it failed (one line)."""
+
+    item: T
+    value: R | None = None
+    error: str | None = None
 # One trace per worker process: chunk-level parse workers inside a worker would oversubscribe.
 _WORKER_ENV = {"KSCOPE_LOAD_WORKERS": "0"}
 
 
 class Executor(Protocol):
-    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]: ...
+    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]: ...
     def close(self) -> None: ...
 
 
 def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
+
+
+def choose_backend(
+    backend: str, n_files: int, *, workers: int | None = None, ray_address: str | None = None
+) -> tuple[str, str]:
+    """``(backend, why)``: ``auto`` is Ray when a cluster address is given (``--ray-address``
+    or ``$RAY_ADDRESS``), this process for up to ``AUTO_SINGLE_MAX`` files (or one worker),
+    else the local pool."""
+    if backend != "auto":
+        return backend, f"--backend {backend}"
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        src = "--ray-address" if ray_address else "$RAY_ADDRESS"
+        return "ray", f"a Ray cluster is given ({src} {address})"
+    n = workers or default_workers()
+    if n_files <= AUTO_SINGLE_MAX or n <= 1:
+        why = f"{n_files} rank file(s) (<= {AUTO_SINGLE_MAX})" if n_files <= AUTO_SINGLE_MAX else "one worker"
+        return "single", f"{why}: one process is quickest"
+    return "local", f"{n_files} rank files: a pool of {min(n, n_files)} worker processes"
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+class InProcessExecutor:
+    """This process, one task after the other."""
+
+    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
+        for it in items:
+            yield Outcome(it, fn(it))
+
+    def close(self) -> None:
+        return None
 
 
 def _init_worker() -> None:
@@ -48,19 +101,42 @@ class LocalExecutor:
         self.workers = workers or default_workers()
         self._pool: ProcessPoolExecutor | None = None
 
-    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
+        """Tasks on the pool as they finish. A worker that dies (OOM kill, crash) breaks the
+        whole pool and fails every task in flight: those are rerun one at a time, each in a
+        fresh one-worker pool, so only the task that kills its worker fails."""
         if self.workers <= 1 or len(items) <= 1:
-            yield from map(fn, items)
+            yield from InProcessExecutor().map_unordered(fn, items)
             return
-        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        self._pool = ProcessPoolExecutor(
-            max_workers=min(self.workers, len(items)),
-            mp_context=multiprocessing.get_context(method),
-            initializer=_init_worker,
-        )
-        futures = [self._pool.submit(fn, it) for it in items]
+        self._pool = self._new_pool(min(self.workers, len(items)))
+        futures = {self._pool.submit(fn, it): it for it in items}
+        suspects: list[T] = []
         for fut in as_completed(futures):
-            yield fut.result()
+            try:
+                yield Outcome(futures[fut], fut.result())
+            except BrokenProcessPool:
+                suspects.append(futures[fut])
+            except Exception as exc:  # noqa: BLE001 - the task could not be sent or returned (pickling)
+                yield Outcome(futures[fut], error=f"worker process failed: {_failure(exc)}")
+        self.close()
+        for it in suspects:
+            yield self._alone(fn, it)
+
+    def _new_pool(self, workers: int) -> ProcessPoolExecutor:
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        return ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker
+        )
+
+    def _alone(self, fn: Callable[[T], R], item: T) -> Outcome[T, R]:
+        self._pool = self._new_pool(1)
+        try:
+            return Outcome(item, self._pool.submit(fn, item).result())
+        except Exception as exc:  # noqa: BLE001 - it killed its worker again: this task fails, not the job
+            why = "the worker process died (killed, e.g. out of memory)" if isinstance(exc, BrokenProcessPool) else _failure(exc)
+            return Outcome(item, error=f"worker process failed: {why}")
+        finally:
+            self.close()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -112,22 +188,27 @@ class RayExecutor:
                     self.ray.init(address=address, runtime_env={"env_vars": dict(_WORKER_ENV)}, log_to_driver=False)
                 else:
                     self.ray.init(**local_ray_options(workers))
-            except Exception as exc:  # noqa: BLE001 - Ray raises many types; the user needs the reason
+            except Exception as exc:
                 self.ray.shutdown()
                 where = f"the Ray cluster at {address}" if address else "a local Ray"
                 raise KinetoscopeError(f"--backend ray: could not start {where}: {type(exc).__name__}: {exc}") from exc
             self._started = True
 
-    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-        remote = self.ray.remote(num_cpus=1, max_retries=1)(fn)
-        pending = [remote.remote(it) for it in items]
+    def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
+        # SPREAD: map tasks are independent and alike; spread them over the nodes rather than
+        # packing the driver's node first (the default), so every node parses from the start
+        remote = self.ray.remote(
+            num_cpus=1, max_retries=RAY_TASK_RETRIES, retry_exceptions=False, scheduling_strategy="SPREAD"
+        )(fn)
+        refs = {remote.remote(it): it for it in items}
+        pending = list(refs)
         while pending:
             done, pending = self.ray.wait(pending, num_returns=1)
             for ref in done:
                 try:
-                    yield self.ray.get(ref)
-                except self.ray.exceptions.RayError as exc:  # a worker died or the task failed outside map_rank
-                    raise KinetoscopeError(f"--backend ray: a map task failed: {type(exc).__name__}: {exc}") from exc
+                    yield Outcome(refs[ref], self.ray.get(ref))
+                except self.ray.exceptions.RayError as exc:  # its node died past the retries, or a worker crashed
+                    yield Outcome(refs[ref], error=f"Ray task failed: {_failure(exc).splitlines()[0]}")
 
     def close(self) -> None:
         if self._started:
@@ -136,8 +217,12 @@ class RayExecutor:
 
 
 def make_executor(backend: str, *, workers: int | None = None, ray_address: str | None = None) -> Executor:
+    """The executor for a chosen backend (``choose_backend`` first for ``auto``)."""
+    if backend == "single":
+        return InProcessExecutor()
     if backend == "local":
         return LocalExecutor(workers)
     if backend == "ray":
         return RayExecutor(ray_address, workers)
     raise UsageError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+

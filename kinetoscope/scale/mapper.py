@@ -2,19 +2,20 @@
 
 A worker loads its file (parse, or the Parquet cache keyed by content hash), runs the analyses
 that split over ranks on that one trace and returns only small things: result DataFrames,
-partials for the cross-rank reducers, and a trimmed trace for the driver (metadata only, or what
-the diagnosis reads: ``slim.py``). A file that fails to load comes back as an error naming it,
+partials for the cross-rank reducers, and a digest of the trace for the driver (its metadata and
+what the job diagnosis reads of it: ``kinetoscope.diagnosis.extract``). A file that fails to load comes back as an error naming it,
 so the other ranks are still analysed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
+from kinetoscope.scale.request import AnalyzeRequest
 from kinetoscope.trace.model import Trace, TraceMeta
 
 
@@ -24,12 +25,8 @@ class RankTask:
 
     index: int  # position in the input order (results are put back in this order)
     path: str
-    names: tuple[str, ...]
-    options: Mapping[str, Any] = field(default_factory=dict)
-    diagnosis: bool = True  # send back what the diagnosis reads
-    cache: bool = True
-    salvage: bool = False
-    cache_dir: str | None = None
+    names: tuple[str, ...]  # the analyses to run (the plan's, resolved)
+    request: AnalyzeRequest
     load_workers: int | None = None  # chunk workers for a large file (0: none; pools pass 0)
 
 
@@ -37,46 +34,84 @@ class RankTask:
 class RankResult:
     index: int
     path: str
-    error: str | None = None  # the file could not be loaded (message names it)
-    trace: Trace | None = None  # trimmed: metadata, + diagnosis rows, or full for "driver" analyses
+    error: str | None = None  # the file could not be loaded, or its task failed (message names it)
+    trace: Trace | None = None  # a DigestTrace (metadata + diagnosis figures), or full for "driver" analyses
     has_gpu: bool = False
     results: dict[str, pl.DataFrame] = field(default_factory=dict)  # "concat" analyses
     errors: dict[str, str] = field(default_factory=dict)  # analysis name -> message
     partials: dict[str, Any] = field(default_factory=dict)  # "reduce" analyses
+    worker: str = ""  # where it ran: host:pid, plus the Ray node id on Ray
+
 
     @property
     def meta(self) -> TraceMeta | None:
         return self.trace.meta if self.trace is not None else None
 
 
+def _where() -> str:
+    """``host:pid`` of this worker, with ``@<ray node id>`` inside a Ray task."""
+    import socket
+    import sys
+
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        here += f"@{ray.get_runtime_context().get_node_id()}"
+    return here
+
+
+def _load_error(path: str, exc: Exception) -> str:
+    return str(exc) if exc.__class__.__name__ == "TraceError" else f"{path}: {type(exc).__name__}: {exc}"
+
+
 def map_rank(task: RankTask) -> RankResult:
     """Load one rank file and analyse it (see module docstring). Never raises for a bad file."""
-    from kinetoscope.analysis import registry
-    from kinetoscope.analysis._common import device_frame
-    from kinetoscope.scale.reduce import REDUCERS
-    from kinetoscope.scale.slim import meta_only, slim_for_diagnosis
+    from kinetoscope.scale.memory import check_fits
     from kinetoscope.trace import load_trace
 
-    out = RankResult(task.index, task.path)
+    req = task.request
+    out = RankResult(task.index, task.path, worker=_where())
     try:
+        out.error = check_fits(task.path)  # before loading: a clear error, never an OOM kill
+        if out.error is not None:
+            return out
         trace = load_trace(
-            task.path, cache=task.cache, salvage=task.salvage, cache_dir=task.cache_dir, workers=task.load_workers
+            task.path, cache=req.cache, salvage=req.salvage, cache_dir=req.cache_dir, workers=task.load_workers
         )
     except Exception as exc:  # noqa: BLE001 - one bad rank file must not stop the other ranks
-        out.error = str(exc) if exc.__class__.__name__ == "TraceError" else f"{task.path}: {type(exc).__name__}: {exc}"
+        out.error = _load_error(task.path, exc)
         return out
+    full = _analyse(trace, task, out)
+    out.trace = trace if full else _for_driver(trace, req.diagnosis)
+    return out
+
+
+def _analyse(trace: Trace, task: RankTask, out: RankResult) -> bool:
+    """Run the per-rank analyses into ``out``; True when a ``driver`` analysis needs the full trace."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.analysis._common import device_frame
+    from kinetoscope.scale.reducers import REDUCERS
+
     out.has_gpu = device_frame(trace).height > 0
+    opts = task.request.options
     full = False
     for name in task.names:
         spec = registry.get(name)
         try:
             if spec.combine in ("concat", "concat_by_rank"):
-                out.results[name] = spec.call([trace], task.options)
+                out.results[name] = spec.call([trace], opts)
             elif spec.combine == "reduce":
-                out.partials[name] = REDUCERS[name].map(trace, spec.resolve_options(task.options))
+                out.partials[name] = REDUCERS[name].map(trace, spec.resolve_options(opts))
             else:
                 full = True
         except Exception as exc:  # noqa: BLE001 - recorded per analysis, as run_analyses does
             out.errors[name] = f"{type(exc).__name__}: {exc}"
-    out.trace = trace if full else slim_for_diagnosis(trace) if task.diagnosis else meta_only(trace)
-    return out
+    return full
+
+
+def _for_driver(trace: Trace, diagnosis: bool) -> Trace:
+    """The diagnosis's figures of the rank (``diagnosis.extract``: O(steps + collectives), not
+    O(events)), or only the metadata when no diagnosis is wanted."""
+    from kinetoscope.diagnosis.extract import digest_trace
+
+    return digest_trace(trace) if diagnosis else Trace(meta=trace.meta)

@@ -24,8 +24,8 @@ def make_plan(names: Sequence[str] | None) -> Plan:
     """Split the requested analyses (default ones when ``names`` is empty) by strategy.
 
     Raises ``ValueError`` for an analysis declared ``reduce`` without a reducer in
-    ``kinetoscope.scale.reduce.REDUCERS`` (a registration mistake, not a user error)."""
-    from kinetoscope.scale.reduce import REDUCERS
+    ``kinetoscope.scale.reducers.REDUCERS`` (a registration mistake, not a user error)."""
+    from kinetoscope.scale.reducers import REDUCERS
 
     plan = Plan()
     for name in resolve_names(names):

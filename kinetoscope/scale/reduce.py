@@ -9,18 +9,19 @@ Per analysis, by its ``AnalysisSpec.combine`` (see docs/scale.md):
   partial, ``reduce(partials, options)`` on the driver the frame;
 * ``driver``: the analysis on the full traces sent back by the workers.
 
-Then the job diagnosis (``run_diagnosis``) on the slim traces and ``build_document``, the same
+Then the job diagnosis (``run_diagnosis``) on the rank digests (``diagnosis.extract``) and ``build_document``, the same
 functions the single-process path uses, so the two documents are equal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
+from kinetoscope.analysis.registry import AnalysisSpec
 from kinetoscope.analysis.runner import (
     AnalysisFailure,
     AnalysisResults,
@@ -28,53 +29,11 @@ from kinetoscope.analysis.runner import (
     collect_results,
 )
 from kinetoscope.diagnosis.document import run_diagnosis
+from kinetoscope.errors import UsageError
 from kinetoscope.scale.mapper import RankResult
+from kinetoscope.scale.reducers import REDUCERS
+from kinetoscope.scale.request import AnalyzeRequest
 from kinetoscope.trace import TraceList, check_ranks
-from kinetoscope.trace.model import Trace
-
-
-@dataclass(frozen=True)
-class Reducer:
-    """A cross-rank analysis split into a per-rank partial and a driver-side reduce."""
-
-    map: Callable[[Trace, Mapping[str, Any]], Any]
-    reduce: Callable[[list[Any], Mapping[str, Any]], pl.DataFrame]
-
-
-# kernel_distribution: the top kernels are the union over ranks of each rank's kernel_breakdown
-# names, so a rank's rows can depend on other ranks. Each worker sends its own top names and the
-# statistics of *every* kernel it ran (one row per distinct kernel: small); the driver keeps the
-# rows of the union and orders them as kernel_distribution does.
-def _kernel_distribution_map(trace: Trace, opts: Mapping[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    from kinetoscope.analysis.kernel_breakdown import OTHERS, kernel_breakdown
-    from kinetoscope.analysis.kernel_distribution import kernel_distribution
-
-    top = (
-        kernel_breakdown([trace], **opts).filter(pl.col("name") != OTHERS).select("kernel_type", "name").unique()
-    )
-    # no folding (ratio 1.0 and no count limit): every kernel's distribution on this rank
-    every = kernel_distribution([trace], 1 << 62, 1.0, opts["include_memory_kernels"])
-    return top, every
-
-
-def _kernel_distribution_reduce(parts: list[tuple[pl.DataFrame, pl.DataFrame]], opts: Mapping[str, Any]) -> pl.DataFrame:
-    from kinetoscope.analysis._common import concat_or_empty
-    from kinetoscope.analysis.kernel_distribution import DISTRIBUTION_SCHEMA
-
-    keys = ["kernel_type", "name"]
-    tops = [t for t, _ in parts if t.height]
-    if not tops:
-        return pl.DataFrame(schema=DISTRIBUTION_SCHEMA)
-    top = pl.concat(tops).unique()
-    out = concat_or_empty([every.join(top, on=keys, how="semi") for _, every in parts], DISTRIBUTION_SCHEMA)
-    total = pl.col("sum (us)").sum().over(keys)
-    return out.sort([pl.col("kernel_type"), total, pl.col("name"), pl.col("rank")],
-                    descending=[False, True, False, False], nulls_last=True)
-
-
-REDUCERS: dict[str, Reducer] = {
-    "kernel_distribution": Reducer(_kernel_distribution_map, _kernel_distribution_reduce),
-}
 
 
 def _by_rank(ranks: Sequence[RankResult]) -> list[RankResult]:
@@ -96,7 +55,7 @@ def combine_results(ranks: Sequence[RankResult], names: Sequence[str] | None, op
     """Per-rank results (loaded ranks, input order) -> the results ``run_analyses`` would give."""
     traces = [r.trace for r in ranks if r.trace is not None]
 
-    def compute(spec: Any) -> pl.DataFrame:
+    def compute(spec: AnalysisSpec) -> pl.DataFrame:
         failed = next((r.errors[spec.name] for r in ranks if spec.name in r.errors), None)
         if failed is not None:
             raise AnalysisFailure(failed)
@@ -116,37 +75,45 @@ class ScaleRun:
     results: AnalysisResults
     traces: TraceList  # trimmed traces (metadata is complete), in input order
     load_errors: dict[str, str]  # file -> why it could not be loaded
+    backend: str = "single"  # where the map ran
+    why: str = ""  # why that backend (``--backend auto`` says it)
+    notes: list[str] = field(default_factory=list)
+    workers: dict[str, str] = field(default_factory=dict)  # file -> where its map task ran (host:pid[@node])
 
 
-def reduce_document(
-    ranks: Sequence[RankResult],
-    *,
-    names: Sequence[str] | None = None,
-    options: Mapping[str, Any] | None = None,
-    analyses: bool = True,
-    diagnosis: bool = True,
-    diagnosis_options: Mapping[str, Any] | None = None,
-    only_diagnosis: Sequence[str] | None = None,
-    wanted_ranks: set[int] | None = None,
-) -> ScaleRun:
+def _wanted(ok: list[RankResult], ranks: frozenset[int] | None) -> list[RankResult]:
+    """The loaded ranks ``--ranks`` asks for; none of them is a usage error naming the loaded ones."""
+    if ranks is None:
+        return ok
+    kept = [r for r in ok if r.meta is not None and r.meta.rank in ranks]
+    if not kept:
+        have = sorted({r.meta.rank for r in ok if r.meta is not None and r.meta.rank is not None})
+        want = ",".join(map(str, sorted(ranks)))
+        raise UsageError(
+            f"--ranks {want}: no trace has those ranks (loaded ranks: {', '.join(map(str, have)) or 'none known'})"
+        )
+    return kept
+
+
+def reduce_document(ranks: Sequence[RankResult], request: AnalyzeRequest, names: Sequence[str]) -> ScaleRun:
     """The document from the per-rank results (any order; put back in input order).
 
     A file that failed to load is an entry of ``errors`` keyed by its path (the analyses of the
-    other ranks are complete). ``wanted_ranks`` keeps only those ranks, as ``--ranks`` does."""
+    other ranks are complete). ``request.ranks`` keeps only those ranks, as ``--ranks`` does."""
     ordered = sorted(ranks, key=lambda r: r.index)
     load_errors = {r.path: r.error for r in ordered if r.error is not None}
-    ok = [r for r in ordered if r.error is None]
-    if wanted_ranks is not None:
-        ok = [r for r in ok if r.meta is not None and r.meta.rank in wanted_ranks]
+    ok = _wanted([r for r in ordered if r.error is None], request.ranks)
     traces = TraceList([r.trace for r in ok], None)
     traces.problems = check_ranks(traces)
-    results = combine_results(ok, names, options) if analyses else AnalysisResults()
+    results = combine_results(ok, names, request.options) if request.analyses else AnalysisResults()
     errors = {**load_errors, **results.errors}
     results.errors.clear()
     results.errors.update(errors)
     diag: dict[str, Any] = {}
-    if diagnosis and traces:
-        diag = run_diagnosis(traces, results, **dict(diagnosis_options or {}))
-        if only_diagnosis:
-            diag = {k: v for k, v in diag.items() if k in only_diagnosis or k == "summary"}
-    return ScaleRun(build_document(traces, results, diagnosis=diag), results, traces, load_errors)
+    if request.diagnosis and traces:
+        diag = run_diagnosis(traces, results, **request.diagnosis_options())
+        if request.only_diagnosis:
+            diag = {k: v for k, v in diag.items() if k in request.only_diagnosis or k == "summary"}
+    run = ScaleRun(build_document(traces, results, diagnosis=diag), results, traces, load_errors)
+    run.workers = {r.path: r.worker for r in ordered}
+    return run

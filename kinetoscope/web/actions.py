@@ -73,7 +73,7 @@ def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str,
                     analysis_options: dict[str, Any] | None = None, roots: Any = None) -> None:
     """``roots`` (:class:`kinetoscope.web.guards.ServeRoots`): the web app analyses only files
     under its serving roots, as it serves only those (a manifest cannot widen either)."""
-    from kinetoscope.pipeline import AnalysisRun, analyze_paths, record_run, request_files
+    from kinetoscope.pipeline import AnalysisRun, AnalyzeRequest, analyze_paths, record_run, request_files
 
     rec = catalog.get_trace_request(trace_id)
     if rec is None:
@@ -89,7 +89,7 @@ def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str,
             )
     tasks.update(task, phase="analysing", message=f"analysing {len(paths)} trace file(s)",
                  log="analysing " + ", ".join(p.name for p in paths))
-    doc = analyze_paths(paths, **(analysis_options or {}))
+    doc = analyze_paths(paths, AnalyzeRequest(**(analysis_options or {})))
     tasks.update(task, phase="recording", message="recording the analysis in the catalog")
     arec = record_run(catalog, AnalysisRun(document=doc, paths=list(paths), inputs=[trace_id], trace_id=trace_id))
     summary = (doc.get("diagnosis_summary") or [""])[0]

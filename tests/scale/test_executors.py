@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kinetoscope.errors import KinetoscopeError, UsageError
-from kinetoscope.scale.executors import LocalExecutor, make_executor
+from kinetoscope.scale.executors import LocalExecutor, choose_backend, make_executor
 
 
 def test_unknown_backend_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="'spark' is not one of local, ray"):
+    with pytest.raises(UsageError, match="'spark' is not one of auto, single, local, ray"):
         make_executor("spark")
 
 
 def test_local_executor_runs_every_task() -> None:
     ex = LocalExecutor(2)
     try:
-        assert sorted(ex.map_unordered(abs, [-3, 1, -2])) == [1, 2, 3]
+        assert sorted(o.value for o in ex.map_unordered(abs, [-3, 1, -2])) == [1, 2, 3]
     finally:
         ex.close()
 
@@ -26,3 +28,36 @@ def test_a_ray_that_cannot_be_joined_is_a_clear_error() -> None:
     with pytest.raises(KinetoscopeError, match=r"--backend ray: could not start the Ray cluster at ray://: "):
         make_executor("ray", ray_address="ray://")
     assert not ray.is_initialized()
+
+
+def _die(x: int) -> int:
+    if x == 2:
+        os._exit(3)  # a worker killed mid-task (as the kernel's OOM killer would)
+    return x
+
+
+def test_a_worker_that_dies_fails_its_task_only() -> None:
+    """The dying task breaks the pool (and fails the other task in flight with it): the others
+    are rerun, and only the task that kills its worker comes back as an error."""
+    ex = LocalExecutor(2)
+    try:
+        outs = list(ex.map_unordered(_die, [1, 2, 3, 4]))
+    finally:
+        ex.close()
+    assert sorted(o.item for o in outs) == [1, 2, 3, 4]
+    assert {o.item: o.value for o in outs if o.error is None} == {1: 1, 3: 3, 4: 4}
+    (failed,) = [o for o in outs if o.error is not None]
+    assert failed.item == 2 and "worker process died" in str(failed.error)
+
+
+@pytest.mark.parametrize(
+    ("n", "env", "want"),
+    [(1, {}, "single"), (4, {}, "single"), (5, {}, "local"), (5, {"RAY_ADDRESS": "10.0.0.1:6379"}, "ray")],
+)
+def test_auto_backend_says_which_and_why(n: int, env: dict[str, str], want: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    backend, why = choose_backend("auto", n, workers=2)
+    assert backend == want and why
+    assert choose_backend("local", n) == ("local", "--backend local")

@@ -11,7 +11,8 @@ from polars.testing import assert_frame_equal
 
 from kinetoscope.analysis import registry
 from kinetoscope.scale.mapper import RankResult
-from kinetoscope.scale.reduce import REDUCERS, _by_rank, _concat
+from kinetoscope.scale.reduce import _by_rank, _concat
+from kinetoscope.scale.reducers import REDUCERS
 from kinetoscope.trace import load_trace
 from tests.conftest import HTA_TRACES
 from tests.scale.conftest import PAIR

@@ -1,0 +1,250 @@
+"""A real multi-node Ray cluster on this machine: a head and one more node, each a separate
+``ray start`` (own raylet, own object store, ``--num-cpus 1``, a small store), the driver joining
+by address as it would join a cluster on other hosts. The analysis runs there and equals the
+reference document; tasks land on both nodes; a node killed mid-run costs retries, not the
+document.
+
+Slow (two Ray nodes start in 20-200 s on a loaded 2-core box): generous timeouts, and a cluster
+that cannot start here is a skip that says why. Teardown ends the processes of this cluster
+only (its process groups, then any process naming its private temp dir), never with a global
+``ray stop``, which would also stop other users' Ray on a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kinetoscope.scale import AnalyzeRequest, run_analysis
+from tests.scale.conftest import PAIR, write_ranks
+from tests.scale.test_equivalence import analyze_paths, assert_same_document
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kinetoscope[scale]')")
+
+START_TIMEOUT_S = 420
+STORE_BYTES = 100 * 1024 * 1024  # small object stores: results are small
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",  # a token in ~/.ray would turn auth on for this private cluster
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_agent_register_timeout_ms": "300000",
+        "RAY_raylet_start_wait_time_s": "300",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+
+
+@dataclass
+class Cluster:
+    temp_dir: Path
+    port: int
+    nodes: list[subprocess.Popen[bytes]] = field(default_factory=list)  # every `ray start`, live or not
+    head: subprocess.Popen[bytes] | None = None
+    worker: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start_node(self, *args: str) -> subprocess.Popen[bytes]:
+        ray_bin = Path(sys.executable).with_name("ray")
+        log = open(self.temp_dir.with_suffix(f".{len(self.nodes)}.log"), "wb")  # noqa: SIM115 - the node outlives this call
+        p = subprocess.Popen(
+            [
+                str(ray_bin),
+                "start",
+                "--block",
+                "--num-cpus",
+                "1",
+                "--object-store-memory",
+                str(STORE_BYTES),
+                "--disable-usage-stats",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+        )
+        self.nodes.append(p)
+        return p
+
+    def started(self, i: int) -> bool:
+        """``ray start`` of node ``i`` said its runtime is up."""
+        log = self.temp_dir.with_suffix(f".{i}.log")
+        return log.exists() and b"Ray runtime started" in log.read_bytes()
+
+    def alive_nodes(self) -> list[dict[str, Any]]:
+        return [n for n in ray.nodes() if n["Alive"]]
+
+    def kill_node(self, p: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        for p in self.nodes:
+            self.kill_node(p, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        for p in self.nodes:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill_node(p)
+        _kill_naming(str(self.temp_dir))
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for i in range(len(self.nodes)):
+            self.temp_dir.with_suffix(f".{i}.log").unlink(missing_ok=True)
+
+
+def _kill_naming(marker: str) -> None:
+    """SIGKILL every process whose command line or environment names ``marker`` (this
+    cluster's private temp dir): Ray's agents can outlive their node's process group."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            blob = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _wait_for(cond: Any, what: str, cluster: Cluster) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if any(p.poll() is not None for p in cluster.nodes):
+            break
+        time.sleep(2)
+    logs = " | ".join(
+        cluster.temp_dir.with_suffix(f".{i}.log").read_text(errors="replace")[-300:]
+        for i in range(len(cluster.nodes))
+    )
+    pytest.skip(f"a two-node Ray cluster could not start on this machine ({what}): {logs}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # a short private dir: Ray's socket paths must stay under 108 bytes
+    c = Cluster(Path(f"/tmp/kray-{os.getpid()}"), _free_port())
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the driver too (see _env)
+    try:
+        # a raylet gives its agents ~15 s to start, which a loaded box can miss: a node whose
+        # `ray start` died is started again (a new session), a few times
+        head = [
+            "--head",
+            "--port",
+            str(c.port),
+            "--include-dashboard",
+            "false",
+            "--temp-dir",
+            str(c.temp_dir),
+        ]
+        c.head = _start_with_retries(c, head, "head")
+        c.worker = _start_with_retries(c, ["--address", c.address], "second node")
+        _wait_for(lambda: _two_nodes(c), "both nodes registered", c)
+        yield c
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def _start_with_retries(c: Cluster, args: list[str], what: str, attempts: int = 3) -> subprocess.Popen[bytes]:
+    """Start a node and wait until its ``ray start`` says it is up; skip (with its log) after
+    ``attempts`` deaths or timeouts."""
+    for _ in range(attempts):
+        p = c.start_node(*args)
+        i = len(c.nodes) - 1
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and p.poll() is None and not c.started(i):
+            time.sleep(2)
+        if c.started(i) and p.poll() is None:
+            return p
+        c.kill_node(p)
+    log = c.temp_dir.with_suffix(f".{len(c.nodes) - 1}.log").read_text(errors="replace")[-300:]
+    pytest.skip(f"a two-node Ray cluster could not start on this machine ({what}, {attempts} tries): {log}")
+
+
+def _two_nodes(c: Cluster) -> bool:
+    """Join, count the alive nodes, leave (the test joins again through the executor)."""
+    try:
+        ray.init(address=c.address, log_to_driver=False)
+    except Exception:  # noqa: BLE001 - not ready yet: the caller polls until its deadline
+        ray.shutdown()
+        return False
+    try:
+        return len(c.alive_nodes()) >= 2
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ranks12(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return write_ranks(tmp_path_factory.mktemp("ranks12"), PAIR, 12)
+
+
+def _node_ids(run: Any) -> set[str]:
+    return {w.rpartition("@")[2] for w in run.workers.values() if "@" in w}
+
+
+def test_tasks_land_on_both_nodes_and_the_document_is_the_reference(
+    cluster: Cluster, ranks12: list[Path]
+) -> None:
+    req = AnalyzeRequest(backend="auto", ray_address=cluster.address, cache=False)
+    said: list[str] = []
+    run = run_analysis(req, ranks12, on_backend=lambda b, why, n: said.append(f"{b}: {why}"))
+    assert said == [f"ray: a Ray cluster is given (--ray-address {cluster.address})"]
+    assert len(_node_ids(run)) == 2, run.workers
+    assert_same_document(analyze_paths(ranks12), run.document)
+
+
+def test_a_node_killed_mid_run_costs_retries_not_the_document(cluster: Cluster, ranks12: list[Path]) -> None:
+    worker_node = cluster.worker
+    assert worker_node is not None
+    killed: list[int] = []
+
+    def progress(done: int, failed: int, total: int) -> None:
+        if done >= 2 and not killed:  # tasks are still queued on both nodes
+            cluster.kill_node(worker_node)
+            killed.append(done)
+
+    req = AnalyzeRequest(backend="ray", ray_address=cluster.address, cache=False)
+    run = run_analysis(req, ranks12, progress=progress)
+    assert killed and worker_node.wait(timeout=120) is not None
+    assert run.load_errors == {}
+    assert_same_document(analyze_paths(ranks12), run.document)
