@@ -332,8 +332,10 @@ def register(app: typer.Typer) -> None:
             return
         if not inputs:
             raise UsageError("give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)")
-        from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
+        from kinetoscope.analysis.runner import DIAGNOSIS_KEYS as BASE_KEYS
+        from kinetoscope.analysis.runner import EXTRA_DIAGNOSIS_KEYS
 
+        DIAGNOSIS_KEYS = (*BASE_KEYS, *EXTRA_DIAGNOSIS_KEYS)
         known = set(registry.names())
         only_analyses = [n for n in only or [] if n not in DIAGNOSIS_KEYS]
         for n in only_analyses:

@@ -8,10 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetoscope.diagnosis.report import DIAGNOSIS_KEYS, Diagnosis
-
-# Keys every diagnosis document carries in addition to DIAGNOSIS_KEYS (null when not applicable).
-EXTRA_KEYS = ("pipeline", "uneven_inputs", "recompilation")
+from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
+from kinetoscope.analysis.runner import EXTRA_DIAGNOSIS_KEYS as EXTRA_KEYS
+from kinetoscope.diagnosis.report import Diagnosis
 
 
 @dataclass

@@ -9,13 +9,12 @@ from typing import Any
 
 import polars as pl
 
+from kinetoscope.analysis.runner import DIAGNOSIS_KEYS, frame_rows
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
-from kinetoscope.diagnosis.frames import frame_rows
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.straggler_model import StragglerReport
 
-DIAGNOSIS_KEYS = ("job", "steps", "stragglers", "mfu", "recommendations")
 # A sentence ends at ". " before a capital letter (so "e.g. the" does not end one).
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from kinetoscope.diagnosis.frames import frame_rows
+from kinetoscope.analysis.runner import frame_rows
 
 
 @dataclass(frozen=True)

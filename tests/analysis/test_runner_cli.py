@@ -219,3 +219,14 @@ def test_cli_usage_errors():
     assert p.returncode == 2 and "loaded ranks: 1" in p.stderr
     p = _kscope("analyze", "--list")
     assert p.returncode == 0 and "temporal_breakdown" in p.stdout
+
+
+def test_cli_only_selects_the_diagnosis_keys_added_later():
+    """``--only`` accepts the diagnosis keys added after the first contract (pipeline,
+    uneven_inputs, recompilation): the document holds just those (null for a job without the
+    problem), and no analysis table."""
+    p = _kscope("analyze", str(HTA_DIR / CONTROL), "--no-cache", "--json", "--only", "pipeline", "--only", "recompilation")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert "pipeline" in doc and "recompilation" in doc and doc["pipeline"] is None
+    assert "uneven_inputs" not in doc and "stragglers" not in doc and "temporal_breakdown" not in doc
