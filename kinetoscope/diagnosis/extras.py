@@ -30,3 +30,58 @@ class ExtendedDiagnosis(Diagnosis):
 
     def __len__(self) -> int:
         return 1 + len(DIAGNOSIS_KEYS) + len(EXTRA_KEYS)
+
+    def verdict_lines(self) -> list[str]:
+        """The straggler verdict, led by the job's own problem when it has one: ranks that ran
+        out of data first (their collectives are not a straggler's), else the pipeline's bubble
+        and imbalance in place of the straggler line. Still at most two lines."""
+        lines = super().verdict_lines()
+        uneven = self.extra.get("uneven_inputs")
+        if uneven:
+            return uneven_lines(uneven)
+        pipe = self.extra.get("pipeline")
+        if pipe:
+            return [pipeline_line(pipe), lines[0]]
+        return lines
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def pipeline_line(pipe: dict[str, Any]) -> str:
+    """One line: schedule and shape, the bubble (measured vs the schedule's), the slowest stage
+    and the balanced what-if (docs/diagnosis.md section 11.1)."""
+    shape = f"{pipe.get('num_stages')} stages"
+    if (pipe.get("replicas") or 1) > 1:
+        shape += f" x {pipe['replicas']} replicas"
+    if pipe.get("microbatches"):
+        shape += f", {pipe['microbatches']} micro-batches"
+    expected = pipe.get("expected_bubble_fraction")
+    bubble = f"bubble {_pct(pipe.get('bubble_fraction'))} of the step" + (
+        f" (the schedule's own: {_pct(expected)})" if expected is not None else "")
+    imb = pipe.get("imbalance") or {}
+    slow = ""
+    if imb.get("slowest_stage") is not None:
+        slow = (f"; slowest stage {imb['slowest_stage']} ({_ranks(imb.get('slowest_ranks') or [])}) computes "
+                f"{_pct(imb.get('excess_fraction'))} above the mean stage; balanced: {pipe.get('step_time_ms', 0):.1f} -> "
+                f"{imb.get('est_step_time_balanced_ms', 0):.1f} ms per step")
+    return f"PIPELINE-PARALLEL ({pipe.get('schedule') or 'schedule not recognised'}, {shape}): {bubble}{slow}."
+
+
+def uneven_lines(uneven: dict[str, Any]) -> list[str]:
+    """Two lines: which ranks ran out of data and what the others did meanwhile, then the fix
+    (docs/diagnosis.md section 11.2)."""
+    steps = uneven.get("steps_per_rank") or {}
+    short = uneven.get("short_ranks") or []
+    ran = ", ".join(f"rank {r}: {n}" for r, n in steps.items())
+    waiting = uneven.get("waiting_ranks") or []
+    wait = f"; {_ranks(waiting)} waited for them" if waiting else ""
+    first = (f"UNEVEN INPUTS ({uneven.get('mode')}): {_ranks(short)} ran out of data first (steps per rank: {ran})"
+             f"{wait}; {_pct(uneven.get('lost_fraction'))} of the time lost.")
+    return [first, "Give every rank the same number of batches (DistributedSampler(drop_last=True)) or wrap the "
+                   "loop in torch.distributed.algorithms.Join."]
