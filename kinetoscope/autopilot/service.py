@@ -43,11 +43,25 @@ from kinetoscope.collect.trigger import (
     trigger_trace,
     wait_for_trace,
 )
-from kinetoscope.errors import KinetoscopeError
+from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import Claim, FleetStore, SampleRow, utcnow
 
 log = logging.getLogger("kinetoscope.autopilot")
+
+
+@dataclass(frozen=True)
+class AnalyzeSettings:
+    """How each sample is analysed: ``kscope analyze``'s backend choice (``AnalyzeRequest``)."""
+
+    backend: str = "auto"
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        from kinetoscope.scale.request import BACKENDS
+
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
 
 
 @dataclass
@@ -62,6 +76,7 @@ class AutopilotConfig:
     token: str | None = None
     output_dir: str | None = None  # trace folder root on the hosts (default: each daemon's --trace-root)
     announced: bool = False  # also watch daemons that announce themselves (kscope daemon --catalog)
+    analyze: AnalyzeSettings = field(default_factory=AnalyzeSettings)
 
 
 @dataclass
@@ -446,7 +461,12 @@ class Autopilot:
         record_trace_result(res, self.catalog.url, raise_errors=True)
         existing = self.catalog.latest_analysis(sample.sample_id, name=ANALYSIS_NAME)
         if existing is None:
-            run = analyze_inputs([sample.sample_id], catalog=self.catalog)
+            run = analyze_inputs(
+                [sample.sample_id],
+                catalog=self.catalog,
+                backend=self.config.analyze.backend,
+                ray_address=self.config.analyze.ray_address,
+            )
             rec = record_run(self.catalog, run)
             doc, analysis_id = run.document, rec.id
         else:  # analysed before a crash: never twice

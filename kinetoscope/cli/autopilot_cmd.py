@@ -82,11 +82,24 @@ def register(app: typer.Typer) -> None:
         ),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_json: bool = typer.Option(False, "--log-json", help="Log one JSON object per line."),
+        backend: str = typer.Option(
+            "auto",
+            "--backend",
+            help="How each sample is analysed (as kscope analyze): auto, single, local (process pool) or ray.",
+        ),
+        ray_address: str | None = typer.Option(
+            None, "--ray-address", envvar="RAY_ADDRESS", help="With --backend ray/auto: the Ray cluster to use."
+        ),
     ) -> None:
         """Trace and diagnose every job of the fleet automatically, on a schedule."""
         from kinetoscope.autopilot.discovery import read_hosts_file
         from kinetoscope.autopilot.policy import load_policy
-        from kinetoscope.autopilot.service import Autopilot, AutopilotConfig, default_instance
+        from kinetoscope.autopilot.service import (
+            AnalyzeSettings,
+            Autopilot,
+            AutopilotConfig,
+            default_instance,
+        )
         from kinetoscope.collect.client import parse_hosts
         from kinetoscope.daemon.logsetup import configure_logging
         from kinetoscope.errors import UsageError
@@ -113,6 +126,7 @@ def register(app: typer.Typer) -> None:
             token=token,
             output_dir=output_dir,
             announced=announced,
+            analyze=AnalyzeSettings(backend=backend, ray_address=ray_address),
         )
         pilot = Autopilot(cfg)
         try:
