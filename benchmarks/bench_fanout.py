@@ -78,8 +78,8 @@ def trigger_once(addresses: list[str]) -> dict[str, float]:
     original = DaemonClient.trace
     start = time.perf_counter()
 
-    def timed(self: DaemonClient, **fields: Any) -> dict[str, Any]:
-        reply = original(self, **fields)
+    def timed(self: DaemonClient, *args: Any, **fields: Any) -> Any:
+        reply = original(self, *args, **fields)
         if not first:
             first.append(time.perf_counter() - start)
         return reply

@@ -245,7 +245,15 @@ def main() -> None:
     ap.add_argument("--huge", type=float, default=0.0, metavar="GB",
                     help="instead: one synthesised JSON trace of GB gigabytes analysed in one process")
     ap.add_argument("--rss-cap-mb", type=float, default=5800.0, help="with --huge: kill the measurement above this RSS")
+    ap.add_argument("--fanout", type=int, default=0, metavar="HOSTS",
+                    help="kscope trace to HOSTS simulated daemons (benchmarks/bench_fanout.py) instead")
     args = ap.parse_args()
+    if args.fanout:
+        sys.path.insert(0, str(HERE))
+        from bench_fanout import run as fanout
+
+        print(json.dumps(fanout(args.fanout), indent=1))
+        return
     if args.child:
         mode, folder, workers = args.child
         print(json.dumps(child(mode, folder, int(workers))))
