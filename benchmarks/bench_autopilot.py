@@ -125,7 +125,7 @@ def idle_service(addresses: list[str], workdir: Path, idle_s: float) -> dict[str
         proc.terminate()
         proc.wait(30)
     return {
-        "idle_cpu_pct_of_core": round(max(0.0, cpu), 3)  # (a CPU counter read twice within its resolution),
+        "idle_cpu_pct_of_core": round(max(0.0, cpu), 3),  # a counter read twice within its resolution
         "rss_mib": round(rss / 2**20, 1),
         "first_cycle": first_cycle,
         "exit_on_sigterm": proc.returncode,
