@@ -66,12 +66,16 @@ def test_clean_run_says_none(ddp_runs):
     # rank really late in most steps (seen: 25/32 collectives, 5.8 % of the step under an extra
     # CPU burner), which the diagnosis rightly reports. What a clean job must never get is a
     # straggler of the size the injected runs have (70 %+ of the step).
+    # When the host made one rank late in several steps (seen: rank 3 in 6 of 16 steps at load
+    # average 15), the per-step evidence must be that rank's and agree with the verdict.
     s = diag.stragglers
+    found = _found(diag)
     if s.kind != "none":
         assert (s.lost_fraction or 0.0) < 0.10, diag.render_text()
+        assert {r for _, r in found} <= set(s.ranks), diag.render_text()
     else:
         assert diag.summary()[0].startswith("NO STRAGGLER")
-    assert len(_found(diag)) <= 1  # a single noise event is reported as "isolated", never a pattern
+        assert len(found) <= 1  # with no verdict, a single noise event at most ("isolated")
     # the first traced step is a whole step (the trace starts after an optimizer step): analysed
     assert diag.stragglers.steps_analysed >= 16
     # one host, one clock: the offsets measured from collective ends stay within the jitter
