@@ -27,6 +27,8 @@ kernels) are not launches here.
 
 from __future__ import annotations
 
+from typing import cast
+
 import polars as pl
 
 from kinetoscope.analysis._common import (
@@ -138,7 +140,7 @@ def kernel_launch_summary(
     if pre and all(p is not None for p in pre) and (runtime_cutoff_us, launch_delay_cutoff_us, include_memory_events) == (
         50.0, 100.0, True
     ):  # digests of ranks (kinetoscope.diagnosis.extract) carry their summary with these defaults
-        return concat_or_empty(pre, SUMMARY_SCHEMA).sort("rank", nulls_last=True)
+        return concat_or_empty(cast("list[pl.DataFrame]", pre), SUMMARY_SCHEMA).sort("rank", nulls_last=True)
     stats = kernel_launch_stats(traces, include_memory_events)
     if stats.is_empty():
         return pl.DataFrame(schema=SUMMARY_SCHEMA)

@@ -319,7 +319,7 @@ def step_analyze(ctx: DemoContext) -> None:
     for r in recs[:3]:
         ctx.say(f"recommendation ({escape(str(r.get('severity')))}): {escape(str(r.get('title')))}")
     truth = ctx.extras.get("ground_truth")
-    strag = doc.get("stragglers") if isinstance(doc.get("stragglers"), dict) else {}
+    strag = got if isinstance(got := doc.get("stragglers"), dict) else {}
     found = [int(r) for r in strag.get("ranks") or [] if isinstance(r, int)]
     if truth:
         rank = truth["rank"]

@@ -161,7 +161,13 @@ def _cell(v: Any, col: str = "") -> Cell:
     return Cell("–" if v is None else str(v))
 
 
-def _rows(value: Any) -> list[dict[str, Any]]:
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one (a document part of another shape
+    reads as absent)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _rows(value: Any) -> list[Mapping[str, Any]]:
     if isinstance(value, list):
         return [r for r in value if isinstance(r, Mapping)]
     return []
@@ -212,8 +218,8 @@ def table_from_rows(
 
 
 def _note_for(doc: Mapping[str, Any], *names: str) -> str | None:
-    notes = doc.get("notes") if isinstance(doc.get("notes"), Mapping) else {}
-    errors = doc.get("errors") if isinstance(doc.get("errors"), Mapping) else {}
+    notes = _mapping(doc.get("notes"))
+    errors = _mapping(doc.get("errors"))
     for n in names:
         if n in errors:
             return f"the {n} analysis failed: {errors[n]}"
@@ -264,7 +270,7 @@ def _narrow(layout: dict[str, Any], n: int, axis: str = "xaxis", slots: int = 5)
 def verdict_view(doc: Mapping[str, Any]) -> dict[str, Any]:
     summary = doc.get("diagnosis_summary")
     strag = doc.get("stragglers") if isinstance(doc.get("stragglers"), Mapping) else None
-    errors = doc.get("errors") if isinstance(doc.get("errors"), Mapping) else {}
+    errors = _mapping(doc.get("errors"))
     kind = str(strag.get("kind")) if strag and strag.get("kind") else None
     lines: list[str] = []
     if isinstance(summary, list):
@@ -297,7 +303,7 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
                        f"mean {mean:,.1f} ms (slow steps weigh in)" if differs else None))
     parts = step_parts_by_rank_step(doc)
     if parts:
-        tot = defaultdict(float)
+        tot: defaultdict[str, float] = defaultdict(float)
         for p in parts:
             for k, _, _ in BREAKDOWN_PARTS:
                 tot[k] += p[k]
@@ -306,7 +312,7 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
         out.append(Kpi("Exposed communication", f"{100 * (tot['comm_transfer'] + tot['comm_wait']) / step:.1f} %",
                        "communication not overlapped by compute"))
         out.append(Kpi("Idle", f"{100 * (tot['idle'] + tot['host']) / step:.1f} %", "nothing running"))
-    job = doc.get("job") if isinstance(doc.get("job"), Mapping) else {}
+    job = _mapping(doc.get("job"))
     if job:
         found, ws = job.get("num_ranks_found"), job.get("world_size")
         out.append(Kpi("Ranks", f"{found if found is not None else '?'} / {ws if ws is not None else '?'}",
@@ -542,7 +548,7 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
                 barmode="stack", xaxis={"type": "multicategory"}, yaxis={"title": {"text": "ms"}})}))
         elif sd:
             sec.notes.append(reason + "; showing step durations only.")
-            by_rank: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+            by_rank: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
             for r in sd:
                 by_rank[r.get("rank")].append(r)
             data = [{"type": "scatter", "mode": "lines+markers", "name": _rank_label(rk),
@@ -559,12 +565,12 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     ranks = sorted({p["rank"] for p in parts}, key=lambda r: (r is None, r))
     # per step, mean over ranks
     by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    by_rank: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    by_rank = defaultdict(list)  # (declared in the branch above)
     for p in parts:
         by_step[p["step"]].append(p)
         by_rank[p["rank"]].append(p)
 
-    def mean(ps: list[dict[str, Any]], k: str) -> float:
+    def mean(ps: Sequence[Mapping[str, Any]], k: str) -> float:
         return sum(p[k] for p in ps) / len(ps) if ps else 0.0
 
     series = {k: [mean(by_step[s], k) for s in steps] for k in keys}
@@ -678,13 +684,13 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         sec.notes.append("The straggler verdict is missing from the document; the heatmap comes from the per-step table.")
         return sec
     kind = str(strag.get("kind") or "unknown")
-    ranks = strag.get("ranks") if isinstance(strag.get("ranks"), list) else []
+    ranks = got if isinstance(got := strag.get("ranks"), list) else []
     named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:10]))}"
     sec.kpis.append(Kpi("Verdict", kind + (f": {named}" if ranks else ""), None,
                         {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind)))
     if _num(strag.get("lost_fraction")) is not None:
         sec.kpis.append(Kpi("Time lost to stragglers", fmt_pct(strag.get("lost_fraction")), "share of step time"))
-    wi = strag.get("what_if") if isinstance(strag.get("what_if"), Mapping) else {}
+    wi = _mapping(strag.get("what_if"))
     if _num(wi.get("mean_step_time_us")) is not None and _num(wi.get("est_step_time_without_stragglers_us")) is not None:
         sec.kpis.append(Kpi("What-if", f"{fmt_ms(wi['mean_step_time_us'])} → {fmt_ms(wi['est_step_time_without_stragglers_us'])}",
                             "mean step time now → without stragglers"))
@@ -942,7 +948,7 @@ def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         sec.notes.append(f"Files without a rank: {', '.join(map(str, job['unranked_files'][:10]))}.")
     for n in job.get("notes") or []:
         sec.notes.append(str(n))
-    clock = job.get("clock") if isinstance(job.get("clock"), Mapping) else {}
+    clock = _mapping(job.get("clock"))
     if clock:
         sec.notes.append(
             f"Clock reference rank {clock.get('reference_rank')}, matched on {clock.get('match_method')}"
@@ -971,7 +977,7 @@ KNOWN_KEYS = {
 
 def other_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     sec = Section("other", "Other analyses", "Every other result in the document, as tables.")
-    notes = doc.get("notes") if isinstance(doc.get("notes"), Mapping) else {}
+    notes = _mapping(doc.get("notes"))
     for key, value in doc.items():
         if key in KNOWN_KEYS:
             continue
@@ -1016,8 +1022,8 @@ def build_view(doc: Mapping[str, Any], *, title: str | None = None, inputs: Sequ
     ]
     verdict = verdict_view(doc)
     verdict["kpis"] = _kpis(doc)
-    notes_map = doc.get("notes") if isinstance(doc.get("notes"), Mapping) else {}
-    errors_map = doc.get("errors") if isinstance(doc.get("errors"), Mapping) else {}
+    notes_map = _mapping(doc.get("notes"))
+    errors_map = _mapping(doc.get("errors"))
     return ReportView(
         title=title or "Kinetoscope report",
         verdict=verdict,

@@ -514,12 +514,14 @@ class Catalog:
 
     def _insert(self, conn: Connection, table: sa.Table) -> Any:
         if conn.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif conn.dialect.name == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:  # pragma: no cover
-            raise CatalogError(f"unsupported catalog database {conn.dialect.name}")
-        return insert(table)
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(table)
+        if conn.dialect.name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            return sqlite_insert(table)
+        raise CatalogError(f"unsupported catalog database {conn.dialect.name}")  # pragma: no cover
 
     # -- writing -----------------------------------------------------------------------------
     def record_trace_request(
@@ -897,7 +899,7 @@ class Catalog:
         return self.get_analysis(found[0].id) if found else None
 
 
-def _row(src: Mapping[str, Any], schema_name: str) -> list[Any]:
+def _row(src: Mapping[Any, Any], schema_name: str) -> list[Any]:
     return [src.get(k) for k in _schemas()[schema_name]]
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -130,10 +130,11 @@ class Analysis(Base):
     world_size: Mapped[int | None] = mapped_column(sa.Integer)
 
 
-jobs = Job.__table__
-trace_requests = TraceRequest.__table__
-trace_files = TraceFile.__table__
-analyses = Analysis.__table__
+# (SQLAlchemy types ``__table__`` as the FromClause base; a declared class's is a Table)
+jobs = cast(sa.Table, Job.__table__)
+trace_requests = cast(sa.Table, TraceRequest.__table__)
+trace_files = cast(sa.Table, TraceFile.__table__)
+analyses = cast(sa.Table, Analysis.__table__)
 
 # The fleet autopilot's tables (same Base, so migrations and their test see one schema).
 from kinetoscope.store import fleet_models as _fleet_models  # noqa: E402,F401

@@ -553,7 +553,9 @@ class _S3Backend(_Backend):
 
     def _identical(self, key: str, size: int, digest: str) -> bool:
         head = self._head(key)
-        return bool(head) and int(head.get("ContentLength", -1)) == size and \
+        if not head:
+            return False
+        return int(head.get("ContentLength", -1)) == size and \
             (head.get("Metadata") or {}).get(SHA_META) == digest
 
     def put(self, src: Path, key: str, expected: str | None, skip_identical: bool) -> StoredObject:

@@ -10,6 +10,7 @@ re-imported and Polars' thread pool is never forked.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import orjson
 
@@ -26,7 +27,7 @@ def main() -> None:
             trace = parse_trace(item["path"], salvage=item["salvage"], locate=False)
             ok = store.put(item["key"], trace) is not None
             del trace
-            out = {"i": i, "ok": ok}
+            out: dict[str, Any] = {"i": i, "ok": ok}
         except TraceError as e:
             out = {
                 "i": i,

@@ -25,7 +25,8 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Final
 
 import msgspec
 import polars as pl
@@ -33,6 +34,7 @@ import polars as pl
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.schema import TABLE_SCHEMAS
 
+_xxhash: ModuleType | None
 try:  # pragma: no cover - exercised implicitly
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover
@@ -41,7 +43,7 @@ except ImportError:  # pragma: no cover
 # Bump when the tables a given file produces change (parsing rules, schema, coercions).
 LOADER_VERSION = 3  # 2: exact decimal timestamps, cuda_profiler_range counters; 3: negative dur -> 0
 HASH_READ = 4 << 20
-PARQUET_COMPRESSION = "snappy"
+PARQUET_COMPRESSION: Final = "snappy"
 
 # Observability for tests and ``kscope`` diagnostics: hits, misses, writes, corrupt entries.
 STATS: Counter[str] = Counter()
@@ -126,7 +128,7 @@ class TraceCache:
                 if list(df.columns) != list(schema):
                     raise ValueError(f"{name}: unexpected columns")
                 if dict(df.schema) != schema:
-                    df = df.cast(schema)  # type: ignore[arg-type]  (e.g. Enum stored as String)
+                    df = df.cast(schema)  # type: ignore[arg-type]  # polars' stub: Mapping keys invariant (Enum stored as String)
                 tables[name] = df
         except Exception:  # noqa: BLE001 - any unreadable entry is rebuilt
             STATS["corrupt"] += 1
@@ -242,4 +244,5 @@ class TraceCache:
 
 def cached_trace_meta(meta: TraceMeta) -> dict[str, Any]:
     """The JSON-ready content meta as stored in the cache (for debugging)."""
-    return msgspec.json.decode(_meta_to_json(meta))
+    content: dict[str, Any] = msgspec.json.decode(_meta_to_json(meta))
+    return content

@@ -20,12 +20,13 @@ from __future__ import annotations
 import re
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from kinetoscope.trace import _native
+from kinetoscope.trace._native import NativeChunk
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.limits import MAX_KEY_BYTES, Limits, fmt_size
 from kinetoscope.trace.reader import BlockReader
@@ -133,7 +134,7 @@ class Family:
     X: type
     flows: tuple[type, type, type]  # s, f, t
     instants: tuple[type, type]  # i, I
-    decoder: msgspec.json.Decoder
+    decoder: msgspec.json.Decoder[list[Any]]
     raw_ts: bool
     raw_dur: bool
 
@@ -142,7 +143,13 @@ class Family:
         return frozenset((self.X, *self.flows, *self.instants, Counter, Meta))
 
 
-def _family(name: str, raw_ts: bool, raw_dur: bool, flows=None, instants=None) -> Family:
+def _family(
+    name: str,
+    raw_ts: bool,
+    raw_dur: bool,
+    flows: tuple[type, type, type] | None = None,
+    instants: tuple[type, type] | None = None,
+) -> Family:
     def tstype(raw: bool) -> tuple[Any, Any]:
         return (msgspec.Raw, MISSING_RAW) if raw else (Num, UNSET)
 
@@ -157,7 +164,7 @@ def _family(name: str, raw_ts: bool, raw_dur: bool, flows=None, instants=None) -
             ("tid", Id, None),
             ("ts", ts_t, ts_d),
             ("dur", dur_t, dur_d),
-            ("args", XArgs | None, EMPTY_XARGS),  # type: ignore[valid-type]
+            ("args", XArgs | None, EMPTY_XARGS),
         ],
         bases=(_Event,),
         tag="X",
@@ -172,8 +179,9 @@ def _family(name: str, raw_ts: bool, raw_dur: bool, flows=None, instants=None) -
             ("ts", ts_t, ts_d),
             ("bp", str | None, None),
         ]
-        flows = tuple(
-            msgspec.defstruct(f"Flow{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("s", "f", "t")
+        flows = cast(
+            "tuple[type, type, type]",
+            tuple(msgspec.defstruct(f"Flow{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("s", "f", "t")),
         )
     if instants is None:
         fields = [
@@ -183,15 +191,16 @@ def _family(name: str, raw_ts: bool, raw_dur: bool, flows=None, instants=None) -
             ("tid", Id, None),
             ("ts", ts_t, ts_d),
             ("s", str | None, None),
-            ("args", InstantArgs | None, EMPTY_INSTANT_ARGS),  # type: ignore[valid-type]
+            ("args", InstantArgs | None, EMPTY_INSTANT_ARGS),
         ]
-        instants = tuple(
-            msgspec.defstruct(f"Instant{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("i", "I")
+        instants = cast(
+            "tuple[type, type]",
+            tuple(msgspec.defstruct(f"Instant{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("i", "I")),
         )
     union: Any = X
     for t in (*flows, *instants, Counter, Meta, *IGNORED_TYPES):
         union = union | t
-    return Family(name, X, flows, instants, msgspec.json.Decoder(list[union]), raw_ts, raw_dur)  # type: ignore[arg-type]
+    return Family(name, X, flows, instants, msgspec.json.Decoder(list[union]), raw_ts, raw_dur)
 
 
 FLOAT = _family("", raw_ts=False, raw_dur=False)
@@ -316,11 +325,16 @@ class DecodedChunk:
     hi: int = 0
     patch: int | None = None
 
-    def redecode(self, decoder: msgspec.json.Decoder, *, copy: bool = False) -> list[Any]:
+    def redecode(self, decoder: msgspec.json.Decoder[Any], *, copy: bool = False) -> list[Any]:
         """The same events decoded by ``decoder`` (raises TraceError like the first decode).
         ``copy``: decode a copy of the bytes (needed when the result holds ``msgspec.Raw``
         values, which keep their source buffer exported)."""
-        return self.source.redecode(self, decoder, copy=copy)
+        events: list[Any] = self.source.redecode(self, decoder, copy=copy)
+        return events
+
+
+# A chunk decoded here: by the Python path (events) or the native decoder (frames).
+Chunk = DecodedChunk | NativeChunk
 
 
 @dataclass
@@ -436,7 +450,7 @@ class EventStream:
         self.stopped = True
 
     # ---- document -----------------------------------------------------------------------
-    def chunks(self) -> Iterator[DecodedChunk]:
+    def chunks(self) -> Iterator[Chunk]:
         c = self._peek()
         if c is None:
             if self.reader.problem:
@@ -472,7 +486,7 @@ class EventStream:
             return "null"
         return f"not JSON (starts with {ch!r})"
 
-    def _object(self) -> Iterator[DecodedChunk]:
+    def _object(self) -> Iterator[Chunk]:
         first = True
         while True:
             c = self._peek()
@@ -546,7 +560,7 @@ class EventStream:
             m = _STRING.match(self.buf, self.pos)
             if m is not None:
                 try:
-                    key = msgspec.json.decode(m.group(0))
+                    key: str = msgspec.json.decode(m.group(0))  # (the regex matched a string)
                 except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                     raise self._error(f"invalid JSON in a key: {exc}") from None
                 self.pos = m.end()
@@ -678,7 +692,7 @@ class EventStream:
         raise self._truncated(f"inside top-level key {key!r}")
 
     # ---- the events array ---------------------------------------------------------------
-    def _events(self) -> Iterator[DecodedChunk]:
+    def _events(self) -> Iterator[Chunk]:
         """Yield chunks of the array whose '[' was just consumed; leave ``pos`` after its ']'."""
         c = self._peek()
         if c is None:
@@ -704,7 +718,7 @@ class EventStream:
         else:
             yield from self._serial(start)
 
-    def _serial(self, start: int, steps: int | None = None) -> Iterator[DecodedChunk]:
+    def _serial(self, start: int, steps: int | None = None) -> Generator[Chunk, None, int | None]:
         """Decode chunks here, from the event at ``buf[start]`` (a true event start). Returns
         (as the generator's value) the start of the next chunk after ``steps`` chunks, or None
         when the array (or the data) ended; then ``pos`` is after the array.
@@ -839,10 +853,10 @@ class EventStream:
                 if job.can_submit():
                     view = memoryview(self.buf)
                     try:
-                        sent = job.submit(view[start : len(self.buf) if final else cut + 1], self.base + start, final)
+                        sent = job.submit(view[start : len(self.buf) if cut is None else cut + 1], self.base + start, final)
                     finally:
                         view.release()
-                    if sent and not final:
+                    if sent and cut is not None:  # (not final)
                         m = _BOUNDARY.match(self.buf, cut)
                         assert m is not None
                         start = m.end() - 1
@@ -922,7 +936,7 @@ class EventStream:
             window *= 4
         return None
 
-    def _decode_range(self, start: int, cut: int) -> tuple[DecodedChunk | None, int | None]:
+    def _decode_range(self, start: int, cut: int) -> tuple[Chunk | None, int | None]:
         """Decode events ``buf[start : cut + 1]`` (``cut`` is a candidate '}' boundary).
 
         Returns (chunk, None), or (chunk, position after the array's ']') when the real array
@@ -936,7 +950,7 @@ class EventStream:
         finally:
             buf[cut + 1] = saved
 
-    def _final(self, start: int) -> Iterator[DecodedChunk]:
+    def _final(self, start: int) -> Iterator[Chunk]:
         """The rest of the data: the last events, ']' and whatever follows."""
         self.buf[start - 1] = 0x5B
         try:
@@ -953,7 +967,7 @@ class EventStream:
             if not self.stopped:
                 self._stop(f"file ends inside traceEvents at byte {self._end_offset()}")
 
-    def _eof_in_events(self, start: int) -> tuple[DecodedChunk | None, int | None]:
+    def _eof_in_events(self, start: int) -> tuple[Chunk | None, int | None]:
         chunk = self._salvage(start, len(self.buf))
         complete = self.n_events + (len(chunk.events) if chunk is not None else 0)
         if not self.salvage:
@@ -964,7 +978,7 @@ class EventStream:
         self._stop(f"file ends inside traceEvents[{complete}] at byte {self._end_offset()} ({why})")
         return chunk, None
 
-    def _salvage(self, start: int, hi: int) -> DecodedChunk | None:
+    def _salvage(self, start: int, hi: int) -> Chunk | None:
         """The longest run of complete events in ``buf[start:hi]`` (None if there is none)."""
         buf = self.buf
         while True:
@@ -1004,7 +1018,7 @@ class EventStream:
 
     def _decode_view(
         self, start: int, end: int, *, final: bool, patch: int | None = None
-    ) -> tuple[DecodedChunk | None, int | None]:
+    ) -> tuple[Chunk | None, int | None]:
         """Decode ``buf[start-1:end]`` ('[' + events ...). See :meth:`_decode_range`."""
         base_off = self.base + start - 1
         first = self.n_events
@@ -1025,13 +1039,17 @@ class EventStream:
     def _chunk(self, events: list[Any], first: int, typed: bool, base_off: int, hi: int) -> DecodedChunk:
         return DecodedChunk(events, first, typed, base_off, self.family if typed else FLOAT, hi=hi)
 
-    def _decode_mv(self, view, start, end, base_off, first, final):
+    def _decode_mv(
+        self, view: memoryview, start: int, end: int, base_off: int, first: int, final: bool
+    ) -> tuple[Chunk | None, int | None]:
         try:
             return self._decode_mv_inner(view, start, end, base_off, first, final)
         except RecursionError:
             raise nesting_error(self.path, view, base_off) from None
 
-    def _decode_mv_inner(self, view, start, end, base_off, first, final):
+    def _decode_mv_inner(
+        self, view: memoryview, start: int, end: int, base_off: int, first: int, final: bool
+    ) -> tuple[Chunk | None, int | None]:
         done = start - 1 + len(view) if final else None
         if self.native is not None:  # the C decoder, else (it gave up) the Python path below
             got = self.native(view)
@@ -1067,7 +1085,16 @@ class EventStream:
             return TraceError(self.path, f"invalid value: {exc}", offset=chunk_offset)
         return TraceError(self.path, f"invalid value: {exc}", event_index=first + k)
 
-    def _decode_failed(self, exc, view, start, base_off, first, final, typed):
+    def _decode_failed(
+        self,
+        exc: msgspec.DecodeError,
+        view: memoryview,
+        start: int,
+        base_off: int,
+        first: int,
+        final: bool,
+        typed: bool,
+    ) -> tuple[Chunk | None, int | None]:
         text = str(exc)
         b = error_byte(exc)
         n = len(view)
@@ -1093,7 +1120,7 @@ class EventStream:
             raise _Split
         return self._syntax_error(exc, b, view, start, base_off, first)
 
-    def redecode(self, chunk: DecodedChunk, decoder: msgspec.json.Decoder, *, copy: bool = False) -> list[Any]:
+    def redecode(self, chunk: DecodedChunk, decoder: msgspec.json.Decoder[Any], *, copy: bool = False) -> list[Any]:
         """Decode the bytes of ``chunk`` (the last one yielded) again with ``decoder``."""
         buf = self.buf
         lo = chunk.lo - self.base
@@ -1112,7 +1139,8 @@ class EventStream:
             with memoryview(buf) as whole:
                 view = whole[lo:hi]
                 try:
-                    return decoder.decode(bytes(view) if copy else view)
+                    events: list[Any] = decoder.decode(bytes(view) if copy else view)
+                    return events
                 except RecursionError:
                     raise nesting_error(self.path, view, chunk.lo) from None
                 except msgspec.ValidationError as exc:
@@ -1128,7 +1156,9 @@ class EventStream:
                 else:
                     buf[patch] = saved
 
-    def _syntax_error(self, exc, b, view, start, base_off, first):
+    def _syntax_error(
+        self, exc: msgspec.DecodeError, b: int | None, view: memoryview, start: int, base_off: int, first: int
+    ) -> tuple[Chunk | None, int | None]:
         offset = base_off + (b or 0)
         if self.salvage:
             chunk = self._salvage(start, start - 1 + (b or 0))
@@ -1136,7 +1166,7 @@ class EventStream:
             return chunk, None
         raise TraceError(self.path, f"invalid JSON: {_clean(exc)}", offset=offset)
 
-    def _bad_utf8(self, view, base_off) -> TraceError:
+    def _bad_utf8(self, view: memoryview, base_off: int) -> TraceError:
         try:
             bytes(view).decode("utf-8")
         except UnicodeDecodeError as err:

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from kinetoscope.trace import _native
 from kinetoscope.trace import cache as _cache
@@ -28,6 +29,9 @@ from kinetoscope.trace.metadata import apply_location
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.reader import BLOCK_BYTES, BlockReader
 from kinetoscope.trace.tables import TableBuilder, assemble_trace
+
+if TYPE_CHECKING:
+    from kinetoscope.trace.parallel import ChunkPool
 
 PathLike = str | os.PathLike[str]
 
@@ -79,7 +83,7 @@ def estimated_json_bytes(path: str) -> int:
     return isize
 
 
-def _pool_for(path: str, workers: int | None, salvage: bool):
+def _pool_for(path: str, workers: int | None, salvage: bool) -> ChunkPool | None:
     """The worker pool to parse ``path`` with, or None (parse in this process)."""
     if salvage or workers == 0:
         return None
@@ -147,7 +151,15 @@ def parse_trace(
             release_pool(pool)
 
 
-def _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits) -> Trace:
+def _parse(
+    spath: str,
+    salvage: bool,
+    locate: bool,
+    chunk_bytes: int | None,
+    block_bytes: int | None,
+    pool: ChunkPool | None,
+    limits: Limits | None,
+) -> Trace:
     with _gc_paused(), BlockReader(
         spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES, limits=limits or Limits.from_env()
     ) as reader:

@@ -237,7 +237,7 @@ class _Worker:
         self.sent = 0  # chunks sent (ever)
         self.done = 0  # results received by the reader thread (ever)
         self.pid: int | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         fd = _shared_file(slots * slot_bytes)
         self.shm = mmap.mmap(fd, slots * slot_bytes)
         cmd_r, cmd_w = os.pipe()
@@ -558,7 +558,7 @@ def _unpack(msg: dict[str, Any], payload: Any) -> BuiltChunk:
     return BuiltChunk(
         n_events=msg["n"],
         frames=frames,
-        labels=[tuple(x) for x in msg["labels"]],  # type: ignore[misc]
+        labels=[tuple(x) for x in msg["labels"]],
         out_of_range=msg["oor"],
         warn=msg["warn"],
         slow=msg["slow"],
@@ -637,7 +637,8 @@ class _ViewSource:
         self.family = family
 
     def redecode(self, chunk: Any, decoder: Any, *, copy: bool = False) -> list[Any]:
-        return decoder.decode(bytes(self.view) if copy else self.view)
+        events: list[Any] = decoder.decode(bytes(self.view) if copy else self.view)
+        return events
 
 
 def build_chunk(builder: Any, view: memoryview, family: Any) -> tuple[Any, dict[str, Any], list[bytes]]:

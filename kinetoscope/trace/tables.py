@@ -14,6 +14,7 @@ timestamp out of range, an odd type) sends that chunk to the reference code
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import attrgetter, is_, itemgetter
 from typing import Any
@@ -43,6 +44,7 @@ from kinetoscope.trace.rules import (
     int_out_of_range,
 )
 from kinetoscope.trace.schema import (
+    ARG_COLUMNS,
     CAT_TO_KIND,
     COUNTERS_SCHEMA,
     EVENTS_SCHEMA,
@@ -77,7 +79,9 @@ class _NeedExact(Exception):
         self.dur = dur
 
 
-def _sub(evs: list[Any], tys: list[type], want: type | frozenset, first: int, total: int, count: int):
+def _sub(
+    evs: list[Any], tys: list[type], want: type | frozenset[type], first: int, total: int, count: int
+) -> tuple[list[Any], pl.Series]:
     """(events, their indices as an Int64 Series) of one type (or set of types), in order."""
     if count == total:
         return evs, pl.int_range(first, first + total, dtype=pl.Int64, eager=True)
@@ -122,8 +126,9 @@ def _ns(vals: list[Any] | tuple[Any, ...], *, missing_zero: bool, dur: bool = Fa
     y = f * 1000.0
     r = y.round(0, mode="half_to_even")
     top, err = pl.select(top=y.abs().max(), err=(y - r).abs().max()).row(0)
-    if top < _FLOAT_EXACT_NS and err < _FLOAT_TIE_MARGIN:  # type: ignore[operator]
-        return r.cast(pl.Int64)
+    if top < _FLOAT_EXACT_NS and err < _FLOAT_TIE_MARGIN:
+        ns: pl.Series = r.cast(pl.Int64)  # (polars types Series.cast as Any)
+        return ns
     raise _NeedExact(dur)
 
 
@@ -199,7 +204,8 @@ def _str_col(vals: Any) -> pl.Series:
     ).row(0)
     n_null, n_str = stats
     if n_str == 0:
-        return frame.select(pl.when(pl.col("v") != "null").then(pl.col("v"))).to_series()
+        strs: pl.Series = frame.select(pl.when(pl.col("v") != "null").then(pl.col("v"))).to_series()
+        return strs
     if n_str + n_null == n:
         return pl.Series(vals, dtype=pl.String)
     str_ = str
@@ -322,6 +328,11 @@ class TableBuilder:
         ids_out_of_range = 0
         pending_ids: list[tuple[str, Any]] = []  # (table.col, raw id list)
 
+        # one table's columns (name -> values or Series), None when the chunk has no such events
+        x: dict[str, Any] | None
+        flows: dict[str, Any] | None
+        inst: dict[str, Any] | None
+        meta: dict[str, Any] | None
         x = flows = inst = meta = None
         flow_set = frozenset(fam.flows)
         instant_set = frozenset(fam.instants)
@@ -353,12 +364,14 @@ class TableBuilder:
         n_inst = sum(counts.get(t, 0) for t in instant_set)
         if n_inst:
             ins, iidx = _sub(evs, tys, instant_set, first, n, n_inst)
+            iargs: Sequence[Any]
             icat, iname, ipid, itid, its, iscope, iargs = zip(*map(astuple, ins))
             inst = {"idx": iidx, "cat": icat, "name": iname, "ts": its, "scope": iscope, "args": iargs}
             pending_ids += [("i.pid", ipid), ("i.tid", itid)]
         n_meta = counts.get(D.Meta, 0)
         if n_meta:
             ms, midx = _sub(evs, tys, D.Meta, first, n, n_meta)
+            margs: Sequence[Any]
             mname, mpid, mtid, margs = zip(*map(astuple, ms))
             meta = {"idx": midx, "mname": mname, "args": margs}
             pending_ids += [("m.pid", mpid), ("m.tid", mtid)]
@@ -483,7 +496,7 @@ class TableBuilder:
             self.counters.append(counters)
 
     def _register_labels(
-        self, evs: list[Any], tys: list[type], failed: list, counts: Counter, fam: D.Family
+        self, evs: list[Any], tys: list[type], failed: list[tuple[str, Any]], counts: dict[type, int], fam: D.Family
     ) -> None:
         """Give new string pids/tids their label ids in file order (pid, then tid, per event)."""
         labels = self.ids.labels
@@ -589,8 +602,8 @@ class TableBuilder:
         for key in D.XARG_KEYS:
             if key not in df.columns:
                 continue
-            col = D.ARG_COLUMNS[key][0]
-            out[col] = pl.coalesce(out[col], pl.col(key)) if col in out else pl.col(key)
+            out_col = ARG_COLUMNS[key][0]
+            out[out_col] = pl.coalesce(out[out_col], pl.col(key)) if out_col in out else pl.col(key)
         return df.select([e.alias(c) for c, e in out.items()])
 
     def _arg_series(self, fi: int, vals: Any, warn: Counter[str]) -> pl.Series:
