@@ -107,7 +107,7 @@ def diagnose(
     steps = step_table(job, clock)
     instances = instance_table(colls, clock, steps)
     bd = rank_breakdown(job, steps, instances, clock)
-    source = steps["source"].mode().first() if steps.height else None  # type: ignore[union-attr]
+    source = steps["source"].mode().first() if steps.height else None
     # cross-rank analysis only on the steps every rank holds (trace windows need not be aligned)
     s_inst, s_bd, dropped = common_steps(instances, bd)
     first_step: int | None = None

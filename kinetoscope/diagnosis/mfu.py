@@ -221,11 +221,11 @@ def estimate_op_flops(name: str, dims_s: str | None, concrete_s: str | None) -> 
             fwd = 2.0 * gout[0] * gout[1] * float(np.prod(gout[2:])) * x[1] * float(np.prod(w[2:]))
             return fwd * n_grads
         if "attention" in op:
-            q, k = d[0], d[1]
-            if len(q) < 3 or len(k) < 3:
+            q_dims, k_dims = d[0], d[1]
+            if len(q_dims) < 3 or len(k_dims) < 3:
                 return None
-            batch = float(np.prod(q[:-2]))
-            f = 4.0 * batch * q[-2] * k[-2] * q[-1]
+            batch = float(np.prod(q_dims[:-2]))
+            f = 4.0 * batch * q_dims[-2] * k_dims[-2] * q_dims[-1]
             return f * 2.5 if "backward" in op else f
     except (TypeError, ValueError, IndexError):
         return None
@@ -239,7 +239,8 @@ def trace_step_flops(trace, steps_r: pl.DataFrame, offset: int) -> pl.DataFrame:
     if cand.is_empty() or steps_r.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "flops": pl.Float64, "source": pl.String})
     rows = cand.select("tid", "ts", "dur", "name", "flops", "input_dims", "concrete_inputs").to_dicts()
-    vals, srcs = [], []
+    vals: list[float | None] = []
+    srcs: list[str] = []
     for r in rows:
         if r["flops"] is not None:
             vals.append(float(r["flops"]))
@@ -329,7 +330,7 @@ def compute_mfu(
         for fig in job.figures.values():  # per local step: only the median per rank is used
             f = fig.step_flops
             if f.height:
-                per_rank.append(float(f["flops"].median()))  # type: ignore[arg-type]
+                per_rank.append(float(f["flops"].median()))
                 srcs.update(f["source"].to_list())
         if per_rank:
             res.flops_per_step = float(np.mean(per_rank)) * world
