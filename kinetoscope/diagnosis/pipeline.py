@@ -55,6 +55,7 @@ import polars as pl
 
 from kinetoscope.analysis.kernel_types import COMMUNICATION_PATTERN
 from kinetoscope.diagnosis.assembly import Job
+from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.trace.model import Trace
 
 P2P_SPAN = r"^(?:gloo|mpi|ucc|nccl):(?:send|recv)$|(?i)SendRecv|ncclDevKernel_(?:Send|Recv)"
@@ -117,6 +118,45 @@ class RankPipe:
     recv_done: np.ndarray  # sorted ends of the receive spans (completions)
     marks: pl.DataFrame  # ts, end, kind (F/B/I/W), mb, stage_id (-1 when not recorded)
     gpu: bool
+
+
+def rank_pipe(trace: Trace) -> RankPipe | None:
+    """``trace``'s ``RankPipe`` on its own clock (``shifted`` puts it on the aligned clock), or
+    None when no event of it looks like a send or receive (then the job is no pipeline).
+    Extracted per rank (``extract.RankFigures.pipe``): a CPU rank's compute intervals closer than
+    ``WAIT_GAP_NS`` are merged, which changes no gap that ``_waits`` keeps (the only use of a CPU
+    rank's compute), so the figure is O(waits), not O(ops)."""
+    if not trace.events["name"].str.contains(_P2P_ANY).any():
+        return None
+    rp = _rank_pipe(trace, 0)
+    if not rp.gpu:
+        rp.compute = _merge_close(rp.compute, WAIT_GAP_NS)
+    return rp
+
+
+def _merge_close(iv: Intervals, gap: int) -> Intervals:
+    """Sorted disjoint ``iv`` with the rows separated by less than ``gap`` ns merged."""
+    if len(iv) < 2:
+        return iv
+    new = np.concatenate(([True], (iv[1:, 0] - iv[:-1, 1]) >= gap))
+    starts = iv[new, 0]
+    ends = iv[np.concatenate((np.flatnonzero(new)[1:] - 1, [len(iv) - 1])), 1]
+    return np.stack([starts, ends], axis=1).astype(np.int64)
+
+
+def shifted(rp: RankPipe, offset: int) -> RankPipe:
+    """``rp`` with every time moved by ``offset`` ns (a rank's clock offset)."""
+    if offset == 0:
+        return rp
+    times = [pl.col("ts") + offset, pl.col("end") + offset]
+    return RankPipe(
+        p2p=rp.p2p + offset,
+        compute=rp.compute + offset,
+        posts=rp.posts.with_columns(times),
+        recv_done=rp.recv_done + offset,
+        marks=rp.marks.with_columns(times),
+        gpu=rp.gpu,
+    )
 
 
 def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
@@ -362,7 +402,8 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     clock alignment's per-rank ns offsets), or None when the job is not pipeline-parallel."""
     if len(job.traces) < 2 or steps.is_empty():
         return None
-    if not all(t.events["name"].str.contains(_P2P_ANY).any() for t in job.traces.values()):
+    ranks = {r: figures_of(t).pipe for r, t in job.traces.items()}
+    if any(rp is None for rp in ranks.values()):
         return None
     common = (
         steps.group_by("step")
@@ -372,7 +413,7 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     st = steps.filter(pl.col("step").is_in(common.implode()))
     if st.is_empty():
         return None
-    pipes = {r: _rank_pipe(t, int(offsets.get(r, 0))) for r, t in job.traces.items()}
+    pipes = {r: shifted(rp, int(offsets.get(r, 0))) for r, rp in ranks.items() if rp is not None}
     cuts: dict[int, list[StepCut]] = {r: [] for r in job.traces}
     for r, step, start, end in st.select("rank", "step", "start", "end").iter_rows():
         cuts[r].append(_cut(r, step, start, end, pipes[r]))
