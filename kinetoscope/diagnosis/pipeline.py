@@ -46,7 +46,7 @@ receives before its first send: all ``m`` → ``GPipe``, one → ``1F1B``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import mean, median
 from typing import Any
 
@@ -120,42 +120,31 @@ class RankPipe:
     gpu: bool
 
 
-def rank_pipe(trace: Trace) -> RankPipe | None:
-    """``trace``'s ``RankPipe`` on its own clock (``shifted`` puts it on the aligned clock), or
-    None when no event of it looks like a send or receive (then the job is no pipeline).
-    Extracted per rank (``extract.RankFigures.pipe``): a CPU rank's compute intervals closer than
-    ``WAIT_GAP_NS`` are merged, which changes no gap that ``_waits`` keeps (the only use of a CPU
-    rank's compute), so the figure is O(waits), not O(ops)."""
+def rank_cuts(trace: Trace, steps: pl.DataFrame) -> dict[int, StepCut] | None:
+    """``trace``'s ``StepCut`` of each of its own steps (``steps``: ``detect_steps``, own clock;
+    ``StepCut.step`` = the local step, ``rank`` 0), or None when no event of it looks like a send
+    or receive (then the job is no pipeline). The per-rank figure ``RankFigures.pipe``: O(steps
+    x micro-batches). The job's step windows are these windows moved by the rank's clock offset
+    (``breakdown.step_table``) and a cut only reads times relative to its window, so
+    ``placed`` gives the cut that the events at that offset give."""
     if not trace.events["name"].str.contains(_P2P_ANY).any():
         return None
     rp = _rank_pipe(trace, 0)
-    if not rp.gpu:
-        rp.compute = _merge_close(rp.compute, WAIT_GAP_NS)
-    return rp
+    return {
+        int(step): _cut(0, int(step), int(start), int(end), rp)
+        for step, start, end in steps.select("step", "start", "end").iter_rows()
+    }
 
 
-def _merge_close(iv: Intervals, gap: int) -> Intervals:
-    """Sorted disjoint ``iv`` with the rows separated by less than ``gap`` ns merged."""
-    if len(iv) < 2:
-        return iv
-    new = np.concatenate(([True], (iv[1:, 0] - iv[:-1, 1]) >= gap))
-    starts = iv[new, 0]
-    ends = iv[np.concatenate((np.flatnonzero(new)[1:] - 1, [len(iv) - 1])), 1]
-    return np.stack([starts, ends], axis=1).astype(np.int64)
-
-
-def shifted(rp: RankPipe, offset: int) -> RankPipe:
-    """``rp`` with every time moved by ``offset`` ns (a rank's clock offset)."""
-    if offset == 0:
-        return rp
-    times = [pl.col("ts") + offset, pl.col("end") + offset]
-    return RankPipe(
-        p2p=rp.p2p + offset,
-        compute=rp.compute + offset,
-        posts=rp.posts.with_columns(times),
-        recv_done=rp.recv_done + offset,
-        marks=rp.marks.with_columns(times),
-        gpu=rp.gpu,
+def placed(cut: StepCut, rank: int, step: int, offset: int) -> StepCut:
+    """``cut`` (own clock, local step) as the job's ``step`` of ``rank``, times moved by ``offset``."""
+    return replace(
+        cut,
+        rank=rank,
+        step=step,
+        start=cut.start + offset,
+        end=cut.end + offset,
+        first_recv_end=None if cut.first_recv_end is None else cut.first_recv_end + offset,
     )
 
 
@@ -403,7 +392,7 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     if len(job.traces) < 2 or steps.is_empty():
         return None
     ranks = {r: figures_of(t).pipe for r, t in job.traces.items()}
-    if any(rp is None for rp in ranks.values()):
+    if any(rc is None for rc in ranks.values()):
         return None
     common = (
         steps.group_by("step")
@@ -413,10 +402,11 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     st = steps.filter(pl.col("step").is_in(common.implode()))
     if st.is_empty():
         return None
-    pipes = {r: shifted(rp, int(offsets.get(r, 0))) for r, rp in ranks.items() if rp is not None}
     cuts: dict[int, list[StepCut]] = {r: [] for r in job.traces}
-    for r, step, start, end in st.select("rank", "step", "start", "end").iter_rows():
-        cuts[r].append(_cut(r, step, start, end, pipes[r]))
+    for r, step, local in st.select("rank", "step", "local_step").iter_rows():
+        own = (ranks[r] or {}).get(int(local))
+        if own is not None:  # every window of the job's table is one of the rank's own steps
+            cuts[r].append(placed(own, r, step, int(offsets.get(r, 0))))
     # the first step holds one-off work (shape exchange, warm caches): leave it out when others remain
     if len(common) > 2:
         first = int(common.min())  # type: ignore[arg-type]
