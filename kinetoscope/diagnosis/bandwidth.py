@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.trace.model import Trace
 
 _DTYPE_BYTES = {
@@ -105,10 +106,11 @@ def host_op_nelems(trace: Trace) -> dict[int, int]:
 
 
 def _with_nelems(trace: Trace, df: pl.DataFrame) -> pl.DataFrame:
-    """``df`` with missing ``nelems`` filled from the issuing host op's shapes."""
+    """``df`` with missing ``nelems`` filled from the issuing host op's shapes (the rank's
+    figure ``host_nelems``, carried by a ``DigestTrace``)."""
     if df["nelems"].null_count() == 0:
         return df
-    by_ts = host_op_nelems(trace)
+    by_ts = figures_of(trace).host_nelems
     if not by_ts:
         return df
     fill = pl.Series([by_ts.get(int(a)) for a in df["arrival"].to_list()], dtype=pl.Int64)

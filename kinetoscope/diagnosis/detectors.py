@@ -191,6 +191,11 @@ def detect_launch_gaps(trace: Trace) -> LaunchGaps:
     dev = trace.device_events()
     if dev.is_empty():
         return LaunchGaps()
+    return LaunchGaps(gaps_us=(_host_gaps_ns(trace, dev) / 1000.0).to_list(), device_events=dev.height)
+
+
+def _host_gaps_ns(trace: Trace, dev: pl.DataFrame) -> pl.Series:
+    """The host-bound gaps before ``dev`` events (``LaunchGaps``), ns, in device time order."""
     launches = (
         trace.runtime().filter(pl.col("correlation").is_not_null()).group_by("correlation").agg(pl.col("ts").min().alias("_lts"))
     )
@@ -202,4 +207,40 @@ def detect_launch_gaps(trace: Trace) -> LaunchGaps:
         .with_columns(_gap=(pl.col("ts") - pl.col("_front")).clip(lower_bound=0))
     )
     host = d.filter((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") > pl.col("_front")))
-    return LaunchGaps(gaps_us=(host["_gap"] / 1000.0).to_list(), device_events=dev.height)
+    return host["_gap"]
+
+
+@dataclass
+class LaunchGapCounts:
+    """One rank's host-bound gaps (``LaunchGaps``) as distinct lengths (ns, ascending) and how
+    many gaps have each: the per-rank figure (``extract.RankFigures.launch_gaps``), from which
+    the job's pooled median and count are exact (``pooled_launch_gaps``)."""
+
+    gap_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    count: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+def launch_gap_counts(trace: Trace) -> LaunchGapCounts:
+    """``trace``'s host-bound gaps, counted by length (``LaunchGapCounts``)."""
+    dev = trace.device_events()
+    if dev.is_empty():
+        return LaunchGapCounts()
+    values, counts = np.unique(_host_gaps_ns(trace, dev).to_numpy().astype(np.int64), return_counts=True)
+    return LaunchGapCounts(gap_ns=values, count=counts.astype(np.int64))
+
+
+def pooled_launch_gaps(ranks: list[LaunchGapCounts]) -> tuple[float | None, int]:
+    """The median host-bound gap (us) over every gap of every rank in ``ranks`` (None without
+    gaps) and the number of gaps: ``np.median`` of all ``LaunchGaps.gaps_us`` pooled."""
+    if not ranks:
+        return None, 0
+    values = np.concatenate([r.gap_ns for r in ranks])
+    counts = np.concatenate([r.count for r in ranks])
+    n = int(counts.sum())
+    if n == 0:
+        return None, 0
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(counts[order])
+    lo = values[int(np.searchsorted(cum, (n - 1) // 2, side="right"))] / 1000.0
+    hi = values[int(np.searchsorted(cum, n // 2, side="right"))] / 1000.0
+    return float(np.mean([lo, hi])), n

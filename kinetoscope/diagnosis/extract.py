@@ -31,7 +31,9 @@ from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.schema import DEVICE_KINDS
 
 if TYPE_CHECKING:
-    from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding
+    from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, LaunchGapCounts
+    from kinetoscope.diagnosis.pipeline import StepCut
+    from kinetoscope.diagnosis.recompile import CompileRegion
 
 # Per local step (own clock), ns; nulls where the rank had nothing of that kind in the step
 STEP_FIGURES_SCHEMA: dict[str, pl.DataType] = {
@@ -63,6 +65,11 @@ class RankFigures:
     span: tuple[int, int] | None  # ``Trace.span_ns``
     event_count: int  # rows of the events table (``assembly`` keeps the largest duplicate)
     launch_summary: pl.DataFrame  # ``analysis.launch_stats.kernel_launch_summary`` (defaults)
+    # Inputs of the seeds' analyses (``diagnosis.seed_analyses``), own clock, offset-free:
+    pipe: dict[int, StepCut] | None  # ``pipeline.rank_cuts``: local step -> cut; None: no send/recv
+    compile_regions: list[CompileRegion]  # ``recompile.compile_regions``: one per compilation
+    host_nelems: dict[int, int]  # ``bandwidth.host_op_nelems``: c10d op start -> elements
+    launch_gaps: LaunchGapCounts  # ``detectors.launch_gap_counts``: host-bound gaps, counted
 
     def collectives_of(self, rank: int) -> pl.DataFrame:
         """The collectives labelled with the job's ``rank`` (an unranked trace gets its rank
@@ -132,9 +139,12 @@ def rank_figures(trace: Trace) -> RankFigures:
     """Extract everything the diagnosis reads of one rank (see ``RankFigures``)."""
     from kinetoscope.analysis.launch_stats import kernel_launch_summary
     from kinetoscope.analysis.steps import detect_steps
+    from kinetoscope.diagnosis.bandwidth import host_op_nelems
     from kinetoscope.diagnosis.collectives import extract_collectives
-    from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation
+    from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation, launch_gap_counts
     from kinetoscope.diagnosis.mfu import _device_of, precision_time, trace_step_flops
+    from kinetoscope.diagnosis.pipeline import rank_cuts
+    from kinetoscope.diagnosis.recompile import compile_regions
 
     steps = detect_steps(trace).select("step", "start", "end", "source")
     has_device = trace.events.filter(pl.col("kind").is_in(list(DEVICE_KINDS))).height > 0
@@ -151,6 +161,10 @@ def rank_figures(trace: Trace) -> RankFigures:
         span=Trace.span_ns(trace),
         event_count=trace.events.height,
         launch_summary=kernel_launch_summary([trace]),
+        pipe=rank_cuts(trace, steps),
+        compile_regions=compile_regions(trace),
+        host_nelems=host_op_nelems(trace),
+        launch_gaps=launch_gap_counts(trace),
     )
 
 

@@ -46,7 +46,7 @@ receives before its first send: all ``m`` → ``GPipe``, one → ``1F1B``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import mean, median
 from typing import Any
 
@@ -55,6 +55,7 @@ import polars as pl
 
 from kinetoscope.analysis.kernel_types import COMMUNICATION_PATTERN
 from kinetoscope.diagnosis.assembly import Job
+from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.trace.model import Trace
 
 P2P_SPAN = r"^(?:gloo|mpi|ucc|nccl):(?:send|recv)$|(?i)SendRecv|ncclDevKernel_(?:Send|Recv)"
@@ -117,6 +118,34 @@ class RankPipe:
     recv_done: np.ndarray  # sorted ends of the receive spans (completions)
     marks: pl.DataFrame  # ts, end, kind (F/B/I/W), mb, stage_id (-1 when not recorded)
     gpu: bool
+
+
+def rank_cuts(trace: Trace, steps: pl.DataFrame) -> dict[int, StepCut] | None:
+    """``trace``'s ``StepCut`` of each of its own steps (``steps``: ``detect_steps``, own clock;
+    ``StepCut.step`` = the local step, ``rank`` 0), or None when no event of it looks like a send
+    or receive (then the job is no pipeline). The per-rank figure ``RankFigures.pipe``: O(steps
+    x micro-batches). The job's step windows are these windows moved by the rank's clock offset
+    (``breakdown.step_table``) and a cut only reads times relative to its window, so
+    ``placed`` gives the cut that the events at that offset give."""
+    if not trace.events["name"].str.contains(_P2P_ANY).any():
+        return None
+    rp = _rank_pipe(trace, 0)
+    return {
+        int(step): _cut(0, int(step), int(start), int(end), rp)
+        for step, start, end in steps.select("step", "start", "end").iter_rows()
+    }
+
+
+def placed(cut: StepCut, rank: int, step: int, offset: int) -> StepCut:
+    """``cut`` (own clock, local step) as the job's ``step`` of ``rank``, times moved by ``offset``."""
+    return replace(
+        cut,
+        rank=rank,
+        step=step,
+        start=cut.start + offset,
+        end=cut.end + offset,
+        first_recv_end=None if cut.first_recv_end is None else cut.first_recv_end + offset,
+    )
 
 
 def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
@@ -362,7 +391,8 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     clock alignment's per-rank ns offsets), or None when the job is not pipeline-parallel."""
     if len(job.traces) < 2 or steps.is_empty():
         return None
-    if not all(t.events["name"].str.contains(_P2P_ANY).any() for t in job.traces.values()):
+    ranks = {r: figures_of(t).pipe for r, t in job.traces.items()}
+    if any(rc is None for rc in ranks.values()):
         return None
     common = (
         steps.group_by("step")
@@ -372,10 +402,11 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     st = steps.filter(pl.col("step").is_in(common.implode()))
     if st.is_empty():
         return None
-    pipes = {r: _rank_pipe(t, int(offsets.get(r, 0))) for r, t in job.traces.items()}
     cuts: dict[int, list[StepCut]] = {r: [] for r in job.traces}
-    for r, step, start, end in st.select("rank", "step", "start", "end").iter_rows():
-        cuts[r].append(_cut(r, step, start, end, pipes[r]))
+    for r, step, local in st.select("rank", "step", "local_step").iter_rows():
+        own = (ranks[r] or {}).get(int(local))
+        if own is not None:  # every window of the job's table is one of the rank's own steps
+            cuts[r].append(placed(own, r, step, int(offsets.get(r, 0))))
     # the first step holds one-off work (shape exchange, warm caches): leave it out when others remain
     if len(common) > 2:
         first = int(common.min())  # type: ignore[arg-type]

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job
-from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, detect_launch_gaps
+from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, pooled_launch_gaps
+from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.hsgd import plan as hsgd_plan
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.stragglers import StragglerReport
@@ -296,14 +296,14 @@ def _cuda_graph_gain(ri: RuleInput) -> dict[str, Any]:
     back to back, so the host-bound gaps go (one launch per graph remains). Per step, over all
     ranks: ``est_step_time_cuda_graph_ms = mean step − mean launch gap``."""
     bd = ri.breakdown
-    gaps = [g for t in ri.job.traces.values() for g in detect_launch_gaps(t).gaps_us]
+    median_gap, n_gaps = pooled_launch_gaps([figures_of(t).launch_gaps for t in ri.job.traces.values()])
     steps = max(bd.height, 1)
     mean_step = float(bd["step_time(us)"].mean() or 0.0)  # type: ignore[arg-type]
     mean_gap = float(bd["launch_gap(us)"].fill_null(0).mean() or 0.0)  # type: ignore[arg-type]
     graph = mean_step - mean_gap
     return {
-        "median_launch_gap_us": _r(float(np.median(gaps)), 2) if gaps else None,
-        "host_bound_gaps_per_step": _r(len(gaps) / steps, 1),
+        "median_launch_gap_us": _r(median_gap, 2) if median_gap is not None else None,
+        "host_bound_gaps_per_step": _r(n_gaps / steps, 1),
         "est_step_time_cuda_graph_ms": _ms(graph),
         "est_speedup_cuda_graph": _r(mean_step / graph) if graph > 0 else None,
     }

@@ -20,19 +20,33 @@ process) and ``counters["stats"]["unique_graphs"]``: see tests/diagnosis/test_re
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
 from kinetoscope.diagnosis.detectors import _COMPILE_SPANS
+from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.trace.model import Trace
 
 _DATA = re.compile(r"^(?:dynamo_data|entire_frame_compile_data)\b.*compile_id=(\d+)/(\d+)")
 
 
-def compile_events(trace: Trace, rank: int, steps: pl.DataFrame, offset: int = 0) -> list[dict[str, Any]]:
-    """The compilations of one rank, in time order (module docstring). ``steps``: the job's step
-    table (aligned clock); ``offset``: this rank's clock offset (ns)."""
+@dataclass(frozen=True)
+class CompileRegion:
+    """One compilation of a rank on its own clock (``compile_regions``): frame ``F``, compile
+    count ``C``, the start of the outermost compile span holding its annotation (else the
+    annotation's time) and that span's end (None without a span)."""
+
+    frame: int
+    count: int
+    start: int
+    end: int | None
+
+
+def compile_regions(trace: Trace) -> list[CompileRegion]:
+    """The compilations of one rank in annotation order, first annotation of each ``F/C`` only
+    (the per-rank figure ``extract.RankFigures.compile_regions``; O(compilations))."""
     ev = trace.events
     ann = ev.filter(
         pl.col("name").str.contains(r"^(?:dynamo_data|entire_frame_compile_data)\b.*compile_id=\d+/\d+")
@@ -40,8 +54,7 @@ def compile_events(trace: Trace, rank: int, steps: pl.DataFrame, offset: int = 0
     spans = ev.filter(pl.col("name").is_in(list(_COMPILE_SPANS)) & pl.col("dur").is_not_null()).select(
         "ts", (pl.col("ts") + pl.col("dur")).alias("end")
     )
-    mine = steps.filter(pl.col("rank") == rank) if steps.height else steps
-    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    seen: dict[tuple[int, int], CompileRegion] = {}
     for name, ts in ann.sort("ts").select("name", "ts").iter_rows():
         m = _DATA.match(name)
         if not m:
@@ -51,16 +64,30 @@ def compile_events(trace: Trace, rank: int, steps: pl.DataFrame, offset: int = 0
             continue
         around = spans.filter((pl.col("ts") <= ts) & (pl.col("end") >= ts)).sort("ts")
         start, end = (int(around["ts"][0]), int(around["end"].max())) if around.height else (int(ts), None)  # type: ignore[arg-type]
-        seen[key] = {
-            "rank": rank,
-            "compile_id": f"{key[0]}/{key[1]}",
-            "frame": key[0],
-            "recompile": key[1] > 0,
-            "step": _step_of(mine, start + offset),
-            "start_ms": round((start - (trace.span_ns() or (start, 0))[0]) / 1e6, 3),
-            "duration_ms": round((end - start) / 1e6, 3) if end is not None else None,
-        }
-    return sorted(seen.values(), key=lambda e: float(e["start_ms"]))
+        seen[key] = CompileRegion(frame=key[0], count=key[1], start=start, end=end)
+    return list(seen.values())
+
+
+def compile_events(trace: Trace, rank: int, steps: pl.DataFrame, offset: int = 0) -> list[dict[str, Any]]:
+    """The compilations of one rank, in time order (module docstring). ``steps``: the job's step
+    table (aligned clock); ``offset``: this rank's clock offset (ns). Reads the rank's figures
+    (``compile_regions``, span), so a ``DigestTrace`` gives what its full trace gives."""
+    fig = figures_of(trace)
+    mine = steps.filter(pl.col("rank") == rank) if steps.height else steps
+    out = []
+    for c in fig.compile_regions:
+        out.append(
+            {
+                "rank": rank,
+                "compile_id": f"{c.frame}/{c.count}",
+                "frame": c.frame,
+                "recompile": c.count > 0,
+                "step": _step_of(mine, c.start + offset),
+                "start_ms": round((c.start - (fig.span or (c.start, 0))[0]) / 1e6, 3),
+                "duration_ms": round((c.end - c.start) / 1e6, 3) if c.end is not None else None,
+            }
+        )
+    return sorted(out, key=lambda e: float(e["start_ms"]))
 
 
 def _step_of(steps: pl.DataFrame, t: int) -> int | None:

@@ -27,6 +27,7 @@ from typing import Any
 import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job
+from kinetoscope.diagnosis.extract import figures_of
 
 HANG_FACTOR = 10.0
 HANG_MIN_NS = 100_000_000
@@ -164,7 +165,7 @@ def analyze_uneven(
     if len(job.traces) < 2:
         return None
     ac = _aligned(colls, offsets)
-    spans = {r: sp[1] + int(offsets.get(r, 0)) for r, t in job.traces.items() if (sp := t.span_ns())}
+    spans = {r: sp[1] + int(offsets.get(r, 0)) for r, t in job.traces.items() if (sp := figures_of(t).span)}
     found = _unmatched_mode(steps, ac)
     if found is None and steps.height and steps["rank"].n_unique() == len(job.traces):
         found = _join_mode(steps, ac, spans)

@@ -7,10 +7,12 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
+from digests import assert_digests_diagnose_alike
 
 from kinetoscope.diagnosis import diagnose
-from kinetoscope.diagnosis.detectors import detect_launch_gaps
+from kinetoscope.diagnosis.detectors import detect_launch_gaps, launch_gap_counts, pooled_launch_gaps
 from kinetoscope.trace import load_trace
 
 DLRM8 = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "param_dlrm8"
@@ -53,6 +55,8 @@ def test_median_launch_gap_matches_raw_json():
 def test_launch_bound_carries_the_cuda_graph_estimate():
     d = diagnose(DLRM8)
     ev = next(r for r in d.recommendations if r["id"] == "launch-bound")["evidence"]
+    # kscope analyze diagnoses digests (no events): the same evidence from the ranks' figures
+    assert_digests_diagnose_alike(d, "recommendations")
     assert (
         ev["kernels_per_step"] > 100
         and ev["host_bound_gaps_per_step"] > 50
@@ -60,3 +64,13 @@ def test_launch_bound_carries_the_cuda_graph_estimate():
     )
     # graphs remove the launch gaps: step / (step - gap) = 1 / (1 - launch_gap_fraction)
     assert ev["est_speedup_cuda_graph"] == pytest.approx(1 / (1 - ev["launch_gap_fraction"]), rel=0.01)
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2, 3])
+def test_pooled_gap_counts_give_the_median_of_every_gap(n_ranks):
+    """The per-rank figure (gap lengths counted) gives the pooled median and count of the raw
+    gaps exactly, odd and even totals alike."""
+    traces = [load_trace(f) for f in sorted(DLRM8.glob("*.pt.trace.json"))[:n_ranks]]
+    raw = [g for t in traces for g in detect_launch_gaps(t).gaps_us]
+    assert pooled_launch_gaps([launch_gap_counts(t) for t in traces]) == (float(np.median(raw)), len(raw))
+    assert pooled_launch_gaps([]) == (None, 0)

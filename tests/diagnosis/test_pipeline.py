@@ -3,19 +3,26 @@ stages, schedule, bubble and stage imbalance; plus the rules on their own number
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from diag_synth import make_job
+from digests import assert_digests_diagnose_alike
 from seed_jobs import run_torchrun
 
 from kinetoscope.diagnosis import diagnose
-from kinetoscope.diagnosis.pipeline import expected_bubble
+from kinetoscope.diagnosis.extract import figures_of
+from kinetoscope.diagnosis.pipeline import _cut, _rank_pipe, expected_bubble, placed
 from kinetoscope.diagnosis.recommendations import pipeline_bubble, pipeline_imbalance
+from kinetoscope.trace import load_traces
 
 pytest.importorskip("torch.distributed.pipelining")
 
 
 @pytest.fixture(scope="module")
-def gpipe_balanced(tmp_path_factory):
+def gpipe_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("pp_gpipe")
     run_torchrun(
         "pipeline_job.py",
@@ -30,11 +37,16 @@ def gpipe_balanced(tmp_path_factory):
         "--batch",
         "64",
     )
-    return diagnose(out)
+    return out
 
 
 @pytest.fixture(scope="module")
-def onef1b_heavy(tmp_path_factory):
+def gpipe_balanced(gpipe_dir):
+    return diagnose(gpipe_dir)
+
+
+@pytest.fixture(scope="module")
+def onef1b_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("pp_1f1b")
     run_torchrun(
         "pipeline_job.py",
@@ -53,7 +65,12 @@ def onef1b_heavy(tmp_path_factory):
         "--heavy-factor",
         "3",
     )
-    return diagnose(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def onef1b_heavy(onef1b_dir):
+    return diagnose(onef1b_dir)
 
 
 def test_expected_bubble_formula():
@@ -175,3 +192,42 @@ def test_two_pipeline_replicas_group_their_stages(dp_pp):
     assert pp["replicas"] == 2 and [s["ranks"] for s in pp["stages"]] == [[0, 2], [1, 3]]
     assert pp["imbalance"]["slowest_stage"] == 1 and pp["imbalance"]["slowest_ranks"] == [1, 3]
     assert all(s["replica_spread"] is not None for s in pp["stages"])
+
+
+def test_kscope_analyze_json_has_the_pipeline(gpipe_dir):
+    """``kscope analyze`` diagnoses from per-rank digests (no events): the pipeline analysis
+    reads the ranks' figures, so the CLI's ``pipeline`` is the one of the full traces."""
+    files = sorted(gpipe_dir.glob("rank-*.pt.trace.json"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", "analyze", *map(str, files), "--json", "--no-cache", "--no-record"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)["pipeline"]
+    assert got is not None and got["schedule"] == "GPipe"
+    assert got == diagnose(load_traces(files, cache=False)).to_dict()["pipeline"]
+
+
+def test_rank_figures_give_the_cuts_of_the_raw_events(onef1b_dir):
+    """The per-rank figure (each own step cut on the own clock) placed at a clock offset is the
+    cut that the rank's events read at that offset give for the moved window."""
+    traces = load_traces(sorted(onef1b_dir.glob("rank-*.pt.trace.json")), cache=False)
+    checked = 0
+    for t in traces:
+        fig = figures_of(t)
+        assert fig.pipe is not None and len(fig.pipe) == fig.steps.height > 2
+        for offset in (0, 123_456_789, -987_654):
+            raw = _rank_pipe(t, offset)
+            for step, start, end in fig.steps.select("step", "start", "end").iter_rows():
+                want = _cut(3, step + 10, start + offset, end + offset, raw)
+                assert placed(fig.pipe[step], 3, step + 10, offset) == want
+                checked += want.sends + want.recvs > 0 and want.idle > 0
+    assert checked > 0
+
+
+def test_digests_diagnose_as_full_traces(onef1b_heavy):
+    """Pickled ``DigestTrace``s (what a map task sends) give the whole diagnosis of the traces."""
+    assert_digests_diagnose_alike(onef1b_heavy, "pipeline")

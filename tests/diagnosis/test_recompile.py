@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+from digests import assert_digests_diagnose_alike
 from seed_jobs import run_python
 
 from kinetoscope.diagnosis import diagnose
@@ -66,3 +67,9 @@ def test_no_compile_gives_null():
     from diag_synth import make_job
 
     assert diagnose(make_job(world=2, steps=4)).to_dict()["recompilation"] is None
+
+
+def test_digests_give_the_compilations(static_aot):
+    """``kscope analyze`` diagnoses digests: the compilations come from the rank's figures."""
+    d, _truth = static_aot
+    assert_digests_diagnose_alike(d, "recompilation")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from diag_synth import make_job
+from digests import assert_digests_diagnose_alike
 from seed_jobs import run_torchrun
 
 from kinetoscope.diagnosis import diagnose
@@ -62,3 +63,8 @@ def test_even_job_and_short_trace_window_are_not_uneven():
     # rank 2's trace window ends two steps early: fewer steps, but no collectives after them
     d = diagnose(make_job(world=3, steps=8, skip_steps={2: {6, 7}}))
     assert d.to_dict()["uneven_inputs"] is None
+
+
+def test_digests_give_the_uneven_inputs(with_join):
+    """``kscope analyze`` diagnoses digests: the same finding from the ranks' figures."""
+    assert_digests_diagnose_alike(with_join[0], "uneven_inputs")
