@@ -92,7 +92,8 @@ def per_rank_table(
 ) -> pl.DataFrame:
     if bd.is_empty():
         return pl.DataFrame(schema=PER_RANK_SCHEMA)
-    Tdf = bd.group_by("step").agg(pl.col("step_time(us)").median().alias("_T"))
+    # sorted: a float sum over groups in hash order differs in its last bit from run to run
+    Tdf = bd.group_by("step").agg(pl.col("step_time(us)").median().alias("_T")).sort("step")
     total_T = float(Tdf["_T"].sum()) or 1.0
     x = bd.join(Tdf, on="step", how="left")
     agg = x.group_by("rank").agg(
