@@ -72,7 +72,12 @@ def _ks_analyses(traces):
     from kinetoscope.analysis.kernel_breakdown import kernel_breakdown
     from kinetoscope.analysis.temporal import temporal_breakdown
 
-    return [temporal_breakdown(traces), idle_time_breakdown(traces), kernel_breakdown(traces), comm_comp_overlap(traces)]
+    return [
+        temporal_breakdown(traces),
+        idle_time_breakdown(traces),
+        kernel_breakdown(traces),
+        comm_comp_overlap(traces),
+    ]
 
 
 def _worker_usage() -> dict:
@@ -125,6 +130,7 @@ def child(mode: str, path: str, extra: str) -> dict:
     if mode == "baseline":
         import kinetoscope.analysis.temporal  # noqa: F401
         import kinetoscope.trace  # noqa: F401
+
         return {"wall": 0.0, "cpu": 0.0}
     if mode.startswith("ks") and "multi" not in mode:
         from kinetoscope.trace import load_trace, parallel, prestart_workers
@@ -247,10 +253,8 @@ def engine_child(path: str, repeat: int) -> dict:
     (page cache), so the figures are the decoding, not the gunzip."""
     import statistics
 
-    from kinetoscope.trace import _native, parse_trace
+    from kinetoscope.trace import TraceError, _native, parse_trace
     from kinetoscope.trace.reference import read_bytes
-
-    from kinetoscope.trace import TraceError
 
     data = read_bytes(path)
     try:
@@ -300,7 +304,9 @@ def run_engine(repeat: int, only: list[str] | None) -> list[dict]:
 
 def print_engine(rows: list[dict]) -> None:
     print("In process, JSON -> tables (parse_trace(workers=0) of the decompressed JSON; medians):")
-    print("| trace | raw MB | X events | native s (CPU s) | Python s (CPU s) | native MB/s per core | Python MB/s per core | Python CPU ÷ native CPU | chunks decoded natively |")
+    print(
+        "| trace | raw MB | X events | native s (CPU s) | Python s (CPU s) | native MB/s per core | Python MB/s per core | Python CPU ÷ native CPU | chunks decoded natively |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: r["raw_mb"]):
         nc, pc = max(r["native_cpu"], 1e-9), max(r["python_cpu"], 1e-9)
@@ -349,14 +355,22 @@ def run_whole(target: str, rank_extra: str, repeat: int, skip_hta: bool, multi: 
         for name, (cmd, env) in cases.items():
             got[name].append(whole_process(cmd, env))
     return {
-        name: {"wall": statistics.median(r[0] for r in rs), "rss": max(r[1] for r in rs), "runs": [r[0] for r in rs]}
+        name: {
+            "wall": statistics.median(r[0] for r in rs),
+            "rss": max(r[1] for r in rs),
+            "runs": [r[0] for r in rs],
+        }
         for name, rs in got.items()
     }
 
 
 def print_whole(results: list[tuple[str, dict]]) -> None:
-    print("Whole processes, start-up included (kscope analyze --no-cache + the four analyses vs HTA; medians):")
-    print("| input | HTA s | KS native s | KS Python s (KSCOPE_NATIVE=0) | HTA ÷ KS native | HTA ÷ KS Python | KS Python ÷ KS native | peak RSS MB: HTA / KS native / KS Python |")
+    print(
+        "Whole processes, start-up included (kscope analyze --no-cache + the four analyses vs HTA; medians):"
+    )
+    print(
+        "| input | HTA s | KS native s | KS Python s (KSCOPE_NATIVE=0) | HTA ÷ KS native | HTA ÷ KS Python | KS Python ÷ KS native | peak RSS MB: HTA / KS native / KS Python |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, r in results:
         hta, kn, kp = r.get("hta"), r["ks native"], r["ks python"]
@@ -389,13 +403,23 @@ def main_native(args: argparse.Namespace) -> None:
         if dlrm.is_dir():
             print("... param_dlrm8", file=sys.stderr)
             n = len(list(dlrm.glob("*.json*")))
-            results.append((f"param_dlrm8 ({n} ranks)", run_whole(str(dlrm), str(n), args.repeat, args.skip_hta, multi=True)))
+            results.append(
+                (
+                    f"param_dlrm8 ({n} ranks)",
+                    run_whole(str(dlrm), str(n), args.repeat, args.skip_hta, multi=True),
+                )
+            )
         if args.ranks:
             workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kscope-bench-"))
             workdir.mkdir(parents=True, exist_ok=True)
             d = run_child("make-ranks", str(workdir), str(args.ranks))["path"]
             print(f"... {args.ranks} ranks", file=sys.stderr)
-            results.append((f"{args.ranks} x control", run_whole(d, str(args.ranks), args.repeat, args.skip_hta, multi=True)))
+            results.append(
+                (
+                    f"{args.ranks} x control",
+                    run_whole(d, str(args.ranks), args.repeat, args.skip_hta, multi=True),
+                )
+            )
         for name, r in results:
             print(json.dumps({"input": name, **r}), file=sys.stderr)
         print_whole(results)
@@ -519,7 +543,9 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8, help="multi-rank set size (0: skip)")
     ap.add_argument("--only", nargs="*", default=None, help="substrings of trace paths to keep")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
-    ap.add_argument("--workers", type=int, default=None, help="N for the N-workers columns (default: automatic)")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="N for the N-workers columns (default: automatic)"
+    )
     ap.add_argument("--table-only", type=Path, default=None, help="print the tables of a --json file")
     ap.add_argument("--engine", action="store_true", help="only: in-process JSON -> tables, native vs Python")
     ap.add_argument("--whole", action="store_true", help="only: whole kscope analyze processes vs HTA")
@@ -561,7 +587,10 @@ def main() -> None:
         t = time.perf_counter()
         synth = Path(run_child("make-synth", str(workdir), str(args.synthetic_copies))["path"])
         size = run_child("raw-size", str(synth))["size"]
-        print(f"synthetic trace {synth} ({size / 1e6:.0f} MB raw) in {time.perf_counter() - t:.0f}s", file=sys.stderr)
+        print(
+            f"synthetic trace {synth} ({size / 1e6:.0f} MB raw) in {time.perf_counter() - t:.0f}s",
+            file=sys.stderr,
+        )
         files.append((synth, size))
 
     base = run_child("baseline", "-", "")
@@ -583,7 +612,7 @@ def main() -> None:
         r["floor_typed"] = best("floor-typed", str(path), "", rep)
         r["floor_chunked"] = best("floor-chunked", str(path), "", rep)
 
-        def clear():
+        def clear(cache_dir: Path = cache_dir) -> None:
             import shutil
 
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -635,7 +664,7 @@ def print_table(rows: list[dict], base: dict, multi: dict | None = None) -> None
         hta = r.get("hta")
         cold, cache, ft, fc = r["ks_cold"], r["ks_cache"], r["floor_typed"], r["floor_chunked"]
         w0, warm = r.get("ks_w0", cold), r.get("ks_warm", cold)
-        ratio = (lambda k: f"{f(hta['wall'] / k['wall'], 1)}x") if hta else (lambda k: "-")
+        ratio = (lambda k, hta=hta: f"{f(hta['wall'] / k['wall'], 1)}x") if hta else (lambda k: "-")
         print(
             f"| {r['trace']} | {r['raw_mb']:.0f} | {r['events']:,} | {f(hta['wall'] if hta else None)} "
             f"| {f(cold['wall'])} ({f(cold['load'])} + {f(cold['analyses'])}) | {f(warm['wall'])} | {f(w0['wall'])} "
@@ -674,8 +703,13 @@ def print_table(rows: list[dict], base: dict, multi: dict | None = None) -> None
             f"{f(hta['rss'] if hta else None, 0)} (parent only) / KS {f(ks['rss'], 0)} (parent; workers are separate processes)"
         )
     print(f"\nbaseline (python + imports of kinetoscope.trace and the analyses): RSS {base['rss']:.0f} MB")
-    print("KS 1-process RSS above baseline ÷ raw JSON size: " + ", ".join(
-        f"{r['trace'].split('/')[-1][:24]} {(r.get('ks_w0', r['ks_cold'])['rss'] - base['rss']) / r['raw_mb']:.2f}" for r in rows))
+    print(
+        "KS 1-process RSS above baseline ÷ raw JSON size: "
+        + ", ".join(
+            f"{r['trace'].split('/')[-1][:24]} {(r.get('ks_w0', r['ks_cold'])['rss'] - base['rss']) / r['raw_mb']:.2f}"
+            for r in rows
+        )
+    )
     print("CPU seconds (same runs; KS cold: main process + workers):")
     for r in rows:
         hta = r.get("hta")

@@ -70,9 +70,20 @@ def start_daemon(sockdir: str, trace_root: str) -> tuple[subprocess.Popen, dict[
     nice = DAEMON_NICE
     p = subprocess.Popen(
         [
-            sys.executable, "-m", "kinetoscope.cli.main", "daemon", "--port", "0",
-            "--ipc-socket-dir", sockdir, "--trace-root", trace_root, "--metrics-port", "0",
-            "--log-level", "WARNING",
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "daemon",
+            "--port",
+            "0",
+            "--ipc-socket-dir",
+            sockdir,
+            "--trace-root",
+            trace_root,
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "WARNING",
         ],  # fmt: skip
         env=env,
         stdout=subprocess.PIPE,
@@ -268,7 +279,13 @@ def floor_benchmark(quick: bool) -> list[ScenarioResult]:
         clients.run(ScenarioResult("warmup", ""), 0.05, 0.2, herd=True)
         for name, rate, period, duration, herd in (
             ("realistic, minimal echo server", f"{N_CLIENTS} x 1/5 s", 5.0, 5 if quick else 10, False),
-            ("herd, minimal echo server", f"{N_CLIENTS} at once, every 250 ms", 0.25, 2 if quick else 4, True),
+            (
+                "herd, minimal echo server",
+                f"{N_CLIENTS} at once, every 250 ms",
+                0.25,
+                2 if quick else 4,
+                True,
+            ),
         ):
             res = ScenarioResult(name, rate)
             c0 = cpu_ns(srv.pid)
@@ -383,8 +400,14 @@ def step_benchmark(pairs: int, block_s: float) -> dict[str, float]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("KINETO_")}
     envs = {"with": dict(base, KINETO_USE_DAEMON="1", KINETO_IPC_SOCKET_DIR=sockdir), "without": base}
     workers = {
-        name: subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+        name: subprocess.Popen(
+            [sys.executable, "-c", WORKER],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
         for name, env in envs.items()
     }
     blocks: dict[str, list[tuple[float, float, int]]] = {"with": [], "without": []}
@@ -417,7 +440,11 @@ def step_benchmark(pairs: int, block_s: float) -> dict[str, float]:
         stop_daemon(daemon)
         shutil.rmtree(sockdir, ignore_errors=True)
         shutil.rmtree(trace_root, ignore_errors=True)
-    out: dict[str, float] = {"pairs": pairs, "steps": sum(b[2] for v in blocks.values() for b in v), "hook_us": hook_s * 1e6}
+    out: dict[str, float] = {
+        "pairs": pairs,
+        "steps": sum(b[2] for v in blocks.values() for b in v),
+        "hook_us": hook_s * 1e6,
+    }
     for idx, key in ((0, ""), (1, "cpu_")):
         with_ = [b[idx] for b in blocks["with"]]
         without = [b[idx] for b in blocks["without"]]
@@ -446,7 +473,9 @@ def _registered_pids(port: int) -> list[int]:
 # ---------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------
-def report(ipc: list[ScenarioResult], counters: dict[str, float], step: dict[str, float] | None, cmd: str) -> str:
+def report(
+    ipc: list[ScenarioResult], counters: dict[str, float], step: dict[str, float] | None, cmd: str
+) -> str:
     lines = [
         f"Command: `{cmd}` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
         f"{psutil.cpu_count()} cores, Python {platform.python_version()}; a shared machine, so "
@@ -540,8 +569,12 @@ def main() -> None:
     ap.add_argument("--no-steps", action="store_true", help="skip the torch step-time part")
     ap.add_argument("--pairs", type=int, default=40, help="with/without block pairs for the step time")
     ap.add_argument("--block", type=float, default=0.5, help="seconds of training per block")
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the Daemon figures in docs/performance.md")
-    ap.add_argument("--daemon-nice", type=int, default=0, help="run the daemon at this nice value (e.g. -5, as root)")
+    ap.add_argument(
+        "--update-docs", action="store_true", help="rewrite the Daemon figures in docs/performance.md"
+    )
+    ap.add_argument(
+        "--daemon-nice", type=int, default=0, help="run the daemon at this nice value (e.g. -5, as root)"
+    )
     args = ap.parse_args()
     global DAEMON_NICE
     DAEMON_NICE = args.daemon_nice

@@ -40,7 +40,9 @@ def main() -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     d = Daemon(
-        DaemonOptions(port=0, ipc_socket_dir=sockdir, trace_root=root + "/t", metrics_port=None, gpu_metrics=False)
+        DaemonOptions(
+            port=0, ipc_socket_dir=sockdir, trace_root=root + "/t", metrics_port=None, gpu_metrics=False
+        )
     )
     d.start()
     client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

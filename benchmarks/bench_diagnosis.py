@@ -70,7 +70,16 @@ def verdict(paths: list[str] | list[Path]) -> dict[str, Any]:
 def run_gpu(sc: gpu.Scenario, workdir: Path, keep: bool) -> Outcome:
     out = workdir / sc.sid
     t0 = time.monotonic()
-    o = Outcome(sc.sid, "gpu", sc.type, sc.kind, sc.ranks, "error", [], params={"base": sc.base, "world": sc.world} | sc.params)
+    o = Outcome(
+        sc.sid,
+        "gpu",
+        sc.type,
+        sc.kind,
+        sc.ranks,
+        "error",
+        [],
+        params={"base": sc.base, "world": sc.world} | sc.params,
+    )
     try:
         paths = gpu.build(sc, out)
         o.truth_ok = gpu.truth_agrees(sc, truth.ground_truth(paths))
@@ -105,8 +114,13 @@ def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
     return o
 
 
-def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir: Path, keep: bool,
-            partial: Path | None = None) -> list[Outcome]:
+def run_all(
+    items: list[Any],
+    fn: Callable[[Any, Path, bool], Outcome],
+    workdir: Path,
+    keep: bool,
+    partial: Path | None = None,
+) -> list[Outcome]:
     """Run every scenario, printing one line each; ``partial``: also rewrite the outcomes so far
     there after each scenario (a long run cut short still leaves its results)."""
     outs = []
@@ -115,8 +129,11 @@ def run_all(items: list[Any], fn: Callable[[Any, Path, bool], Outcome], workdir:
         if partial is not None:
             partial.write_text(json.dumps([x.to_dict() for x in [*outs, o]], default=str))
         mark = "ok " if o.exact else "ERR" if o.error else "MISS"
-        print(f"[{k + 1}/{len(items)}] {mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, "
-              f"got {o.kind} {o.ranks} ({o.seconds:.1f} s){' ' + o.error if o.error else ''}", flush=True)
+        print(
+            f"[{k + 1}/{len(items)}] {mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, "
+            f"got {o.kind} {o.ranks} ({o.seconds:.1f} s){' ' + o.error if o.error else ''}",
+            flush=True,
+        )
         outs.append(o)
     return outs
 
@@ -126,8 +143,11 @@ def rediagnose(o: Outcome, workdir: Path) -> Outcome:
     (GPU: the rank files; CPU: the daemon's trace directory); labels are kept."""
     t0 = time.monotonic()
     root = workdir / o.sid
-    paths = sorted(root.glob("*.pt.trace.json")) if o.generator == "gpu" else [
-        m.parent for m in sorted(root.glob("traces/*/manifest.json"))]
+    paths = (
+        sorted(root.glob("*.pt.trace.json"))
+        if o.generator == "gpu"
+        else [m.parent for m in sorted(root.glob("traces/*/manifest.json"))]
+    )
     o = Outcome(**{k: v for k, v in o.to_dict().items() if k in Outcome.__dataclass_fields__})
     o.error = None
     try:
@@ -139,7 +159,9 @@ def rediagnose(o: Outcome, workdir: Path) -> Outcome:
         o.kind, o.ranks, o.error = "error", [], f"{type(exc).__name__}: {exc}"[:2000]
     o.seconds = time.monotonic() - t0
     mark = "ok " if o.exact else "ERR" if o.error else "MISS"
-    print(f"{mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, got {o.kind} {o.ranks}", flush=True)
+    print(
+        f"{mark} {o.sid}: expected {o.expected_kind} {o.expected_ranks}, got {o.kind} {o.ranks}", flush=True
+    )
     return o
 
 
@@ -158,7 +180,9 @@ def saved_run(path: Path) -> dict[str, Any]:
     """Commit, command and duration of a run saved by ``--json`` (unknown for a ``.partial``)."""
     doc = json.loads(path.read_text())
     if isinstance(doc, dict):
-        return {k: doc.get(k, "unknown") for k in ("commit", "command")} | {"seconds": float(doc.get("seconds", 0.0))}
+        return {k: doc.get(k, "unknown") for k in ("commit", "command")} | {
+            "seconds": float(doc.get("seconds", 0.0))
+        }
     return {"commit": "unknown", "command": f"(partial run {path.name})", "seconds": 0.0}
 
 
@@ -171,15 +195,26 @@ def examples(outcomes: list[Outcome], k: int) -> list[dict[str, Any]]:
         if o.exact or seen.get(key, 0) >= k:
             continue
         seen[key] = seen.get(key, 0) + 1
-        out.append({"sid": o.sid, "params": o.params, "expected": [o.expected_kind, o.expected_ranks],
-                    "got": [o.kind, o.ranks], "reason": o.error or o.reason})
+        out.append(
+            {
+                "sid": o.sid,
+                "params": o.params,
+                "expected": [o.expected_kind, o.expected_ranks],
+                "got": [o.kind, o.ranks],
+                "reason": o.error or o.reason,
+            }
+        )
     return out
 
 
 def git_rev() -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -192,13 +227,22 @@ def report(doc: dict[str, Any]) -> str:
         s = doc["summary"].get(gen)
         if not s or not s["overall"]["n"] or (gen == "all" and not both):
             continue
-        title = {"gpu": "GPU scenarios (re-timed real traces)", "cpu": "Real CPU DDP jobs (torchrun + gloo, daemon)",
-                 "all": "Both generators"}[gen]
+        title = {
+            "gpu": "GPU scenarios (re-timed real traces)",
+            "cpu": "Real CPU DDP jobs (torchrun + gloo, daemon)",
+            "all": "Both generators",
+        }[gen]
         lines += ["", f"{title}:", "", table(s)]
     if doc.get("seeds"):
         rows = [f"| {k} | {v['n']} | {v['ok']} |" for k, v in doc["seeds"]["score"].items()]
-        lines += ["", "Seed problems (real jobs, benchmarks/diag_scenarios/seeds.py):", "",
-                  "| problem | n | every check held |", "|---|---:|---:|", *rows]
+        lines += [
+            "",
+            "Seed problems (real jobs, benchmarks/diag_scenarios/seeds.py):",
+            "",
+            "| problem | n | every check held |",
+            "|---|---:|---:|",
+            *rows,
+        ]
     if doc["misses"]:
         lines += ["", "Targets missed: " + "; ".join(doc["misses"]) + "."]
     else:
@@ -206,8 +250,10 @@ def report(doc: dict[str, Any]) -> str:
     if doc["examples"]:
         lines += ["", "Examples of wrong verdicts (expected vs got):", ""]
         for e in doc["examples"]:
-            lines.append(f"* `{e['sid']}` {json.dumps(e['params'])}: expected {e['expected'][0]} {e['expected'][1]}, "
-                         f"got {e['got'][0]} {e['got'][1]} — {(e['reason'] or '')[:160]}")
+            lines.append(
+                f"* `{e['sid']}` {json.dumps(e['params'])}: expected {e['expected'][0]} {e['expected'][1]}, "
+                f"got {e['got'][0]} {e['got'][1]} — {(e['reason'] or '')[:160]}"
+            )
     return "\n".join(lines)
 
 
@@ -280,20 +326,39 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-per-type", type=int, default=None, help="GPU scenarios per type (quick 6, full 40)")
     p.add_argument("--cpu-jobs", type=int, default=None, help="real CPU DDP jobs (quick 0, full 8)")
     p.add_argument("--bases", nargs="*", default=None, choices=sorted(gpu.BASES), help="GPU bases to use")
-    p.add_argument("--types", nargs="*", default=None, choices=gpu.TYPES, help="GPU scenario types (default all)")
+    p.add_argument(
+        "--types", nargs="*", default=None, choices=gpu.TYPES, help="GPU scenario types (default all)"
+    )
     p.add_argument("--workdir", default=None, help="where scenario traces are written (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the scenario traces")
     p.add_argument("--json", default=None, help="write the full results (every scenario) here")
-    p.add_argument("--update-docs", default=None, metavar="LABEL",
-                   help="write the tables into docs/diagnosis.md under '### Results: LABEL'")
-    p.add_argument("--from-json", nargs="*", default=None, metavar="PATH",
-                   help="score the outcomes saved in these --json files (or their .partial) instead of running")
-    p.add_argument("--rediagnose", nargs="*", default=None, metavar="PATH",
-                   help="with --workdir: diagnose again the traces kept (--keep) by the runs saved in these --json "
-                        "files, with this version (the same real CPU jobs scored before and after a change)")
-    p.add_argument("--seeds", action="store_true",
-                   help="also run the seed problems' real jobs (pipeline, uneven inputs, recompilation, HSGD plan; "
-                        "benchmarks/diag_scenarios/seeds.py, about 6 min)")
+    p.add_argument(
+        "--update-docs",
+        default=None,
+        metavar="LABEL",
+        help="write the tables into docs/diagnosis.md under '### Results: LABEL'",
+    )
+    p.add_argument(
+        "--from-json",
+        nargs="*",
+        default=None,
+        metavar="PATH",
+        help="score the outcomes saved in these --json files (or their .partial) instead of running",
+    )
+    p.add_argument(
+        "--rediagnose",
+        nargs="*",
+        default=None,
+        metavar="PATH",
+        help="with --workdir: diagnose again the traces kept (--keep) by the runs saved in these --json "
+        "files, with this version (the same real CPU jobs scored before and after a change)",
+    )
+    p.add_argument(
+        "--seeds",
+        action="store_true",
+        help="also run the seed problems' real jobs (pipeline, uneven inputs, recompilation, HSGD plan; "
+        "benchmarks/diag_scenarios/seeds.py, about 6 min)",
+    )
     p.add_argument("--examples", type=int, default=2, help="wrong verdicts listed per type (2)")
     return p.parse_args(argv)
 
@@ -302,9 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     per_type = a.gpu_per_type if a.gpu_per_type is not None else (6 if a.quick else 40)
     cpu_jobs = a.cpu_jobs if a.cpu_jobs is not None else (0 if a.quick else 8)
-    bases = a.bases or [b for b in (QUICK_BASES if a.quick else list(gpu.BASES)) if b in gpu.available_bases()]
+    bases = a.bases or [
+        b for b in (QUICK_BASES if a.quick else list(gpu.BASES)) if b in gpu.available_bases()
+    ]
     if not bases and per_type:
-        print("error: no GPU base trace found (tests/data/traces/hta, ../shared/traces/param_dlrm8)", file=sys.stderr)
+        print(
+            "error: no GPU base trace found (tests/data/traces/hta, ../shared/traces/param_dlrm8)",
+            file=sys.stderr,
+        )
         return 2
     workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="kscope-bench-diag-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -312,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     part = Path(a.json + ".partial") if a.json else None
     if a.rediagnose is not None:
         if not a.workdir:
-            print("error: --rediagnose needs --workdir (where the saved run kept its traces)", file=sys.stderr)
+            print(
+                "error: --rediagnose needs --workdir (where the saved run kept its traces)", file=sys.stderr
+            )
             return 2
         outcomes = [rediagnose(o, workdir) for p in a.rediagnose for o in load_outcomes(Path(p))]
         gpu_out = [o for o in outcomes if o.generator == "gpu"]
@@ -322,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         gpu_out = [o for o in outcomes if o.generator == "gpu"]
         cpu_out = [o for o in outcomes if o.generator == "cpu"]
     else:
-        gpu_out = run_all(gpu.scenarios(per_type, bases, a.types), run_gpu, workdir, a.keep, part) if per_type else []
+        gpu_out = (
+            run_all(gpu.scenarios(per_type, bases, a.types), run_gpu, workdir, a.keep, part)
+            if per_type
+            else []
+        )
         cpu_out = run_all(cpu.scenarios(cpu_jobs), run_cpu, workdir, a.keep, part) if cpu_jobs else []
     outcomes = gpu_out + cpu_out
     summary = {
@@ -332,17 +408,26 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs = [saved_run(Path(p)) for p in a.from_json or []]
     if a.rediagnose:
-        runs = [{"commit": git_rev(), "command": f"bench_diagnosis.py {' '.join(argv if argv is not None else sys.argv[1:])} "
-                 f"(verdicts recomputed on the traces of: {saved_run(Path(p))['command']})",
-                 "seconds": time.monotonic() - t0} for p in a.rediagnose[:1]]
+        runs = [
+            {
+                "commit": git_rev(),
+                "command": f"bench_diagnosis.py {' '.join(argv if argv is not None else sys.argv[1:])} "
+                f"(verdicts recomputed on the traces of: {saved_run(Path(p))['command']})",
+                "seconds": time.monotonic() - t0,
+            }
+            for p in a.rediagnose[:1]
+        ]
     doc = {
         "commit": ", ".join(sorted({r["commit"] for r in runs})) if runs else git_rev(),
         "kinetoscope": str(Path(kinetoscope.__file__).parent),
-        "command": "; ".join(r["command"] for r in runs) if runs else
-        "bench_diagnosis.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "; ".join(r["command"] for r in runs)
+        if runs
+        else "bench_diagnosis.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "seconds": sum(r["seconds"] for r in runs) if runs else time.monotonic() - t0,
         "summary": summary,
-        "misses": [f"{g}: {m}" for g in ("gpu", "cpu") if summary[g]["overall"]["n"] for m in misses(summary[g])],
+        "misses": [
+            f"{g}: {m}" for g in ("gpu", "cpu") if summary[g]["overall"]["n"] for m in misses(summary[g])
+        ],
         "examples": examples(outcomes, a.examples),
         "scenarios": [o.to_dict() for o in outcomes],
     }

@@ -54,7 +54,9 @@ def child(mode: str, folder: str, workers: int) -> dict:
     if Path(folder).is_file():
         files = [Path(folder)]
     else:
-        files = sorted(Path(folder).glob("rank-*.json*"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+        files = sorted(
+            Path(folder).glob("rank-*.json*"), key=lambda p: int(p.name.split("-")[1].split(".")[0])
+        )
     req = AnalyzeRequest(cache=False, backend=mode, workers=workers or None)
     t0 = time.perf_counter()
     doc = run_analysis(req, files).document
@@ -78,7 +80,10 @@ def run_child(mode: str, folder: Path, workers: int, rss_cap_mb: float = 0.0) ->
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--child", mode, str(folder), str(workers)],
-            stdout=out, stderr=err, env=env, cwd=ROOT,
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=ROOT,
         )
         capped = False
         while proc.poll() is None:
@@ -178,20 +183,28 @@ def huge(workdir: Path, gb: float, cap_mb: float) -> None:
     t = time.perf_counter()
     path = make_huge(workdir, int(gb * 2**30))
     size = path.stat().st_size
-    print(f"... built {path} ({size / 2**20:.0f} MB) in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+    print(
+        f"... built {path} ({size / 2**20:.0f} MB) in {time.perf_counter() - t:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         r = run_child("single", path, 0, rss_cap_mb=cap_mb)
     finally:
         path.unlink(missing_ok=True)
-    print(f"\nCommand: `python benchmarks/bench_scale.py --huge {gb}` ({os.cpu_count()} CPUs, cache off, "
-          f"RSS cap {cap_mb:.0f} MB)\n")
+    print(
+        f"\nCommand: `python benchmarks/bench_scale.py --huge {gb}` ({os.cpu_count()} CPUs, cache off, "
+        f"RSS cap {cap_mb:.0f} MB)\n"
+    )
     print("| trace | JSON MB | wall s | peak RSS MB | RSS ÷ JSON | errors |")
     print("|---|---:|---:|---:|---:|---|")
     if "failed" in r:
         print(f"| {path.name} | {size / 2**20:.0f} | failed: {r['failed'][:120]} | | | |")
     else:
-        print(f"| {path.name} | {size / 2**20:.0f} | {r['wall']:.1f} | {r['rss_mb']:.0f} | "
-              f"{r['rss_mb'] * 2**20 / size:.2f}x | {r['errors']} |")
+        print(
+            f"| {path.name} | {size / 2**20:.0f} | {r['wall']:.1f} | {r['rss_mb']:.0f} | "
+            f"{r['rss_mb'] * 2**20 / size:.2f}x | {r['errors']} |"
+        )
 
 
 def make_rank_set(workdir: Path, n: int, source: str) -> Path:
@@ -204,8 +217,10 @@ def make_rank_set(workdir: Path, n: int, source: str) -> Path:
 
 
 def print_table(rows: list[tuple[int, dict]], modes: list[str], workers: int) -> None:
-    print("| ranks | backend | wall s | wall ÷ single | wall ÷ (single ÷ workers) | driver peak RSS MB "
-          "| RSS ÷ single | driver MB per added rank | same document |")
+    print(
+        "| ranks | backend | wall s | wall ÷ single | wall ÷ (single ÷ workers) | driver peak RSS MB "
+        "| RSS ÷ single | driver MB per added rank | same document |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
     prev: dict[str, tuple[int, float]] = {}
     for n, res in rows:
@@ -240,13 +255,27 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--workers", type=int, default=0, help="pool / Ray CPUs (0: one per CPU)")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--backends", nargs="+", choices=("single", "local", "ray"), default=["single", "local", "ray"])
+    ap.add_argument(
+        "--backends", nargs="+", choices=("single", "local", "ray"), default=["single", "local", "ray"]
+    )
     ap.add_argument("--no-ray", action="store_true")
-    ap.add_argument("--huge", type=float, default=0.0, metavar="GB",
-                    help="instead: one synthesised JSON trace of GB gigabytes analysed in one process")
-    ap.add_argument("--rss-cap-mb", type=float, default=5800.0, help="with --huge: kill the measurement above this RSS")
-    ap.add_argument("--fanout", type=int, default=0, metavar="HOSTS",
-                    help="kscope trace to HOSTS simulated daemons (benchmarks/bench_fanout.py) instead")
+    ap.add_argument(
+        "--huge",
+        type=float,
+        default=0.0,
+        metavar="GB",
+        help="instead: one synthesised JSON trace of GB gigabytes analysed in one process",
+    )
+    ap.add_argument(
+        "--rss-cap-mb", type=float, default=5800.0, help="with --huge: kill the measurement above this RSS"
+    )
+    ap.add_argument(
+        "--fanout",
+        type=int,
+        default=0,
+        metavar="HOSTS",
+        help="kscope trace to HOSTS simulated daemons (benchmarks/bench_fanout.py) instead",
+    )
     args = ap.parse_args()
     if args.fanout:
         sys.path.insert(0, str(HERE))
@@ -276,8 +305,10 @@ def main() -> None:
             print(f"    {res[mode]}", file=sys.stderr, flush=True)
         rows.append((n, res))
 
-    print(f"\nCommand: `python benchmarks/bench_scale.py --ranks {' '.join(map(str, args.ranks))} --source {args.source}"
-          f" --backends {' '.join(modes)}` ({os.cpu_count()} CPUs, workers={workers}, cache off, best of {args.repeat})\n")
+    print(
+        f"\nCommand: `python benchmarks/bench_scale.py --ranks {' '.join(map(str, args.ranks))} --source {args.source}"
+        f" --backends {' '.join(modes)}` ({os.cpu_count()} CPUs, workers={workers}, cache off, best of {args.repeat})\n"
+    )
     print_table(rows, modes, workers)
 
 

@@ -32,8 +32,18 @@ CASES: dict[str, list[str]] = {
     "kscope trace --help": ["-m", "kinetoscope.cli.main", "trace", "--help"],
     # a whole small analysis (13 events), start-up dominated: what the command imports (issue 14)
     "kscope analyze small --no-cache": [
-        "-m", "kinetoscope.cli.main", "analyze", "--no-cache", "--only", "temporal_breakdown", "--only",
-        "idle_time_breakdown", "--only", "kernel_breakdown", "--only", "comm_comp_overlap",
+        "-m",
+        "kinetoscope.cli.main",
+        "analyze",
+        "--no-cache",
+        "--only",
+        "temporal_breakdown",
+        "--only",
+        "idle_time_breakdown",
+        "--only",
+        "kernel_breakdown",
+        "--only",
+        "comm_comp_overlap",
         str(REPO / "tests" / "data" / "traces" / "hta" / "trace_file_list" / "inference_rank_1.json.gz"),
     ],
 }
@@ -53,7 +63,9 @@ def measure(runs: int, other: Path | None) -> dict[str, float]:
     With ``other``, the kscope cases run in that checkout too (named ``other: ...``)."""
     cases = {name: (args, REPO) for name, args in CASES.items()}
     if other is not None:
-        cases |= {f"other: {name}": (args, other) for name, args in CASES.items() if name.startswith("kscope")}
+        cases |= {
+            f"other: {name}": (args, other) for name, args in CASES.items() if name.startswith("kscope")
+        }
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for args, cwd in cases.values():
         run_once(args, cwd)  # warm the page cache and .pyc files
@@ -66,7 +78,9 @@ def measure(runs: int, other: Path | None) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21, help="runs per command (median; default 21)")
-    parser.add_argument("--other", type=Path, help="another checkout to time in the same run (e.g. the old code)")
+    parser.add_argument(
+        "--other", type=Path, help="another checkout to time in the same run (e.g. the old code)"
+    )
     args = parser.parse_args()
     medians = measure(args.runs, args.other)
     base = medians["python -c pass"]

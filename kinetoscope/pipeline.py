@@ -38,9 +38,18 @@ def __getattr__(name: str) -> Any:
         return InputError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 ANALYSIS_NAME = "analyze"  # the catalog name shared with `kscope analyze` and the web app
 
-__all__ = ["ANALYSIS_NAME", "AnalysisRun", "AnalyzeRequest", "InputError", "ResolvedInputs", "analyze", "resolve_inputs"]
+__all__ = [
+    "ANALYSIS_NAME",
+    "AnalysisRun",
+    "AnalyzeRequest",
+    "InputError",
+    "ResolvedInputs",
+    "analyze",
+    "resolve_inputs",
+]
 
 
 @dataclass
@@ -95,7 +104,9 @@ def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = Non
         for f in missing:
             p = folder / f.file
             if not p.is_file():
-                raise InputError(f"trace {record.trace_id}: {f.file} is not in the stored request {record.store_url}")
+                raise InputError(
+                    f"trace {record.trace_id}: {f.file} is not in the stored request {record.store_url}"
+                )
             out.append(p)
         return out
     for f in missing:
@@ -131,8 +142,12 @@ class TraceIdResolver:
     catalog (``catalog``, else ``catalog_url``) is opened only when an id needs it; ``ids``
     collects the ids resolved."""
 
-    def __init__(self, catalog: Any = None, catalog_url: str | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Any = None,
+        catalog_url: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.catalog, self.catalog_url, self.cache_dir = catalog, catalog_url, cache_dir
         self.ids: set[str] = set()
         self._opened: Any = None
@@ -204,11 +219,18 @@ def analyze(
     the one orchestration, whatever the backend). ``progress``/``on_backend`` as there."""
     from kinetoscope.scale import run_analysis
 
-    res = resolve_inputs(request.inputs, catalog=catalog, catalog_url=request.catalog_url,
-                         cache_dir=request.fetch_cache_dir)
+    res = resolve_inputs(
+        request.inputs, catalog=catalog, catalog_url=request.catalog_url, cache_dir=request.fetch_cache_dir
+    )
     run = run_analysis(request, res.paths, progress=progress, on_backend=on_backend)
-    return AnalysisRun(document=run.document, paths=res.paths, inputs=res.inputs, trace_id=res.trace_id,
-                       notes=res.notes, scale=run)
+    return AnalysisRun(
+        document=run.document,
+        paths=res.paths,
+        inputs=res.inputs,
+        trace_id=res.trace_id,
+        notes=res.notes,
+        scale=run,
+    )
 
 
 def _request(request: AnalyzeRequest | None, fields: dict[str, Any]) -> AnalyzeRequest:
@@ -239,8 +261,15 @@ def analyze_inputs(
     **fields: Any,
 ) -> AnalysisRun:
     """``analyze`` with the request built from keywords (``AnalyzeRequest`` fields)."""
-    req = _request(None, {**fields, "inputs": tuple(os.fspath(i) for i in inputs), "catalog_url": catalog_url,
-                          "fetch_cache_dir": fetch_cache_dir})
+    req = _request(
+        None,
+        {
+            **fields,
+            "inputs": tuple(os.fspath(i) for i in inputs),
+            "catalog_url": catalog_url,
+            "fetch_cache_dir": fetch_cache_dir,
+        },
+    )
     return analyze(req, catalog=catalog)
 
 
@@ -297,6 +326,10 @@ def record_run(catalog: Any, run: AnalysisRun, *, report_path: str | None = None
         summary["report"] = str(report_path)
     inputs: list[str] = [run.trace_id] if run.trace_id else [str(p) for p in run.paths]
     return catalog.record_analysis(
-        inputs, run.document, name=ANALYSIS_NAME, version=kinetoscope.__version__, summary=summary,
+        inputs,
+        run.document,
+        name=ANALYSIS_NAME,
+        version=kinetoscope.__version__,
+        summary=summary,
         trace_id=run.trace_id,
     )

@@ -34,8 +34,13 @@ def moto_endpoint() -> Iterator[str]:
 def s3_client(endpoint: str) -> Any:
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDS["key"],
-                        aws_secret_access_key=S3_CREDS["secret"], region_name=S3_CREDS["region"])
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=S3_CREDS["key"],
+        aws_secret_access_key=S3_CREDS["secret"],
+        region_name=S3_CREDS["region"],
+    )
 
 
 @pytest.fixture()

@@ -86,8 +86,9 @@ def scenarios(n: int, seed: int = 0) -> list[CpuScenario]:
         mode, nhit, ms, kind = CPU_TYPES[t]
         rng = random.Random(f"cpu/{t}/{k}/{seed}")
         hit = sorted(rng.sample(range(world), min(nhit, world)))
-        out.append(CpuScenario(f"cpu-{t}-w{world}-{k}", t, world, mode, hit, ms, kind,
-                               {"seed": k, "prob": 0.3}))
+        out.append(
+            CpuScenario(f"cpu-{t}-w{world}-{k}", t, world, mode, hit, ms, kind, {"seed": k, "prob": 0.3})
+        )
     return out
 
 
@@ -96,7 +97,9 @@ def _burner() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
 
-def run(sc: CpuScenario, workdir: Path, timeout_s: float = 240.0) -> tuple[list[str], list[int], dict[str, Any]]:
+def run(
+    sc: CpuScenario, workdir: Path, timeout_s: float = 240.0
+) -> tuple[list[str], list[int], dict[str, Any]]:
     """Run, trace and label one scenario: (trace files, expected ranks, facts)."""
     dr = _daemon_runs()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -109,19 +112,41 @@ def run(sc: CpuScenario, workdir: Path, timeout_s: float = 240.0) -> tuple[list[
             env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
             job = TrainingJob(workdir, ranks=sc.world, env=env, max_seconds=timeout_s + 30)
             job.argv = [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={sc.world}",
-                "-m", "benchmarks.diag_scenarios.train_knobs", *sc.args(),
-                "--max-seconds", str(timeout_s + 30), "--progress-dir", str(job.progress_dir),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={sc.world}",
+                "-m",
+                "benchmarks.diag_scenarios.train_knobs",
+                *sc.args(),
+                "--max-seconds",
+                str(timeout_s + 30),
+                "--progress-dir",
+                str(job.progress_dir),
             ]
-            job.env = child_env({**env, "OMP_NUM_THREADS": "1",
-                                 "PYTHONPATH": f"{REPO_ROOT}:{child_env().get('PYTHONPATH', '')}"})
+            job.env = child_env(
+                {
+                    **env,
+                    "OMP_NUM_THREADS": "1",
+                    "PYTHONPATH": f"{REPO_ROOT}:{child_env().get('PYTHONPATH', '')}",
+                }
+            )
             with job:
                 daemon.wait_for_processes(sc.world, job_id=job_id, timeout=left(150), alive=job.alive)
                 job.wait_for_steps(3, timeout=left(90))
                 roundup = job.iteration_roundup(2.5 + 0.3 * sc.world)
-                res = trigger_trace(TraceRequest([daemon.address], Target(job_id=job_id, job_id_text=str(job_id)), TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup)))
+                res = trigger_trace(
+                    TraceRequest(
+                        [daemon.address],
+                        Target(job_id=job_id, job_id_text=str(job_id)),
+                        TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup),
+                    )
+                )
                 if res.errors or len(res.triggered) != sc.world:
-                    raise RuntimeError(f"trigger: {[e.message for e in res.errors]}, {len(res.triggered)}/{sc.world}")
+                    raise RuntimeError(
+                        f"trigger: {[e.message for e in res.errors]}, {len(res.triggered)}/{sc.world}"
+                    )
                 res = wait_for_trace(res, timeout=left(90), poll_interval=0.3)
                 if not res.ok:
                     raise RuntimeError("; ".join(e.message for e in res.errors) + f"\n{job.tail()}")
@@ -134,9 +159,12 @@ def run(sc: CpuScenario, workdir: Path, timeout_s: float = 240.0) -> tuple[list[
     steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)
     slept = sorted({r for d in injected.values() for r in d})
     expected = slept if sc.type == "intermittent" else sorted(sc.hit)
-    facts = {"traced_steps": [steps[0], steps[-1]], "ranks_injected_in_window": slept,
-             "events": sum(len(d) for d in injected.values()),
-             "step_ms": _median_step_ms(job, sc.world, steps)}
+    facts = {
+        "traced_steps": [steps[0], steps[-1]],
+        "ranks_injected_in_window": slept,
+        "events": sum(len(d) for d in injected.values()),
+        "step_ms": _median_step_ms(job, sc.world, steps),
+    }
     return [str(trace_dir)], expected, facts
 
 

@@ -126,7 +126,8 @@ def load_base(name: str) -> Base:
     else:
         doc = truth.load_json(path)
     doc["traceEvents"] = [
-        e for e in doc["traceEvents"]
+        e
+        for e in doc["traceEvents"]
         if isinstance(e, dict) and e.get("cat") not in _DROP_CATS and e.get("ph") not in _DROP_PH
     ]
     ks = _comm_stream_kernels(doc)
@@ -144,7 +145,9 @@ def load_base(name: str) -> Base:
     seg0 = np.empty_like(A)
     seg0[1:] = E[:-1]
     first_step = steps[0][0] if steps else A[0] - 1000.0
-    seg0[0] = min(A[0] - 1.0, max(first_step, A[0] - float(np.median(A[1:] - seg0[1:])) if len(A) > 1 else first_step))
+    seg0[0] = min(
+        A[0] - 1.0, max(first_step, A[0] - float(np.median(A[1:] - seg0[1:])) if len(A) > 1 else first_step)
+    )
     removed = float((E - A - D).sum())
     step_us = (sum(e - s for s, e in steps) - removed) / max(len(steps), 1) if steps else float(E[-1] - A[0])
     ev = doc["traceEvents"]
@@ -166,8 +169,13 @@ class Plan:
 
     @classmethod
     def empty(cls, world: int, n: int, jitter_mean_us: float) -> Plan:
-        return cls(np.zeros((world, n)), np.zeros((world, n)), np.ones((world, n)), jitter_mean_us,
-                   np.zeros((world, n)))
+        return cls(
+            np.zeros((world, n)),
+            np.zeros((world, n)),
+            np.ones((world, n)),
+            jitter_mean_us,
+            np.zeros((world, n)),
+        )
 
 
 def simulate(base: Base, plan: Plan, rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
@@ -178,8 +186,12 @@ def simulate(base: Base, plan: Plan, rng: random.Random) -> tuple[np.ndarray, np
     prev = np.full(world, base.seg0[0])
     for i in range(n):
         L = base.A[i] - base.seg0[i]
-        jit = np.array([rng.expovariate(1.0 / plan.jitter_mean_us) if plan.jitter_mean_us > 0 else 0.0
-                        for _ in range(world)])
+        jit = np.array(
+            [
+                rng.expovariate(1.0 / plan.jitter_mean_us) if plan.jitter_mean_us > 0 else 0.0
+                for _ in range(world)
+            ]
+        )
         arr[:, i] = prev + L + plan.stretch[:, i] + jit + plan.delay[:, i]
         last = arr[:, i].max()
         tail = plan.tail[:, i] if plan.tail is not None else np.zeros(world)
@@ -189,7 +201,9 @@ def simulate(base: Base, plan: Plan, rng: random.Random) -> tuple[np.ndarray, np
     return arr, end
 
 
-def warp_knots(base: Base, plan: Plan, arr: np.ndarray, end: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
+def warp_knots(
+    base: Base, plan: Plan, arr: np.ndarray, end: np.ndarray, r: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Knots (base time -> new time) of rank ``r``'s time warp, strictly increasing in both."""
     xs: list[float] = [base.seg0[0]]
     ys: list[float] = [base.seg0[0]]
@@ -248,7 +262,9 @@ def write_job(base: Base, plan: Plan, rng: random.Random, out: Path) -> list[Pat
     paths = []
     for r in range(world):
         xs, ys = warp_knots(base, plan, arr, end, r)
-        assert np.all(np.diff(xs) > 0) and np.all(np.diff(ys) > 0), f"{base.name}: warp not monotone on rank {r}"
+        assert np.all(np.diff(xs) > 0) and np.all(np.diff(ys) > 0), (
+            f"{base.name}: warp not monotone on rank {r}"
+        )
         p = out / f"rank-{r}.pt.trace.json"
         p.write_bytes(orjson.dumps(rank_doc(base, xs, ys, r, world)))
         paths.append(p)
@@ -350,7 +366,9 @@ def available_bases() -> list[str]:
     return [n for n, (p, _w) in BASES.items() if p.exists()]
 
 
-def scenarios(per_type: int, bases: list[str] | None = None, types: list[str] | None = None) -> list[Scenario]:
+def scenarios(
+    per_type: int, bases: list[str] | None = None, types: list[str] | None = None
+) -> list[Scenario]:
     """``per_type`` scenarios of every type (or of ``types``), cycling over bases and their world
     sizes (``persistent2``: world sizes >= 4 only)."""
     combos = [(b, w) for b in (bases or available_bases()) for w in BASES[b][1]]

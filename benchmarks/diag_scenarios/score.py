@@ -73,13 +73,17 @@ def summarize(outcomes: Iterable[Outcome]) -> dict[str, Any]:
         "exact": _ratio(sum(o.exact for o in out), len(out)),
         "errors": sum(o.error is not None for o in out),
         "truth_agrees": _ratio(sum(truth), len(truth)),
-        "tp": tp, "fp": fp, "fn": fn,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
     }
 
 
 def summary_by_type(outcomes: list[Outcome], types: Iterable[str]) -> dict[str, dict[str, Any]]:
     """``summarize`` per scenario type (in ``types`` order, present ones only) plus ``overall``."""
-    res = {t: summarize(o for o in outcomes if o.type == t) for t in types if any(o.type == t for o in outcomes)}
+    res = {
+        t: summarize(o for o in outcomes if o.type == t) for t in types if any(o.type == t for o in outcomes)
+    }
     res["overall"] = summarize(outcomes)
     return res
 
@@ -90,12 +94,16 @@ def fmt(x: float | None) -> str:
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
     """A Markdown table of ``summary_by_type``."""
-    rows = ["| type | n | rank precision | rank recall | kind accuracy | exact | truth agrees |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| type | n | rank precision | rank recall | kind accuracy | exact | truth agrees |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for t, s in summary.items():
         name = f"**{t}**" if t == "overall" else t
-        rows.append(f"| {name} | {s['n']} | {fmt(s['precision'])} | {fmt(s['recall'])} | {fmt(s['kind_accuracy'])} "
-                    f"| {fmt(s['exact'])} | {fmt(s['truth_agrees'])} |")
+        rows.append(
+            f"| {name} | {s['n']} | {fmt(s['precision'])} | {fmt(s['recall'])} | {fmt(s['kind_accuracy'])} "
+            f"| {fmt(s['exact'])} | {fmt(s['truth_agrees'])} |"
+        )
     return "\n".join(rows)
 
 

@@ -97,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     mods: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
     for _ in range(layers - 1):
         mods += [nn.Linear(hidden, hidden), nn.ReLU()]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*mods, nn.Linear(hidden, classes)),
-                                                bucket_cap_mb=args.bucket_cap_mb)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(*mods, nn.Linear(hidden, classes)), bucket_cap_mb=args.bucket_cap_mb
+    )
     state = {"ms": 0.0}
     if args.mode == "comm_hook":
+
         def slow_hook(pg, bucket):  # type: ignore[no-untyped-def]
             if state["ms"] > 0:
                 time.sleep(state["ms"] / 1000.0)
@@ -110,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
-    batches = [(torch.randn(args.batch_size, features, generator=gen),
-                torch.randint(0, classes, (args.batch_size,), generator=gen)) for _ in range(8)]
+    batches = [
+        (
+            torch.randn(args.batch_size, features, generator=gen),
+            torch.randint(0, classes, (args.batch_size,), generator=gen),
+        )
+        for _ in range(8)
+    ]
     load = {"s": args.load_ms / 1000.0}
 
     class Batches(torch.utils.data.Dataset):
@@ -144,9 +151,13 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             step += 1
             t1 = time.time()
-            log.write(json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000, "straggle_ms": ms}) + "\n")
+            log.write(
+                json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000, "straggle_ms": ms}) + "\n"
+            )
             tmp = progress / f"rank-{rank}.json.tmp"
-            tmp.write_text(json.dumps({"rank": rank, "world_size": world, "pid": os.getpid(), "step": step, "t": t1}))
+            tmp.write_text(
+                json.dumps({"rank": rank, "world_size": world, "pid": os.getpid(), "step": step, "t": t1})
+            )
             os.replace(tmp, progress / f"rank-{rank}.json")
 
 

@@ -43,8 +43,11 @@ def load_json(path: str | Path) -> dict[str, Any]:
 def comm_kernels(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The document's collective kernels (complete events of a communication family), by start."""
     out = [
-        e for e in doc["traceEvents"]
-        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+        e
+        for e in doc["traceEvents"]
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and str(e.get("cat", "")).lower() == "kernel"
         and _FAMILY.match(str(e.get("name", "")))
     ]
     return sorted(out, key=lambda e: float(e["ts"]))
@@ -82,8 +85,11 @@ def instances(kernels: dict[int, list[dict[str, Any]]]) -> list[Instance]:
         per_rank[r] = mine
     common = set.intersection(*(set(m) for m in per_rank.values())) if per_rank else set()
     out = [
-        Instance(k, {r: float(m[k]["ts"]) for r, m in per_rank.items()},
-                 {r: float(m[k]["ts"]) + float(m[k].get("dur", 0)) for r, m in per_rank.items()})
+        Instance(
+            k,
+            {r: float(m[k]["ts"]) for r, m in per_rank.items()},
+            {r: float(m[k]["ts"]) + float(m[k].get("dur", 0)) for r, m in per_rank.items()},
+        )
         for k in common
     ]
     return sorted(out, key=lambda i: min(i.arrival.values()))

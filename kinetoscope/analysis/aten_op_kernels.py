@@ -29,7 +29,9 @@ from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
-KERNEL_LAUNCH_PATTERN = r"^(?:cuda.*LaunchKernel|cuLaunchKernel|runFunction|hipLaunchKernel|hipExtModuleLaunchKernel)"
+KERNEL_LAUNCH_PATTERN = (
+    r"^(?:cuda.*LaunchKernel|cuLaunchKernel|runFunction|hipLaunchKernel|hipExtModuleLaunchKernel)"
+)
 
 ATEN_OP_KERNELS_SCHEMA: dict[str, pl.DataType] = {
     "aten_op_name": pl.String(),
@@ -46,9 +48,17 @@ def aten_op_launches(trace: Trace, *, call_graph: CallGraph | None = None) -> pl
     runtime_delay`` (times in ns)."""
     cg = call_graph or build_call_graph(trace, link_backward=False)
     schema = {
-        "op_idx": pl.Int64, "aten_op_name": pl.String, "aten_op_start": pl.Int64, "tid": pl.Int64,
-        "launch_idx": pl.Int64, "runtime_start": pl.Int64, "correlation": pl.Int64, "kernel_name": pl.String,
-        "device_start": pl.Int64, "aten_op_delay": pl.Int64, "runtime_delay": pl.Int64,
+        "op_idx": pl.Int64,
+        "aten_op_name": pl.String,
+        "aten_op_start": pl.Int64,
+        "tid": pl.Int64,
+        "launch_idx": pl.Int64,
+        "runtime_start": pl.Int64,
+        "correlation": pl.Int64,
+        "kernel_name": pl.String,
+        "device_start": pl.Int64,
+        "aten_op_delay": pl.Int64,
+        "runtime_delay": pl.Int64,
     }
     nodes = cg.nodes
     if nodes.is_empty():
@@ -79,7 +89,12 @@ def aten_op_launches(trace: Trace, *, call_graph: CallGraph | None = None) -> pl
         trace.launch_links()
         .sort("gpu_ts", "gpu_idx")
         .unique("launch_idx", keep="first", maintain_order=True)
-        .select("launch_idx", "correlation", pl.col("gpu_name").alias("kernel_name"), pl.col("gpu_ts").alias("device_start"))
+        .select(
+            "launch_idx",
+            "correlation",
+            pl.col("gpu_name").alias("kernel_name"),
+            pl.col("gpu_ts").alias("device_start"),
+        )
     )
     return (
         launches.join(kernels, on="launch_idx", how="inner")

@@ -73,9 +73,7 @@ def host_events(trace: Trace) -> pl.DataFrame:
     return trace.events.filter(~pl.col("kind").cast(pl.String).is_in(list(NON_HOST_KINDS)))
 
 
-def _nest(
-    group: np.ndarray, ts: np.ndarray, dur: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _nest(group: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Stack sweep over events already sorted by (group, ts, -dur, idx).
 
     Returns (parent position or -1, depth, top-level ancestor position) per row.
@@ -257,7 +255,9 @@ def _nesting_order(df: pl.DataFrame) -> pl.DataFrame:
     # rank of each positive-duration event among same-(pid, tid, ts) events: longer first
     o1 = np.lexsort((idx, -d, ts, tid, pid))
     new_group = np.ones(len(o1), dtype=bool)
-    new_group[1:] = (pid[o1][1:] != pid[o1][:-1]) | (tid[o1][1:] != tid[o1][:-1]) | (ts[o1][1:] != ts[o1][:-1])
+    new_group[1:] = (
+        (pid[o1][1:] != pid[o1][:-1]) | (tid[o1][1:] != tid[o1][:-1]) | (ts[o1][1:] != ts[o1][:-1])
+    )
     cs = np.cumsum(nz[o1])
     start_cs = np.maximum.accumulate(np.where(new_group, cs - nz[o1], 0))
     rank = np.empty(len(o1), dtype=np.int64)
@@ -303,7 +303,11 @@ def build_call_graph(trace: Trace, *, link_backward: bool = True) -> CallGraph:
     n_host = host.height
 
     # group id per (pid, tid)
-    gkey = host.select(pl.struct("pid", "tid").rank("dense").alias("g"))["g"].to_numpy() if n_host else np.zeros(0)
+    gkey = (
+        host.select(pl.struct("pid", "tid").rank("dense").alias("g"))["g"].to_numpy()
+        if n_host
+        else np.zeros(0)
+    )
     ts = host["ts"].to_numpy().astype(np.int64)
     dur = host["_d"].to_numpy().astype(np.int64)
     ppos, depth, top = _nest(np.asarray(gkey), ts, dur)
@@ -360,23 +364,36 @@ def build_call_graph(trace: Trace, *, link_backward: bool = True) -> CallGraph:
         trace.device_events()
         .select("idx", "kind", "name", "pid", "tid", "ts", "dur")
         .join(links, left_on="idx", right_on="gpu_idx", how="inner")
-        .join(nodes_host.select(pl.col("idx").alias("launch_idx"), pl.col("depth").alias("_ld")), on="launch_idx", how="inner")
+        .join(
+            nodes_host.select(pl.col("idx").alias("launch_idx"), pl.col("depth").alias("_ld")),
+            on="launch_idx",
+            how="inner",
+        )
         .select(
-            "idx", "kind", "name", "pid", "tid", "ts", "dur",
+            "idx",
+            "kind",
+            "name",
+            "pid",
+            "tid",
+            "ts",
+            "dur",
             pl.lit(True).alias("is_device"),
             pl.col("launch_idx").alias("parent"),
             (pl.col("_ld") + 1).alias("depth"),
         )
     )
     nodes = pl.concat([nodes_host, dev], how="vertical_relaxed").sort("idx")
-    cg = CallGraph(nodes.with_columns(
-        pl.lit(0, dtype=pl.Int64).alias("height"),
-        pl.lit(0, dtype=pl.Int64).alias("num_kernels"),
-        pl.lit(0, dtype=pl.Int64).alias("kernel_dur_sum"),
-        pl.lit(None, dtype=pl.Int64).alias("first_kernel_start"),
-        pl.lit(None, dtype=pl.Int64).alias("last_kernel_end"),
-        pl.lit(0, dtype=pl.Int64).alias("kernel_span"),
-    ), linked_backward=linked)
+    cg = CallGraph(
+        nodes.with_columns(
+            pl.lit(0, dtype=pl.Int64).alias("height"),
+            pl.lit(0, dtype=pl.Int64).alias("num_kernels"),
+            pl.lit(0, dtype=pl.Int64).alias("kernel_dur_sum"),
+            pl.lit(None, dtype=pl.Int64).alias("first_kernel_start"),
+            pl.lit(None, dtype=pl.Int64).alias("last_kernel_end"),
+            pl.lit(0, dtype=pl.Int64).alias("kernel_span"),
+        ),
+        linked_backward=linked,
+    )
     _aggregate_kernels(cg)
     return cg
 

@@ -35,26 +35,27 @@ _BOTH = f"{COMPUTATION} overlapping {COMMUNICATION}"
 
 def comm_comp_overlap(traces: TraceInput) -> pl.DataFrame:
     """One row per rank with device events (see module docstring)."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
             return None
-        kt = dict(kernel_type_time(dev, [COMPUTATION, COMMUNICATION]).select("kernel_type", "time").iter_rows())
+        kt = dict(
+            kernel_type_time(dev, [COMPUTATION, COMMUNICATION]).select("kernel_type", "time").iter_rows()
+        )
         both = kt.get(_BOTH, 0)
         comm = kt.get(COMMUNICATION, 0) + both
         comp = kt.get(COMPUTATION, 0) + both
         pct = round(100.0 * both / comm, 2) if comm > 0 else None
-        return (
-            pl.DataFrame(
-                {
-                    "rank": [t.meta.rank],
-                    "comp_comm_overlap_pctg": [pct],
-                    "communication_time(us)": [comm / 1000.0],
-                    "computation_time(us)": [comp / 1000.0],
-                    "overlap_time(us)": [both / 1000.0],
-                },
-                schema=OVERLAP_SCHEMA,
-            )
+        return pl.DataFrame(
+            {
+                "rank": [t.meta.rank],
+                "comp_comm_overlap_pctg": [pct],
+                "communication_time(us)": [comm / 1000.0],
+                "computation_time(us)": [comp / 1000.0],
+                "overlap_time(us)": [both / 1000.0],
+            },
+            schema=OVERLAP_SCHEMA,
         )
 
     return per_rank(traces, one_rank, OVERLAP_SCHEMA).sort("rank", nulls_last=True)

@@ -100,8 +100,15 @@ def _build_queue_points(trace: Trace) -> pl.DataFrame:
     pairs = launch_pairs(trace)
     if pairs.is_empty():
         return pl.DataFrame(
-            schema={"stream": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "ts": pl.Int64, "queue_length": pl.Int64,
-                    "dt": pl.Int64, "_skewed": pl.Boolean}
+            schema={
+                "stream": pl.Int64,
+                "pid": pl.Int64,
+                "tid": pl.Int64,
+                "ts": pl.Int64,
+                "queue_length": pl.Int64,
+                "dt": pl.Int64,
+                "_skewed": pl.Boolean,
+            }
         )
     pairs = pairs.with_columns(
         _skewed=pl.col("ts") < pl.col("launch_ts"),
@@ -109,9 +116,17 @@ def _build_queue_points(trace: Trace) -> pl.DataFrame:
     )
     points = pl.concat(
         [
-            pairs.select("stream", "pid", "tid", pl.col("launch_ts").alias("ts"), pl.lit(1).alias("d"), "_skewed"),
-            pairs.select("stream", "pid", "tid", pl.col("_deq").alias("ts"), pl.lit(-1).alias("d"),
-                         pl.lit(False).alias("_skewed")),
+            pairs.select(
+                "stream", "pid", "tid", pl.col("launch_ts").alias("ts"), pl.lit(1).alias("d"), "_skewed"
+            ),
+            pairs.select(
+                "stream",
+                "pid",
+                "tid",
+                pl.col("_deq").alias("ts"),
+                pl.lit(-1).alias("d"),
+                pl.lit(False).alias("_skewed"),
+            ),
         ]
     )
     return (
@@ -126,19 +141,18 @@ def _build_queue_points(trace: Trace) -> pl.DataFrame:
 
 def queue_length_time_series(traces: TraceInput) -> pl.DataFrame:
     """``rank, stream, pid, tid, ts (µs), queue_length``: one row per change point."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _queue_points(t)
         if pts.is_empty():
             return None
-        return (
-            pts.select(
-                rank_lit(t),
-                "stream",
-                "pid",
-                "tid",
-                (pl.col("ts") / 1000.0).alias("ts"),
-                "queue_length",
-            )
+        return pts.select(
+            rank_lit(t),
+            "stream",
+            "pid",
+            "tid",
+            (pl.col("ts") / 1000.0).alias("ts"),
+            "queue_length",
         )
 
     return per_rank(traces, one_rank, QUEUE_TS_SCHEMA)
@@ -146,6 +160,7 @@ def queue_length_time_series(traces: TraceInput) -> pl.DataFrame:
 
 def queue_length_summary(traces: TraceInput) -> pl.DataFrame:
     """``describe()`` of the queue length per rank and stream (see module docstring)."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _queue_points(t)
         if pts.is_empty():
@@ -154,7 +169,9 @@ def queue_length_summary(traces: TraceInput) -> pl.DataFrame:
             pts.group_by("stream")
             .agg(
                 *describe_aggs("queue_length"),
-                ((pl.col("queue_length") * pl.col("dt")).sum() / pl.col("dt").sum()).alias("time_weighted_mean"),
+                ((pl.col("queue_length") * pl.col("dt")).sum() / pl.col("dt").sum()).alias(
+                    "time_weighted_mean"
+                ),
                 pl.col("_skewed").sum().cast(pl.Int64).alias("skewed_starts"),
             )
             .with_columns(rank_lit(t))
@@ -167,6 +184,7 @@ def time_blocked_on_full_queue(
     traces: TraceInput, max_queue_length: int = CUDA_MAX_LAUNCH_QUEUE_PER_STREAM
 ) -> pl.DataFrame:
     """Per rank and stream: time at or above ``max_queue_length`` (see module docstring)."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _queue_points(t)
         if pts.is_empty():
@@ -209,7 +227,9 @@ def memory_kind_expr(name: str = "name") -> pl.Expr:
 
 
 def _membw_points(trace: Trace) -> pl.DataFrame:
-    mem = device_frame(trace).filter((pl.col("kernel_type") == MEMORY) & pl.col("memory_bw_gbps").is_not_null())
+    mem = device_frame(trace).filter(
+        (pl.col("kernel_type") == MEMORY) & pl.col("memory_bw_gbps").is_not_null()
+    )
     if mem.is_empty():
         return pl.DataFrame(schema={"name": pl.String, "ts": pl.Int64, "memory_bw_gbps": pl.Float64})
     # HTA issue #20: a copy shorter than the trace's resolution has dur 0; count it as 1 µs.
@@ -220,7 +240,11 @@ def _membw_points(trace: Trace) -> pl.DataFrame:
     points = pl.concat(
         [
             mem.select(pl.col("kind").alias("name"), "ts", pl.col("memory_bw_gbps").alias("d")),
-            mem.select(pl.col("kind").alias("name"), pl.col("end").alias("ts"), (-pl.col("memory_bw_gbps")).alias("d")),
+            mem.select(
+                pl.col("kind").alias("name"),
+                pl.col("end").alias("ts"),
+                (-pl.col("memory_bw_gbps")).alias("d"),
+            ),
         ]
     )
     return (
@@ -229,7 +253,9 @@ def _membw_points(trace: Trace) -> pl.DataFrame:
         .with_columns(memory_bw_gbps=pl.col("d").cum_sum().over("name"))
         # float noise: a value that should be 0 after + and - of the same numbers
         .with_columns(
-            memory_bw_gbps=pl.when(pl.col("memory_bw_gbps").abs() < 1e-9).then(0.0).otherwise(pl.col("memory_bw_gbps"))
+            memory_bw_gbps=pl.when(pl.col("memory_bw_gbps").abs() < 1e-9)
+            .then(0.0)
+            .otherwise(pl.col("memory_bw_gbps"))
         )
         .select("name", "ts", "memory_bw_gbps")
     )
@@ -237,15 +263,16 @@ def _membw_points(trace: Trace) -> pl.DataFrame:
 
 def memory_bw_time_series(traces: TraceInput) -> pl.DataFrame:
     """``rank, name, ts (µs), memory_bw_gbps``: aggregate GB/s per memory kind over time."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _membw_points(t)
         if pts.is_empty():
             return None
-        return (
-            pts.select(
-                rank_lit(t), "name", (pl.col("ts") / 1000.0).alias("ts"),
-                "memory_bw_gbps",
-            )
+        return pts.select(
+            rank_lit(t),
+            "name",
+            (pl.col("ts") / 1000.0).alias("ts"),
+            "memory_bw_gbps",
         )
 
     return per_rank(traces, one_rank, MEMBW_TS_SCHEMA)
@@ -253,15 +280,12 @@ def memory_bw_time_series(traces: TraceInput) -> pl.DataFrame:
 
 def memory_bw_summary(traces: TraceInput) -> pl.DataFrame:
     """``describe()`` of the non-zero bandwidth points per rank and memory kind."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         pts = _membw_points(t).filter(pl.col("memory_bw_gbps") > 0)
         if pts.is_empty():
             return None
-        return (
-            pts.group_by("name")
-            .agg(describe_aggs("memory_bw_gbps"))
-            .with_columns(rank_lit(t))
-        )
+        return pts.group_by("name").agg(describe_aggs("memory_bw_gbps")).with_columns(rank_lit(t))
 
     return per_rank(traces, one_rank, MEMBW_SUMMARY_SCHEMA).sort("rank", "name", nulls_last=True)
 

@@ -151,11 +151,15 @@ def _hta_view(trace: Trace) -> pl.DataFrame:
 def _queue_lengths(full: pl.DataFrame) -> dict[int, int]:
     """HTA ``_get_queue_length_time_series_for_rank``: +1 at each launch call, -1 at each GPU op,
     cumulated per stream in time order. Returns event idx -> queue length after that event."""
-    launches = full.filter(pl.col("name").is_in(list(RUNTIME_LAUNCH_NAMES)) & (pl.col("index_correlation") > 0))
+    launches = full.filter(
+        pl.col("name").is_in(list(RUNTIME_LAUNCH_NAMES)) & (pl.col("index_correlation") > 0)
+    )
     gpu = full.filter(pl.col("hstream") != -1)
-    rt = launches.select("idx", "ts", "hcorr").join(
-        gpu.select("hcorr", pl.col("hstream").alias("stream")), on="hcorr", how="left"
-    ).select("idx", "ts", "stream", pl.lit(1).alias("q"), pl.lit(0).alias("_part"))
+    rt = (
+        launches.select("idx", "ts", "hcorr")
+        .join(gpu.select("hcorr", pl.col("hstream").alias("stream")), on="hcorr", how="left")
+        .select("idx", "ts", "stream", pl.lit(1).alias("q"), pl.lit(0).alias("_part"))
+    )
     # equal timestamps: launch calls first, then GPU ops (HTA's concatenation order; its sort is
     # unstable on large traces, so HTA itself may order such ties either way)
     dev = gpu.filter(pl.col("hcorr").is_in(launches["hcorr"].implode())).select(
@@ -173,13 +177,17 @@ def _queue_lengths(full: pl.DataFrame) -> dict[int, int]:
 def _runtime_calls(full: pl.DataFrame) -> pl.DataFrame:
     """HTA ``_get_cuda_runtime_calls_df``: launch calls in time order with the stream and GPU of
     the work they enqueued, and a sequential ``launch_id``."""
-    launches = full.filter(pl.col("name").is_in(list(RUNTIME_LAUNCH_NAMES)) & (pl.col("index_correlation") > 0))
+    launches = full.filter(
+        pl.col("name").is_in(list(RUNTIME_LAUNCH_NAMES)) & (pl.col("index_correlation") > 0)
+    )
     gpu = full.filter((pl.col("hstream") != -1) & (pl.col("index_correlation") > 0)).select(
         pl.col("idx").alias("index_correlation"),
         pl.col("hstream").alias("stream_kernel"),
         pl.col("pid").alias("gpu_kernel"),
     )
-    rc = launches.sort("ts", "idx", maintain_order=True).join(gpu, on="index_correlation", how="inner", maintain_order="left")
+    rc = launches.sort("ts", "idx", maintain_order=True).join(
+        gpu, on="index_correlation", how="inner", maintain_order="left"
+    )
     return rc.with_row_index("launch_id").with_columns(pl.col("launch_id").cast(pl.Int64))
 
 
@@ -203,7 +211,11 @@ def _event_record_previous_launch(full: pl.DataFrame, runtime_calls: pl.DataFram
     if rec.is_empty():
         return {}
     launches = runtime_calls.select(
-        "ts", pl.col("idx").alias("launch_idx"), "launch_id", pl.col("stream_kernel").alias("stream"), pl.col("gpu_kernel").alias("gpu")
+        "ts",
+        pl.col("idx").alias("launch_idx"),
+        "launch_id",
+        pl.col("stream_kernel").alias("stream"),
+        pl.col("gpu_kernel").alias("gpu"),
     ).sort("ts", "launch_id")
     out = rec.join_asof(launches, on="ts", by=["gpu", "stream"], strategy="backward", check_sortedness=False)
     return {
@@ -231,13 +243,24 @@ def _stream_wait_next_launch(full: pl.DataFrame, runtime_calls: pl.DataFrame) ->
     if swe.is_empty():
         return {}
     launches = runtime_calls.select(
-        "ts", "pid", "tid", pl.col("stream_kernel").alias("stream"), pl.col("idx").alias("launch_idx"), "launch_id"
+        "ts",
+        "pid",
+        "tid",
+        pl.col("stream_kernel").alias("stream"),
+        pl.col("idx").alias("launch_idx"),
+        "launch_id",
     ).sort("ts", "launch_id")
     out = swe.join_asof(
-        launches, on="ts", by=["pid", "tid", "stream"], strategy="forward", allow_exact_matches=False,
+        launches,
+        on="ts",
+        by=["pid", "tid", "stream"],
+        strategy="forward",
+        allow_exact_matches=False,
         check_sortedness=False,
     )
-    return {int(i): int(li) for i, li in zip(out["idx"].to_list(), out["launch_idx"].to_list()) if li is not None}
+    return {
+        int(i): int(li) for i, li in zip(out["idx"].to_list(), out["launch_idx"].to_list()) if li is not None
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,9 +359,17 @@ class CriticalPath:
     @staticmethod
     def breakdown_schema() -> dict[str, pl.DataType]:
         return {
-            "event_idx": pl.Int64(), "duration": pl.Float64(), "duration_ns": pl.Int64(), "type": pl.String(),
-            "name": pl.String(), "s_name": pl.String(), "cat": pl.String(), "pid": pl.Int64(), "tid": pl.Int64(),
-            "stream": pl.Int64(), "bound_by": pl.String(),
+            "event_idx": pl.Int64(),
+            "duration": pl.Float64(),
+            "duration_ns": pl.Int64(),
+            "type": pl.String(),
+            "name": pl.String(),
+            "s_name": pl.String(),
+            "cat": pl.String(),
+            "pid": pl.Int64(),
+            "tid": pl.Int64(),
+            "stream": pl.Int64(),
+            "bound_by": pl.String(),
         }
 
     def breakdown(self) -> pl.DataFrame:
@@ -453,7 +484,11 @@ class CriticalPath:
         flows = []
         for flow_id, i in enumerate(chosen):
             typ = EDGE_TYPES[int(self.edge_type[i])]
-            args = {"weight": int(round(int(self.edge_weight[i]) / 1000)), "critical": bool(on_path[i]), "type": typ}
+            args = {
+                "weight": int(round(int(self.edge_weight[i]) / 1000)),
+                "critical": bool(on_path[i]),
+                "type": typ,
+            }
             for node, ph in ((int(self.edge_src[i]), "s"), (int(self.edge_dst[i]), "f")):
                 ev = events[int(self.node_ev[node])]
                 ts = ev["ts"]
@@ -464,8 +499,14 @@ class CriticalPath:
                     if isinstance(dev, int) and dev >= 0:
                         ts -= min(1, dur)
                 flow = {
-                    "ph": ph, "id": flow_id, "pid": ev.get("pid"), "tid": ev.get("tid"), "ts": int(ts),
-                    "cat": "critical_path", "name": "critical_path", "args": args,
+                    "ph": ph,
+                    "id": flow_id,
+                    "pid": ev.get("pid"),
+                    "tid": ev.get("tid"),
+                    "ts": int(ts),
+                    "cat": "critical_path",
+                    "name": "critical_path",
+                    "args": args,
                 }
                 if ph == "f":
                     flow["bp"] = "e"
@@ -542,7 +583,9 @@ class _Edges:
         return src, dst, typ, w.astype(np.int64), attr
 
 
-def _window(view: pl.DataFrame, annotation: str | None, instance_id: int | tuple[int, int] | None) -> tuple[int, int]:
+def _window(
+    view: pl.DataFrame, annotation: str | None, instance_id: int | tuple[int, int] | None
+) -> tuple[int, int]:
     if not annotation:
         end = view.select((pl.col("ts") + pl.col("dur")).max()).item()
         return int(cast(int, view["ts"].min())), int(end)
@@ -610,7 +653,9 @@ def critical_path(
     clipped = pl.concat([full.filter(cpu_in), gpu]).sort("idx")
 
     # ---- nodes ---------------------------------------------------------------------------
-    is_node = pl.col("kind").is_in(_NODE_KINDS) | ((pl.col("hstream") != -1) & (pl.col("index_correlation") >= 0))
+    is_node = pl.col("kind").is_in(_NODE_KINDS) | (
+        (pl.col("hstream") != -1) & (pl.col("index_correlation") >= 0)
+    )
     if dl:
         is_node = is_node | pl.col("name").str.contains("|".join(re.escape(p) for p in dl))
     node_events = clipped.filter(is_node)
@@ -689,7 +734,9 @@ def critical_path(
     fwd = _single_tid(cpu_rows, "forward")
     bwd = _single_tid(cpu_rows, "autograd")
     if fwd is not None and bwd is not None and fwd != bwd:
-        cpu_rows = cpu_rows.with_columns(pl.when(pl.col("tid") == bwd).then(fwd).otherwise(pl.col("tid")).alias("tid"))
+        cpu_rows = cpu_rows.with_columns(
+            pl.when(pl.col("tid") == bwd).then(fwd).otherwise(pl.col("tid")).alias("tid")
+        )
         gpu_keys_tid = pl.when(pl.col("tid") == bwd).then(fwd).otherwise(pl.col("tid"))
     else:
         gpu_keys_tid = pl.col("tid")
@@ -781,7 +828,15 @@ def critical_path(
 
     # ---- kernels and synchronisation ----------------------------------------------------
     _kernel_edges(
-        full, clipped, start_node, end_node, E, node_ts.tolist(), attribute, add_zero_weight_launch_edges, warnings
+        full,
+        clipped,
+        start_node,
+        end_node,
+        E,
+        node_ts.tolist(),
+        attribute,
+        add_zero_weight_launch_edges,
+        warnings,
     )
 
     # ---- validate and solve ---------------------------------------------------------------
@@ -797,7 +852,9 @@ def critical_path(
         sd = np.array([stream_of.get(e, -1) for e in node_ev[dst].tolist()]) if len(src) else np.zeros(0)
         bad = (typ == _SYNC) & (ss != -1) & (ss == sd)
         if bad.any():
-            warnings.append(f"dropped {int(bad.sum())} synchronisation edge(s) between ops on the same stream")
+            warnings.append(
+                f"dropped {int(bad.sum())} synchronisation edge(s) between ops on the same stream"
+            )
             keep = ~bad
             src, dst, typ, w, attr = src[keep], dst[keep], typ[keep], w[keep], attr[keep]
     cp = CriticalPath(
@@ -831,9 +888,10 @@ def critical_path(
 
 def _single_tid(cpu_rows: pl.DataFrame, needle: str) -> int | None:
     tids = (
-        cpu_rows.filter(pl.col("kind").is_in(["cpu_op", "user_annotation"]) & pl.col("name").str.contains(needle, literal=True))[
-            "tid"
-        ]
+        cpu_rows.filter(
+            pl.col("kind").is_in(["cpu_op", "user_annotation"])
+            & pl.col("name").str.contains(needle, literal=True)
+        )["tid"]
         .unique()
         .to_list()
     )
@@ -866,11 +924,19 @@ def _kernel_edges(
     full_ts = dict(zip(full["idx"].to_list(), full["ts"].to_list()))
     full_ic = dict(zip(full["idx"].to_list(), full["index_correlation"].to_list()))
 
-    rows = clipped.filter(
-        ((pl.col("hstream") != -1) | pl.col("name").is_in(_SYNC_NAMES)) & (pl.col("index_correlation") >= 0)
-    ).with_columns(
-        pl.when(pl.col("kind") == "cuda_sync").then(pl.col("ts") + pl.col("dur")).otherwise(pl.col("ts")).alias("_sort")
-    ).sort("_sort", "idx", maintain_order=True)
+    rows = (
+        clipped.filter(
+            ((pl.col("hstream") != -1) | pl.col("name").is_in(_SYNC_NAMES))
+            & (pl.col("index_correlation") >= 0)
+        )
+        .with_columns(
+            pl.when(pl.col("kind") == "cuda_sync")
+            .then(pl.col("ts") + pl.col("dur"))
+            .otherwise(pl.col("ts"))
+            .alias("_sort")
+        )
+        .sort("_sort", "idx", maintain_order=True)
+    )
 
     last_node: dict[int, int] = {}
     kernel_sync: dict[int, int | None] = {}
@@ -937,7 +1003,9 @@ def _kernel_edges(
             q_rt == 1
             and q_k == 0
             and (prev is None or (rt_ts is not None and node_ts[prev] < rt_ts))
-            and (sync_src is None or (sync_end is not None and rt_ts is not None and node_ts[sync_end] < rt_ts))
+            and (
+                sync_src is None or (sync_end is not None and rt_ts is not None and node_ts[sync_end] < rt_ts)
+            )
         ):
             rs = _at(start_node, ic)
             if rs is not None:
@@ -1043,7 +1111,10 @@ def _cp_for(trace: Trace, annotation: str | None, instance_id: Any, **kwargs: An
 
 
 CP_SUMMARY_SCHEMA: dict[str, pl.DataType] = {
-    "rank": pl.Int64(), "bound_by": pl.String(), "duration (us)": pl.Float64(), "percentage": pl.Float64(),
+    "rank": pl.Int64(),
+    "bound_by": pl.String(),
+    "duration (us)": pl.Float64(),
+    "percentage": pl.Float64(),
 }
 
 
@@ -1057,10 +1128,16 @@ def critical_path_summary(
     """Registry entry: the ``bound_by`` summary of each trace's critical path. With no
     annotation it analyses the first ``ProfilerStep`` when the trace has one, else the whole
     trace."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
-        cp = _cp_for(t, annotation, instance_id, data_load_events=data_load_events,
-                     add_zero_weight_launch_edges=add_zero_weight_launch_edges)
-        return (cp.summary().with_columns(rank_lit(t)))
+        cp = _cp_for(
+            t,
+            annotation,
+            instance_id,
+            data_load_events=data_load_events,
+            add_zero_weight_launch_edges=add_zero_weight_launch_edges,
+        )
+        return cp.summary().with_columns(rank_lit(t))
 
     return per_rank(traces, one_rank, CP_SUMMARY_SCHEMA)
 
@@ -1073,16 +1150,27 @@ def critical_path_breakdown(
     add_zero_weight_launch_edges: bool = False,
 ) -> pl.DataFrame:
     """Registry entry: every edge of each trace's critical path (``CriticalPath.breakdown``)."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
-        cp = _cp_for(t, annotation, instance_id, data_load_events=data_load_events,
-                     add_zero_weight_launch_edges=add_zero_weight_launch_edges)
-        return (cp.breakdown().with_columns(rank_lit(t)))
+        cp = _cp_for(
+            t,
+            annotation,
+            instance_id,
+            data_load_events=data_load_events,
+            add_zero_weight_launch_edges=add_zero_weight_launch_edges,
+        )
+        return cp.breakdown().with_columns(rank_lit(t))
 
     schema = {"rank": pl.Int64(), **dict(CriticalPath.breakdown_schema())}
     return per_rank(traces, one_rank, schema)
 
 
-_CP_OPTIONS = {"annotation": None, "instance_id": 0, "data_load_events": None, "add_zero_weight_launch_edges": False}
+_CP_OPTIONS = {
+    "annotation": None,
+    "instance_id": 0,
+    "data_load_events": None,
+    "add_zero_weight_launch_edges": False,
+}
 register(
     AnalysisSpec(
         name="critical_path",

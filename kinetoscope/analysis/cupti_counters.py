@@ -70,9 +70,7 @@ def counter_values(trace: Trace, idx: list[int] | None = None) -> pl.DataFrame:
     if not keys:
         return base
     wide = rows.pivot(on="key", index="idx", values="value", aggregate_function="first")
-    return base.join(wide, on="idx", how="left").select(
-        "idx", *[pl.col(k).cast(pl.Float64) for k in keys]
-    )
+    return base.join(wide, on="idx", how="left").select("idx", *[pl.col(k).cast(pl.Float64) for k in keys])
 
 
 def counter_data_with_operators(trace: Trace, *, call_graph: CallGraph | None = None) -> pl.DataFrame:
@@ -102,19 +100,25 @@ def counter_data_with_operators(trace: Trace, *, call_graph: CallGraph | None = 
             q = int(parent[q])
         ops.reverse()
         stacks.append(ops)
-    out = ranges.select("idx", "name", "cat", "pid", "tid", "ts", "dur").with_columns(
-        pl.Series("index_runtime", launches["idx"].to_list(), dtype=pl.Int64),
-        pl.Series("op_stack", stacks, dtype=pl.List(pl.String)),
-    ).with_columns(
-        pl.col("op_stack").list.first().fill_null("").alias("top_level_op"),
-        pl.col("op_stack").list.last().fill_null("").alias("bottom_level_op"),
+    out = (
+        ranges.select("idx", "name", "cat", "pid", "tid", "ts", "dur")
+        .with_columns(
+            pl.Series("index_runtime", launches["idx"].to_list(), dtype=pl.Int64),
+            pl.Series("op_stack", stacks, dtype=pl.List(pl.String)),
+        )
+        .with_columns(
+            pl.col("op_stack").list.first().fill_null("").alias("top_level_op"),
+            pl.col("op_stack").list.last().fill_null("").alias("bottom_level_op"),
+        )
     )
     values = counter_values(trace, out["idx"].to_list())
     out = out.join(values, on="idx", how="left")
     present = [k for k in CUDA_SASS_INSTRUCTION_COUNTER_FLOPS if k in out.columns]
     if present:
         out = out.with_columns(
-            pl.sum_horizontal([pl.col(k).fill_null(0) * CUDA_SASS_INSTRUCTION_COUNTER_FLOPS[k] for k in present]).alias("flops")
+            pl.sum_horizontal(
+                [pl.col(k).fill_null(0) * CUDA_SASS_INSTRUCTION_COUNTER_FLOPS[k] for k in present]
+            ).alias("flops")
         )
     else:
         out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
@@ -124,22 +128,26 @@ def counter_data_with_operators(trace: Trace, *, call_graph: CallGraph | None = 
 def cupti_counters(traces: TraceInput) -> pl.DataFrame:
     """Registry entry: ``counter_data_with_operators`` per trace with a ``rank`` column, times
     in µs, ``op_stack`` joined with `` > ``."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         df = counter_data_with_operators(t)
         if df.is_empty():
             return None
-        return (
-            df.with_columns(
-                rank_lit(t),
-                (pl.col("ts") / 1000).alias("ts"),
-                (pl.col("dur") / 1000).alias("dur"),
-                pl.col("op_stack").list.join(" > "),
-            ).select("rank", pl.exclude("rank"))
-        )
+        return df.with_columns(
+            rank_lit(t),
+            (pl.col("ts") / 1000).alias("ts"),
+            (pl.col("dur") / 1000).alias("dur"),
+            pl.col("op_stack").list.join(" > "),
+        ).select("rank", pl.exclude("rank"))
 
     frames = per_rank_frames(traces, one_rank)
     if not frames:
-        return pl.DataFrame(schema={"rank": pl.Int64(), **{k: (pl.String() if k == "op_stack" else v) for k, v in BASE_COLUMNS.items()}})
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int64(),
+                **{k: (pl.String() if k == "op_stack" else v) for k, v in BASE_COLUMNS.items()},
+            }
+        )
     return pl.concat(frames, how="diagonal_relaxed")
 
 

@@ -52,7 +52,9 @@ def _occurrences(
     """(roots with their pattern, root position per node (-1 if not in an occurrence), root
     positions)."""
     nodes = cg.nodes
-    empty = pl.DataFrame(schema={"_pos": pl.Int64, "pattern": pl.String, "kernel_dur_sum": pl.Int64, "dur": pl.Int64})
+    empty = pl.DataFrame(
+        schema={"_pos": pl.Int64, "pattern": pl.String, "kernel_dur_sum": pl.Int64, "dur": pl.Int64}
+    )
     if nodes.is_empty() or not operator_name:
         return empty, np.full(len(cg), -1, dtype=np.int64), np.zeros(0, dtype=np.int64)
     cand = (~nodes["is_device"] & nodes["name"].str.contains(operator_name, literal=True)).to_numpy()
@@ -81,7 +83,12 @@ def _occurrences(
         .with_columns(pl.col("_pos").cast(pl.Int64))
         .filter(pl.Series(roots))
         .join(seqs, left_on="_pos", right_on="_root", how="inner")
-        .select("_pos", pl.concat_str([pl.col("name"), pl.col("_kernels")], separator="|").alias("pattern"), "kernel_dur_sum", "dur")
+        .select(
+            "_pos",
+            pl.concat_str([pl.col("name"), pl.col("_kernels")], separator="|").alias("pattern"),
+            "kernel_dur_sum",
+            "dur",
+        )
     )
     return root_rows, label, root_pos
 
@@ -161,7 +168,11 @@ def _overlay(
         table = {str(v): k for k, v in symbols.items()}
         doc["kinetoscopeSymbols"] = table
         for ev in events:
-            if isinstance(ev, dict) and ev.get("cat") == "Trace" and str(ev.get("name", "")).startswith("PyTorch Profiler"):
+            if (
+                isinstance(ev, dict)
+                and ev.get("cat") == "Trace"
+                and str(ev.get("name", "")).startswith("PyTorch Profiler")
+            ):
                 ev.setdefault("args", {})
                 if isinstance(ev["args"], dict):
                     ev["args"]["kinetoscopeSymbols"] = table
@@ -178,6 +189,7 @@ def frequent_sequences(
 ) -> pl.DataFrame:
     """Registry entry: ``frequent_cuda_kernel_sequences`` per trace, with a ``rank`` column.
     Default: sequences under the outermost ``aten::`` ops."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         df = frequent_cuda_kernel_sequences(
             t, operator_name, min_pattern_len=min_pattern_len, outermost=outermost

@@ -144,6 +144,7 @@ def idle_time_interval_stats(
 ) -> pl.DataFrame:
     """``describe()`` of the idle gaps (µs) per ``rank, stream, idle_category``
     (HTA's ``show_idle_interval_stats`` output)."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         gaps = idle_intervals(t, consecutive_kernel_delay_us, streams)
         if gaps.is_empty():

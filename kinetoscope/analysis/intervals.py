@@ -54,7 +54,9 @@ def intersection_length(a: pl.DataFrame, b: pl.DataFrame) -> int:
         ]
     ).sort("t", "d")
     sweep = events.with_columns(running=pl.col("d").cum_sum(), next_t=pl.col("t").shift(-1))
-    return int(sweep.filter(pl.col("running") == 3).select((pl.col("next_t") - pl.col("t")).sum()).item() or 0)
+    return int(
+        sweep.filter(pl.col("running") == 3).select((pl.col("next_t") - pl.col("t")).sum()).item() or 0
+    )
 
 
 # ---- grouped, single-pass primitives (used by the breakdowns) ---------------------------------

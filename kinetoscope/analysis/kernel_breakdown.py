@@ -78,7 +78,9 @@ def kernel_type_time(dev: pl.DataFrame, types: Sequence[str], keys: Sequence[str
     bits = pl.DataFrame({"kernel_type": list(types), "bit": [1 << i for i in range(len(types))]})
     sel = dev.filter(pl.col("kernel_type").is_in(list(types))).join(bits, on="kernel_type")
     if sel.is_empty():
-        return pl.DataFrame(schema={**{k: dev.schema[k] for k in keys}, "kernel_type": pl.String, "time": pl.Int64})
+        return pl.DataFrame(
+            schema={**{k: dev.schema[k] for k in keys}, "kernel_type": pl.String, "time": pl.Int64}
+        )
     merged = covered_pieces(sel, [*keys, "bit"])
     segs = sweep_states(merged, keys).with_columns(time=pl.col("next_t") - pl.col("t"))
     return (
@@ -102,13 +104,11 @@ def kernel_type_breakdown(traces: TraceInput, include_memory_kernels: bool = Tru
         if kt.is_empty():
             return None
         total = kt["time"].sum()
-        return (
-            kt.select(
-                rank_lit(t),
-                "kernel_type",
-                (pl.col("time") / 1000.0).alias("sum"),
-                (100.0 * pl.col("time") / total).round(1).alias("percentage"),
-            )
+        return kt.select(
+            rank_lit(t),
+            "kernel_type",
+            (pl.col("time") / 1000.0).alias("sum"),
+            (100.0 * pl.col("time") / total).round(1).alias("percentage"),
         )
 
     out = per_rank(traces, one_rank, KERNEL_TYPE_SCHEMA)

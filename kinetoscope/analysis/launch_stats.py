@@ -97,8 +97,10 @@ def _launch_pairs(trace: Trace, launch_names: tuple[str, ...] | list[str]) -> pl
         )
         .collect(engine=ENGINE)
     )
-    dev = device_frame(trace).filter(pl.col("correlation").is_not_null()).select(
-        "correlation", "name", "kind", "stream", "pid", "tid", "ts", "dur"
+    dev = (
+        device_frame(trace)
+        .filter(pl.col("correlation").is_not_null())
+        .select("correlation", "name", "kind", "stream", "pid", "tid", "ts", "dur")
     )
     return host.join(dev, on="correlation", how="inner")
 
@@ -111,19 +113,17 @@ def kernel_launch_stats(traces: TraceInput, include_memory_events: bool = True) 
         pairs = launch_pairs(t, names)
         if pairs.is_empty():
             return None
-        return (
-            pairs.sort("launch_ts", "correlation").select(
-                rank_lit(t),
-                "correlation",
-                "launch_name",
-                "name",
-                "stream",
-                (pl.col("launch_dur") / 1000.0).alias("cpu_duration"),
-                (pl.col("dur") / 1000.0).alias("gpu_duration"),
-                ((pl.col("ts") - pl.col("launch_ts") - pl.col("launch_dur")).clip(lower_bound=0) / 1000.0).alias(
-                    "launch_delay"
-                ),
-            )
+        return pairs.sort("launch_ts", "correlation").select(
+            rank_lit(t),
+            "correlation",
+            "launch_name",
+            "name",
+            "stream",
+            (pl.col("launch_dur") / 1000.0).alias("cpu_duration"),
+            (pl.col("dur") / 1000.0).alias("gpu_duration"),
+            ((pl.col("ts") - pl.col("launch_ts") - pl.col("launch_dur")).clip(lower_bound=0) / 1000.0).alias(
+                "launch_delay"
+            ),
         )
 
     return per_rank(traces, one_rank, LAUNCH_SCHEMA)
@@ -137,8 +137,10 @@ def kernel_launch_summary(
 ) -> pl.DataFrame:
     """One row per rank with launches (see module docstring)."""
     pre = [getattr(t, "launch_summary", None) for t in as_traces(traces)]
-    if pre and all(p is not None for p in pre) and (runtime_cutoff_us, launch_delay_cutoff_us, include_memory_events) == (
-        50.0, 100.0, True
+    if (
+        pre
+        and all(p is not None for p in pre)
+        and (runtime_cutoff_us, launch_delay_cutoff_us, include_memory_events) == (50.0, 100.0, True)
     ):  # digests of ranks (kinetoscope.diagnosis.extract) carry their summary with these defaults
         return concat_or_empty(cast("list[pl.DataFrame]", pre), SUMMARY_SCHEMA).sort("rank", nulls_last=True)
     stats = kernel_launch_stats(traces, include_memory_events)

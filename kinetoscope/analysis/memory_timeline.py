@@ -37,14 +37,40 @@ from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
 # c10::DeviceType values seen in Kineto memory events.
-DEVICE_TYPES: dict[int, str] = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep",
-                                6: "hip", 7: "fpga", 8: "maia", 9: "xla", 10: "vulkan", 11: "metal",
-                                12: "xpu", 13: "mps", 14: "meta", 15: "hpu", 16: "ve", 17: "lazy",
-                                18: "ipu", 19: "mtia", 20: "privateuseone"}
+DEVICE_TYPES: dict[int, str] = {
+    0: "cpu",
+    1: "cuda",
+    2: "mkldnn",
+    3: "opengl",
+    4: "opencl",
+    5: "ideep",
+    6: "hip",
+    7: "fpga",
+    8: "maia",
+    9: "xla",
+    10: "vulkan",
+    11: "metal",
+    12: "xpu",
+    13: "mps",
+    14: "meta",
+    15: "hpu",
+    16: "ve",
+    17: "lazy",
+    18: "ipu",
+    19: "mtia",
+    20: "privateuseone",
+}
 
 # export_memory_timeline categories, in torch's (and HTA's) index order.
 MEMORY_CATEGORIES: tuple[str, ...] = (
-    "Parameter", "Optimizer state", "Input", "Temporary", "Activation", "Gradient", "Autograd", "Unknown",
+    "Parameter",
+    "Optimizer state",
+    "Input",
+    "Temporary",
+    "Activation",
+    "Gradient",
+    "Autograd",
+    "Unknown",
 )
 
 MEMORY_TIMELINE_SCHEMA: dict[str, pl.DataType] = {
@@ -97,17 +123,16 @@ def _memory_events(trace: Trace) -> pl.DataFrame:
 
 def memory_timeline(traces: TraceInput) -> pl.DataFrame:
     """Every ``[memory]`` event: ``rank, device, ts(us), bytes, total_allocated, total_reserved``."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         mem = _memory_events(t)
-        return (
-            mem.select(
-                rank_lit(t),
-                "device",
-                (pl.col("ts") / 1000).alias("ts(us)"),
-                "bytes",
-                "total_allocated",
-                "total_reserved",
-            )
+        return mem.select(
+            rank_lit(t),
+            "device",
+            (pl.col("ts") / 1000).alias("ts(us)"),
+            "bytes",
+            "total_allocated",
+            "total_reserved",
         )
 
     return per_rank(traces, one_rank, MEMORY_TIMELINE_SCHEMA)
@@ -115,6 +140,7 @@ def memory_timeline(traces: TraceInput) -> pl.DataFrame:
 
 def memory_summary(traces: TraceInput) -> pl.DataFrame:
     """Per rank and device: allocations, frees, peaks (bytes) and when the allocated peak was."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         mem = _memory_events(t)
         if mem.is_empty():
@@ -152,7 +178,10 @@ def allocation_sites(trace: Trace) -> pl.DataFrame:
     # the last host event (in nesting order) starting at or before each allocation, per thread
     ordered = host.with_columns(pl.col("_pos").cast(pl.Int64)).sort("pid", "tid", "ts", "depth")
     cand = mem.sort("ts").join_asof(
-        ordered.select("pid", "tid", "ts", "_pos"), on="ts", by=["pid", "tid"], strategy="backward",
+        ordered.select("pid", "tid", "ts", "_pos"),
+        on="ts",
+        by=["pid", "tid"],
+        strategy="backward",
         check_sortedness=False,
     )
     pos = cand["_pos"].fill_null(-1).to_numpy().astype(np.int64)
@@ -173,12 +202,16 @@ def allocation_sites(trace: Trace) -> pl.DataFrame:
     found = pos >= 0
     return cand.select("idx", "device", "ts", "bytes").with_columns(
         pl.when(pl.Series(found)).then(pl.Series(idxs[np.maximum(pos, 0)])).otherwise(None).alias("op_idx"),
-        pl.when(pl.Series(found)).then(pl.Series(names[np.maximum(pos, 0)].astype(str))).otherwise(None).alias("op"),
+        pl.when(pl.Series(found))
+        .then(pl.Series(names[np.maximum(pos, 0)].astype(str)))
+        .otherwise(None)
+        .alias("op"),
     )
 
 
 def memory_allocation_sites(traces: TraceInput, top_k: int = 20) -> pl.DataFrame:
     """Top ``top_k`` allocating ops per rank and device, by bytes allocated."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         sites = allocation_sites(t)
         if sites.is_empty():
@@ -207,7 +240,9 @@ def read_memory_timeline_raw(path: str | os.PathLike[str]) -> np.ndarray:
     ``(n, 4)`` int64 array ``[t, action, numbytes, category]``."""
     data = orjson.loads(read_raw_bytes(path))
     if not isinstance(data, list):
-        raise ValueError(f"{path}: not a memory timeline (expected a JSON array of [t, action, bytes, category])")
+        raise ValueError(
+            f"{path}: not a memory timeline (expected a JSON array of [t, action, bytes, category])"
+        )
     arr = np.asarray(data, dtype=np.int64)
     if arr.size == 0:
         return np.zeros((0, 4), dtype=np.int64)
@@ -243,7 +278,12 @@ def memory_categories_summary(path: str | os.PathLike[str]) -> pl.DataFrame:
     """Per category of a raw memory timeline: peak bytes, time of the peak, final bytes; plus a
     ``Total`` row (peak of the sum over categories)."""
     tl = memory_timeline_from_raw(path)
-    schema = {"category": pl.String(), "peak_bytes": pl.Int64(), "peak_time_ns": pl.Int64(), "final_bytes": pl.Int64()}
+    schema = {
+        "category": pl.String(),
+        "peak_bytes": pl.Int64(),
+        "peak_time_ns": pl.Int64(),
+        "final_bytes": pl.Int64(),
+    }
     if tl.is_empty():
         return pl.DataFrame(schema=schema)
     tl = tl.with_columns(pl.sum_horizontal(list(MEMORY_CATEGORIES)).alias("Total"))
@@ -251,7 +291,14 @@ def memory_categories_summary(path: str | os.PathLike[str]) -> pl.DataFrame:
     for c in (*MEMORY_CATEGORIES, "Total"):
         col = tl[c]
         i = int(col.arg_max())  # type: ignore[arg-type]
-        rows.append({"category": c, "peak_bytes": int(col[i]), "peak_time_ns": int(tl["time_ns"][i]), "final_bytes": int(col[-1])})
+        rows.append(
+            {
+                "category": c,
+                "peak_bytes": int(col[i]),
+                "peak_time_ns": int(tl["time_ns"][i]),
+                "final_bytes": int(col[-1]),
+            }
+        )
     return pl.DataFrame(rows, schema=schema)
 
 

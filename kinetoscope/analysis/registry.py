@@ -105,7 +105,9 @@ _loaded = False
 def register(spec: AnalysisSpec, *, replace: bool = False) -> AnalysisSpec:
     """Add an analysis. Registering the same name twice is an error unless ``replace``."""
     if spec.combine not in COMBINE_STRATEGIES:
-        raise ValueError(f"analysis {spec.name!r}: combine must be one of {COMBINE_STRATEGIES}, got {spec.combine!r}")
+        raise ValueError(
+            f"analysis {spec.name!r}: combine must be one of {COMBINE_STRATEGIES}, got {spec.combine!r}"
+        )
     if spec.name in _REGISTRY and not replace and _REGISTRY[spec.name].func is not spec.func:
         raise ValueError(f"analysis {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec

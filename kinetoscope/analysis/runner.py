@@ -78,7 +78,9 @@ def run_analyses(
     (or re-raised with ``raise_errors``) and the others still run.
     """
     tl = as_traces(traces)
-    return collect_results(names, has_device_events(tl), lambda spec: spec.call(tl, options), raise_errors=raise_errors)
+    return collect_results(
+        names, has_device_events(tl), lambda spec: spec.call(tl, options), raise_errors=raise_errors
+    )
 
 
 class AnalysisFailure(Exception):
@@ -110,7 +112,9 @@ def collect_results(
             if raise_errors:
                 raise
             results[name] = pl.DataFrame()
-            results.errors[name] = str(exc) if isinstance(exc, AnalysisFailure) else f"{type(exc).__name__}: {exc}"
+            results.errors[name] = (
+                str(exc) if isinstance(exc, AnalysisFailure) else f"{type(exc).__name__}: {exc}"
+            )
             continue
         results[name] = df
         if df.is_empty() and spec.empty_note:

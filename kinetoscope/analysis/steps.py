@@ -71,7 +71,9 @@ def _host_annotations(trace: Trace) -> pl.DataFrame:
         trace.events.lazy()
         .select("kind", "name", "ts", "dur")
         .filter(pl.col("kind").is_in(HOST_ANNOTATION_KINDS))
-        .filter(pl.col("name").str.starts_with("ProfilerStep") | pl.col("name").str.starts_with("Optimizer.step#"))
+        .filter(
+            pl.col("name").str.starts_with("ProfilerStep") | pl.col("name").str.starts_with("Optimizer.step#")
+        )
         .select("name", "ts", "dur")
         .collect(engine=ENGINE)
     )

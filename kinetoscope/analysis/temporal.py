@@ -82,11 +82,12 @@ def _breakdown(dev: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 def temporal_breakdown(traces: TraceInput) -> pl.DataFrame:
     """One row per rank with device events (HTA's columns; times in µs). Ranks without any
     device event are left out."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
             return None
-        return (_breakdown(dev, []).with_columns(rank_lit(t)))
+        return _breakdown(dev, []).with_columns(rank_lit(t))
 
     return per_rank(traces, one_rank, TEMPORAL_SCHEMA)
 
@@ -95,6 +96,7 @@ def temporal_breakdown_by_step(traces: TraceInput, steps: pl.DataFrame | None = 
     """One row per rank and step (``step`` column), device events assigned to the step that
     launched them. Ranks without steps are left out; device events outside every step are
     ignored here."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         dev = device_frame(t)
         if dev.is_empty():
@@ -102,7 +104,7 @@ def temporal_breakdown_by_step(traces: TraceInput, steps: pl.DataFrame | None = 
         dev = assign_steps(t, dev, steps).filter(pl.col("step").is_not_null())
         if dev.is_empty():
             return None
-        return (_breakdown(dev, ["step"]).with_columns(rank_lit(t)))
+        return _breakdown(dev, ["step"]).with_columns(rank_lit(t))
 
     return per_rank(traces, one_rank, TEMPORAL_BY_STEP_SCHEMA).sort("rank", "step", nulls_last=True)
 

@@ -128,27 +128,50 @@ def trace_diff(
     cc, cd = f"{c_label}_counts", f"{c_label}_total_duration"
     tc, td = f"{t_label}_counts", f"{t_label}_total_duration"
     df = a.rename({"counts": cc, "total_duration": cd, "device": "_dev_a"}).join(
-        b.rename({"counts": tc, "total_duration": td, "device": "_dev_b"}), on="name", how="full", coalesce=True
+        b.rename({"counts": tc, "total_duration": td, "device": "_dev_b"}),
+        on="name",
+        how="full",
+        coalesce=True,
     )
     df = df.with_columns(
-        pl.col(cc).fill_null(0), pl.col(tc).fill_null(0), pl.col(cd).fill_null(0.0), pl.col(td).fill_null(0.0),
+        pl.col(cc).fill_null(0),
+        pl.col(tc).fill_null(0),
+        pl.col(cd).fill_null(0.0),
+        pl.col(td).fill_null(0.0),
         pl.coalesce("_dev_b", "_dev_a").alias("device"),
     ).with_columns(
         (pl.col(tc) - pl.col(cc)).alias("diff_counts"),
         (pl.col(td) - pl.col(cd)).alias("diff_duration"),
     )
     df = df.with_columns(
-        pl.when(pl.col("diff_counts") > 0).then(pl.lit("+"))
-        .when(pl.col("diff_counts") < 0).then(pl.lit("-"))
-        .otherwise(pl.lit("=")).alias("counts_change_categories"),
-        pl.when(pl.col(cc) == 0).then(pl.lit("added"))
-        .when(pl.col(tc) == 0).then(pl.lit("deleted"))
-        .when(pl.col("diff_counts") > 0).then(pl.lit("increased"))
-        .when(pl.col("diff_counts") < 0).then(pl.lit("decreased"))
-        .otherwise(pl.lit("unchanged")).alias("count_change"),
+        pl.when(pl.col("diff_counts") > 0)
+        .then(pl.lit("+"))
+        .when(pl.col("diff_counts") < 0)
+        .then(pl.lit("-"))
+        .otherwise(pl.lit("="))
+        .alias("counts_change_categories"),
+        pl.when(pl.col(cc) == 0)
+        .then(pl.lit("added"))
+        .when(pl.col(tc) == 0)
+        .then(pl.lit("deleted"))
+        .when(pl.col("diff_counts") > 0)
+        .then(pl.lit("increased"))
+        .when(pl.col("diff_counts") < 0)
+        .then(pl.lit("decreased"))
+        .otherwise(pl.lit("unchanged"))
+        .alias("count_change"),
     )
     return df.select(
-        "name", "device", cc, cd, tc, td, "diff_counts", "diff_duration", "counts_change_categories", "count_change"
+        "name",
+        "device",
+        cc,
+        cd,
+        tc,
+        td,
+        "diff_counts",
+        "diff_duration",
+        "counts_change_categories",
+        "count_change",
     ).sort([pl.col("diff_duration").abs(), pl.col("name")], descending=[True, False])
 
 
@@ -157,7 +180,9 @@ def ops_diff(diff: pl.DataFrame) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {k: [] for k in CHANGES}
     if diff.is_empty():
         return out
-    for change, names in diff.sort("name").group_by("count_change", maintain_order=True).agg(pl.col("name")).iter_rows():
+    for change, names in (
+        diff.sort("name").group_by("count_change", maintain_order=True).agg(pl.col("name")).iter_rows()
+    ):
         out[change] = list(names)
     return out
 
@@ -166,10 +191,16 @@ def trace_diff_by_step(control: Trace, test: Trace, **kwargs: Any) -> pl.DataFra
     """``trace_diff`` for every step number present in both traces, with a ``step`` column."""
     a = set(detect_steps(control)["step"].to_list())
     b = set(detect_steps(test)["step"].to_list())
-    frames = [trace_diff(control, test, step=s, **kwargs).with_columns(pl.lit(s, dtype=pl.Int64).alias("step"))
-              for s in sorted(a & b)]
+    frames = [
+        trace_diff(control, test, step=s, **kwargs).with_columns(pl.lit(s, dtype=pl.Int64).alias("step"))
+        for s in sorted(a & b)
+    ]
     if not frames:
-        return trace_diff(control, test, **kwargs).with_columns(pl.lit(None, dtype=pl.Int64).alias("step")).clear()
+        return (
+            trace_diff(control, test, **kwargs)
+            .with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+            .clear()
+        )
     return pl.concat(frames).select("step", pl.exclude("step"))
 
 

@@ -111,26 +111,25 @@ def annotate_device_events(trace_events: pl.DataFrame, device: pl.DataFrame) -> 
 
 def gpu_kernels_with_user_annotations(traces: TraceInput) -> pl.DataFrame:
     """One row per device event of every rank that has GPU user annotations (see module doc)."""
+
     def one_rank(t: Trace) -> pl.DataFrame | None:
         if t.events.filter(pl.col("kind") == "gpu_user_annotation").is_empty():
             return None
         dev = device_frame(t)
         out = annotate_device_events(t.events, dev)
-        return (
-            out.select(
-                rank_lit(t),
-                "idx",
-                "name",
-                pl.col("kind").cast(pl.String),
-                "pid",
-                "tid",
-                "stream",
-                "correlation",
-                (pl.col("ts") / 1000.0).alias("ts(us)"),
-                (pl.col("dur") / 1000.0).alias("dur(us)"),
-                "user_annotation",
-            ).sort("ts(us)", "idx")
-        )
+        return out.select(
+            rank_lit(t),
+            "idx",
+            "name",
+            pl.col("kind").cast(pl.String),
+            "pid",
+            "tid",
+            "stream",
+            "correlation",
+            (pl.col("ts") / 1000.0).alias("ts(us)"),
+            (pl.col("dur") / 1000.0).alias("dur(us)"),
+            "user_annotation",
+        ).sort("ts(us)", "idx")
 
     return per_rank(traces, one_rank, KERNEL_ANNOTATION_SCHEMA)
 
@@ -141,7 +140,12 @@ register(
         func=gpu_user_annotation_breakdown,
         combine="concat_by_rank",
         description="Time per GPU user annotation (record_function ranges on the GPU timeline), per rank.",
-        options={"use_gpu_annotation": True, "num_kernels": 1000, "duration_ratio": 0.8, "allowlist_patterns": None},
+        options={
+            "use_gpu_annotation": True,
+            "num_kernels": 1000,
+            "duration_ratio": 0.8,
+            "allowlist_patterns": None,
+        },
         order=50,
         group="annotations",
         empty_note="no gpu_user_annotation events",

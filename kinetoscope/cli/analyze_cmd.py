@@ -22,9 +22,9 @@ from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
 
 EXAMPLES = examples(
-    ('kscope analyze run/traces/kst-20261121-053012-3f9a/', 'verdict, then the tables'),
-    ('kscope analyze kst-20261121-053012-3f9a --json > doc.json', 'a catalog trace id'),
-    ('kscope analyze trace.json --only kernel_breakdown --all', 'one table, every row up to 25'),
+    ("kscope analyze run/traces/kst-20261121-053012-3f9a/", "verdict, then the tables"),
+    ("kscope analyze kst-20261121-053012-3f9a --json > doc.json", "a catalog trace id"),
+    ("kscope analyze trace.json --only kernel_breakdown --all", "one table, every row up to 25"),
 )
 
 
@@ -89,8 +89,15 @@ def _fmt(v: Any, col: str) -> str:
     return s if len(s) <= MAX_NAME else s[: MAX_NAME - 1] + "…"
 
 
-def _render_human(console: Console, traces: list[Any], doc: dict[str, Any], results: Any, *, show_all: bool,
-                  max_rows: int = MAX_ROWS) -> None:
+def _render_human(
+    console: Console,
+    traces: list[Any],
+    doc: dict[str, Any],
+    results: Any,
+    *,
+    show_all: bool,
+    max_rows: int = MAX_ROWS,
+) -> None:
     """Verdict first, then the traces and the analysis tables that have rows; ``show_all`` adds the
     empty ones and longer tables."""
     from kinetoscope.analysis import registry
@@ -131,11 +138,14 @@ def _render_human(console: Console, traces: list[Any], doc: dict[str, Any], resu
     if quiet:
         console.print()
         for note, names in quiet.items():
-            console.print(f"[dim]nothing to show ({escape(note.rstrip('.'))}): {', '.join(names)}[/]",
-                          highlight=False)
+            console.print(
+                f"[dim]nothing to show ({escape(note.rstrip('.'))}): {', '.join(names)}[/]", highlight=False
+            )
         console.print("[dim]--all prints every table in full; --json has every row[/]", highlight=False)
     if "diagnosis" in results.errors:
-        console.print(f"\n[red]diagnosis failed:[/] {escape(str(results.errors['diagnosis']))}", highlight=False)
+        console.print(
+            f"\n[red]diagnosis failed:[/] {escape(str(results.errors['diagnosis']))}", highlight=False
+        )
 
 
 def _compact_diagnosis(doc: dict[str, Any]) -> dict[str, Any]:
@@ -166,12 +176,18 @@ def _print_traces(console: Console, traces: list[Any]) -> None:
         rank = "?" if m.rank is None else str(m.rank)
         if m.rank is not None and m.rank_source not in ("distributedInfo",):
             rank += f" ({m.rank_source})"
-        console.print(f"  rank {escape(rank)}  {m.device_type}  {m.num_trace_events:,} events  {escape(str(m.path))}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"  rank {escape(rank)}  {m.device_type}  {m.num_trace_events:,} events  {escape(str(m.path))}",
+            highlight=False,
+            soft_wrap=True,
+        )
     for tr in traces:
         for w in tr.meta.warnings:
-            console.print(f"[yellow]warning:[/] {escape(str(tr.meta.path))}: {escape(str(w))}", highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"[yellow]warning:[/] {escape(str(tr.meta.path))}: {escape(str(w))}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _print_table(console: Console, title: str, df: Any, max_rows: int) -> None:
@@ -199,11 +215,14 @@ def _print_table(console: Console, title: str, df: Any, max_rows: int) -> None:
         table.add_row(*cells)
     console.print(table)
     if df.height > max_rows:
-        console.print(f"  … {df.height - max_rows:,} more rows (--all for {MAX_ROWS}, --json for all)", highlight=False)
+        console.print(
+            f"  … {df.height - max_rows:,} more rows (--all for {MAX_ROWS}, --json for all)", highlight=False
+        )
 
 
-def _output(out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any], results: Any,
-            show_all: bool = False) -> None:
+def _output(
+    out: Console, as_json: bool, traces: list[Any], doc: dict[str, Any], results: Any, show_all: bool = False
+) -> None:
     if as_json:
         import orjson
 
@@ -223,8 +242,13 @@ def _run(request: Any, catalog_url: str | None) -> Any:
     from kinetoscope.pipeline import analyze
 
     err = Console(stderr=True, highlight=False)
-    columns = (TextColumn("ranks"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("ranks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("map", total=None, failed=0)
 
@@ -233,9 +257,11 @@ def _run(request: Any, catalog_url: str | None) -> Any:
             if request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal)):
                 err.print(f"[dim]backend {backend}: {escape(why)}[/]", soft_wrap=True)
 
-        run = analyze(request, progress=lambda done, failed, total: bar.update(task, completed=done, total=total,
-                                                                             failed=failed),
-                      on_backend=on_backend)
+        run = analyze(
+            request,
+            progress=lambda done, failed, total: bar.update(task, completed=done, total=total, failed=failed),
+            on_backend=on_backend,
+        )
     for why in run.scale.load_errors.values():
         err.print(f"[red]error:[/] not analysed: {escape(str(why))}", soft_wrap=True)
     return run
@@ -260,7 +286,10 @@ def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quie
         err.print(f"[yellow]warning:[/] analysis not recorded in the catalog: {escape(str(exc))}")
         return
     if not quiet:
-        err.print(f"recorded analysis {rec.id} in {escape(where)}" + (f" (trace {escape(run.trace_id)})" if run.trace_id else ""))
+        err.print(
+            f"recorded analysis {rec.id} in {escape(where)}"
+            + (f" (trace {escape(run.trace_id)})" if run.trace_id else "")
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -278,40 +307,60 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Parse the files again, ignoring the cache."),
-        salvage: bool = typer.Option(False, "--salvage", help="Keep the complete events of damaged/truncated files."),
+        salvage: bool = typer.Option(
+            False, "--salvage", help="Keep the complete events of damaged/truncated files."
+        ),
         option: list[str] = typer.Option(
-            None, "--option", metavar="KEY=VALUE",
-            help="Analysis option (repeatable), e.g. --option num_kernels=20. (-o means output in every command.)"
+            None,
+            "--option",
+            metavar="KEY=VALUE",
+            help="Analysis option (repeatable), e.g. --option num_kernels=20. (-o means output in every command.)",
         ),
         list_: bool = typer.Option(False, "--list", help="List the analyses and exit."),
         show_all: bool = typer.Option(
-            False, "--all", help="Print every analysis table, the empty ones too, up to 25 rows each "
+            False,
+            "--all",
+            help="Print every analysis table, the empty ones too, up to 25 rows each "
             "(default: the verdict and the tables with rows, 10 rows each). --json is always complete.",
         ),
         model_flops: float | None = typer.Option(
-            None, "--model-flops", help="FLOPs of one global training step for MFU, e.g. 6*tokens_per_batch*num_params."
+            None,
+            "--model-flops",
+            help="FLOPs of one global training step for MFU, e.g. 6*tokens_per_batch*num_params.",
         ),
         peak_flops: float | None = typer.Option(
-            None, "--peak-flops", help="Peak FLOP/s of one device for MFU (overrides the built-in table; needed on CPU)."
+            None,
+            "--peak-flops",
+            help="Peak FLOP/s of one device for MFU (overrides the built-in table; needed on CPU).",
         ),
         catalog: str | None = typer.Option(
-            None, "--catalog", help="Catalog URL for trace ids and for recording the analysis "
-            "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db)."
+            None,
+            "--catalog",
+            help="Catalog URL for trace ids and for recording the analysis "
+            "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db).",
         ),
         backend: str = typer.Option(
-            "auto", "--backend", help="Where the per-rank work runs: 'single' (this process), 'local' (process pool, "
+            "auto",
+            "--backend",
+            help="Where the per-rank work runs: 'single' (this process), 'local' (process pool, "
             "one rank per worker), 'ray', or 'auto': Ray when --ray-address or $RAY_ADDRESS is given, this process "
             "for up to 4 rank files, else the local pool (it says which and why). See docs/scale.md.",
         ),
         workers: int | None = typer.Option(
-            None, "--workers", min=1, help="Worker processes (local) or local Ray CPUs (default: CPU count).",
+            None,
+            "--workers",
+            min=1,
+            help="Worker processes (local) or local Ray CPUs (default: CPU count).",
         ),
         ray_address: str | None = typer.Option(
-            None, "--ray-address", help="The Ray cluster to join (default: $RAY_ADDRESS; with --backend ray and "
+            None,
+            "--ray-address",
+            help="The Ray cluster to join (default: $RAY_ADDRESS; with --backend ray and "
             "neither, a local Ray is started).",
         ),
         record: bool | None = typer.Option(
-            None, "--record/--no-record",
+            None,
+            "--record/--no-record",
             help="Record the analysis in the catalog. Default: when --catalog or $KSCOPE_CATALOG is given, "
             "or the input is a catalog trace id.",
         ),
@@ -331,7 +380,9 @@ def register(app: typer.Typer) -> None:
             out.print(t)
             return
         if not inputs:
-            raise UsageError("give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)")
+            raise UsageError(
+                "give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)"
+            )
         from kinetoscope.analysis.runner import DIAGNOSIS_KEYS as BASE_KEYS
         from kinetoscope.analysis.runner import EXTRA_DIAGNOSIS_KEYS
 
@@ -349,16 +400,28 @@ def register(app: typer.Typer) -> None:
         from kinetoscope.pipeline import AnalyzeRequest
 
         request = AnalyzeRequest.from_only(
-            only or [], DIAGNOSIS_KEYS, inputs=tuple(inputs), options=opts, ranks=wanted, model_flops=model_flops,
-            peak_flops=peak_flops, cache=not no_cache, salvage=salvage, catalog_url=catalog, backend=backend,
-            workers=workers, ray_address=ray_address,
+            only or [],
+            DIAGNOSIS_KEYS,
+            inputs=tuple(inputs),
+            options=opts,
+            ranks=wanted,
+            model_flops=model_flops,
+            peak_flops=peak_flops,
+            cache=not no_cache,
+            salvage=salvage,
+            catalog_url=catalog,
+            backend=backend,
+            workers=workers,
+            ray_address=ray_address,
         )
         run = _run(request, catalog)
         resolved, doc = run, run.document
         traces, results = run.scale.traces, run.scale.results
         _output(out, as_json, traces, doc, results, show_all)
-        want_record = record if record is not None else bool(
-            catalog or os.environ.get("KSCOPE_CATALOG") or resolved.trace_id
+        want_record = (
+            record
+            if record is not None
+            else bool(catalog or os.environ.get("KSCOPE_CATALOG") or resolved.trace_id)
         )
         if want_record:
             _record(doc, resolved, catalog, quiet=as_json)

@@ -88,7 +88,10 @@ def register(app: typer.Typer) -> None:
             help="How each sample is analysed (as kscope analyze): auto, single, local (process pool) or ray.",
         ),
         ray_address: str | None = typer.Option(
-            None, "--ray-address", envvar="RAY_ADDRESS", help="With --backend ray/auto: the Ray cluster to use."
+            None,
+            "--ray-address",
+            envvar="RAY_ADDRESS",
+            help="With --backend ray/auto: the Ray cluster to use.",
         ),
     ) -> None:
         """Trace and diagnose every job of the fleet automatically, on a schedule."""

@@ -60,10 +60,13 @@ def _user_errors(fn: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
+
 CatalogOpt = typer.Option(
-    None, "--catalog", metavar="URL",
+    None,
+    "--catalog",
+    metavar="URL",
     help="Catalog database: a SQLite path or sqlite:///..., or postgresql://user@host/db. "
-         "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db.",
+    "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db.",
 )
 JsonOpt = typer.Option(False, "--json", help="Print JSON (stable; see docs/storage-and-catalog.md).")
 
@@ -164,8 +167,15 @@ def _print_records(console: Any, table: Any) -> None:
 def _traces_table(title: str, traces: list[Any]) -> Any:
     t = _table(title, ["TRACE ID", "CREATED (UTC)", "STATUS", "JOBS", "HOSTS", "FILES", "SIZE"])
     for r in traces:
-        t.add_row(r.trace_id, _when(r.created), r.status, ", ".join(r.job_ids) or "-", _hosts(r.hosts),
-                  f"{r.complete_files}/{r.file_count}", _size(r.total_bytes))
+        t.add_row(
+            r.trace_id,
+            _when(r.created),
+            r.status,
+            ", ".join(r.job_ids) or "-",
+            _hosts(r.hosts),
+            f"{r.complete_files}/{r.file_count}",
+            _size(r.total_bytes),
+        )
     return t
 
 
@@ -178,13 +188,23 @@ def _print_stores(traces: list[Any]) -> None:
 
 def _files_table(title: str, traces: list[Any]) -> Any:
     many = len(traces) > 1
-    t = _table(title, (["TRACE ID"] if many else []) + ["RANK", "HOST", "PID", "JOB", "FILE", "SIZE", "COMPLETE",
-                                                         "SHA256"])
+    t = _table(
+        title,
+        (["TRACE ID"] if many else []) + ["RANK", "HOST", "PID", "JOB", "FILE", "SIZE", "COMPLETE", "SHA256"],
+    )
     for r in traces:
         for f in r.files:
-            t.add_row(*([r.trace_id] if many else []), "-" if f.rank is None else str(f.rank), f.host or "-",
-                      str(f.pid or "-"), f.job_id or "-", f.file, _size(f.bytes),
-                      {True: "yes", False: "no", None: "?"}[f.complete], (f.sha256 or "-")[:12])
+            t.add_row(
+                *([r.trace_id] if many else []),
+                "-" if f.rank is None else str(f.rank),
+                f.host or "-",
+                str(f.pid or "-"),
+                f.job_id or "-",
+                f.file,
+                _size(f.bytes),
+                {True: "yes", False: "no", None: "?"}[f.complete],
+                (f.sha256 or "-")[:12],
+            )
     return t
 
 
@@ -205,11 +225,14 @@ def register(app: typer.Typer) -> None:
         catalog: Optional[str] = CatalogOpt,
         as_json: bool = JsonOpt,
         limit: int = typer.Option(100, "--limit", min=0, help="Show at most N requests (0: all)."),
-        status: Optional[str] = typer.Option(None, "--status",
-                                             help="Only requests with this status (complete, incomplete, requested)."),
-        files: bool = typer.Option(False, "--files",
-                                   help="Also list each request's files (size, sha256, storage URL); "
-                                        "in --json as \"file_list\"."),
+        status: Optional[str] = typer.Option(
+            None, "--status", help="Only requests with this status (complete, incomplete, requested)."
+        ),
+        files: bool = typer.Option(
+            False,
+            "--files",
+            help='Also list each request\'s files (size, sha256, storage URL); in --json as "file_list".',
+        ),
     ) -> None:
         """List recorded trace requests, newest first."""
         with _open(catalog) as cat:
@@ -217,8 +240,13 @@ def register(app: typer.Typer) -> None:
             if files:
                 found = [cat.get_trace_request(r.trace_id) or r for r in found]
             if as_json:
-                _emit_json({"kinetoscope_catalog": JSON_VERSION, "catalog": cat.display_url,
-                            "traces": [_trace_json(r, files=files) for r in found]})
+                _emit_json(
+                    {
+                        "kinetoscope_catalog": JSON_VERSION,
+                        "catalog": cat.display_url,
+                        "traces": [_trace_json(r, files=files) for r in found],
+                    }
+                )
                 return
             if not found:
                 what = f" for job {job_id}" if job_id else ""
@@ -231,21 +259,29 @@ def register(app: typer.Typer) -> None:
                 _print_file_locations(found)
 
     catalog_app = typer.Typer(
-        help="Manage the trace catalog (record existing trace folders, show requests).", epilog=CATALOG_EXAMPLES,
-        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+        help="Manage the trace catalog (record existing trace folders, show requests).",
+        epilog=CATALOG_EXAMPLES,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
     )
 
     @catalog_app.command("import", epilog=IMPORT_EXAMPLES)
     @_user_errors
     def import_cmd(
-        trace_dir: Path = typer.Argument(..., help="A request folder with manifest.json "
-                                                   "(or a folder of such folders)."),
+        trace_dir: Path = typer.Argument(
+            ..., help="A request folder with manifest.json (or a folder of such folders)."
+        ),
         catalog: Optional[str] = CatalogOpt,
-        store: Optional[str] = typer.Option(None, "--store", metavar="URL",
-                                            help="Also upload the files to this store (path or s3://...)."),
+        store: Optional[str] = typer.Option(
+            None, "--store", metavar="URL", help="Also upload the files to this store (path or s3://...)."
+        ),
         store_option: Optional[list[str]] = typer.Option(
-            None, "--store-option", metavar="KEY=VALUE",
-            help="fsspec/s3fs option for --store, repeatable (e.g. endpoint_url=http://minio:9000)."),
+            None,
+            "--store-option",
+            metavar="KEY=VALUE",
+            help="fsspec/s3fs option for --store, repeatable (e.g. endpoint_url=http://minio:9000).",
+        ),
         no_hash: bool = typer.Option(False, "--no-hash", help="Do not compute sha256 of the files."),
         as_json: bool = JsonOpt,
     ) -> None:
@@ -260,11 +296,19 @@ def register(app: typer.Typer) -> None:
         root = Path(trace_dir)
         if not root.is_dir():
             raise ManifestError(f"{root}: not a directory")
-        dirs = [root] if (root / MANIFEST_NAME).is_file() or any(root.glob("manifest.*.json")) else \
-            sorted(p for p in root.iterdir() if p.is_dir() and ((p / MANIFEST_NAME).is_file()
-                                                               or any(p.glob("manifest.*.json"))))
+        dirs = (
+            [root]
+            if (root / MANIFEST_NAME).is_file() or any(root.glob("manifest.*.json"))
+            else sorted(
+                p
+                for p in root.iterdir()
+                if p.is_dir() and ((p / MANIFEST_NAME).is_file() or any(p.glob("manifest.*.json")))
+            )
+        )
         if not dirs:
-            raise ManifestError(f"{root}: no {MANIFEST_NAME} here or in its sub-folders (not a kscope trace folder)")
+            raise ManifestError(
+                f"{root}: no {MANIFEST_NAME} here or in its sub-folders (not a kscope trace folder)"
+            )
         records = []
         with _open(catalog) as cat:
             for d in dirs:
@@ -278,8 +322,13 @@ def register(app: typer.Typer) -> None:
                 else:
                     records.append(cat.import_trace_dir(d, compute_sha256=not no_hash))
             if as_json:
-                _emit_json({"kinetoscope_catalog": JSON_VERSION, "catalog": cat.display_url,
-                            "imported": [_trace_json(r, files=True) for r in records]})
+                _emit_json(
+                    {
+                        "kinetoscope_catalog": JSON_VERSION,
+                        "catalog": cat.display_url,
+                        "imported": [_trace_json(r, files=True) for r in records],
+                    }
+                )
                 return
             _print(_traces_table(f"Recorded in {cat.display_url}", records))
 
@@ -311,9 +360,14 @@ def register(app: typer.Typer) -> None:
             if found:
                 a = _table("Analyses", ["ID", "CREATED (UTC)", "NAME", "VERSION", "STEP TIME", "STRAGGLER"])
                 for r in found:
-                    a.add_row(str(r.id), _when(r.created), r.name, r.version,
-                              "-" if r.step_time_ms is None else f"{r.step_time_ms:.2f} ms",
-                              r.straggler_kind or "-")
+                    a.add_row(
+                        str(r.id),
+                        _when(r.created),
+                        r.name,
+                        r.version,
+                        "-" if r.step_time_ms is None else f"{r.step_time_ms:.2f} ms",
+                        r.straggler_kind or "-",
+                    )
                 _print(a)
 
     app.add_typer(catalog_app, name="catalog")

@@ -12,16 +12,18 @@ from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
 
 EXAMPLES = examples(
-    ('kscope daemon', 'RPC on 127.0.0.1:1778, traces to /tmp/kinetoscope/traces'),
-    ('kscope daemon --bind 0.0.0.0 --token "$KSCOPE_TOKEN"', 'reachable from other hosts'),
-    ('kscope daemon --metrics-port 9464', 'also export host/GPU metrics to Prometheus'),
+    ("kscope daemon", "RPC on 127.0.0.1:1778, traces to /tmp/kinetoscope/traces"),
+    ('kscope daemon --bind 0.0.0.0 --token "$KSCOPE_TOKEN"', "reachable from other hosts"),
+    ("kscope daemon --metrics-port 9464", "also export host/GPU metrics to Prometheus"),
 )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("daemon", epilog=EXAMPLES)
     def daemon(
-        port: int = typer.Option(1778, "--port", help="RPC TCP port (dyno's default 1778); 0 = pick a free one."),
+        port: int = typer.Option(
+            1778, "--port", help="RPC TCP port (dyno's default 1778); 0 = pick a free one."
+        ),
         bind: Optional[list[str]] = typer.Option(  # noqa: UP007 - typer needs Optional here
             None,
             "--bind",
@@ -29,16 +31,21 @@ def register(app: typer.Typer) -> None:
             "(127.0.0.1 and ::1). '::' = every interface, IPv4 and IPv6, like Dynolog.",
         ),
         token: Optional[str] = typer.Option(  # noqa: UP007
-            None, "--token", envvar="KSCOPE_TOKEN",
-            help="Require this \"token\" in every RPC request (an empty one is refused).",
+            None,
+            "--token",
+            envvar="KSCOPE_TOKEN",
+            help='Require this "token" in every RPC request (an empty one is refused).',
             show_default=False,
         ),
         insecure: bool = typer.Option(
-            False, "--insecure",
+            False,
+            "--insecure",
             help="Allow --bind to a non-loopback address without --token (anyone who reaches the port may trace).",
         ),
         trace_root: str = typer.Option(
-            "/tmp/kinetoscope/traces", "--trace-root", help="Trace files may only be written under this directory."
+            "/tmp/kinetoscope/traces",
+            "--trace-root",
+            help="Trace files may only be written under this directory.",
         ),
         ipc_socket_dir: Optional[str] = typer.Option(  # noqa: UP007
             None,
@@ -47,12 +54,20 @@ def register(app: typer.Typer) -> None:
             help="Use the filesystem socket <dir>/<name> (as KINETO_IPC_SOCKET_DIR does for PyTorch) "
             "instead of the abstract socket. Keep it at most 54 characters.",
         ),
-        ipc_name: str = typer.Option("dynolog", "--ipc-name", help="IPC endpoint name (PyTorch looks for 'dynolog')."),
-        gc_timeout: float = typer.Option(60.0, "--gc-timeout", help="Forget a process after this many seconds without a poll."),
-        metrics_port: int = typer.Option(
-            9778, "--metrics-port", help="Prometheus /metrics port on the RPC address; 0 = pick a free one; -1 = off."
+        ipc_name: str = typer.Option(
+            "dynolog", "--ipc-name", help="IPC endpoint name (PyTorch looks for 'dynolog')."
         ),
-        metrics_interval: float = typer.Option(10.0, "--metrics-interval", help="Seconds between host metric samples."),
+        gc_timeout: float = typer.Option(
+            60.0, "--gc-timeout", help="Forget a process after this many seconds without a poll."
+        ),
+        metrics_port: int = typer.Option(
+            9778,
+            "--metrics-port",
+            help="Prometheus /metrics port on the RPC address; 0 = pick a free one; -1 = off.",
+        ),
+        metrics_interval: float = typer.Option(
+            10.0, "--metrics-interval", help="Seconds between host metric samples."
+        ),
         no_gpu_metrics: bool = typer.Option(False, "--no-gpu-metrics", help="Do not query NVML."),
         trace_launchers: bool = typer.Option(
             False,
@@ -60,15 +75,22 @@ def register(app: typer.Typer) -> None:
             help="Treat launchers (registered processes whose children are registered too, e.g. "
             "torchrun's agent) as trace targets, as Dynolog does. Default: ranks only.",
         ),
-        hostname: Optional[str] = typer.Option(None, "--hostname", help="Host name used in file names and answers."),  # noqa: UP007
+        hostname: Optional[str] = typer.Option(
+            None, "--hostname", help="Host name used in file names and answers."
+        ),  # noqa: UP007
         rpc_timeout: float = typer.Option(
-            5.0, "--rpc-timeout", help="Seconds a client has to send its whole request (from connect to the last byte)."
+            5.0,
+            "--rpc-timeout",
+            help="Seconds a client has to send its whole request (from connect to the last byte).",
         ),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_json: bool = typer.Option(False, "--log-json", help="Log JSON lines to stderr."),
         catalog: str | None = typer.Option(
-            None, "--catalog", metavar="URL",
-            help="Announce this daemon (address, GPUs, heartbeat) to kscope autopilot's catalog (docs/autopilot.md)."),
+            None,
+            "--catalog",
+            metavar="URL",
+            help="Announce this daemon (address, GPUs, heartbeat) to kscope autopilot's catalog (docs/autopilot.md).",
+        ),
     ) -> None:
         """Run the per-host daemon: PyTorch processes register over IPC, `dyno` and `kscope trace` trigger traces over RPC."""
         from kinetoscope.daemon.daemon import Daemon, DaemonOptions

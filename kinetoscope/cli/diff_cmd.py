@@ -19,8 +19,8 @@ from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.units import fmt_compact, fmt_signed
 
 EXAMPLES = examples(
-    ('kscope diff before.json after.json', 'ops and kernels added, removed, changed'),
-    ('kscope diff run1/ run2/ --rank 0 --top 20', 'rank 0 of two trace folders'),
+    ("kscope diff before.json after.json", "ops and kernels added, removed, changed"),
+    ("kscope diff run1/ run2/ --rank 0 --top 20", "rank 0 of two trace folders"),
 )
 
 
@@ -44,7 +44,9 @@ def _pick(path: Path, rank: int | None, what: str) -> Any:
         traces = list(load_traces([str(path)]))
     except ImportError:  # pragma: no cover - older loader
         files = sorted(
-            f for f in path.iterdir() if f.is_file() and f.name.endswith((".json", ".json.gz")) and not f.name.startswith("manifest")
+            f
+            for f in path.iterdir()
+            if f.is_file() and f.name.endswith((".json", ".json.gz")) and not f.name.startswith("manifest")
         )
         traces = [ktrace.load_trace(str(f)) for f in files]
     if not traces:
@@ -52,7 +54,9 @@ def _pick(path: Path, rank: int | None, what: str) -> Any:
     if rank is None:
         if len(traces) > 1:
             ranks = sorted({t.meta.rank for t in traces if t.meta.rank is not None})
-            raise UsageError(f"{what}: {path} holds {len(traces)} traces (ranks {ranks}); choose one with --rank")
+            raise UsageError(
+                f"{what}: {path} holds {len(traces)} traces (ranks {ranks}); choose one with --rank"
+            )
         return traces[0]
     for t in traces:
         if t.meta.rank == rank:
@@ -76,16 +80,30 @@ def register(app: typer.Typer) -> None:
     def diff(
         control: Path = typer.Argument(..., help="Control trace (file, or directory of traces with --rank)."),
         test: Path = typer.Argument(..., help="Test trace (file, or directory of traces with --rank)."),
-        rank: Optional[int] = typer.Option(None, "--rank", help="Rank to compare when a path is a directory (both sides)."),
-        control_rank: Optional[int] = typer.Option(None, "--control-rank", help="Rank of the control side (overrides --rank)."),
-        test_rank: Optional[int] = typer.Option(None, "--test-rank", help="Rank of the test side (overrides --rank)."),
-        step: Optional[str] = typer.Option(
-            None, "--step", help="Compare one step: a ProfilerStep number, 'first' (HTA's default), or 'each' (one diff per common step). Default: whole traces."
+        rank: Optional[int] = typer.Option(
+            None, "--rank", help="Rank to compare when a path is a directory (both sides)."
         ),
-        device: str = typer.Option("all", "--device", help="all, cpu (CPU ops and runtime calls) or gpu (kernels, memcpy, memset)."),
-        short_names: bool = typer.Option(False, "--short-names", help="Group by names without template/argument lists."),
+        control_rank: Optional[int] = typer.Option(
+            None, "--control-rank", help="Rank of the control side (overrides --rank)."
+        ),
+        test_rank: Optional[int] = typer.Option(
+            None, "--test-rank", help="Rank of the test side (overrides --rank)."
+        ),
+        step: Optional[str] = typer.Option(
+            None,
+            "--step",
+            help="Compare one step: a ProfilerStep number, 'first' (HTA's default), or 'each' (one diff per common step). Default: whole traces.",
+        ),
+        device: str = typer.Option(
+            "all", "--device", help="all, cpu (CPU ops and runtime calls) or gpu (kernels, memcpy, memset)."
+        ),
+        short_names: bool = typer.Option(
+            False, "--short-names", help="Group by names without template/argument lists."
+        ),
         top: int = typer.Option(25, "--top", help="Rows to show (largest duration change first); 0 = all."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON document (key trace_diff) instead of tables."),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print one JSON document (key trace_diff) instead of tables."
+        ),
     ) -> None:
         """Compare two traces: op/kernel counts and durations added, removed and changed."""
         from kinetoscope.analysis import trace_diff as td
@@ -136,7 +154,10 @@ def _render(console: Console, a: Any, b: Any, df: Any, doc: dict[str, Any], top:
         if gpu.height:
             ca, cb = float(gpu[cols[0]].sum()), float(gpu[cols[1]].sum())
             pct = f" ({(cb - ca) * 100 / ca:+.1f}%)" if ca else ""
-            console.print(f"GPU time (sum of kernel/memcpy/memset durations): {ca:,.0f} us -> {cb:,.0f} us{pct}", highlight=False)
+            console.print(
+                f"GPU time (sum of kernel/memcpy/memset durations): {ca:,.0f} us -> {cb:,.0f} us{pct}",
+                highlight=False,
+            )
     if df.is_empty():
         console.print("no events selected")
         return

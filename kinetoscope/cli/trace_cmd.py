@@ -36,9 +36,9 @@ from kinetoscope.errors import UsageError
 from kinetoscope.protocol.defaults import DEFAULT_PORT
 
 EXAMPLES = examples(
-    ('kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait', 'one job, 10 steps'),
-    ('kscope trace -H node01 -H node02 -p 4242 --duration-ms 2000 -w', 'by pid, 2 s'),
-    ('kscope trace --all --iterations 5 --store s3://bucket/traces', 'upload when done'),
+    ("kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait", "one job, 10 steps"),
+    ("kscope trace -H node01 -H node02 -p 4242 --duration-ms 2000 -w", "by pid, 2 s"),
+    ("kscope trace --all --iterations 5 --store s3://bucket/traces", "upload when done"),
 )
 
 
@@ -108,16 +108,24 @@ def register(app: typer.Typer) -> None:
     @app.command("trace", epilog=EXAMPLES)
     def trace(
         host: list[str] | None = typer.Option(
-            None, "--host", "-H", metavar="HOST[:PORT]",
+            None,
+            "--host",
+            "-H",
+            metavar="HOST[:PORT]",
             help=f"Daemon to ask (repeatable or comma-separated; default localhost:{DEFAULT_PORT}).",
         ),
         job_id: str | None = typer.Option(
-            None, "--job-id", "-j",
+            None,
+            "--job-id",
+            "-j",
             help="Trace the processes of this job (SLURM_JOB_ID; a Slurm array id like 36199_0 counts "
             "by its numeric prefix, as in Kineto).",
         ),
         pids: str | None = typer.Option(
-            None, "--pids", "-p", metavar="P[,P...]",
+            None,
+            "--pids",
+            "-p",
+            metavar="P[,P...]",
             help="Trace these processes (a pid also matches its descendants, e.g. a launcher's ranks).",
         ),
         all_: bool = typer.Option(False, "--all", help="Trace every registered process."),
@@ -126,23 +134,32 @@ def register(app: typer.Typer) -> None:
             None, "--iterations", help="Record this many training iterations (optimizer.step() calls)."
         ),
         iteration_roundup: int | None = typer.Option(
-            None, "--iteration-roundup", metavar="R",
+            None,
+            "--iteration-roundup",
+            metavar="R",
             help="Start at the next iteration that is a multiple of R. Default for several processes: a "
             "multiple chosen so that every rank starts at the same iteration (docs/collect.md); for one: 1.",
         ),
         no_align: bool = typer.Option(
-            False, "--no-align",
+            False,
+            "--no-align",
             help="With --iterations: start each process at its own next step (no common start iteration).",
         ),
         output_dir: str | None = typer.Option(
-            None, "--output-dir", "-o",
+            None,
+            "--output-dir",
+            "-o",
             help="Root folder for trace files (default: the daemon's trace root, /tmp/kinetoscope/traces); "
             "files go to <output-dir>/<trace-id>/.",
         ),
         record_shapes: bool = typer.Option(False, "--record-shapes", help="Record operator input shapes."),
-        profile_memory: bool = typer.Option(False, "--profile-memory", help="Record memory (duration mode only)."),
+        profile_memory: bool = typer.Option(
+            False, "--profile-memory", help="Record memory (duration mode only)."
+        ),
         with_stack: bool = typer.Option(False, "--with-stack", "--with-stacks", help="Record Python stacks."),
-        with_flops: bool = typer.Option(False, "--with-flops", help="Estimate FLOPs of matmul/conv operators."),
+        with_flops: bool = typer.Option(
+            False, "--with-flops", help="Estimate FLOPs of matmul/conv operators."
+        ),
         with_modules: bool = typer.Option(False, "--with-modules", help="Record the nn.Module hierarchy."),
         process_limit: int | None = typer.Option(
             None, "--process-limit", help="Trace at most N processes per host (default: no limit)."
@@ -152,30 +169,43 @@ def register(app: typer.Typer) -> None:
         ),
         wait: bool = typer.Option(False, "--wait", "-w", help="Wait until every trace file is complete."),
         timeout: float | None = typer.Option(
-            None, "--timeout", help=f"With --wait: give up after S seconds (default {DEFAULT_WAIT_TIMEOUT_S:g})."
+            None,
+            "--timeout",
+            help=f"With --wait: give up after S seconds (default {DEFAULT_WAIT_TIMEOUT_S:g}).",
         ),
         trace_id: str | None = typer.Option(
             None, "--trace-id", help="Name this request (letters, digits, '-'; default kst-<time>-<random>)."
         ),
         token: str | None = typer.Option(
-            None, "--token", envvar="KSCOPE_TOKEN", help="Shared secret the daemons require (env KSCOPE_TOKEN)."
+            None,
+            "--token",
+            envvar="KSCOPE_TOKEN",
+            help="Shared secret the daemons require (env KSCOPE_TOKEN).",
         ),
         store: str | None = typer.Option(
-            None, "--store", metavar="URL",
+            None,
+            "--store",
+            metavar="URL",
             help="Upload the complete files and the manifest here once they are written: a local/NFS folder or "
             "s3://bucket/prefix (implies --wait).",
         ),
         store_option: list[str] | None = typer.Option(
-            None, "--store-option", metavar="KEY=VALUE",
+            None,
+            "--store-option",
+            metavar="KEY=VALUE",
             help="fsspec/s3fs option for --store, repeatable (e.g. endpoint_url=http://minio:9000, "
             "region=us-east-1); AWS_* environment variables apply too.",
         ),
         catalog: str | None = typer.Option(
-            None, "--catalog", metavar="URL",
+            None,
+            "--catalog",
+            metavar="URL",
             help="Record the request in this catalog (SQLite path or postgresql://...). "
             "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db.",
         ),
-        no_catalog: bool = typer.Option(False, "--no-catalog", help="Do not record the request in a catalog."),
+        no_catalog: bool = typer.Option(
+            False, "--no-catalog", help="Do not record the request in a catalog."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document (see docs/collect.md)."),
     ) -> None:
         """Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`."""
@@ -193,11 +223,22 @@ def register(app: typer.Typer) -> None:
             align=not no_align,
         )
         request, notes = parse_trace_request(
-            hosts=host, job_id=job_id, pids=pids, all=all_, options=options, output_dir=output_dir, trace_id=trace_id
+            hosts=host,
+            job_id=job_id,
+            pids=pids,
+            all=all_,
+            options=options,
+            output_dir=output_dir,
+            trace_id=trace_id,
         )
         jid = request.target.job_id
-        if (jid is not None and iterations is not None and iteration_roundup is None and not no_align
-                and not no_catalog):
+        if (
+            jid is not None
+            and iterations is not None
+            and iteration_roundup is None
+            and not no_align
+            and not no_catalog
+        ):
             known = job_step_rate(jid, catalog)  # a tighter alignment roundup (docs/collect.md)
             if known is not None:
                 request = replace(request, options=replace(options, steps_per_s=known[0]))
@@ -207,7 +248,7 @@ def register(app: typer.Typer) -> None:
         store_url = store
         if output_dir is not None and "://" in output_dir:
             if output_dir.startswith("file://"):
-                output_dir = output_dir[len("file://"):]
+                output_dir = output_dir[len("file://") :]
             else:
                 if store is not None and store.rstrip("/") != output_dir.rstrip("/"):
                     raise UsageError(
@@ -246,7 +287,7 @@ def register(app: typer.Typer) -> None:
 
         result = trigger_trace(request, token=token)
         result.notes[:0] = notes
-        for note in result.notes[len(notes):]:
+        for note in result.notes[len(notes) :]:
             err.print(f"[yellow]note:[/] {escape(note)}")
         if store_url is not None:
             result.store_url = store_url

@@ -95,7 +95,9 @@ def _connect_reason(address: HostAddress, exc: OSError) -> str:
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return "connection timed out (host down, or a firewall drops the port?)"
     if exc.errno == errno.ECONNREFUSED:
-        return f"connection refused: no daemon listens on port {address.port} (start one with `kscope daemon`)"
+        return (
+            f"connection refused: no daemon listens on port {address.port} (start one with `kscope daemon`)"
+        )
     if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return f"host unreachable ({exc.strerror})"
     return f"cannot connect ({exc.strerror or exc})"
@@ -138,9 +140,13 @@ class DaemonClient:
                 f"a plain Dynolog daemon or an older kscope daemon that does not know {fn!r}",
             ) from exc
         except TimeoutError as exc:
-            raise DaemonError(self.address, "no_answer", f"{fn}: no answer within {self.timeout:g} s") from exc
+            raise DaemonError(
+                self.address, "no_answer", f"{fn}: no answer within {self.timeout:g} s"
+            ) from exc
         except OSError as exc:
-            raise DaemonError(self.address, "no_answer", f"{fn}: connection failed ({exc.strerror or exc})") from exc
+            raise DaemonError(
+                self.address, "no_answer", f"{fn}: connection failed ({exc.strerror or exc})"
+            ) from exc
         try:
             reply = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -162,10 +168,14 @@ class DaemonClient:
 
     # -- kscope extensions (docs/protocol.md §9; typed requests in kinetoscope.protocol.rpc) --
     def list_processes(self, job_id: int | None = None) -> dict[str, Any]:
-        return self.call(rpc.LIST_PROCESSES, **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id)))
+        return self.call(
+            rpc.LIST_PROCESSES, **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id))
+        )
 
     def trace(self, request: rpc.KscopeTraceRequest) -> dict[str, Any]:
         return self.call(rpc.TRACE, **rpc.request_fields(request))
 
     def trace_status(self, trace_id: str) -> dict[str, Any]:
-        return self.call(rpc.TRACE_STATUS, **rpc.request_fields(rpc.KscopeTraceStatusRequest(trace_id=trace_id)))
+        return self.call(
+            rpc.TRACE_STATUS, **rpc.request_fields(rpc.KscopeTraceStatusRequest(trace_id=trace_id))
+        )

@@ -55,11 +55,13 @@ def _add_note(result: TraceResult, note: str) -> None:
 _SECRET_WORDS = ("key", "secret", "token", "password", "credential")
 
 
-def _retry_hint(trace_dir: Path | str, store_url: str,
-                storage_options: Mapping[str, Any] | None = None) -> str:
+def _retry_hint(
+    trace_dir: Path | str, store_url: str, storage_options: Mapping[str, Any] | None = None
+) -> str:
     """The command that uploads (and records) the folder again; secrets are never printed."""
     opts = "".join(
-        f" --store-option {k}={v}" for k, v in (storage_options or {}).items()
+        f" --store-option {k}={v}"
+        for k, v in (storage_options or {}).items()
         if not any(w in k.lower() for w in _SECRET_WORDS) and isinstance(v, (str, int, bool))
     )
     return f"kscope catalog import {trace_dir} --store {store_url}{opts}"
@@ -92,44 +94,65 @@ def store_trace_result(
     trace_dir = _local_request_dir(result)
     if trace_dir is None:
         where = ", ".join(result.output_dirs) or "its request folder"
-        result.errors.append(TraceProblem(
-            kind="store", message=(
-                f"cannot store trace {result.trace_id} in {url}: its files are not on this machine "
-                f"({where} does not exist here). Run `{_retry_hint('<dir>', url, storage_options)}` on each "
-                "host that has them, or put the daemons' trace root on shared storage"),
-        ))
+        result.errors.append(
+            TraceProblem(
+                kind="store",
+                message=(
+                    f"cannot store trace {result.trace_id} in {url}: its files are not on this machine "
+                    f"({where} does not exist here). Run `{_retry_hint('<dir>', url, storage_options)}` on each "
+                    "host that has them, or put the daemons' trace root on shared storage"
+                ),
+            )
+        )
         return []
     try:
-        ts = store if isinstance(store, TraceStore) else \
-            TraceStore(url, storage_options=storage_options, retry=retry)
+        ts = (
+            store
+            if isinstance(store, TraceStore)
+            else TraceStore(url, storage_options=storage_options, retry=retry)
+        )
         result.store_url = ts.url
         entries = load_trace_dir(trace_dir)["files"]
         expected = [e for e in entries if e.get("complete") is not False]
         # The trigger's user may not own the daemon-made folder: then only the stored manifest.json
         # carries sha256/url (and the catalog gets them from the stored objects).
         writable = os.access(trace_dir, os.W_OK) and (
-            not (trace_dir / MANIFEST_NAME).exists() or os.access(trace_dir / MANIFEST_NAME, os.W_OK))
+            not (trace_dir / MANIFEST_NAME).exists() or os.access(trace_dir / MANIFEST_NAME, os.W_OK)
+        )
         objs = upload_trace_request(trace_dir, ts, update_local=writable)
     except (KinetoscopeError, OSError) as exc:
-        what = str(exc) if isinstance(exc, KinetoscopeError) else \
-            f"{exc.filename or trace_dir}: {exc.strerror or exc}"
-        result.errors.append(TraceProblem(
-            kind="store", path=str(trace_dir), message=(
-                f"storing trace {result.trace_id} in {url} failed: {what}. Nothing was lost: the trace files "
-                f"are kept in {trace_dir}; retry with `{_retry_hint(trace_dir, url, storage_options)}`"),
-        ))
+        what = (
+            str(exc)
+            if isinstance(exc, KinetoscopeError)
+            else f"{exc.filename or trace_dir}: {exc.strerror or exc}"
+        )
+        result.errors.append(
+            TraceProblem(
+                kind="store",
+                path=str(trace_dir),
+                message=(
+                    f"storing trace {result.trace_id} in {url} failed: {what}. Nothing was lost: the trace files "
+                    f"are kept in {trace_dir}; retry with `{_retry_hint(trace_dir, url, storage_options)}`"
+                ),
+            )
+        )
         return []
     result.stored = list(objs)
     uploaded = {o.key.rsplit("/", 1)[-1] for o in objs}
     missing = [e for e in expected if e["file"] not in uploaded]
     if missing:
         listed = ", ".join(f"{e['file']} (host {e.get('host') or '?'})" for e in missing)
-        result.errors.append(TraceProblem(
-            kind="store", path=str(trace_dir), message=(
-                f"{len(missing)} complete trace file(s) of {result.trace_id} are not on this machine and "
-                f"were not stored in {ts.url}: {listed}; run `{_retry_hint('<dir>', url, storage_options)}` on "
-                "their host"),
-        ))
+        result.errors.append(
+            TraceProblem(
+                kind="store",
+                path=str(trace_dir),
+                message=(
+                    f"{len(missing)} complete trace file(s) of {result.trace_id} are not on this machine and "
+                    f"were not stored in {ts.url}: {listed}; run `{_retry_hint('<dir>', url, storage_options)}` on "
+                    "their host"
+                ),
+            )
+        )
     skipped = len(entries) - len(expected)
     if skipped > 0:
         _add_note(result, f"{skipped} incomplete trace file(s) were not stored; they stay in {trace_dir}")
@@ -219,15 +242,20 @@ def record_trace_result(
             why = f"{exc.strerror or exc}"
         else:
             why = f"a catalog dependency is not installed ({exc})"
-        _add_note(result, f"{CATALOG_NOTE} could not record trace {result.trace_id}: {why} "
-                          "(the trace itself is fine; record it later with `kscope catalog import <dir>`)")
+        _add_note(
+            result,
+            f"{CATALOG_NOTE} could not record trace {result.trace_id}: {why} "
+            "(the trace itself is fine; record it later with `kscope catalog import <dir>`)",
+        )
         return None
 
 
 ABANDONED = "abandoned"
 
 
-def job_step_rate(job_id: str | int, catalog_url: str | os.PathLike[str] | None = None) -> tuple[float, str] | None:
+def job_step_rate(
+    job_id: str | int, catalog_url: str | os.PathLike[str] | None = None
+) -> tuple[float, str] | None:
     """The job's step rate (steps/s) from the newest analysis in the catalog of a trace of that
     job (its ``step_time_ms``), with the trace id it came from; None when the catalog knows none
     (or cannot be opened: the caller's own recording reports that). Used to align iteration
@@ -252,7 +280,11 @@ def waiter_info() -> dict[str, Any]:
 
     import psutil
 
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": round(psutil.Process().create_time(), 3)}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": round(psutil.Process().create_time(), 3),
+    }
 
 
 def _waiter_gone(waiter: Any, hostname: str) -> bool:

@@ -76,8 +76,13 @@ def files_table(result: TraceResult, *, compact: bool = False) -> Table:
     for f in sorted(result.files, key=lambda f: (f.host, f.rank is None, f.rank, f.pid)):
         name = os.path.basename(f.path) if os.path.dirname(f.path) == result.output_dir else f.path
         done = "yes" if f.complete else ("no" if result.waited else "pending")
-        row = ["-" if f.rank is None else str(f.rank), str(f.pid), escape(name),
-               fmt_bytes(f.bytes, missing="-", thousands=False), done]
+        row = [
+            "-" if f.rank is None else str(f.rank),
+            str(f.pid),
+            escape(name),
+            fmt_bytes(f.bytes, missing="-", thousands=False),
+            done,
+        ]
         table.add_row(*([escape(hosts.get(f.host, f.host))] if show_host else []), *row)
     return table
 

@@ -69,7 +69,9 @@ class TraceOptions:
         if (self.duration_ms is None) == (self.iterations is None):
             raise UsageError("choose what to record: either --duration-ms N or --iterations N")
         if self.duration_ms is not None and self.duration_ms <= 0:
-            raise UsageError(f"--duration-ms must be a positive number of milliseconds, got {self.duration_ms}")
+            raise UsageError(
+                f"--duration-ms must be a positive number of milliseconds, got {self.duration_ms}"
+            )
         if self.iterations is not None and self.iterations <= 0:
             raise UsageError(f"--iterations must be a positive number, got {self.iterations}")
         if self.iteration_roundup is not None:
@@ -139,7 +141,9 @@ class Target:
     def validate(self) -> None:
         chosen = sum([self.job_id is not None, bool(self.pids), self.all])
         if chosen != 1:
-            raise UsageError("choose which processes to trace: exactly one of --job-id ID, --pids P[,P...] or --all")
+            raise UsageError(
+                "choose which processes to trace: exactly one of --job-id ID, --pids P[,P...] or --all"
+            )
 
     def rpc_fields(self) -> dict[str, Any]:
         if self.all:
@@ -186,7 +190,9 @@ def parse_job_id(text: str) -> tuple[int, str | None]:
             f"{value}_ also matches)"
         )
     else:
-        note = f"job id {text.strip()!r}: Kineto registers only its numeric prefix, so this traces job {value}"
+        note = (
+            f"job id {text.strip()!r}: Kineto registers only its numeric prefix, so this traces job {value}"
+        )
     return value, note
 
 
@@ -264,7 +270,9 @@ def parse_trace_request(
         jid, note = parse_job_id(job_id)
         if note:
             notes.append(note)
-    target = Target(job_id=jid, job_id_text=job_id, pids=parse_pids(pids) if pids is not None else (), all=all)
+    target = Target(
+        job_id=jid, job_id_text=job_id, pids=parse_pids(pids) if pids is not None else (), all=all
+    )
     request = TraceRequest(tuple(addresses), target, options, output_dir=output_dir, trace_id=trace_id)
     request.validate()
     return request, notes
@@ -420,8 +428,14 @@ class TraceResult:
             "waited": self.waited,
             "store_url": self.store_url,
             "stored": [
-                {"url": o.url, "key": o.key, "bytes": o.bytes, "sha256": o.sha256, "verified": o.verified,
-                 "uploaded": o.uploaded}
+                {
+                    "url": o.url,
+                    "key": o.key,
+                    "bytes": o.bytes,
+                    "sha256": o.sha256,
+                    "verified": o.verified,
+                    "uploaded": o.uploaded,
+                }
                 for o in self.stored
             ],
             "catalog": self.catalog,
@@ -483,7 +497,10 @@ def _pool(n: int) -> ThreadPoolExecutor:
 
 
 def _ask_all(
-    hosts: list[HostAddress], token: str | None, timeout: float, call: Callable[[DaemonClient], dict[str, Any]]
+    hosts: list[HostAddress],
+    token: str | None,
+    timeout: float,
+    call: Callable[[DaemonClient], dict[str, Any]],
 ) -> list[HostReply]:
     def one(addr: HostAddress) -> HostReply:
         try:
@@ -604,10 +621,16 @@ def trigger_trace(
                 "daemons' trace root (or a local/NFS folder) and upload with --store "
                 "(kinetoscope.collect.deliver.store_trace_result)"
             )
-        output_dir = str(output_dir)[len("file://"):]
+        output_dir = str(output_dir)[len("file://") :]
     options, align_note = aligned_options(hosts, target, options, token, rpc_timeout)
-    result = TraceResult(trace_id=trace_id, hosts=hosts, target=target, options=options, created=utc_now_iso(),
-                         requested_by=requested_by())
+    result = TraceResult(
+        trace_id=trace_id,
+        hosts=hosts,
+        target=target,
+        options=options,
+        created=utc_now_iso(),
+        requested_by=requested_by(),
+    )
     if align_note:
         result.notes.append(align_note)
     call = rpc.KscopeTraceRequest(
@@ -638,7 +661,9 @@ def trigger_trace(
             if target.all:
                 no_match.append(f"nothing to trace on host {hostname} ({host}): {registered}")
             else:
-                no_match.append(f"no process on host {hostname} ({host}) {target.describe()}; registered: {registered}")
+                no_match.append(
+                    f"no process on host {hostname} ({host}) {target.describe()}; registered: {registered}"
+                )
             continue
         for m in matched:
             pid = _as_int(m.get("pid"))
@@ -703,7 +728,9 @@ def trigger_trace(
                 TraceProblem(
                     kind="no_match",
                     message="processes matched but none was traced: "
-                    + "; ".join(f"pid {m.pid} on {m.hostname}: {m.reason or m.state}" for m in result.matched),
+                    + "; ".join(
+                        f"pid {m.pid} on {m.hostname}: {m.reason or m.state}" for m in result.matched
+                    ),
                 )
             )
     if write_manifest_file and result.files:
@@ -736,7 +763,9 @@ def build_manifest(result: TraceResult) -> Manifest:
         )
     request = {
         "target": {k: v for k, v in asdict(result.target).items() if v not in (None, (), False)},
-        "options": {k: v for k, v in asdict(result.options).items() if v not in (None, False) and k != "align"},
+        "options": {
+            k: v for k, v in asdict(result.options).items() if v not in (None, False) and k != "align"
+        },
     }
     if not result.options.align:
         request["options"]["align"] = False  # --no-align
@@ -844,7 +873,11 @@ STALE_POLL_S = 12.0  # no poll for this long: the process has stopped polling (K
 
 
 def explain_missing(
-    f: TraceFile, result: TraceResult, timeout: float, process: dict[str, Any] | None = None, listed: bool = False
+    f: TraceFile,
+    result: TraceResult,
+    timeout: float,
+    process: dict[str, Any] | None = None,
+    listed: bool = False,
 ) -> str:
     """The likely cause of a file that did not appear (or is incomplete) in time.
 
@@ -976,14 +1009,18 @@ def settled_problem(f: TraceFile, result: TraceResult, now: float) -> TraceProbl
     if f.complete:
         return None
     if f.alive is False:
-        return TraceProblem(kind="exited", host=f.host, pid=f.pid, path=f.path, message=_exited_message(f, result))
+        return TraceProblem(
+            kind="exited", host=f.host, pid=f.pid, path=f.path, message=_exited_message(f, result)
+        )
     dur = result.options.duration_ms
     if dur is None or not f.delivered or f.delivered_mono is None or f.exists or (f.tmp_bytes or 0) > 0:
         return None
     late = now - (f.delivered_mono + KINETO_WARMUP_S + dur / 1000.0)
     if late < STALL_GRACE_S:
         return None
-    return TraceProblem(kind="stalled", host=f.host, pid=f.pid, path=f.path, message=_stalled_message(f, result, late))
+    return TraceProblem(
+        kind="stalled", host=f.host, pid=f.pid, path=f.path, message=_stalled_message(f, result, late)
+    )
 
 
 def _list_processes_by_host(
@@ -994,7 +1031,9 @@ def _list_processes_by_host(
     for hr in _ask_all(hosts, token, rpc_timeout, lambda c: c.list_processes()):
         if hr.error is None and hr.reply is not None:
             procs = hr.reply.get("processes") or []
-            out[str(hr.address)] = {p["pid"]: p for p in procs if isinstance(p, dict) and _as_int(p.get("pid")) is not None}
+            out[str(hr.address)] = {
+                p["pid"]: p for p in procs if isinstance(p, dict) and _as_int(p.get("pid")) is not None
+            }
     return out
 
 
@@ -1020,7 +1059,9 @@ def wait_for_trace(
     last_host_problems: list[TraceProblem] = []
     settled: dict[int, TraceProblem] = {}
     while True:
-        pending_hosts = [h for h in hosts_with_files if any(f.host == str(h) and not f.complete for f in result.files)]
+        pending_hosts = [
+            h for h in hosts_with_files if any(f.host == str(h) and not f.complete for f in result.files)
+        ]
         if pending_hosts:
             replies = _ask_all(pending_hosts, token, rpc_timeout, lambda c: c.trace_status(result.trace_id))
             last_host_problems = _merge_status(result, replies, check_local)
@@ -1037,9 +1078,13 @@ def wait_for_trace(
         if any(f.host == p.host and not f.complete for f in result.files):
             result.errors.append(p)
     undelivered_hosts = [
-        h for h in result.hosts
+        h
+        for h in result.hosts
         if str(h) not in failed_hosts
-        and any(f.host == str(h) and not f.complete and not f.delivered and id(f) not in settled for f in result.files)
+        and any(
+            f.host == str(h) and not f.complete and not f.delivered and id(f) not in settled
+            for f in result.files
+        )
     ]
     listing = _list_processes_by_host(undelivered_hosts, token, rpc_timeout) if undelivered_hosts else {}
     for f in result.files:
@@ -1058,8 +1103,10 @@ def wait_for_trace(
     if resent:
         result.notes.append(
             "Kineto dropped the duration trace in "
-            + ", ".join(f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "") + f" ({f.retries}x)"
-                        for f in resent)
+            + ", ".join(
+                f"pid {f.pid}" + (f" (rank {f.rank})" if f.rank is not None else "") + f" ({f.retries}x)"
+                for f in resent
+            )
             + " (its profiler thread woke too late to start it: 'Not starting tracing - insufficient time for "
             "warmup'); the daemon sent it again, so that window starts a few seconds after the others'"
         )

@@ -108,8 +108,12 @@ class Daemon:
             token=options.token,
             include_launchers=options.include_launchers,
         )
-        self.ipc = IpcServer(IpcEndpoint(options.ipc_name, options.ipc_socket_dir or None), self.registry, self.metrics)
-        binds = [BindSpec(h) for h in options.bind] or [BindSpec(h, optional=(h == "::1")) for h in DEFAULT_BINDS]
+        self.ipc = IpcServer(
+            IpcEndpoint(options.ipc_name, options.ipc_socket_dir or None), self.registry, self.metrics
+        )
+        binds = [BindSpec(h) for h in options.bind] or [
+            BindSpec(h, optional=(h == "::1")) for h in DEFAULT_BINDS
+        ]
         self.rpc = RpcServer(
             binds,
             options.port,
@@ -164,11 +168,20 @@ class Daemon:
             exporter.start()
         except OSError as exc:
             # Metrics are secondary: tracing keeps working; say so loudly.
-            log.error("metrics exporter disabled: cannot listen on %s port %s: %s", addr, self.options.metrics_port, exc)
+            log.error(
+                "metrics exporter disabled: cannot listen on %s port %s: %s",
+                addr,
+                self.options.metrics_port,
+                exc,
+            )
             return
         self.exporter = exporter
         self._started.append(exporter)
-        log.info("Prometheus metrics on http://%s:%d/metrics", addr if ":" not in addr else f"[{addr}]", exporter.port)
+        log.info(
+            "Prometheus metrics on http://%s:%d/metrics",
+            addr if ":" not in addr else f"[{addr}]",
+            exporter.port,
+        )
 
     def _start_announcer(self, url: str) -> None:
         from kinetoscope.daemon.announce import CatalogAnnouncer
@@ -179,8 +192,14 @@ class Daemon:
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
         nvml = getattr(self.sampler, "_nvml", None)
-        announcer = CatalogAnnouncer(url, address, self.hostname, lambda: len(nvml.handles) if nvml else None,
-                                     VERSION, self.options.announce_interval_s)
+        announcer = CatalogAnnouncer(
+            url,
+            address,
+            self.hostname,
+            lambda: len(nvml.handles) if nvml else None,
+            VERSION,
+            self.options.announce_interval_s,
+        )
         announcer.start()
         self._started.append(announcer)
 

@@ -227,7 +227,9 @@ class RpcHandlers:
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
                 self.metrics.rpc_requests.labels(fn if handler else "<unknown>", "unauthorized").inc()
                 reason = "missing" if given is None else "wrong"
-                return failure(f"unauthorized: {reason} 'token' (this daemon runs with --token)", **dyno_extra)
+                return failure(
+                    f"unauthorized: {reason} 'token' (this daemon runs with --token)", **dyno_extra
+                )
         if handler is None:
             self.metrics.rpc_requests.labels("<unknown>", "failed").inc()
             return failure(f"unknown function {fn[:100]!r}; known: {', '.join(sorted(self._functions))}")
@@ -237,7 +239,9 @@ class RpcHandlers:
             self.metrics.rpc_requests.labels(fn, "failed").inc()
             return failure(str(exc), status=exc.status, **dyno_extra)
         status = response.get("status")
-        self.metrics.rpc_requests.labels(fn, "failed" if isinstance(status, str) and status.startswith("failed") else "ok").inc()
+        self.metrics.rpc_requests.labels(
+            fn, "failed" if isinstance(status, str) and status.startswith("failed") else "ok"
+        ).inc()
         return response
 
     # ------------------------------------------------------------------ dyno functions
@@ -270,7 +274,9 @@ class RpcHandlers:
         except RequestError as exc:  # Dynolog's status for a JSON type error
             raise RequestError(str(exc), status=f"failed with exception = {exc}") from None
         log_dirs = self._check_config(config)
-        candidates = self.registry.candidates(job_id=job_id, pids=pids, include_launchers=self.include_launchers)
+        candidates = self.registry.candidates(
+            job_id=job_id, pids=pids, include_launchers=self.include_launchers
+        )
         if candidates:
             self._prepare_dirs(log_dirs, candidates)
 
@@ -285,7 +291,11 @@ class RpcHandlers:
         self.metrics.triggered.inc(len(triggered))
         log.info(
             "setKinetOnDemandRequest job %s pids %s limit %s: matched %s, triggered %s",
-            job_id, pids, limit, [m.process.pid for m in matches], triggered,
+            job_id,
+            pids,
+            limit,
+            [m.process.pid for m in matches],
+            triggered,
         )
         return {
             "activityProfilersBusy": sum(m.outcome == BUSY for m in matches),
@@ -313,7 +323,9 @@ class RpcHandlers:
             raise RequestError("config contains control characters other than newline and tab")
         for key, _value, well_formed in kc.iter_options(config):
             if not well_formed:  # Kineto stops parsing there and writes to its default /tmp path
-                raise RequestError(f"config line for {key[:100]!r} is not one KEY=VALUE (Kineto would stop parsing there)")
+                raise RequestError(
+                    f"config line for {key[:100]!r} is not one KEY=VALUE (Kineto would stop parsing there)"
+                )
         files = kc.option_values(config, kc.ACTIVITIES_LOG_FILE)
         if not files:
             raise RequestError(
@@ -340,7 +352,9 @@ class RpcHandlers:
         try:
             start = int(value)
         except (TypeError, ValueError):
-            raise RequestError(f"{kc.PROFILE_START_TIME}={value!r} is not an integer (ms since the epoch)") from None
+            raise RequestError(
+                f"{kc.PROFILE_START_TIME}={value!r} is not an integer (ms since the epoch)"
+            ) from None
         now_ms = int(time.time() * 1000)
         if 0 < start < now_ms:
             raise RequestError(
@@ -428,7 +442,11 @@ class RpcHandlers:
             raise RequestError(str(exc)) from None
         host = safe_name(self.hostname)
         record = TraceRecord(
-            trace_id=trace_id, output_dir=output_dir, trace_dir=trace_dir, config=shared_config, root=self.trace_root
+            trace_id=trace_id,
+            output_dir=output_dir,
+            trace_dir=trace_dir,
+            config=shared_config,
+            root=self.trace_root,
         )
         if not self.book.reserve(record):
             raise RequestError(f"trace_id {trace_id!r} was already used on this daemon")
@@ -437,7 +455,9 @@ class RpcHandlers:
         created: list[str] = []
         if candidates:
             try:
-                created = ensure_dir_under(self.trace_root, trace_dir, {p.info.uid if p.info else None for p in candidates})
+                created = ensure_dir_under(
+                    self.trace_root, trace_dir, {p.info.uid if p.info else None for p in candidates}
+                )
             except (OSError, PathRefused) as exc:
                 self.book.discard(trace_id)
                 raise RequestError(f"cannot create trace directory {trace_dir}: {exc}") from None
@@ -469,7 +489,10 @@ class RpcHandlers:
                     pass
         log.info(
             "kscopeTrace %s: matched %d, triggered %d -> %s",
-            trace_id, len(matches), len(record.files), trace_dir,
+            trace_id,
+            len(matches),
+            len(record.files),
+            trace_dir,
         )
         now = time.monotonic()
         response = rpc.KscopeTraceResponse(
@@ -517,11 +540,20 @@ class RpcHandlers:
         now_wall, now_mono = time.time(), time.monotonic()
         for tf in record.files:
             pending, proc = tf.pending, tf.process
-            if tf.retries >= MAX_RESENDS or pending.delivered_at is None or not proc.last_type & CONFIG_ACTIVITIES:
+            if (
+                tf.retries >= MAX_RESENDS
+                or pending.delivered_at is None
+                or not proc.last_type & CONFIG_ACTIVITIES
+            ):
                 continue
             polled_at = now_wall - (now_mono - proc.last_poll)
-            if polled_at < pending.delivered_at + DROP_GRACE_S or os.path.exists(tf.path) or proc.alive() is False:
+            if (
+                polled_at < pending.delivered_at + DROP_GRACE_S
+                or os.path.exists(tf.path)
+                or proc.alive() is False
+            ):
                 continue
+
             def same_config(p: PendingConfig = pending) -> PendingConfig:
                 return PendingConfig(p.text, p.trace_id)
 
@@ -532,7 +564,12 @@ class RpcHandlers:
                 log.warning(
                     "trace %s: pid %d dropped the duration trace (idle again %.1f s after it got the config, "
                     "no %s); sending it again (%d of %d)",
-                    record.trace_id, proc.pid, polled_at - pending.delivered_at, tf.path, tf.retries, MAX_RESENDS,
+                    record.trace_id,
+                    proc.pid,
+                    polled_at - pending.delivered_at,
+                    tf.path,
+                    tf.retries,
+                    MAX_RESENDS,
                 )
 
     def kscope_trace_status(self, req: dict) -> dict[str, Any]:
@@ -543,7 +580,12 @@ class RpcHandlers:
         record = self.book.get(trace_id)
         if record is None:
             unknown = rpc.KscopeTraceStatusResponse(
-                hostname=self.hostname, trace_id=trace_id, known=False, trace_dir=None, manifest=None, files=[],
+                hostname=self.hostname,
+                trace_id=trace_id,
+                known=False,
+                trace_dir=None,
+                manifest=None,
+                files=[],
                 all_complete=True,
             )
             return rpc.response_fields(unknown)
@@ -570,7 +612,9 @@ class RpcHandlers:
                     log_file=tf.log_file,
                     # how long ago the process picked up the config / last polled, and the size of
                     # Kineto's "<path>.tmp": what the trigger needs to tell a stalled trace (issue 10)
-                    delivered_s_ago=None if delivered_at is None else round(max(0.0, now_wall - delivered_at), 3),
+                    delivered_s_ago=None
+                    if delivered_at is None
+                    else round(max(0.0, now_wall - delivered_at), 3),
                     last_poll_s_ago=round(now_mono - tf.process.last_poll, 3),
                     tmp_bytes=_tmp_bytes(tf.path) if st["writing"] else None,
                     retries=tf.retries,

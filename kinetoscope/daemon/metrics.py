@@ -65,9 +65,17 @@ class IpcStats(Collector):
             ("kscope_daemon_ipc_polls", "'req' datagrams served", self.polls),
             ("kscope_daemon_ipc_contexts", "'ctxt' datagrams served", self.contexts),
             ("kscope_daemon_ipc_replies", "IPC replies sent", self.replies),
-            ("kscope_daemon_ipc_reply_errors", "IPC replies that could not be sent (client gone/full)", self.reply_errors),
+            (
+                "kscope_daemon_ipc_reply_errors",
+                "IPC replies that could not be sent (client gone/full)",
+                self.reply_errors,
+            ),
             ("kscope_daemon_configs_delivered", "Trace configs handed to a polling process", self.delivered),
-            ("kscope_daemon_gc_removed_processes", "Processes forgotten after they stopped polling", self.gc_removed),
+            (
+                "kscope_daemon_gc_removed_processes",
+                "Processes forgotten after they stopped polling",
+                self.gc_removed,
+            ),
         ):
             yield CounterMetricFamily(name, help_text, value=value)
         fam = CounterMetricFamily(
@@ -100,13 +108,17 @@ class DaemonMetrics:
         self.ipc = IpcStats()
         r.register(self.ipc)
         self.registered = Gauge(
-            "kscope_daemon_registered_processes", "Processes currently registered (polled recently)", registry=r
+            "kscope_daemon_registered_processes",
+            "Processes currently registered (polled recently)",
+            registry=r,
         )
         self.contexts = Gauge(
             "kscope_daemon_ipc_context_registrations", "'ctxt' registrations kept (bounded)", registry=r
         )
         self.rpc_pending = Gauge(
-            "kscope_daemon_rpc_pending_connections", "RPC connections whose request is still being read", registry=r
+            "kscope_daemon_rpc_pending_connections",
+            "RPC connections whose request is still being read",
+            registry=r,
         )
         self.rpc_requests = Counter(
             "kscope_daemon_rpc_requests", "RPC requests by function and outcome", ["fn", "status"], registry=r
@@ -114,7 +126,9 @@ class DaemonMetrics:
         self.triggered = Counter(
             "kscope_daemon_traces_triggered", "Processes given a trace config by an RPC request", registry=r
         )
-        self.info = Gauge("kscope_daemon_info", "Constant 1, labelled with versions", ["version", "hostname"], registry=r)
+        self.info = Gauge(
+            "kscope_daemon_info", "Constant 1, labelled with versions", ["version", "hostname"], registry=r
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -181,7 +195,12 @@ class _Nvml:
                 uuid = pynvml.nvmlDeviceGetUUID(h)
                 name = pynvml.nvmlDeviceGetName(h)
                 handles.append(
-                    (i, h, uuid.decode() if isinstance(uuid, bytes) else uuid, name.decode() if isinstance(name, bytes) else name)
+                    (
+                        i,
+                        h,
+                        uuid.decode() if isinstance(uuid, bytes) else uuid,
+                        name.decode() if isinstance(name, bytes) else name,
+                    )
                 )
             log.info("NVML: %d GPUs", len(handles))
             return cls(pynvml, handles)
@@ -230,7 +249,9 @@ class _Nvml:
 class HostSampler(Collector):
     """Samples the host every ``interval_s`` on a thread; ``collect()`` serves the latest."""
 
-    def __init__(self, interval_s: float = 10.0, hostname: str | None = None, enable_gpu: bool = True) -> None:
+    def __init__(
+        self, interval_s: float = 10.0, hostname: str | None = None, enable_gpu: bool = True
+    ) -> None:
         self.interval_s = interval_s
         self.hostname = hostname or socket.gethostname()
         self._enable_gpu = enable_gpu
@@ -299,24 +320,38 @@ class HostSampler(Collector):
         if not s.taken_at:
             return
         host = [self.hostname]
-        g = GaugeMetricFamily("kscope_host_cpu_utilization_percent", "CPU busy share, all cores (100 - idle - iowait)", labels=["host"])
+        g = GaugeMetricFamily(
+            "kscope_host_cpu_utilization_percent",
+            "CPU busy share, all cores (100 - idle - iowait)",
+            labels=["host"],
+        )
         g.add_metric(host, s.cpu_utilization or 0.0)
         yield g
-        g = GaugeMetricFamily("kscope_host_cpu_percent", "CPU time share by mode over the last interval", labels=["host", "mode"])
+        g = GaugeMetricFamily(
+            "kscope_host_cpu_percent",
+            "CPU time share by mode over the last interval",
+            labels=["host", "mode"],
+        )
         for mode, v in s.cpu_percent.items():
             g.add_metric([self.hostname, mode], v)
         yield g
-        c = CounterMetricFamily("kscope_host_cpu_seconds", "CPU seconds by mode, all cores, since boot", labels=["host", "mode"])
+        c = CounterMetricFamily(
+            "kscope_host_cpu_seconds", "CPU seconds by mode, all cores, since boot", labels=["host", "mode"]
+        )
         for mode, v in s.cpu_seconds.items():
             c.add_metric([self.hostname, mode], v)
         yield c
         if s.load is not None:
-            g = GaugeMetricFamily("kscope_host_load_average", "Run-queue load average", labels=["host", "period"])
+            g = GaugeMetricFamily(
+                "kscope_host_load_average", "Run-queue load average", labels=["host", "period"]
+            )
             for period, v in zip(("1m", "5m", "15m"), s.load):
                 g.add_metric([self.hostname, period], v)
             yield g
         for key, value in s.memory.items():
-            g = GaugeMetricFamily(f"kscope_host_memory_{key}", f"Host memory: {key.replace('_', ' ')}", labels=["host"])
+            g = GaugeMetricFamily(
+                f"kscope_host_memory_{key}", f"Host memory: {key.replace('_', ' ')}", labels=["host"]
+            )
             g.add_metric(host, float(value))
             yield g
         if s.uptime_s is not None:
@@ -330,7 +365,9 @@ class HostSampler(Collector):
                 fam = families.get(name)
                 if fam is None:
                     fam = families[name] = CounterMetricFamily(
-                        name, f"Network {unit} {'received' if direction == 'receive' else 'transmitted'}", labels=["host", "interface"]
+                        name,
+                        f"Network {unit} {'received' if direction == 'receive' else 'transmitted'}",
+                        labels=["host", "interface"],
                     )
                 fam.add_metric([self.hostname, nic], float(counters.get(src, 0)))
         yield from families.values()

@@ -52,7 +52,9 @@ def check_config_value(value: str, what: str) -> None:
         raise PathRefused(f"{what} {value!r} contains control characters")
     bad = sorted(set(value) & _CONFIG_BREAKERS)
     if bad:
-        raise PathRefused(f"{what} {value!r} contains {', '.join(map(repr, bad))}, which breaks a Kineto config line")
+        raise PathRefused(
+            f"{what} {value!r} contains {', '.join(map(repr, bad))}, which breaks a Kineto config line"
+        )
     if value != value.strip(" \t"):
         raise PathRefused(f"{what} {value!r} has leading or trailing blanks (Kineto strips them)")
 
@@ -81,14 +83,18 @@ def confine(path: object, root: str, what: str = "path") -> str:
         raise PathRefused(f"{what} must be a non-empty string")
     check_config_value(path, what)
     if not path.startswith("/"):
-        raise PathRefused(f"{what} {path!r} is not absolute (Kineto would resolve it in the traced process's cwd)")
+        raise PathRefused(
+            f"{what} {path!r} is not absolute (Kineto would resolve it in the traced process's cwd)"
+        )
     if ".." in path.split("/"):
         raise PathRefused(f"{what} {path!r} contains '..'")
     norm = os.path.normpath(path)
     try:
         parts = relative_parts(norm, root)
     except PathRefused:
-        raise PathRefused(f"{what} {path!r} is outside the daemon's trace root {root} (see --trace-root)") from None
+        raise PathRefused(
+            f"{what} {path!r} is outside the daemon's trace root {root} (see --trace-root)"
+        ) from None
     probe = os.path.realpath(root)
     for i, name in enumerate(parts):
         probe = os.path.join(probe, name)
@@ -124,8 +130,12 @@ def _open_child(parent_fd: int, name: str, path: str) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(parent_fd, name):  # O_NOFOLLOW met a symlink
-            raise PathRefused(f"{path!r}: {name!r} is a symlink (symlinks under the trace root are not followed)") from None
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(
+            parent_fd, name
+        ):  # O_NOFOLLOW met a symlink
+            raise PathRefused(
+                f"{path!r}: {name!r} is a symlink (symlinks under the trace root are not followed)"
+            ) from None
         raise
 
 
@@ -182,7 +192,9 @@ def write_file_under(root: str, path: str, data: bytes, mode: int = 0o644) -> No
     dir_fd, _ = open_dir_under(root, directory)
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+        )
         try:
             os.fchmod(fd, mode)
             view = memoryview(data)

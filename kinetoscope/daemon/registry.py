@@ -142,7 +142,9 @@ class Registry:
         self.delivered = 0
 
     # ----------------------------------------------------------------- IPC side
-    def poll(self, job_id: int, pids: tuple[int, ...], config_type: int, sender_pid: int | None = None) -> str:
+    def poll(
+        self, job_id: int, pids: tuple[int, ...], config_type: int, sender_pid: int | None = None
+    ) -> str:
         """Handle one "req": register or refresh, return the reply text ("" = nothing pending).
 
         Spec §2.2: the pending config is released only if ``config_type`` has the ACTIVITIES
@@ -252,7 +254,9 @@ class Registry:
             for p in dead:
                 del self._procs[p.key]
             live = {(p.job_id, pid) for p in self._procs.values() for pid in p.pids}
-            stale = [k for k, touched in self._contexts.items() if touched < cutoff and (k[0], k[2]) not in live]
+            stale = [
+                k for k, touched in self._contexts.items() if touched < cutoff and (k[0], k[2]) not in live
+            ]
             for k in stale:
                 self._drop_context(k)
         return dead

@@ -158,8 +158,14 @@ class RpcServer:
                     continue
                 for s in self._listeners:
                     s.close()
-                hint = " (is another kscope daemon or dynolog running? use --port)" if exc.errno == errno.EADDRINUSE else ""
-                raise KinetoscopeError(f"cannot listen on {spec.host} port {port}: {exc.strerror}{hint}") from exc
+                hint = (
+                    " (is another kscope daemon or dynolog running? use --port)"
+                    if exc.errno == errno.EADDRINUSE
+                    else ""
+                )
+                raise KinetoscopeError(
+                    f"cannot listen on {spec.host} port {port}: {exc.strerror}{hint}"
+                ) from exc
             port = sock.getsockname()[1]  # the ephemeral port of the first, reused for the rest
             self._listeners.append(sock)
             self.addresses.append((sock.getsockname()[0], port))
@@ -231,9 +237,16 @@ class RpcServer:
             conn.setblocking(False)
             if len(self._pending) >= self.max_pending:
                 oldest = next(iter(self._pending.values()))  # dicts keep insertion (= accept) order
-                self._rl.warning("pending", "%d RPC connections being read; dropping the oldest, %s", len(self._pending), oldest.peer)
+                self._rl.warning(
+                    "pending",
+                    "%d RPC connections being read; dropping the oldest, %s",
+                    len(self._pending),
+                    oldest.peer,
+                )
                 if oldest.draining_until is None:  # not answered yet; no drain, to stay within the bound
-                    self._send_small(oldest.conn, self._frame_error("server busy: too many connections sending requests"))
+                    self._send_small(
+                        oldest.conn, self._frame_error("server busy: too many connections sending requests")
+                    )
                 self._close(oldest)
             now = time.monotonic()
             p = _Pending(conn, peer, now, now + self.timeout_s)
@@ -265,7 +278,9 @@ class RpcServer:
             self._frame_failed(p, str(exc))
             return
         if self._buffered > MAX_BUFFERED_BYTES:
-            self._rl.warning("memory", "RPC requests being read hold %d bytes; refusing %s", self._buffered, p.peer)
+            self._rl.warning(
+                "memory", "RPC requests being read hold %d bytes; refusing %s", self._buffered, p.peer
+            )
             self._fail(p, "server busy: too much request data in flight")
         elif p.frame.done:
             self._dispatch(p)
@@ -279,10 +294,17 @@ class RpcServer:
                 continue
             elapsed = now - p.started
             if now >= p.deadline:
-                self._rl.warning("timeout", "RPC client %s sent no complete request in %.1f s", p.peer, self.timeout_s)
-                self._fail(p, f"timed out after {self.timeout_s:g} s waiting for the request (--rpc-timeout is per request)")
+                self._rl.warning(
+                    "timeout", "RPC client %s sent no complete request in %.1f s", p.peer, self.timeout_s
+                )
+                self._fail(
+                    p,
+                    f"timed out after {self.timeout_s:g} s waiting for the request (--rpc-timeout is per request)",
+                )
             elif elapsed > RATE_GRACE_S and p.frame.received < self.min_rate_bps * (elapsed - RATE_GRACE_S):
-                self._rl.warning("slow", "RPC client %s too slow: %d bytes in %.1f s", p.peer, p.frame.received, elapsed)
+                self._rl.warning(
+                    "slow", "RPC client %s too slow: %d bytes in %.1f s", p.peer, p.frame.received, elapsed
+                )
                 self._fail(
                     p,
                     f"timed out: {p.frame.received} request bytes in {elapsed:.1f} s, below the minimum of "

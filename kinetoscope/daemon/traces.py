@@ -39,6 +39,7 @@ def safe_name(text: str) -> str:
     """A host name usable in a file name."""
     return _SAFE_NAME.sub("_", text) or "host"
 
+
 FULL_PARSE_LIMIT = 64 << 20  # parse files up to this size; above, check the JSON's two ends
 
 
@@ -75,7 +76,9 @@ class TraceRecord:
     output_dir: str
     trace_dir: str
     config: str  # the part shared by every process (no ACTIVITIES_LOG_FILE line)
-    root: str | None = None  # the daemon's trace root: the manifest is written without following symlinks below it
+    root: str | None = (
+        None  # the daemon's trace root: the manifest is written without following symlinks below it
+    )
     created_at: float = field(default_factory=time.time)
     files: list[TraceFile] = field(default_factory=list)
     manifest_path: str | None = None

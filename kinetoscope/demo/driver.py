@@ -111,8 +111,12 @@ class DemoStep:
 def step_start_daemon(ctx: DemoContext) -> None:
     ctx.daemon = LocalDaemon(ctx.workdir, trace_root=ctx.workdir / "traces")
     ctx.daemon.start(timeout=ctx.remaining(30))
-    ctx.say(f"kscope daemon on [bold]{ctx.daemon.address}[/] (pid {ctx.daemon.process.pid if ctx.daemon.process else '?'})")
-    ctx.say(f"IPC socket dir {escape(str(ctx.daemon.socket_dir))}, trace root {escape(show_path(ctx.daemon.trace_root))}")
+    ctx.say(
+        f"kscope daemon on [bold]{ctx.daemon.address}[/] (pid {ctx.daemon.process.pid if ctx.daemon.process else '?'})"
+    )
+    ctx.say(
+        f"IPC socket dir {escape(str(ctx.daemon.socket_dir))}, trace root {escape(show_path(ctx.daemon.trace_root))}"
+    )
 
 
 def step_start_job(ctx: DemoContext) -> None:
@@ -134,18 +138,28 @@ def step_start_job(ctx: DemoContext) -> None:
         max_seconds=max(30.0, o.timeout_s + 10),
         env=env,
     ).start()
-    ctx.say(f"torchrun (pid {ctx.job.pid}): {o.ranks} ranks, gloo on CPU, {o.model} MLP, "
-            f"SLURM_JOB_ID={ctx.job_id}")
+    ctx.say(
+        f"torchrun (pid {ctx.job.pid}): {o.ranks} ranks, gloo on CPU, {o.model} MLP, "
+        f"SLURM_JOB_ID={ctx.job_id}"
+    )
     if o.straggler == "intermittent":
-        ctx.say(f"emulated straggler: rank {ctx.straggler_rank} sleeps {o.straggler_ms[0]:g}-{o.straggler_ms[1]:g} ms "
-                f"between loss and backward in " + (f"{round(o.straggler_prob * o.straggler_block)} of every "
-                                                    f"{o.straggler_block} steps" if o.straggler_block > 0
-                                                    else f"{o.straggler_prob:.0%} of the steps"))
+        ctx.say(
+            f"emulated straggler: rank {ctx.straggler_rank} sleeps {o.straggler_ms[0]:g}-{o.straggler_ms[1]:g} ms "
+            f"between loss and backward in "
+            + (
+                f"{round(o.straggler_prob * o.straggler_block)} of every {o.straggler_block} steps"
+                if o.straggler_block > 0
+                else f"{o.straggler_prob:.0%} of the steps"
+            )
+        )
     elif o.straggler == "persistent":
-        ctx.say(f"emulated straggler: rank {ctx.straggler_rank} sleeps {o.straggler_ms[0]:g}-{o.straggler_ms[1]:g} ms "
-                "every step")
-    ctx.say("no profiling code in the script; its environment has KINETO_USE_DAEMON=1 "
-            "and the daemon's socket dir")
+        ctx.say(
+            f"emulated straggler: rank {ctx.straggler_rank} sleeps {o.straggler_ms[0]:g}-{o.straggler_ms[1]:g} ms "
+            "every step"
+        )
+    ctx.say(
+        "no profiling code in the script; its environment has KINETO_USE_DAEMON=1 and the daemon's socket dir"
+    )
 
 
 def step_wait_registered(ctx: DemoContext) -> None:
@@ -154,7 +168,10 @@ def step_wait_registered(ctx: DemoContext) -> None:
         ctx.registered = ctx.daemon.wait_for_processes(
             ctx.options.ranks, job_id=ctx.job_id, timeout=ctx.remaining(60), alive=ctx.job.alive
         )
-    ranks = ", ".join(f"rank {p.get('rank')} = pid {p['pid']}" for p in sorted(ctx.registered, key=lambda p: p.get("rank") or 0))
+    ranks = ", ".join(
+        f"rank {p.get('rank')} = pid {p['pid']}"
+        for p in sorted(ctx.registered, key=lambda p: p.get("rank") or 0)
+    )
     ctx.say(f"registered: {ranks}; they poll the daemon every second")
     # An iteration request that arrives before a process's first optimizer.step() becomes a 500 ms
     # duration trace (Kineto's fallback), so wait until every rank is stepping.
@@ -181,15 +198,19 @@ def step_trigger(ctx: DemoContext) -> None:
         TraceOptions(iterations=o.iterations, iteration_roundup=roundup),
     )
     ctx.trace = trigger_trace(request)
-    ctx.say(f"[dim]$ kscope trace --host {ctx.daemon.address} --job-id {ctx.job_id} --iterations {o.iterations} "
-            f"--iteration-roundup {roundup}[/]")
+    ctx.say(
+        f"[dim]$ kscope trace --host {ctx.daemon.address} --job-id {ctx.job_id} --iterations {o.iterations} "
+        f"--iteration-roundup {roundup}[/]"
+    )
     _print_matched(ctx, ctx.trace)
     if any(m.state == "launcher" for m in ctx.trace.matched):
         ctx.say("torchrun's agent has the same job id; kscope skips launchers and traces the ranks")
     if ctx.trace.errors:
         raise DemoFailed("; ".join(e.message for e in ctx.trace.errors))
-    ctx.say(f"the job is at step {step}; every rank starts tracing at iteration {roundup} "
-            "(the roundup aligns the ranks)")
+    ctx.say(
+        f"the job is at step {step}; every rank starts tracing at iteration {roundup} "
+        "(the roundup aligns the ranks)"
+    )
 
 
 def step_wait_files(ctx: DemoContext) -> None:
@@ -202,7 +223,9 @@ def step_wait_files(ctx: DemoContext) -> None:
             picked = sum(1 for f in r.files if f.delivered)
             status.update(f"   config picked up by {picked}/{total} ranks, {done}/{total} files complete...")
 
-        ctx.trace = wait_for_trace(ctx.trace, timeout=ctx.remaining(60), on_progress=progress, poll_interval=0.3)
+        ctx.trace = wait_for_trace(
+            ctx.trace, timeout=ctx.remaining(60), on_progress=progress, poll_interval=0.3
+        )
     if ctx.trace.errors:
         raise DemoFailed("; ".join(e.message for e in ctx.trace.errors))
     ctx.console.print(_indent(files_table(ctx.trace, compact=True)))
@@ -224,12 +247,18 @@ def inspect_trace_file(path: str) -> dict[str, Any]:
     steps = sorted(
         (e["ts"], e.get("dur", 0))
         for e in events
-        if isinstance(e, dict) and str(e.get("name", "")).startswith(OPTIMIZER_STEP_PREFIX) and e.get("ph") == "X"
+        if isinstance(e, dict)
+        and str(e.get("name", "")).startswith(OPTIMIZER_STEP_PREFIX)
+        and e.get("ph") == "X"
     )
     # iteration i ends with its optimizer step: duration = end of step i - end of step i-1; the
     # first traced iteration starts with the trace (Kineto starts right after an optimizer step)
     ends = [ts + dur for ts, dur in steps]
-    starts = [e["ts"] for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+    starts = [
+        e["ts"]
+        for e in events
+        if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
+    ]
     iter_ms = [(b - a) / 1000.0 for a, b in itertools.pairwise(ends)]
     if ends and starts:
         iter_ms.insert(0, (ends[0] - min(starts)) / 1000.0)
@@ -252,8 +281,12 @@ def step_inspect(ctx: DemoContext) -> None:
         info = inspect_trace_file(f.path)
         info.update(rank=f.rank, pid=f.pid, path=f.path)
         ctx.inspection.append(info)
-        table.add_row(str(f.rank), str(info["events"]), str(info["optimizer_steps"]),
-                      " ".join(f"{ms:.0f}" for ms in info["iteration_ms"]))
+        table.add_row(
+            str(f.rank),
+            str(info["events"]),
+            str(info["optimizer_steps"]),
+            " ".join(f"{ms:.0f}" for ms in info["iteration_ms"]),
+        )
     ctx.console.print(_indent(table))
     firsts = {i["rank"]: i["first_step_end_us"] for i in ctx.inspection if i["first_step_end_us"] is not None}
     if len(firsts) > 1:
@@ -262,15 +295,23 @@ def step_inspect(ctx: DemoContext) -> None:
         typical = iters[len(iters) // 2] if iters else 0.0
         ctx.extras["aligned"] = spread_ms <= max(20.0, typical / 2)
         if ctx.extras["aligned"]:
-            ctx.say(f"the ranks traced the same iterations (their first traced steps end {spread_ms:.0f} ms apart)")
+            ctx.say(
+                f"the ranks traced the same iterations (their first traced steps end {spread_ms:.0f} ms apart)"
+            )
         else:
             late = max(firsts, key=lambda r: firsts[r])
-            ctx.say(f"[yellow]the ranks did not trace the same iterations[/]: rank {late} started "
-                    f"{spread_ms:.0f} ms later (it picked up the config after the roundup iteration; "
-                    "a larger --iteration-roundup margin avoids this)")
+            ctx.say(
+                f"[yellow]the ranks did not trace the same iterations[/]: rank {late} started "
+                f"{spread_ms:.0f} ms later (it picked up the config after the roundup iteration; "
+                "a larger --iteration-roundup margin avoids this)"
+            )
     # Ground truth from the job's own step log: Kineto counts optimizer steps from 0, so tracing
     # iterations [S, S+N) covers the job's 0-based steps S+1 .. S+N.
-    if ctx.start_iteration is not None and ctx.options.straggler != "none" and ctx.extras.get("aligned", True):
+    if (
+        ctx.start_iteration is not None
+        and ctx.options.straggler != "none"
+        and ctx.extras.get("aligned", True)
+    ):
         first, last = ctx.start_iteration + 1, ctx.start_iteration + ctx.options.iterations
         sleeps = [
             (s["step"], s["straggle_ms"])
@@ -280,14 +321,20 @@ def step_inspect(ctx: DemoContext) -> None:
         ctx.extras["ground_truth"] = {"rank": ctx.straggler_rank, "steps": (first, last), "sleeps": sleeps}
         if sleeps:
             listed = ", ".join(f"step {s} ({ms:.0f} ms)" for s, ms in sleeps)
-            ctx.say(f"ground truth: rank {ctx.straggler_rank} straggled in {len(sleeps)} of the {ctx.options.iterations} "
-                    f"traced steps: {listed}")
+            ctx.say(
+                f"ground truth: rank {ctx.straggler_rank} straggled in {len(sleeps)} of the {ctx.options.iterations} "
+                f"traced steps: {listed}"
+            )
         else:
-            ctx.say(f"ground truth: rank {ctx.straggler_rank} happened not to straggle in the traced steps "
-                    f"{first}-{last}")
+            ctx.say(
+                f"ground truth: rank {ctx.straggler_rank} happened not to straggle in the traced steps "
+                f"{first}-{last}"
+            )
         ctx.say("every rank shows the slow iterations: the others wait for the straggler in DDP's all-reduce")
-    ctx.say("[dim](ProfilerStep markers are absent in on-demand traces; iterations are delimited by "
-            "Optimizer.step)[/]")
+    ctx.say(
+        "[dim](ProfilerStep markers are absent in on-demand traces; iterations are delimited by "
+        "Optimizer.step)[/]"
+    )
 
 
 def step_analyze(ctx: DemoContext) -> None:
@@ -326,8 +373,10 @@ def step_analyze(ctx: DemoContext) -> None:
         if truth["sleeps"] and rank in found:
             ctx.say(f"[green]the diagnosis names rank {rank}: the rank that slept (ground truth)[/]")
         elif truth["sleeps"]:
-            ctx.say(f"[yellow]the diagnosis flags {('ranks ' + ', '.join(map(str, found))) if found else 'no rank'}; "
-                    f"the ground truth is rank {rank}[/]")
+            ctx.say(
+                f"[yellow]the diagnosis flags {('ranks ' + ', '.join(map(str, found))) if found else 'no rank'}; "
+                f"the ground truth is rank {rank}[/]"
+            )
         elif not found:
             ctx.say("no straggler in the traced steps, and none flagged")
     for name, msg in (doc.get("errors") or {}).items():
@@ -353,14 +402,20 @@ def step_report(ctx: DemoContext) -> None:
     catalog_url = _demo_catalog(ctx)
     with Catalog.open(catalog_url) as cat:
         rec = cat.import_trace_dir(trace_dir)
-        run = AnalysisRun(document=doc, paths=[Path(p) for p in ctx.extras["analysed_paths"]],
-                          inputs=[rec.trace_id], trace_id=rec.trace_id)
+        run = AnalysisRun(
+            document=doc,
+            paths=[Path(p) for p in ctx.extras["analysed_paths"]],
+            inputs=[rec.trace_id],
+            trace_id=rec.trace_id,
+        )
         write_report(doc, report_path, title=f"Kinetoscope demo — {rec.trace_id}", inputs=[rec.trace_id])
         arec = record_run(cat, run, report_path=str(report_path))
         shown = show_path(catalog_url) if "://" not in catalog_url else cat.display_url
     ctx.extras.update(catalog=catalog_url, analysis_id=arec.id, report=str(report_path))
-    ctx.say(f"catalog {escape(shown)}: trace request {escape(rec.trace_id)} ({rec.complete_files}/{rec.file_count} files, "
-            f"sha256 recorded), analysis {arec.id}")
+    ctx.say(
+        f"catalog {escape(shown)}: trace request {escape(rec.trace_id)} ({rec.complete_files}/{rec.file_count} files, "
+        f"sha256 recorded), analysis {arec.id}"
+    )
     ctx.say(f"[bold green]report:[/] {escape(show_path(report_path))} (one offline HTML file)")
     ctx.say(f"browse it all: [bold]kscope serve --catalog {escape(shown)}[/] (then http://127.0.0.1:8000/)")
 
@@ -370,12 +425,16 @@ def step_summary(ctx: DemoContext) -> None:
     d = ctx.trace.output_dir or ""
     ctx.say(f"[bold green]traces:[/] {escape(show_path(d))}/")
     if ctx.extras.get("report"):
-        ctx.say(f"report: {escape(show_path(ctx.extras['report']))}; catalog: "
-                f"{escape(show_path(ctx.extras['catalog']) if '://' not in ctx.extras['catalog'] else 'as given')}")
+        ctx.say(
+            f"report: {escape(show_path(ctx.extras['report']))}; catalog: "
+            f"{escape(show_path(ctx.extras['catalog']) if '://' not in ctx.extras['catalog'] else 'as given')}"
+        )
         ctx.say("each trace also opens in the Perfetto UI that `kscope serve` bundles (no internet needed)")
     else:
         ctx.say("open a file in https://ui.perfetto.dev; manifest.json maps files to ranks")
-    ctx.say(f"logs: {escape(show_path(ctx.workdir / 'daemon.log'))}, {escape(show_path(ctx.workdir / 'job.log'))}")
+    ctx.say(
+        f"logs: {escape(show_path(ctx.workdir / 'daemon.log'))}, {escape(show_path(ctx.workdir / 'job.log'))}"
+    )
 
 
 DEMO_STEPS: list[DemoStep] = [
@@ -406,8 +465,9 @@ def insert_step(step: DemoStep, *, after: str, steps: list[DemoStep] | None = No
 # ---------------------------------------------------------------------------------------
 # Runner
 # ---------------------------------------------------------------------------------------
-def run_demo(options: DemoOptions | None = None, console: Console | None = None,
-             steps: list[DemoStep] | None = None) -> DemoContext:
+def run_demo(
+    options: DemoOptions | None = None, console: Console | None = None, steps: list[DemoStep] | None = None
+) -> DemoContext:
     options = options or DemoOptions()
     console = console or Console(highlight=False)
     steps = list(DEMO_STEPS if steps is None else steps)
@@ -422,12 +482,14 @@ def run_demo(options: DemoOptions | None = None, console: Console | None = None,
         deadline=time.monotonic() + options.timeout_s,
         job_id=options.job_id if options.job_id is not None else 10000 + int(time.time()) % 90000,
     )
-    console.print(Panel.fit(
-        "[bold]Kinetoscope demo[/]: trace a running PyTorch DDP job without touching its code, then find its straggler.\n"
-        "A private daemon, a real 2-process training job on CPU, one on-demand trace by job id,\n"
-        "the analyses and job diagnosis, the catalog and an offline HTML report.",
-        border_style="cyan",
-    ))
+    console.print(
+        Panel.fit(
+            "[bold]Kinetoscope demo[/]: trace a running PyTorch DDP job without touching its code, then find its straggler.\n"
+            "A private daemon, a real 2-process training job on CPU, one on-demand trace by job id,\n"
+            "the analyses and job diagnosis, the catalog and an offline HTML report.",
+            border_style="cyan",
+        )
+    )
     t_start = time.monotonic()
     current = ""
     try:

@@ -64,7 +64,9 @@ def _pdeathsig() -> None:
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The caller's environment with this kinetoscope importable (``PYTHONPATH``) and ``extra``."""
     env = dict(os.environ)
-    parts = [PACKAGE_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != PACKAGE_PARENT]
+    parts = [PACKAGE_PARENT] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != PACKAGE_PARENT
+    ]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if extra:
@@ -83,7 +85,9 @@ def log_tail(path: Path | str, lines: int = 15) -> str:
 class ManagedProcess:
     """A subprocess in its own process group, output to a log file, stopped group-wide."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str], cwd: str | None = None):
+    def __init__(
+        self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str], cwd: str | None = None
+    ):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
@@ -194,12 +198,20 @@ class LocalDaemon:
             f"ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS={self.poll_interval_s}\n"
         )
         argv = [
-            sys.executable, "-m", "kinetoscope.cli.main", "daemon",
-            "--port", "0",
-            "--bind", "127.0.0.1",
-            "--ipc-socket-dir", str(self.socket_dir),
-            "--trace-root", str(self.trace_root),
-            "--metrics-port", "-1",
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "daemon",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--ipc-socket-dir",
+            str(self.socket_dir),
+            "--trace-root",
+            str(self.trace_root),
+            "--metrics-port",
+            "-1",
             "--no-gpu-metrics",
             *self.extra_args,
         ]
@@ -242,9 +254,7 @@ class LocalDaemon:
         procs: list[dict[str, Any]] = []
         while True:
             try:
-                procs = [
-                    p for p in self.list_processes(job_id) if not (ranks_only and p.get("is_launcher"))
-                ]
+                procs = [p for p in self.list_processes(job_id) if not (ranks_only and p.get("is_launcher"))]
             except DaemonError:
                 procs = []
             if len(procs) >= count:
@@ -298,15 +308,24 @@ class TrainingJob:
         self.log_path = self.workdir / f"{name}.log"
         self.torchrun = ranks > 1 if torchrun is None else torchrun
         args = [
-            "--steps", str(steps),
-            "--straggler", straggler,
-            "--straggler-rank", str(straggler_rank),
-            "--straggler-prob", str(straggler_prob),
-            "--straggler-ms", f"{straggler_ms[0]:g},{straggler_ms[1]:g}",
-            "--model", model,
-            "--seed", str(seed),
-            "--max-seconds", str(max_seconds),
-            "--progress-dir", str(self.progress_dir),
+            "--steps",
+            str(steps),
+            "--straggler",
+            straggler,
+            "--straggler-rank",
+            str(straggler_rank),
+            "--straggler-prob",
+            str(straggler_prob),
+            "--straggler-ms",
+            f"{straggler_ms[0]:g},{straggler_ms[1]:g}",
+            "--model",
+            model,
+            "--seed",
+            str(seed),
+            "--max-seconds",
+            str(max_seconds),
+            "--progress-dir",
+            str(self.progress_dir),
         ]
         if load_ms:
             args += ["--load-ms", f"{load_ms:g}"]
@@ -315,8 +334,14 @@ class TrainingJob:
         args += list(extra_args)
         if self.torchrun:
             self.argv = [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                "-m", "kinetoscope.demo.train_ddp", *args,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={ranks}",
+                "-m",
+                "kinetoscope.demo.train_ddp",
+                *args,
             ]
         else:
             self.argv = [sys.executable, "-m", "kinetoscope.demo.train_ddp", *args]
@@ -364,7 +389,9 @@ class TrainingJob:
                     f"before step {steps}:\n{self.tail()}"
                 )
             if time.monotonic() >= deadline:
-                raise ProcessFailed(f"the training job did not reach step {steps} within {timeout:g} s:\n{self.tail()}")
+                raise ProcessFailed(
+                    f"the training job did not reach step {steps} within {timeout:g} s:\n{self.tail()}"
+                )
             time.sleep(0.1)
 
     def step_rate(self, window_s: float = 1.0) -> float:

@@ -81,7 +81,8 @@ class StragglerPlan:
         if self.block > 0:  # stratified: the same number of stalls in every block (steps 1..B, B+1..2B, ...)
             b = (step - 1) // self.block
             picks = random.Random(self.seed * 1_000_003 + 7_919 * b + 1).sample(
-                range(self.block), min(self.block, round(self.prob * self.block)))
+                range(self.block), min(self.block, round(self.prob * self.block))
+            )
             if (step - 1) % self.block not in picks:
                 return 0.0
         elif rng.random() >= self.prob:
@@ -109,32 +110,68 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m kinetoscope.demo.train_ddp",
         description="Small DDP (gloo, CPU) training job with an emulated straggler; no profiling code.",
     )
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps to run; 0 = until stopped (default 200)")
-    p.add_argument("--ranks", type=int, default=None,
-                   help="when not under torchrun: launch torchrun with this many ranks (default: run as one process)")
+    p.add_argument(
+        "--steps", type=int, default=200, help="optimizer steps to run; 0 = until stopped (default 200)"
+    )
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="when not under torchrun: launch torchrun with this many ranks (default: run as one process)",
+    )
     p.add_argument("--straggler", choices=STRAGGLER_MODES, default="none")
-    p.add_argument("--straggler-rank", type=int, default=-1,
-                   help="the straggling rank; -1: random per event (intermittent) or the last rank (persistent)")
-    p.add_argument("--straggler-prob", type=float, default=0.3, help="intermittent: probability per step (0.3)")
-    p.add_argument("--straggler-block", type=int, default=0,
-                   help="intermittent: stall in exactly round(prob x B) of every B consecutive steps "
-                        "(steps 1..B, B+1..2B, ...) instead of independently per step; 0 = off (default)")
-    p.add_argument("--straggler-ms", type=parse_ms_range, default=(50.0, 200.0),
-                   help="sleep in milliseconds, LO[,HI] uniform (default 50,200)")
+    p.add_argument(
+        "--straggler-rank",
+        type=int,
+        default=-1,
+        help="the straggling rank; -1: random per event (intermittent) or the last rank (persistent)",
+    )
+    p.add_argument(
+        "--straggler-prob", type=float, default=0.3, help="intermittent: probability per step (0.3)"
+    )
+    p.add_argument(
+        "--straggler-block",
+        type=int,
+        default=0,
+        help="intermittent: stall in exactly round(prob x B) of every B consecutive steps "
+        "(steps 1..B, B+1..2B, ...) instead of independently per step; 0 = off (default)",
+    )
+    p.add_argument(
+        "--straggler-ms",
+        type=parse_ms_range,
+        default=(50.0, 200.0),
+        help="sleep in milliseconds, LO[,HI] uniform (default 50,200)",
+    )
     p.add_argument("--model", choices=sorted(MODEL_SIZES), default="small", help="MLP size (default small)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-sleep-ms", type=float, default=0.0,
-                   help="extra sleep at the end of every step on every rank (stretches the job cheaply)")
-    p.add_argument("--load-ms", type=float, default=0.0,
-                   help="emulated data loading: each batch takes this long to load (a sleep in the "
-                        "Dataset read through a DataLoader); default 0")
-    p.add_argument("--bucket-cap-mb", type=float, default=None,
-                   help="DDP gradient bucket size in MiB (default: PyTorch's 25); small -> several all-reduces per step")
+    p.add_argument(
+        "--step-sleep-ms",
+        type=float,
+        default=0.0,
+        help="extra sleep at the end of every step on every rank (stretches the job cheaply)",
+    )
+    p.add_argument(
+        "--load-ms",
+        type=float,
+        default=0.0,
+        help="emulated data loading: each batch takes this long to load (a sleep in the "
+        "Dataset read through a DataLoader); default 0",
+    )
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP gradient bucket size in MiB (default: PyTorch's 25); small -> several all-reduces per step",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
-    p.add_argument("--max-seconds", type=float, default=0.0,
-                   help="safety net: exit (code 3) after this many seconds even if steps remain; 0 = off")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=0.0,
+        help="safety net: exit (code 3) after this many seconds even if steps remain; 0 = off",
+    )
     p.add_argument("--progress-dir", default=None, help="write rank-<r>.json and rank-<r>.steps.jsonl here")
     p.add_argument("--quiet", action="store_true", help="print only start and end lines")
     return p
@@ -159,8 +196,14 @@ def _launch_torchrun(args: argparse.Namespace, argv: list[str]) -> None:
             continue
         rest.append(a)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={args.ranks}", "-m", "kinetoscope.demo.train_ddp", *rest,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.ranks}",
+        "-m",
+        "kinetoscope.demo.train_ddp",
+        *rest,
     ]
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
@@ -228,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = torch.Generator().manual_seed(args.seed * 7919 + rank)  # each rank its own data shard
     batches = [
-        (torch.randn(args.batch_size, features, generator=gen), torch.randint(0, classes, (args.batch_size,), generator=gen))
+        (
+            torch.randn(args.batch_size, features, generator=gen),
+            torch.randint(0, classes, (args.batch_size,), generator=gen),
+        )
         for _ in range(8)
     ]
     load_s = max(0.0, args.load_ms) / 1000.0
@@ -258,14 +304,21 @@ def main(argv: list[str] | None = None) -> int:
         progress_dir.mkdir(parents=True, exist_ok=True)
         steps_log = open(progress_dir / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
 
-    desc = plan.mode if plan.mode == "none" else (
-        f"{plan.mode} (rank {plan.rank if plan.rank >= 0 else ('random' if plan.mode == 'intermittent' else world_size - 1)}"
-        + (f", p={plan.prob:g}" if plan.mode == "intermittent" else "")
-        + f", {plan.lo_ms:g}-{plan.hi_ms:g} ms)"
+    desc = (
+        plan.mode
+        if plan.mode == "none"
+        else (
+            f"{plan.mode} (rank {plan.rank if plan.rank >= 0 else ('random' if plan.mode == 'intermittent' else world_size - 1)}"
+            + (f", p={plan.prob:g}" if plan.mode == "intermittent" else "")
+            + f", {plan.lo_ms:g}-{plan.hi_ms:g} ms)"
+        )
     )
     if rank == 0:
-        print(f"[train_ddp] world_size={world_size} model={args.model} steps={args.steps or 'until stopped'} "
-              f"straggler={desc} pid={os.getpid()}", flush=True)
+        print(
+            f"[train_ddp] world_size={world_size} model={args.model} steps={args.steps or 'until stopped'} "
+            f"straggler={desc} pid={os.getpid()}",
+            flush=True,
+        )
 
     t_begin = time.time()
     step = 0
@@ -290,13 +343,22 @@ def main(argv: list[str] | None = None) -> int:
                 loss_value = float(loss.detach())
             if progress_dir is not None:
                 assert steps_log is not None
-                steps_log.write(json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0,
-                                            "straggle_ms": slept}) + "\n")
-                _write_json_atomic(progress_dir / f"rank-{rank}.json",
-                                   {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1})
+                steps_log.write(
+                    json.dumps(
+                        {"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept}
+                    )
+                    + "\n"
+                )
+                _write_json_atomic(
+                    progress_dir / f"rank-{rank}.json",
+                    {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1},
+                )
             if not args.quiet and rank == 0 and step % 50 == 0:
-                print(f"[train_ddp] step {step} loss {loss_value:.4f} "
-                      f"({(t1 - t_begin) / step * 1000:.1f} ms/step)", flush=True)
+                print(
+                    f"[train_ddp] step {step} loss {loss_value:.4f} "
+                    f"({(t1 - t_begin) / step * 1000:.1f} ms/step)",
+                    flush=True,
+                )
     finally:
         if steps_log is not None:
             steps_log.close()

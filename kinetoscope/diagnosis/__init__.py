@@ -47,6 +47,7 @@ __all__ = [
     "diagnose",
 ]
 
+
 def _expand(item: Trace | str | os.PathLike[str], notes: list[str]) -> list[Trace]:
     from kinetoscope.trace import TraceError, load_trace
     from kinetoscope.trace.discover import trace_files_in
@@ -123,19 +124,31 @@ def diagnose(
             s_inst = s_inst.filter(pl.col("step") != first)
             s_bd = s_bd.filter(pl.col("step") != first)
     if dropped:
-        notes.append(f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out")
-    strag = analyze_stragglers(s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped)
-    mfu = compute_mfu(job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision)
+        notes.append(
+            f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out"
+        )
+    strag = analyze_stragglers(
+        s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped
+    )
+    mfu = compute_mfu(
+        job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision
+    )
     attention = {r: f.attention for r, f in job.figures.items()}
     comp = {r: f.compilation for r, f in job.figures.items()}
     extra = seed_analyses(job, steps, colls, clock)
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
-    signals = pl.concat([c.select("rank", "signal") for c in colls.values() if c.height]) if any(
-        c.height for c in colls.values()
-    ) else pl.DataFrame(schema={"rank": pl.Int64, "signal": pl.String})
-    coll_summary = _collective_summary(instances).with_columns(
-        pl.lit(",".join(sorted(set(signals["signal"].to_list())))).alias("signal")
-    ) if instances.height else pl.DataFrame(schema={"signal": pl.String})
+    signals = (
+        pl.concat([c.select("rank", "signal") for c in colls.values() if c.height])
+        if any(c.height for c in colls.values())
+        else pl.DataFrame(schema={"rank": pl.Int64, "signal": pl.String})
+    )
+    coll_summary = (
+        _collective_summary(instances).with_columns(
+            pl.lit(",".join(sorted(set(signals["signal"].to_list())))).alias("signal")
+        )
+        if instances.height
+        else pl.DataFrame(schema={"signal": pl.String})
+    )
     if not steps.height:
         notes.append("no steps: neither ProfilerStep#N nor Optimizer.step#... annotations in the traces")
     if not any(c.height for c in colls.values()):
@@ -155,12 +168,16 @@ def diagnose(
     )
 
 
-def seed_analyses(job: Job, steps: pl.DataFrame, colls: dict[int, pl.DataFrame], clock: ClockAlignment) -> dict[str, Any]:
+def seed_analyses(
+    job: Job, steps: pl.DataFrame, colls: dict[int, pl.DataFrame], clock: ClockAlignment
+) -> dict[str, Any]:
     """The analyses added for the seeds' problems (docs/diagnosis.md section 11): the JSON values
     of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``)."""
     pipe = analyze_pipeline(job, steps, clock.offsets)
     uneven = analyze_uneven(job, steps, colls, clock.offsets)
-    compiles = [e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))]
+    compiles = [
+        e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))
+    ]
     return {
         "pipeline": pipe.to_dict() if pipe else None,
         "uneven_inputs": uneven.to_dict() if uneven else None,
@@ -180,7 +197,11 @@ def common_steps(instances: pl.DataFrame, bd: pl.DataFrame) -> tuple[pl.DataFram
     dropped = per.height - keep.len()
     if not dropped:
         return instances, bd, 0
-    return (instances.filter(pl.col("step").is_in(keep.implode())), bd.filter(pl.col("step").is_in(keep.implode())), dropped)
+    return (
+        instances.filter(pl.col("step").is_in(keep.implode())),
+        bd.filter(pl.col("step").is_in(keep.implode())),
+        dropped,
+    )
 
 
 def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -> bool:
@@ -206,7 +227,9 @@ def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -
 
 def _comm_by_type(colls: dict[int, pl.DataFrame]) -> dict[str, float]:
     """Share of summed collective time per collective type (all ranks)."""
-    frames = [c.select("coll", (pl.col("end") - pl.col("arrival")).alias("d")) for c in colls.values() if c.height]
+    frames = [
+        c.select("coll", (pl.col("end") - pl.col("arrival")).alias("d")) for c in colls.values() if c.height
+    ]
     if not frames:
         return {}
     t = pl.concat(frames).group_by("coll").agg(pl.col("d").sum())

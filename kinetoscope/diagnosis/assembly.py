@@ -130,16 +130,23 @@ def _build(key: str, members: list[Trace]) -> Job:
             job.duplicates[r] = [t.meta.path for t in ts[1:]]
     if job.duplicates:
         job.notes.append(
-            "duplicate ranks: " + ", ".join(f"{r} ({len(p) + 1} files)" for r, p in sorted(job.duplicates.items()))
+            "duplicate ranks: "
+            + ", ".join(f"{r} ({len(p) + 1} files)" for r, p in sorted(job.duplicates.items()))
             + "; kept the file with the most events"
         )
     sizes = [t.meta.world_size for t in ranked if t.meta.world_size]
     if sizes:
         job.world_size = max(sizes)
-        srcs = {"distributedInfo" if t.meta.distributed_info.get("world_size") else "manifest" for t in ranked if t.meta.world_size}
+        srcs = {
+            "distributedInfo" if t.meta.distributed_info.get("world_size") else "manifest"
+            for t in ranked
+            if t.meta.world_size
+        }
         job.world_size_source = "distributedInfo" if "distributedInfo" in srcs else "manifest"
         if len(set(sizes)) > 1:
-            job.notes.append(f"traces disagree on the world size ({sorted(set(sizes))}); using {job.world_size}")
+            job.notes.append(
+                f"traces disagree on the world size ({sorted(set(sizes))}); using {job.world_size}"
+            )
         job.missing_ranks = [r for r in range(job.world_size) if r not in job.traces]
         extra = [r for r in job.traces if r >= job.world_size]
         if extra:

@@ -25,7 +25,9 @@ def binom_sf(k: int, n: int, p: float) -> float:
         return 1.0
     lp, lq = math.log(p), math.log1p(-p)
     base = math.lgamma(n + 1)
-    terms = [base - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq for j in range(k, n + 1)]
+    terms = [
+        base - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq for j in range(k, n + 1)
+    ]
     top = max(terms)
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
@@ -58,8 +60,9 @@ def noise_sigma(instances: pl.DataFrame) -> float:
     if inst.is_empty():
         return 0.0
     dev = (
-        inst.with_columns(s=(pl.col("arrival") - pl.col("arrival").median().over("instance")).cast(pl.Float64))
-        .with_columns(c=(pl.col("s") - pl.col("s").median().over("rank")).abs())
+        inst.with_columns(
+            s=(pl.col("arrival") - pl.col("arrival").median().over("instance")).cast(pl.Float64)
+        ).with_columns(c=(pl.col("s") - pl.col("s").median().over("rank")).abs())
     )["c"]
     return float(1.4826 * float(dev.median())) if dev.len() else 0.0  # type: ignore[arg-type]
 
@@ -84,10 +87,13 @@ def build_matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tupl
     complete = per.filter(pl.col("_n") == n)
     partial = per.height - complete.height
     sub = inst.filter(pl.col("instance").is_in(complete["instance"].implode()))
-    wide = sub.pivot(on="rank", index=["instance", "step"], values="arrival", aggregate_function="first").sort(
-        "step", "instance")
+    wide = sub.pivot(
+        on="rank", index=["instance", "step"], values="arrival", aggregate_function="first"
+    ).sort("step", "instance")
     if wide.is_empty():
-        return Matrix(ranks, steps, np.zeros((0, n), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)), partial
+        return Matrix(
+            ranks, steps, np.zeros((0, n), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ), partial
     A = np.column_stack([wide[str(r)].to_numpy().astype(np.int64) for r in ranks])
     order = np.argsort(A, axis=1, kind="stable")
     srt = np.take_along_axis(A, order, axis=1)
@@ -97,7 +103,8 @@ def build_matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tupl
     E = None
     if "end" in sub.columns:
         ew = sub.pivot(on="rank", index=["instance", "step"], values="end", aggregate_function="first").sort(
-            "step", "instance")
+            "step", "instance"
+        )
         E = np.column_stack([ew[str(r)].to_numpy().astype(np.int64) for r in ranks])
     return Matrix(ranks, steps, A, step_idx, m, E), partial
 

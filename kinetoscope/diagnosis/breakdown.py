@@ -112,7 +112,8 @@ def step_table(job: Job, clock: ClockAlignment) -> pl.DataFrame:
     if raw.is_empty():
         return pl.DataFrame(schema=STEPS_SCHEMA)
     offs = pl.DataFrame(
-        {"rank": list(clock.offsets), "_off": list(clock.offsets.values())}, schema={"rank": pl.Int64, "_off": pl.Int64}
+        {"rank": list(clock.offsets), "_off": list(clock.offsets.values())},
+        schema={"rank": pl.Int64, "_off": pl.Int64},
     )
     st = (
         raw.join(offs, on="rank", how="left")
@@ -158,7 +159,9 @@ def _assign(df: pl.DataFrame, steps: pl.DataFrame, key: str = "ts") -> pl.DataFr
     """Add ``step`` (job label) to rows by the step window (aligned ns) containing ``key``."""
     if df.is_empty() or steps.is_empty():
         return df.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
-    win = steps.select(pl.col("start").alias("_k"), pl.col("end").alias("_e"), pl.col("step").alias("_s")).sort("_k")
+    win = steps.select(
+        pl.col("start").alias("_k"), pl.col("end").alias("_e"), pl.col("step").alias("_s")
+    ).sort("_k")
     out = (
         df.with_row_index("_row")
         .with_columns(pl.col(key).alias("_k"))
@@ -174,7 +177,9 @@ def _assign(df: pl.DataFrame, steps: pl.DataFrame, key: str = "ts") -> pl.DataFr
 # ---- collective instances across ranks ------------------------------------------------------------
 
 
-def instance_table(colls: dict[int, pl.DataFrame], clock: ClockAlignment, steps: pl.DataFrame) -> pl.DataFrame:
+def instance_table(
+    colls: dict[int, pl.DataFrame], clock: ClockAlignment, steps: pl.DataFrame
+) -> pl.DataFrame:
     """One row per (rank, matched collective instance), aligned times, plus the instance's
     typical (lower median) and last arrival over the ranks that have it."""
     if clock.pairs.is_empty():
@@ -197,7 +202,9 @@ def instance_table(colls: dict[int, pl.DataFrame], clock: ClockAlignment, steps:
     # step of an instance = the step (of the reference rank, else any rank) containing its arrival
     inst_steps = []
     for r in inst["rank"].unique().to_list():
-        inst_steps.append(_assign(inst.filter(pl.col("rank") == r), steps.filter(pl.col("rank") == r), "arrival"))
+        inst_steps.append(
+            _assign(inst.filter(pl.col("rank") == r), steps.filter(pl.col("rank") == r), "arrival")
+        )
     inst = pl.concat(inst_steps)
     step_of = (
         inst.filter(pl.col("step").is_not_null())
@@ -212,7 +219,12 @@ def instance_table(colls: dict[int, pl.DataFrame], clock: ClockAlignment, steps:
         pl.col("arrival").max().alias("last"),
         pl.len().cast(pl.Int64).alias("n_ranks"),
     )
-    return inst.join(stats, on="instance").select(list(INSTANCE_SCHEMA)).cast(INSTANCE_SCHEMA).sort("rank", "arrival")  # type: ignore[arg-type]
+    return (
+        inst.join(stats, on="instance")
+        .select(list(INSTANCE_SCHEMA))
+        .cast(INSTANCE_SCHEMA)  # type: ignore[arg-type]  # polars' stub: Mapping keys invariant
+        .sort("rank", "arrival")
+    )
 
 
 # ---- per rank, per step ------------------------------------------------------------------------------
@@ -247,7 +259,9 @@ def _launch_gaps(trace, dev: pl.DataFrame) -> pl.DataFrame:
     return host.group_by("step").agg(pl.col("_gap").sum().alias("launch_gap"))
 
 
-def rank_breakdown(job: Job, steps: pl.DataFrame, instances: pl.DataFrame, clock: ClockAlignment) -> pl.DataFrame:
+def rank_breakdown(
+    job: Job, steps: pl.DataFrame, instances: pl.DataFrame, clock: ClockAlignment
+) -> pl.DataFrame:
     """The per-rank, per-step table (module docstring), µs: each rank's own figures
     (``extract.step_figures``, per local step) relabelled to the job's steps, plus what depends
     on the other ranks (waiting, lateness, matched collectives)."""

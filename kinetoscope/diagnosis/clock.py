@@ -173,7 +173,9 @@ def _pair_by_lag(e_ref: np.ndarray, e_r: np.ndarray, offset: int) -> list[tuple[
     pos = np.searchsorted(sorted_ends, shifted)
     left = np.clip(pos - 1, 0, n - 1)
     right = np.clip(pos, 0, n - 1)
-    near_sorted = np.where(np.abs(sorted_ends[left] - shifted) <= np.abs(sorted_ends[right] - shifted), left, right)
+    near_sorted = np.where(
+        np.abs(sorted_ends[left] - shifted) <= np.abs(sorted_ends[right] - shifted), left, right
+    )
     nearest = order[near_sorted]
     lags = _running_mode(nearest - np.arange(m))
     cand = np.arange(m) + lags
@@ -205,8 +207,12 @@ def _by_type(ref: pl.DataFrame, other: pl.DataFrame) -> dict[str, _Typed]:
         a = ref.filter(pl.col("coll") == c).sort("ordinal")
         b = other.filter(pl.col("coll") == c).sort("ordinal")
         out[c] = _Typed(
-            a["end"].to_numpy(), a["arrival"].to_numpy(), a["ordinal"].to_numpy(),
-            b["end"].to_numpy(), b["arrival"].to_numpy(), b["ordinal"].to_numpy(),
+            a["end"].to_numpy(),
+            a["arrival"].to_numpy(),
+            a["ordinal"].to_numpy(),
+            b["end"].to_numpy(),
+            b["arrival"].to_numpy(),
+            b["ordinal"].to_numpy(),
             c in BLOCKING,
         )
     return out
@@ -249,7 +255,9 @@ def _stab(lo: np.ndarray, hi: np.ndarray, near: float) -> tuple[int, int, int]:
     best = int(depth.max())
     starts = np.flatnonzero((depth == best) & (kinds == 0))
     regions = [(int(ts[k]), int(ts[k + 1]) if k + 1 < ts.size else int(ts[k])) for k in starts]
-    x1, x2 = min(regions, key=lambda r: 0 if r[0] <= near <= r[1] else min(abs(r[0] - near), abs(r[1] - near)))
+    x1, x2 = min(
+        regions, key=lambda r: 0 if r[0] <= near <= r[1] else min(abs(r[0] - near), abs(r[1] - near))
+    )
     return best, x1, x2
 
 
@@ -328,7 +336,16 @@ def _pairing(
     hi_ = np.array(hi, dtype=np.int64)
     causal, matched, consistent = _consistent(d_, lo_, hi_, tight_ends, at=(offset, tol) if known else None)
     return Pairing(
-        offset, colls, np.array(ro, dtype=np.int64), np.array(o, dtype=np.int64), d_, lo_, hi_, causal, matched, consistent
+        offset,
+        colls,
+        np.array(ro, dtype=np.int64),
+        np.array(o, dtype=np.int64),
+        d_,
+        lo_,
+        hi_,
+        causal,
+        matched,
+        consistent,
     )
 
 
@@ -346,7 +363,9 @@ def _lags_of(p: Pairing) -> dict[str, list[int]]:
     return out
 
 
-def _best_pairing(typed: dict[str, _Typed], offset: int, tol: int, tight: bool, known: bool = False) -> Pairing:
+def _best_pairing(
+    typed: dict[str, _Typed], offset: int, tol: int, tight: bool, known: bool = False
+) -> Pairing:
     """At one candidate (or known) offset: the end-time-lag pairing, or a constant-lag pairing
     when that has more causal pairs.
 
@@ -364,7 +383,10 @@ def _best_pairing(typed: dict[str, _Typed], offset: int, tol: int, tight: bool, 
     lags = {c: v[0] for c, v in seen.items()}
     best = _pairing(typed, offset, tol, tight, lags=lags, known=known)
     for c, vals in seen.items():
-        tries = sorted({x for v in vals for x in (v - 1, v, v + 1)}, key=lambda x: (vals.index(x) if x in vals else len(vals), abs(x)))
+        tries = sorted(
+            {x for v in vals for x in (v - 1, v, v + 1)},
+            key=lambda x: (vals.index(x) if x in vals else len(vals), abs(x)),
+        )
         for lag in tries:
             if lag == lags[c]:
                 continue
@@ -396,8 +418,16 @@ def match_instances(
             hi = np.where(blk, (j["end"] - j["arrival_r"]).to_numpy(), d + width // 2)
             ones = np.ones(d.size, dtype=bool)
             pairing = Pairing(
-                int(np.median(d)), j["coll"].to_list(), j["ordinal"].to_numpy(), j["ordinal_r"].to_numpy(),
-                d, lo, hi, ones, ones, _consistent(d, lo, hi)[2],
+                int(np.median(d)),
+                j["coll"].to_list(),
+                j["ordinal"].to_numpy(),
+                j["ordinal_r"].to_numpy(),
+                d,
+                lo,
+                hi,
+                ones,
+                ones,
+                _consistent(d, lo, hi)[2],
             )
             return pairing, "seq"
     typed = _by_type(ref, other)
@@ -465,9 +495,15 @@ def align_clocks(
     for r in ranks:
         if r == reference:
             est[r] = {"measured": 0.0, "lo": None, "hi": None, "matched": ref.height, "d": None}
-            pair_rows += [(r, c, o, o) for c, o in zip(ref["coll"].to_list(), ref["ordinal"].to_list(), strict=True)]
+            pair_rows += [
+                (r, c, o, o) for c, o in zip(ref["coll"].to_list(), ref["ordinal"].to_list(), strict=True)
+            ]
             continue
-        known = 0 if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference) else None
+        known = (
+            0
+            if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
+            else None
+        )
         p, method = match_instances(ref, colls[r], width, known_offset=known)
         if method != "none":
             methods.add(method)
@@ -497,10 +533,16 @@ def align_clocks(
             applied, method = float(e["measured"]), "collectives"
         else:
             applied, method = 0.0, "unaligned"
-            res.notes.append(f"rank {r}: no collective matched reference rank {reference}; its clock is left as is")
+            res.notes.append(
+                f"rank {r}: no collective matched reference rank {reference}; its clock is left as is"
+            )
         res.offsets[r] = int(round(applied))
         d = e.get("d")
-        resid = 0.0 if r == reference else (float(np.median(np.abs(d - applied))) / 1000.0 if d is not None else None)
+        resid = (
+            0.0
+            if r == reference
+            else (float(np.median(np.abs(d - applied))) / 1000.0 if d is not None else None)
+        )
         rows.append(
             {
                 "rank": r,

@@ -138,7 +138,9 @@ def _with_launch_collective(trace: Trace, dev: pl.DataFrame, df: pl.DataFrame) -
     if df["collective_name"].null_count() == 0:
         return df
     ev = trace.events
-    launches = ev.filter(pl.col("kind").is_in(["cuda_runtime", "cuda_driver"]) & pl.col("correlation").is_not_null())
+    launches = ev.filter(
+        pl.col("kind").is_in(["cuda_runtime", "cuda_driver"]) & pl.col("correlation").is_not_null()
+    )
     host = ev.filter(
         pl.col("kind").is_in(["cpu_op", "user_annotation"])
         & pl.col("name").str.contains(HOST_OP_PATTERN)
@@ -153,8 +155,13 @@ def _with_launch_collective(trace: Trace, dev: pl.DataFrame, df: pl.DataFrame) -
         pl.coalesce(pl.col("collective_name"), pl.col("name")).alias("_hname"),
     ).sort("_hts")
     link = (
-        dev.select("correlation").with_row_index("_row")
-        .join(launches.select("correlation", "tid", pl.col("ts").alias("_hts")).unique("correlation"), on="correlation", how="left")
+        dev.select("correlation")
+        .with_row_index("_row")
+        .join(
+            launches.select("correlation", "tid", pl.col("ts").alias("_hts")).unique("correlation"),
+            on="correlation",
+            how="left",
+        )
         .filter(pl.col("_hts").is_not_null())
         .sort("_hts")
         .join_asof(host, on="_hts", by="tid", strategy="backward", check_sortedness=False)
@@ -162,7 +169,9 @@ def _with_launch_collective(trace: Trace, dev: pl.DataFrame, df: pl.DataFrame) -
         .select("_row", "_hname")
     )
     out = df.with_row_index("_row").join(link, on="_row", how="left").sort("_row")
-    return out.with_columns(collective_name=pl.coalesce(pl.col("collective_name"), pl.col("_hname"))).drop("_row", "_hname")
+    return out.with_columns(collective_name=pl.coalesce(pl.col("collective_name"), pl.col("_hname"))).drop(
+        "_row", "_hname"
+    )
 
 
 def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series) -> pl.DataFrame:
@@ -188,7 +197,9 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
     )
     if ops.is_empty():
         return df
-    ops = ops.select(pl.col("name").map_elements(normalize_collective, return_dtype=pl.String).alias("_c"), "ts")
+    ops = ops.select(
+        pl.col("name").map_elements(normalize_collective, return_dtype=pl.String).alias("_c"), "ts"
+    )
     df = df.with_row_index("_row").with_columns(
         pl.coalesce(
             pl.col("collective_name").map_elements(normalize_collective, return_dtype=pl.String),

@@ -43,7 +43,12 @@ _SDPA = r"^aten::_?scaled_dot_product"
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 _COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
 # Spans of Dynamo compile work (PyTorch 2.x ``dynamo_timed`` regions), unioned.
-_COMPILE_SPANS = ("dynamo", "entire_frame_compile", "_compile.compile_inner (dynamo_timed)", "compile_fx_inner")
+_COMPILE_SPANS = (
+    "dynamo",
+    "entire_frame_compile",
+    "_compile.compile_inner (dynamo_timed)",
+    "compile_fx_inner",
+)
 
 
 @dataclass
@@ -78,7 +83,9 @@ def _first_dims(s: str | None) -> list[int] | None:
     return None
 
 
-def _attention_shapes(da: str | None, db: str | None, dc: str | None, a: dict[str, Any], b: dict[str, Any], c: dict[str, Any]) -> bool:
+def _attention_shapes(
+    da: str | None, db: str | None, dc: str | None, a: dict[str, Any], b: dict[str, Any], c: dict[str, Any]
+) -> bool:
     """matmul -> softmax -> matmul looks like attention: the softmax input is at least 3-D (batch
     [x heads] x queries x keys) and has the shape of the first product and of the second
     product's first operand. Without recorded shapes: the three ops follow each other within
@@ -103,11 +110,15 @@ def detect_attention(trace: Trace) -> AttentionFinding:
     f.math_sdpa_ops = math.height
     f.math_time_us = float(math["dur"].sum() or 0) / 1000.0
     f.fused_ops = ops.filter(pl.col("name").str.contains(FUSED_SDPA)).height
-    f.fused_kernels = ev.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(FUSED_KERNEL)).height
+    f.fused_kernels = ev.filter(
+        (pl.col("kind") == "kernel") & pl.col("name").str.contains(FUSED_KERNEL)
+    ).height
     # SDPA ops are in the sequence too, so that the matmul/softmax inside a math-path SDPA are
     # nested (not outermost) and not counted a second time as hand-written attention.
     seq = ops.filter(
-        pl.col("name").str.contains(_MM) | pl.col("name").str.contains(_SOFTMAX) | pl.col("name").str.contains(_SDPA)
+        pl.col("name").str.contains(_MM)
+        | pl.col("name").str.contains(_SOFTMAX)
+        | pl.col("name").str.contains(_SDPA)
     ).select("tid", "ts", "dur", "name", "input_dims")
     if seq.height >= 3:
         seq = _outermost(seq).sort("tid", "ts")
@@ -168,7 +179,9 @@ def detect_compilation(trace: Trace) -> CompileFinding:
     f.compile_ids |= ids_in_window
     f.compiles_in_window = len(ids_in_window)
     if whole.height:
-        f.compile_time_us = busy_span(whole.select("ts", (pl.col("ts") + pl.col("dur")).alias("end")))["busy"][0] / 1000.0
+        f.compile_time_us = (
+            busy_span(whole.select("ts", (pl.col("ts") + pl.col("dur")).alias("end")))["busy"][0] / 1000.0
+        )
     f.recompiles = sum(1 for _fr, c in f.compile_ids if c > 0)
     return f
 
@@ -197,7 +210,10 @@ def detect_launch_gaps(trace: Trace) -> LaunchGaps:
 def _host_gaps_ns(trace: Trace, dev: pl.DataFrame) -> pl.Series:
     """The host-bound gaps before ``dev`` events (``LaunchGaps``), ns, in device time order."""
     launches = (
-        trace.runtime().filter(pl.col("correlation").is_not_null()).group_by("correlation").agg(pl.col("ts").min().alias("_lts"))
+        trace.runtime()
+        .filter(pl.col("correlation").is_not_null())
+        .group_by("correlation")
+        .agg(pl.col("ts").min().alias("_lts"))
     )
     d = (
         dev.select("ts", (pl.col("ts") + pl.col("dur")).alias("end"), "correlation")

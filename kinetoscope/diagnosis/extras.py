@@ -63,14 +63,19 @@ def pipeline_line(pipe: dict[str, Any]) -> str:
         shape += f", {pipe['microbatches']} micro-batches"
     expected = pipe.get("expected_bubble_fraction")
     bubble = f"bubble {_pct(pipe.get('bubble_fraction'))} of the step" + (
-        f" (the schedule's own: {_pct(expected)})" if expected is not None else "")
+        f" (the schedule's own: {_pct(expected)})" if expected is not None else ""
+    )
     imb = pipe.get("imbalance") or {}
     slow = ""
     if imb.get("slowest_stage") is not None:
-        slow = (f"; slowest stage {imb['slowest_stage']} ({_ranks(imb.get('slowest_ranks') or [])}) computes "
-                f"{_pct(imb.get('excess_fraction'))} above the mean stage; balanced: {pipe.get('step_time_ms', 0):.1f} -> "
-                f"{imb.get('est_step_time_balanced_ms', 0):.1f} ms per step")
-    return f"PIPELINE-PARALLEL ({pipe.get('schedule') or 'schedule not recognised'}, {shape}): {bubble}{slow}."
+        slow = (
+            f"; slowest stage {imb['slowest_stage']} ({_ranks(imb.get('slowest_ranks') or [])}) computes "
+            f"{_pct(imb.get('excess_fraction'))} above the mean stage; balanced: {pipe.get('step_time_ms', 0):.1f} -> "
+            f"{imb.get('est_step_time_balanced_ms', 0):.1f} ms per step"
+        )
+    return (
+        f"PIPELINE-PARALLEL ({pipe.get('schedule') or 'schedule not recognised'}, {shape}): {bubble}{slow}."
+    )
 
 
 def uneven_lines(uneven: dict[str, Any]) -> list[str]:
@@ -81,7 +86,12 @@ def uneven_lines(uneven: dict[str, Any]) -> list[str]:
     ran = ", ".join(f"rank {r}: {n}" for r, n in steps.items())
     waiting = uneven.get("waiting_ranks") or []
     wait = f"; {_ranks(waiting)} waited for them" if waiting else ""
-    first = (f"UNEVEN INPUTS ({uneven.get('mode')}): {_ranks(short)} ran out of data first (steps per rank: {ran})"
-             f"{wait}; {_pct(uneven.get('lost_fraction'))} of the time lost.")
-    return [first, "Give every rank the same number of batches (DistributedSampler(drop_last=True)) or wrap the "
-                   "loop in torch.distributed.algorithms.Join."]
+    first = (
+        f"UNEVEN INPUTS ({uneven.get('mode')}): {_ranks(short)} ran out of data first (steps per rank: {ran})"
+        f"{wait}; {_pct(uneven.get('lost_fraction'))} of the time lost."
+    )
+    return [
+        first,
+        "Give every rank the same number of batches (DistributedSampler(drop_last=True)) or wrap the "
+        "loop in torch.distributed.algorithms.Join.",
+    ]

@@ -48,17 +48,57 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "V100 PCIe": {"fp16": 112 * TFLOPS, "bf16": 14 * TFLOPS, "tf32": 14 * TFLOPS, "fp32": 14 * TFLOPS},
     "V100S PCIe": {"fp16": 130 * TFLOPS, "bf16": 16.4 * TFLOPS, "tf32": 16.4 * TFLOPS, "fp32": 16.4 * TFLOPS},
     "A100": {"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "tf32": 156 * TFLOPS, "fp32": 19.5 * TFLOPS},
-    "H100 SXM": {"bf16": 989.4 * TFLOPS, "fp16": 989.4 * TFLOPS, "tf32": 494.7 * TFLOPS, "fp32": 66.9 * TFLOPS},
-    "H100 PCIe": {"bf16": 756.5 * TFLOPS, "fp16": 756.5 * TFLOPS, "tf32": 378 * TFLOPS, "fp32": 51.2 * TFLOPS},
+    "H100 SXM": {
+        "bf16": 989.4 * TFLOPS,
+        "fp16": 989.4 * TFLOPS,
+        "tf32": 494.7 * TFLOPS,
+        "fp32": 66.9 * TFLOPS,
+    },
+    "H100 PCIe": {
+        "bf16": 756.5 * TFLOPS,
+        "fp16": 756.5 * TFLOPS,
+        "tf32": 378 * TFLOPS,
+        "fp32": 51.2 * TFLOPS,
+    },
     "H100 NVL": {"bf16": 835.5 * TFLOPS, "fp16": 835.5 * TFLOPS, "tf32": 417.5 * TFLOPS, "fp32": 60 * TFLOPS},
-    "H200 SXM": {"bf16": 989.4 * TFLOPS, "fp16": 989.4 * TFLOPS, "tf32": 494.7 * TFLOPS, "fp32": 66.9 * TFLOPS},
+    "H200 SXM": {
+        "bf16": 989.4 * TFLOPS,
+        "fp16": 989.4 * TFLOPS,
+        "tf32": 494.7 * TFLOPS,
+        "fp32": 66.9 * TFLOPS,
+    },
     "H200 NVL": {"bf16": 835.5 * TFLOPS, "fp16": 835.5 * TFLOPS, "tf32": 417.5 * TFLOPS, "fp32": 60 * TFLOPS},
-    "H800 SXM": {"bf16": 989.4 * TFLOPS, "fp16": 989.4 * TFLOPS, "tf32": 494.7 * TFLOPS, "fp32": 66.9 * TFLOPS},
-    "H800 PCIe": {"bf16": 756.5 * TFLOPS, "fp16": 756.5 * TFLOPS, "tf32": 378 * TFLOPS, "fp32": 51.2 * TFLOPS},
+    "H800 SXM": {
+        "bf16": 989.4 * TFLOPS,
+        "fp16": 989.4 * TFLOPS,
+        "tf32": 494.7 * TFLOPS,
+        "fp32": 66.9 * TFLOPS,
+    },
+    "H800 PCIe": {
+        "bf16": 756.5 * TFLOPS,
+        "fp16": 756.5 * TFLOPS,
+        "tf32": 378 * TFLOPS,
+        "fp32": 51.2 * TFLOPS,
+    },
     "B200": {"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "tf32": 1100 * TFLOPS, "fp32": 75 * TFLOPS},
-    "MI250 (per GCD)": {"bf16": 181.0 * TFLOPS, "fp16": 181.0 * TFLOPS, "tf32": 45.3 * TFLOPS, "fp32": 45.3 * TFLOPS},
-    "MI250X (per GCD)": {"bf16": 191.5 * TFLOPS, "fp16": 191.5 * TFLOPS, "tf32": 47.9 * TFLOPS, "fp32": 47.9 * TFLOPS},
-    "MI300X": {"bf16": 1307.4 * TFLOPS, "fp16": 1307.4 * TFLOPS, "tf32": 653.7 * TFLOPS, "fp32": 163.4 * TFLOPS},
+    "MI250 (per GCD)": {
+        "bf16": 181.0 * TFLOPS,
+        "fp16": 181.0 * TFLOPS,
+        "tf32": 45.3 * TFLOPS,
+        "fp32": 45.3 * TFLOPS,
+    },
+    "MI250X (per GCD)": {
+        "bf16": 191.5 * TFLOPS,
+        "fp16": 191.5 * TFLOPS,
+        "tf32": 47.9 * TFLOPS,
+        "fp32": 47.9 * TFLOPS,
+    },
+    "MI300X": {
+        "bf16": 1307.4 * TFLOPS,
+        "fp16": 1307.4 * TFLOPS,
+        "tf32": 653.7 * TFLOPS,
+        "fp32": 163.4 * TFLOPS,
+    },
 }
 
 # (pattern on the lower-cased device name, table key); first match wins.
@@ -209,12 +249,16 @@ def estimate_op_flops(name: str, dims_s: str | None, concrete_s: str | None) -> 
             if op == "convolution":
                 x, w = d[0], d[1]
                 nsp = len(x) - 2
-                stride, pad, dil = (_pair(c[i] if len(c) > i else None, nsp, dflt) for i, dflt in ((3, 1), (4, 0), (5, 1)))
+                stride, pad, dil = (
+                    _pair(c[i] if len(c) > i else None, nsp, dflt) for i, dflt in ((3, 1), (4, 0), (5, 1))
+                )
                 groups = int(c[8]) if len(c) > 8 and str(c[8]).lstrip("-").isdigit() else 1
                 out = [
                     (x[2 + i] + 2 * pad[i] - dil[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nsp)
                 ]
-                return 2.0 * x[0] * w[0] * float(np.prod(out)) * (x[1] // max(groups, 1)) * float(np.prod(w[2:]))
+                return (
+                    2.0 * x[0] * w[0] * float(np.prod(out)) * (x[1] // max(groups, 1)) * float(np.prod(w[2:]))
+                )
             gout, x, w = d[0], d[1], d[2]
             mask = c[10] if len(c) > 10 else "[True, True, True]"
             n_grads = sum(1 for t in str(mask).split(",")[:2] if "True" in t) or 2
@@ -248,9 +292,11 @@ def trace_step_flops(trace, steps_r: pl.DataFrame, offset: int) -> pl.DataFrame:
         else:
             vals.append(estimate_op_flops(r["name"], r["input_dims"], r["concrete_inputs"]))
             srcs.append("shapes")
-    df = cand.select("tid", "ts", "dur").with_columns(
-        pl.Series("f", vals, dtype=pl.Float64), pl.Series("src", srcs, dtype=pl.String)
-    ).filter(pl.col("f").is_not_null())
+    df = (
+        cand.select("tid", "ts", "dur")
+        .with_columns(pl.Series("f", vals, dtype=pl.Float64), pl.Series("src", srcs, dtype=pl.String))
+        .filter(pl.col("f").is_not_null())
+    )
     if df.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "flops": pl.Float64, "source": pl.String})
     # outermost only: drop ops that start before the running max end of earlier ops on the thread

@@ -61,8 +61,6 @@ def _ms(us: float | None) -> float | None:
     return None if us is None else round(float(us) / 1000.0, 3)
 
 
-
-
 @dataclass(frozen=True)
 class RuleInput:
     """Everything a rule may look at: the job, its per-rank/per-step breakdown and the analyses
@@ -120,33 +118,57 @@ def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
         return []
     lost = s.lost_fraction or 0.0
     pr = s.per_rank.filter(pl.col("rank").is_in(s.ranks))
-    who = ", ".join(
-        f"rank {r}" + (f" (host {s.hosts.get(r)})" if s.hosts.get(r) else "") for r in s.ranks
-    )
+    who = ", ".join(f"rank {r}" + (f" (host {s.hosts.get(r)})" if s.hosts.get(r) else "") for r in s.ranks)
     return [
         _rec(
             "straggler-persistent",
             "high" if lost >= 0.10 else "medium",
-            f"Persistent straggler: {who} " + (
+            f"Persistent straggler: {who} "
+            + (
                 "has collectives that end late after its peers' (slow link / its collectives' transfer)"
                 if all((s.causes.get(r) or {}).get("explained_by") == "slow_link" for r in s.ranks)
-                else "arrives last at the collectives far more often than chance"),
+                else "arrives last at the collectives far more often than chance"
+            ),
             {
                 **_what_if(s),
                 "ranks": s.ranks,
                 "hosts": {str(r): s.hosts.get(r) for r in s.ranks},
-                "late_steps": dict(zip(map(str, pr["rank"].to_list()), pr["late_steps"].to_list(), strict=True)),
+                "late_steps": dict(
+                    zip(map(str, pr["rank"].to_list()), pr["late_steps"].to_list(), strict=True)
+                ),
                 "mean_lateness_ms": dict(
-                    zip(map(str, pr["rank"].to_list()), [_ms(v) for v in pr["mean_lateness(us)"].to_list()], strict=True)
+                    zip(
+                        map(str, pr["rank"].to_list()),
+                        [_ms(v) for v in pr["mean_lateness(us)"].to_list()],
+                        strict=True,
+                    )
                 ),
                 "compute_vs_median": dict(
-                    zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["compute_vs_median"].to_list()], strict=True)
+                    zip(
+                        map(str, pr["rank"].to_list()),
+                        [_r(v) for v in pr["compute_vs_median"].to_list()],
+                        strict=True,
+                    )
                 ),
                 "last_at_collectives": {
-                    str(r): f"{k}/{n}" for r, k, n in zip(pr["rank"].to_list(), pr["last_count"].to_list(), pr["instances"].to_list(), strict=True)
+                    str(r): f"{k}/{n}"
+                    for r, k, n in zip(
+                        pr["rank"].to_list(),
+                        pr["last_count"].to_list(),
+                        pr["instances"].to_list(),
+                        strict=True,
+                    )
                 },
-                "p_value": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["p_value"].to_list()], strict=True)),
-                "share_of_waiting": dict(zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["imposed_share"].to_list()], strict=True)),
+                "p_value": dict(
+                    zip(map(str, pr["rank"].to_list()), [_r(v) for v in pr["p_value"].to_list()], strict=True)
+                ),
+                "share_of_waiting": dict(
+                    zip(
+                        map(str, pr["rank"].to_list()),
+                        [_r(v) for v in pr["imposed_share"].to_list()],
+                        strict=True,
+                    )
+                ),
                 "cause": s.cause,
             },
             f"Inspect {who}: the same rank is late every time, so it is that host, device or link, not "
@@ -183,7 +205,8 @@ def _hsgd_plan(ri: RuleInput, late_share: float) -> dict[str, Any]:
     """The hierarchical-SGD plan for this job's hosts and stragglers (``hsgd.plan``)."""
     s, bd = ri.stragglers, ri.breakdown
     overlapped = (
-        float((bd["comm(us)"].fill_null(0) - bd["exposed_comm(us)"].fill_null(0)).clip(lower_bound=0).sum()) / ri.total
+        float((bd["comm(us)"].fill_null(0) - bd["exposed_comm(us)"].fill_null(0)).clip(lower_bound=0).sum())
+        / ri.total
         if ri.total > 0
         else 0.0
     )
@@ -219,8 +242,7 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
             "SGD so a random straggler only delays a small group: register "
             "post_localSGD_hook(PostLocalSGDState(subgroup=..., start_localSGD_iter=warmup)) and wrap "
             "the optimizer in PostLocalSGDOptimizer(averager=HierarchicalModelAverager("
-            "period_group_size_dict=OrderedDict([(2, 8), (4, world_size)]), warmup_steps=warmup)). "
-            + limits
+            "period_group_size_dict=OrderedDict([(2, 8), (4, world_size)]), warmup_steps=warmup)). " + limits
         )
         if plan is not None and plan["applies"]:
             action += (
@@ -246,7 +268,10 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
     if s.recurrent_ranks:
         action += f" Ranks {s.recurrent_ranks} recur among the late ranks: check them first."
     evidence: dict[str, Any] = {
-        **_what_if(s), "late_ranks": s.ranks, "recurrent_ranks": s.recurrent_ranks, "frequent": frequent,
+        **_what_if(s),
+        "late_ranks": s.ranks,
+        "recurrent_ranks": s.recurrent_ranks,
+        "frequent": frequent,
     }
     if plan is not None and worth and not frequent:
         evidence["hsgd_plan"] = plan
@@ -268,24 +293,25 @@ def sync_jitter(ri: RuleInput) -> list[Recommendation]:
     s = ri.stragglers
     if not (s.kind == "none" and (s.skew_fraction or 0.0) >= 0.15) or p2p_is_pipeline(ri):
         return []
-    action = (
-        "No rank stands out, but ranks reach the collectives at randomly different times. "
-        + (
-            "Reduce host-side jitter: CUDA graphs make launch timing deterministic "
-            "(torch.compile(mode=\"reduce-overhead\")), keep data-loader workers off the training "
-            "cores, avoid per-step host syncs (.item(), printing)."
-            if ri.gpu
-            else "On CPU this is usually oversubscription: give each rank dedicated cores "
-            "(torch.set_num_threads / OMP_NUM_THREADS per rank, fewer ranks per host, taskset/numactl) "
-            "and keep other work off the host."
-        )
+    action = "No rank stands out, but ranks reach the collectives at randomly different times. " + (
+        "Reduce host-side jitter: CUDA graphs make launch timing deterministic "
+        '(torch.compile(mode="reduce-overhead")), keep data-loader workers off the training '
+        "cores, avoid per-step host syncs (.item(), printing)."
+        if ri.gpu
+        else "On CPU this is usually oversubscription: give each rank dedicated cores "
+        "(torch.set_num_threads / OMP_NUM_THREADS per rank, fewer ranks per host, taskset/numactl) "
+        "and keep other work off the host."
     )
     return [
         _rec(
             "sync-jitter",
             "low",
             "Arrival jitter at collectives without a consistent straggler",
-            {"skew_fraction": _r(s.skew_fraction), "noise_sigma_ms": _ms(s.sigma_us), "steps_analysed": s.steps_analysed},
+            {
+                "skew_fraction": _r(s.skew_fraction),
+                "noise_sigma_ms": _ms(s.sigma_us),
+                "steps_analysed": s.steps_analysed,
+            },
             action,
         )
     ]
@@ -345,7 +371,7 @@ def launch_bound(ri: RuleInput) -> list[Recommendation]:
             "CPU launch-bound: the GPU waits for the host to launch kernels",
             evidence,
             "Cut per-kernel launch overhead: capture the step in CUDA graphs with "
-            "torch.compile(model, mode=\"reduce-overhead\") (or torch.cuda.CUDAGraph / "
+            'torch.compile(model, mode="reduce-overhead") (or torch.cuda.CUDAGraph / '
             "torch.cuda.make_graphed_callables for static parts), fuse small ops (torch.compile "
             "default mode), and give each kernel more work (larger batch). Remove host syncs "
             "(.item(), .cpu(), data-dependent shapes) that stall the launch queue.",
@@ -446,10 +472,16 @@ def exposed_comm(ri: RuleInput) -> list[Recommendation]:
                 "comm_fraction": _r(comm / total),
                 "sync_wait_fraction": _r(ri.frac("sync_wait(us)")),
                 "transfer_fraction": _r(ri.frac("transfer(us)")),
-                "overlap_fraction_of_comm": _r(1.0 - float(breakdown["exposed_comm(us)"].sum()) / comm if comm else None),
+                "overlap_fraction_of_comm": _r(
+                    1.0 - float(breakdown["exposed_comm(us)"].sum()) / comm if comm else None
+                ),
                 "comm_time_by_collective": shares,
                 "wait_vs_transfer_separable": split,
-                **({"collective_bandwidth": bw, "comm_decision": decision[0] if decision else None} if bw else {}),
+                **(
+                    {"collective_bandwidth": bw, "comm_decision": decision[0] if decision else None}
+                    if bw
+                    else {}
+                ),
             },
             action,
         )
@@ -465,7 +497,8 @@ def dataloader_stall(ri: RuleInput) -> list[Recommendation]:
     if dl < 0.05:
         return []
     worst = (
-        breakdown.group_by("rank").agg((pl.col("dataloader(us)").sum() / pl.col("step_time(us)").sum()).alias("f"))
+        breakdown.group_by("rank")
+        .agg((pl.col("dataloader(us)").sum() / pl.col("step_time(us)").sum()).alias("f"))
         .sort("f", descending=True)
     )
     return [

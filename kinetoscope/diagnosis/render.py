@@ -48,36 +48,68 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
     if not (strag or job or recs):
         return
     if isinstance(strag, dict) and strag.get("per_rank"):
+
         def key(r: dict[str, Any]) -> tuple[int, float]:
             return (0 if r.get("role") else 1, -(r.get("imposed_share") or r.get("score") or 0))
 
         rows = [
             [
-                _f(r["rank"]), _f(r.get("host")), _f(r.get("role")),
-                f"{r.get('last_count', '-')}/{r.get('instances', '-')}", _p(r.get("p_value")),
-                _ms(r.get("imposed_wait(us)")), _f(r.get("imposed_share"), 3), _ms(r.get("whatif_saving(us)")),
-                f"{r['late_steps']}/{r['steps']}", _ms(r["mean_lateness(us)"]), _f(r.get("compute_vs_median")),
+                _f(r["rank"]),
+                _f(r.get("host")),
+                _f(r.get("role")),
+                f"{r.get('last_count', '-')}/{r.get('instances', '-')}",
+                _p(r.get("p_value")),
+                _ms(r.get("imposed_wait(us)")),
+                _f(r.get("imposed_share"), 3),
+                _ms(r.get("whatif_saving(us)")),
+                f"{r['late_steps']}/{r['steps']}",
+                _ms(r["mean_lateness(us)"]),
+                _f(r.get("compute_vs_median")),
             ]
             for r in sorted(strag["per_rank"], key=key)[:MAX_ROWS]
         ]
-        extra = f"; {strag['dropped_steps']} step(s) not held by every rank left out" if strag.get("dropped_steps") else ""
+        extra = (
+            f"; {strag['dropped_steps']} step(s) not held by every rank left out"
+            if strag.get("dropped_steps")
+            else ""
+        )
         _table(
             console,
             f"[bold]stragglers[/] — {strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
             "earlier the collectives would end had the rank arrived like the next-latest one; share = of the "
             "waiting imposed in the round the rank was named; what-if = step time saved per step had only "
             "this rank arrived like the typical rank",
-            ["rank", "host", "role", "last at", "p", "imposed ms", "share", "what-if ms/step", "late steps",
-             "lateness ms", "compute/median"],
+            [
+                "rank",
+                "host",
+                "role",
+                "last at",
+                "p",
+                "imposed ms",
+                "share",
+                "what-if ms/step",
+                "late steps",
+                "lateness ms",
+                "compute/median",
+            ],
             rows,
             len(strag["per_rank"]) - MAX_ROWS,
         )
     if isinstance(strag, dict) and strag.get("per_step"):
         steps = strag["per_step"]
         rows = [
-            [_f(s["step"]), _ms(s["step_time(us)"]), _f(s.get("n_instances")), _ms(s["lost(us)"]), _ms(s["excess(us)"]),
-             _ms(s["est_step_time(us)"]), _f(s["last_rank"]), _ms(s.get("max_imposed(us)")), _ms(s["threshold(us)"]),
-             _f(s["late_ranks"])]
+            [
+                _f(s["step"]),
+                _ms(s["step_time(us)"]),
+                _f(s.get("n_instances")),
+                _ms(s["lost(us)"]),
+                _ms(s["excess(us)"]),
+                _ms(s["est_step_time(us)"]),
+                _f(s["last_rank"]),
+                _ms(s.get("max_imposed(us)")),
+                _ms(s["threshold(us)"]),
+                _f(s["late_ranks"]),
+            ]
             for s in steps[:MAX_ROWS]
         ]
         wi = strag.get("what_if") or {}
@@ -86,8 +118,18 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
             f"[bold]what-if per step[/] — without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
             f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
             f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost",
-            ["step", "step ms", "collectives", "waiting ms", "saved ms", "est. step ms", "most waited-for rank",
-             "its imposed ms", "event threshold ms", "late ranks"],
+            [
+                "step",
+                "step ms",
+                "collectives",
+                "waiting ms",
+                "saved ms",
+                "est. step ms",
+                "most waited-for rank",
+                "its imposed ms",
+                "event threshold ms",
+                "late ranks",
+            ],
             rows,
             len(steps) - MAX_ROWS,
         )
@@ -103,17 +145,34 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
         )
         if offs:
             rows = [
-                [_f(o["rank"]), _f(o.get("host")), _f(o["offset_us"], 1), _f(o.get("measured_us"), 1),
-                 _f(o.get("lower_bound_us"), 1), _f(o.get("upper_bound_us"), 1), _f(o["matched"]),
-                 _f(o.get("residual_us"), 1), o["method"]]
+                [
+                    _f(o["rank"]),
+                    _f(o.get("host")),
+                    _f(o["offset_us"], 1),
+                    _f(o.get("measured_us"), 1),
+                    _f(o.get("lower_bound_us"), 1),
+                    _f(o.get("upper_bound_us"), 1),
+                    _f(o["matched"]),
+                    _f(o.get("residual_us"), 1),
+                    o["method"],
+                ]
                 for o in offs[:MAX_ROWS]
             ]
             _table(
                 console,
                 f"[bold]clock alignment[/] — reference rank {clock.get('reference_rank')}, matched on "
                 f"{clock.get('match_method')}; add offset to a rank's times",
-                ["rank", "host", "offset us", "measured us", "lower bound us", "upper bound us", "matched",
-                 "residual us", "method"],
+                [
+                    "rank",
+                    "host",
+                    "offset us",
+                    "measured us",
+                    "lower bound us",
+                    "upper bound us",
+                    "matched",
+                    "residual us",
+                    "method",
+                ],
                 rows,
                 len(offs) - MAX_ROWS,
             )
@@ -134,7 +193,10 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
         for c in ("severity", "id", "evidence", "action"):
             t.add_column(c, overflow="fold")
         for r in recs:
-            ev = ", ".join(f"{k}={_f(v, 3)}" for k, v in r["evidence"].items() if not isinstance(v, dict)) or "-"
+            ev = (
+                ", ".join(f"{k}={_f(v, 3)}" for k, v in r["evidence"].items() if not isinstance(v, dict))
+                or "-"
+            )
             t.add_row(r["severity"], r["id"], ev, r["action"])
         console.print(t)
 
@@ -145,8 +207,14 @@ def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
     if isinstance(pp, dict):
         im = pp.get("imbalance") or {}
         rows = [
-            [_f(s["stage"]), _f(s["ranks"]), _f(s["compute_ms"]), _f(s["bubble_fraction"], 3),
-             _f(s.get("fwd_ms_per_microbatch")), _f(s.get("bwd_ms_per_microbatch"))]
+            [
+                _f(s["stage"]),
+                _f(s["ranks"]),
+                _f(s["compute_ms"]),
+                _f(s["bubble_fraction"], 3),
+                _f(s.get("fwd_ms_per_microbatch")),
+                _f(s.get("bwd_ms_per_microbatch")),
+            ]
             for s in pp.get("stages", [])[:MAX_ROWS]
         ]
         _table(
@@ -164,13 +232,20 @@ def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
     if isinstance(un, dict):
         console.print(
             f"[bold]uneven inputs[/] — {un['mode']}: short rank(s) {_f(un['short_ranks'])}, steps per rank "
-            f"{un['steps_per_rank']}" + (f", waiting rank(s) {_f(un['waiting_ranks'])}" if un.get("waiting_ranks") else ""),
+            f"{un['steps_per_rank']}"
+            + (f", waiting rank(s) {_f(un['waiting_ranks'])}" if un.get("waiting_ranks") else ""),
             highlight=False,
         )
     rc = doc.get("recompilation")
     if isinstance(rc, dict):
         rows = [
-            [_f(e["rank"]), e["compile_id"], "yes" if e["recompile"] else "no", _f(e["step"]), _f(e["duration_ms"])]
+            [
+                _f(e["rank"]),
+                e["compile_id"],
+                "yes" if e["recompile"] else "no",
+                _f(e["step"]),
+                _f(e["duration_ms"]),
+            ]
             for e in rc.get("events", [])[:MAX_ROWS]
         ]
         _table(

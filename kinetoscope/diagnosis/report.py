@@ -45,11 +45,15 @@ def short_cause(cause: dict[str, Any] | None) -> str:
     comp = cause["components"]
     if by == "compute":
         c = comp["compute"]
-        return f"its compute {c['ratio']:.2f}x the peers' median" if c.get("ratio") else "its compute is slower"
+        return (
+            f"its compute {c['ratio']:.2f}x the peers' median" if c.get("ratio") else "its compute is slower"
+        )
     if by == "slow_link":
         c = comp["slow_link"]
-        return (f"slow link / its collectives' transfer: ends {c['excess_ms']:.1f} ms per step after its peers' "
-                f"at {c['late_ends']}/{c['instances']} collectives")
+        return (
+            f"slow link / its collectives' transfer: ends {c['excess_ms']:.1f} ms per step after its peers' "
+            f"at {c['late_ends']}/{c['instances']} collectives"
+        )
     label = {"dataloader": "data loading", "host_gap": "host gaps", "transfer": "transfer"}.get(str(by))
     if label:
         return f"{label} +{comp[by]['excess_ms']:.1f} ms per late step vs peers"
@@ -90,7 +94,11 @@ def single_process_lines(bd: pl.DataFrame, recommendations: list[dict[str, Any]]
     if not recommendations:
         return [line1, "No recommendation: no detector fired."]
     r = recommendations[0]
-    ev = ", ".join(f"{k} {v}" for k, v in r["evidence"].items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    ev = ", ".join(
+        f"{k} {v}"
+        for k, v in r["evidence"].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    )
     return [line1, f"Top recommendation ({r['severity']}): {r['title']}" + (f" ({ev})." if ev else ".")]
 
 
@@ -132,8 +140,16 @@ class Diagnosis(Mapping[str, Any]):
         d["steps_found"] = int(self.steps["step"].n_unique()) if self.steps.height else 0
         d["step_source"] = self.step_source
         d["device_types"] = sorted({t.meta.device_type for t in self.job.traces.values()})
-        d["backends"] = sorted({str(t.meta.distributed_info.get("backend")) for t in self.job.traces.values() if t.meta.distributed_info.get("backend")})
-        d["collective_signal"] = sorted(set(self.collectives["signal"].to_list())) if "signal" in self.collectives.columns else []
+        d["backends"] = sorted(
+            {
+                str(t.meta.distributed_info.get("backend"))
+                for t in self.job.traces.values()
+                if t.meta.distributed_info.get("backend")
+            }
+        )
+        d["collective_signal"] = (
+            sorted(set(self.collectives["signal"].to_list())) if "signal" in self.collectives.columns else []
+        )
         d["clock"] = {
             "reference_rank": self.clock.reference,
             "match_method": self.clock.match_method,
@@ -191,18 +207,26 @@ class Diagnosis(Mapping[str, Any]):
         head = f"NO STRAGGLER: {s.reason or 'nothing to compare'}."
         if s.skew_fraction is None:
             return [head]
-        return [head, f"Arrival jitter costs {_pct(s.skew_fraction)} of step time (noise sigma {_ms(s.sigma_us)})."]
+        return [
+            head,
+            f"Arrival jitter costs {_pct(s.skew_fraction)} of step time (noise sigma {_ms(s.sigma_us)}).",
+        ]
 
     def _named_line(self) -> str:
         s = self.stragglers
-        plural = "S" if len(s.ranks) > 1 or s.kind == "intermittent" else ""  # (the intermittent head has always been plural)
+        plural = (
+            "S" if len(s.ranks) > 1 or s.kind == "intermittent" else ""
+        )  # (the intermittent head has always been plural)
         head = f"{s.kind.upper()} STRAGGLER{plural}"
         segs = []
         for r in s.ranks:
             row = s.rank_row(r)
             host = f" (host {s.hosts.get(r)})" if s.hosts.get(r) else ""
-            share = (f"{_pct(row.get('lost_share'))} of the time lost" if len(s.ranks) > 1
-                     else f"{_pct(row.get('imposed_share'))} of the imposed wait")
+            share = (
+                f"{_pct(row.get('lost_share'))} of the time lost"
+                if len(s.ranks) > 1
+                else f"{_pct(row.get('imposed_share'))} of the imposed wait"
+            )
             if (s.causes.get(r) or {}).get("explained_by") == "slow_link" and not row.get("last_count"):
                 segs.append(f"rank {r}{host}: {short_cause(s.causes.get(r))}")
                 continue
@@ -270,19 +294,50 @@ class Diagnosis(Mapping[str, Any]):
         """Short diagnosis first, then the tables."""
         out = ["Diagnosis", "========="]
         out += self.summary()
-        with pl.Config(tbl_rows=max_rows, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=40, tbl_hide_dataframe_shape=True):
+        with pl.Config(
+            tbl_rows=max_rows,
+            tbl_cols=20,
+            tbl_width_chars=160,
+            fmt_str_lengths=40,
+            tbl_hide_dataframe_shape=True,
+        ):
             if self.stragglers.per_rank.height:
-                out += ["", ("Per rank (imposed = how much earlier the collectives would end had the rank arrived like the "
-                             "next-latest one; whatif_saving = per step, had only this rank arrived like the typical rank)")]
-                out.append(str(self.stragglers.per_rank.select(
-                    "rank", "host", "role", "last_count", "instances", "p_value", "imposed_wait(us)", "imposed_share",
-                    "whatif_saving(us)", "late_steps", "mean_lateness(us)", "compute_vs_median",
-                )))
+                out += [
+                    "",
+                    (
+                        "Per rank (imposed = how much earlier the collectives would end had the rank arrived like the "
+                        "next-latest one; whatif_saving = per step, had only this rank arrived like the typical rank)"
+                    ),
+                ]
+                out.append(
+                    str(
+                        self.stragglers.per_rank.select(
+                            "rank",
+                            "host",
+                            "role",
+                            "last_count",
+                            "instances",
+                            "p_value",
+                            "imposed_wait(us)",
+                            "imposed_share",
+                            "whatif_saving(us)",
+                            "late_steps",
+                            "mean_lateness(us)",
+                            "compute_vs_median",
+                        )
+                    )
+                )
             if self.stragglers.per_step.height:
-                out += ["", "Per step (what-if: est_step_time = step_time - excess saved had the named ranks arrived like the typical rank)"]
+                out += [
+                    "",
+                    "Per step (what-if: est_step_time = step_time - excess saved had the named ranks arrived like the typical rank)",
+                ]
                 out.append(str(self.stragglers.per_step))
             if self.clock.table.height:
-                out += ["", f"Clock alignment (reference rank {self.clock.reference}; add offset_us to a rank's times)"]
+                out += [
+                    "",
+                    f"Clock alignment (reference rank {self.clock.reference}; add offset_us to a rank's times)",
+                ]
                 out.append(str(self.clock.table))
             if self.recommendations:
                 out += ["", "Recommendations"]

@@ -77,12 +77,21 @@ def link_cause(sl: SlowLink, n_steps: int, total_T: float) -> dict[str, Any]:
     per_step = sl.excess_ns / max(n_steps, 1) / 1e6
     return {
         "lateness_ms_per_step": round(per_step, 3),
-        "components": {"slow_link": {"late_ends": sl.late, "instances": sl.instances, "excess_ms": round(per_step, 3),
-                                     "share_of_step": round(sl.excess_ns / total_T, 4), "p_value": sl.p,
-                                     "threshold_ms": round(sl.threshold_ns / 1e6, 3)}},
+        "components": {
+            "slow_link": {
+                "late_ends": sl.late,
+                "instances": sl.instances,
+                "excess_ms": round(per_step, 3),
+                "share_of_step": round(sl.excess_ns / total_T, 4),
+                "p_value": sl.p,
+                "threshold_ms": round(sl.threshold_ns / 1e6, 3),
+            }
+        },
         "explained_by": "slow_link",
-        "text": (f"slow link / its collectives' transfer: its collectives end {per_step:.1f} ms per step after "
-                 f"its peers' ({100 * sl.excess_ns / total_T:.1f}% of step time), beyond "
-                 f"{sl.threshold_ns / 1e6:.2f} ms at {sl.late}/{sl.instances} collectives "
-                 f"({sl.late} of the {sl.events} late ends, p={sl.p:.2g})"),
+        "text": (
+            f"slow link / its collectives' transfer: its collectives end {per_step:.1f} ms per step after "
+            f"its peers' ({100 * sl.excess_ns / total_T:.1f}% of step time), beyond "
+            f"{sl.threshold_ns / 1e6:.2f} ms at {sl.late}/{sl.instances} collectives "
+            f"({sl.late} of the {sl.events} late ends, p={sl.p:.2g})"
+        ),
     }

@@ -27,8 +27,10 @@ def rank_cause(bd: pl.DataFrame, r: int, steps: list[int] | None = None) -> dict
     cols = dict(_CAUSE_COLUMNS)
     if gpu:
         cols["host_gap"] = ("launch_gap(us)", "GPU idle waiting for the host to launch work")
-    means = bd.group_by("rank").agg([pl.col(c).fill_null(0).mean().alias(k) for k, (c, _) in cols.items()]
-                                    + [pl.col("lateness(us)").mean().alias("_late")])
+    means = bd.group_by("rank").agg(
+        [pl.col(c).fill_null(0).mean().alias(k) for k, (c, _) in cols.items()]
+        + [pl.col("lateness(us)").mean().alias("_late")]
+    )
     mine = means.filter(pl.col("rank") == r)
     peers = means.filter(pl.col("rank") != r)
     out: dict[str, Any] = {"lateness_ms_per_step": None, "components": {}, "explained_by": None, "text": ""}
@@ -40,9 +42,12 @@ def rank_cause(bd: pl.DataFrame, r: int, steps: list[int] | None = None) -> dict
     best, best_x = None, 0.0
     for k in cols:
         own, med = float(mine[k][0] or 0.0), float(peers[k].median() or 0.0)  # type: ignore[arg-type]
-        out["components"][k] = {"rank_ms": round(own / 1000.0, 3), "peers_median_ms": round(med / 1000.0, 3),
-                                "excess_ms": round((own - med) / 1000.0, 3),
-                                "ratio": round(own / med, 3) if med > 0 else None}
+        out["components"][k] = {
+            "rank_ms": round(own / 1000.0, 3),
+            "peers_median_ms": round(med / 1000.0, 3),
+            "excess_ms": round((own - med) / 1000.0, 3),
+            "ratio": round(own / med, 3) if med > 0 else None,
+        }
         if own - med > best_x:
             best, best_x = k, own - med
     comp = out["components"]["compute"]
@@ -50,11 +55,15 @@ def rank_cause(bd: pl.DataFrame, r: int, steps: list[int] | None = None) -> dict
         out["explained_by"] = best
         c = out["components"][best]
         ratio = f" ({c['ratio']:.2f}x)" if c["ratio"] else ""
-        out["text"] = (f"{cols[best][1]}: {c['rank_ms']:.1f} ms per step vs peers' median {c['peers_median_ms']:.1f} ms"
-                       f"{ratio}, +{c['excess_ms']:.1f} ms of its {late / 1000:.1f} ms lateness")
+        out["text"] = (
+            f"{cols[best][1]}: {c['rank_ms']:.1f} ms per step vs peers' median {c['peers_median_ms']:.1f} ms"
+            f"{ratio}, +{c['excess_ms']:.1f} ms of its {late / 1000:.1f} ms lateness"
+        )
     else:
         ratio = f"{comp['ratio']:.2f}x" if comp["ratio"] else "n/a"
-        out["text"] = (f"not explained by profiled work (compute {ratio} the peers' median, data loading "
-                       f"{out['components']['dataloader']['excess_ms']:+.1f} ms vs peers): suspect its host "
-                       "(CPU contention, I/O, GC) or its link")
+        out["text"] = (
+            f"not explained by profiled work (compute {ratio} the peers' median, data loading "
+            f"{out['components']['dataloader']['excess_ms']:+.1f} ms vs peers): suspect its host "
+            "(CPU contention, I/O, GC) or its link"
+        )
     return out

@@ -40,7 +40,12 @@ class Named:
 
 
 def noise_thresholds(
-    inst: pl.DataFrame, steps: list[int], r0: Round, T_ns: np.ndarray, factor: np.ndarray, th: StragglerThresholds
+    inst: pl.DataFrame,
+    steps: list[int],
+    r0: Round,
+    T_ns: np.ndarray,
+    factor: np.ndarray,
+    th: StragglerThresholds,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Arrival noise sigma (ns) and, per step, the persistent and event thresholds (ns).
 
@@ -54,13 +59,17 @@ def noise_thresholds(
     def thresholds_for(sig: float) -> tuple[np.ndarray, np.ndarray]:
         floor = max(th.k_sigma * sig, floor_abs)
         floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), floor_abs)
-        return factor * max(floor_p, th.rel_step * clean_ref), factor * max(floor, th.rel_step_intermittent * clean_ref)
+        return factor * max(floor_p, th.rel_step * clean_ref), factor * max(
+            floor, th.rel_step_intermittent * clean_ref
+        )
 
     sigma = noise_sigma(inst)
     cand = factor * max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_intermittent * clean_ref)
     ev_steps = set(np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1)).tolist())
     if 1 <= len(ev_steps) <= len(steps) / 2:
-        sigma2 = noise_sigma(inst.filter(pl.col("step").is_in([s for k, s in enumerate(steps) if k not in ev_steps])))
+        sigma2 = noise_sigma(
+            inst.filter(pl.col("step").is_in([s for k, s in enumerate(steps) if k not in ev_steps]))
+        )
         if 0 < sigma2 < sigma:
             sigma = sigma2
     thr_p, thr_i = thresholds_for(sigma)
@@ -68,7 +77,13 @@ def noise_thresholds(
 
 
 def name_ranks(
-    mx: Matrix, r0: Round, th: StragglerThresholds, total_T: float, thr_p: np.ndarray, thr_i: np.ndarray, sigma: float
+    mx: Matrix,
+    r0: Round,
+    th: StragglerThresholds,
+    total_T: float,
+    thr_p: np.ndarray,
+    thr_i: np.ndarray,
+    sigma: float,
 ) -> list[Named]:
     """Greedy what-if over sets: name ranks round by round (module docstring); when no single
     rank passes, a pair of ranks that are each last far more often than chance and together
@@ -83,8 +98,9 @@ def name_ranks(
     # magnitude (it is last whenever it is not early, chance ~ its own rate), e.g. a 2-rank
     # job whose two ranks each stall once
     while len(named) < min(th.max_named, len(mx.ranks)):
-        picks = (_single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor, quiet)
-                 or _pair(mx, rnd, fixed, th, total_T, floor, quiet))
+        picks = _single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor, quiet) or _pair(
+            mx, rnd, fixed, th, total_T, floor, quiet
+        )
         if not picks:
             break
         named += picks
@@ -151,8 +167,15 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
 
 
 def _single(
-    mx: Matrix, rnd: Round, fixed: set[int], th: StragglerThresholds, total_T: float,
-    thr_p: np.ndarray, thr_i: np.ndarray, floor: float, quiet: np.ndarray,
+    mx: Matrix,
+    rnd: Round,
+    fixed: set[int],
+    th: StragglerThresholds,
+    total_T: float,
+    thr_p: np.ndarray,
+    thr_i: np.ndarray,
+    floor: float,
+    quiet: np.ndarray,
 ) -> list[Named]:
     """The rank imposing the most wait that passes the frequency or the magnitude route. The
     frequency route reads only the quiet steps (no stall of a rank named by magnitude)."""
@@ -189,8 +212,14 @@ def _single(
 
 
 def _pair(
-    mx: Matrix, rnd: Round, fixed: set[int], th: StragglerThresholds, total_T: float, floor: float,
-    quiet: np.ndarray, top_k: int = 6,
+    mx: Matrix,
+    rnd: Round,
+    fixed: set[int],
+    th: StragglerThresholds,
+    total_T: float,
+    floor: float,
+    quiet: np.ndarray,
+    top_k: int = 6,
 ) -> list[Named]:
     """Two ranks that are the two latest arrivals far more often than chance (binomial against
     ``1 / C(N', 2)``, Bonferroni-corrected over the pairs tried, among the ``top_k`` ranks most
@@ -216,7 +245,9 @@ def _pair(
             k = int(((top2[:, 0] == ja) & (top2[:, 1] == jb)).sum())
             if binom_sf(k, n, p0) >= th.alpha / tries:
                 continue
-            saved = np.where(quiet, np.clip(base - waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0)
+            saved = np.where(
+                quiet, np.clip(base - waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0
+            )
             if best is None or saved.sum() > best[0]:
                 best = (float(saved.sum()), ja, jb, saved)
     if best is None or best[0] < 2 * th.min_rank_effect * total_T:
@@ -225,7 +256,9 @@ def _pair(
     for j, other in ((best[1], best[2]), (best[2], best[1])):
         k, p = frequency(rnd, j, np.ones(len(mx.step_idx), dtype=bool))
         in_step = np.bincount(mx.step_idx[rnd.last[:, j]], minlength=len(mx.steps)) > 0
-        out.append(Named(mx.ranks[j], True, 0, 0, (best[3] >= floor) & in_step, rnd, p, k, partner=mx.ranks[other]))
+        out.append(
+            Named(mx.ranks[j], True, 0, 0, (best[3] >= floor) & in_step, rnd, p, k, partner=mx.ranks[other])
+        )
     return out
 
 
@@ -254,7 +287,9 @@ def spike_share(nm: Named, mx: Matrix, th: StragglerThresholds) -> float:
     ``spike_factor`` times its median step); 0 with fewer than ``min_steps_confident`` steps."""
     # with the other named ranks fixed: in its own naming round a straggler that alternates
     # with another as the last one imposes only where it beat it, which reads as spikes
-    per_step = nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)] if nm.alone_imposed is None else nm.alone_imposed
+    per_step = (
+        nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)] if nm.alone_imposed is None else nm.alone_imposed
+    )
     med = float(np.median(per_step))
     if len(per_step) < th.min_steps_confident or med <= 0 or per_step.sum() <= 0:
         return 0.0

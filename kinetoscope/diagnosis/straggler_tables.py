@@ -29,20 +29,22 @@ def per_step_table(
     rows = []
     for k, s in enumerate(mx.steps):
         top = int(np.argmax(r0.step_imposed[k])) if counts[k] else None
-        rows.append({
-            "step": s,
-            "step_time(us)": T_ns[k] / 1000.0,
-            "lost(us)": r0.waiting[k] / 1000.0,
-            "excess(us)": excess[k] / 1000.0,
-            "est_step_time(us)": (T_ns[k] - excess[k]) / 1000.0,
-            "threshold(us)": thr_i[k] / 1000.0,
-            "persistent_threshold(us)": thr_p[k] / 1000.0,
-            "last_rank": mx.ranks[top] if top is not None and r0.step_imposed[k, top] > 0 else None,
-            "max_lateness(us)": maxlat.get(s),
-            "late_ranks": sorted(r for r, v in late.items() if v[k]),
-            "n_instances": int(counts[k]),
-            "max_imposed(us)": float(r0.step_imposed[k].max()) / 1000.0 if mx.ranks else 0.0,
-        })
+        rows.append(
+            {
+                "step": s,
+                "step_time(us)": T_ns[k] / 1000.0,
+                "lost(us)": r0.waiting[k] / 1000.0,
+                "excess(us)": excess[k] / 1000.0,
+                "est_step_time(us)": (T_ns[k] - excess[k]) / 1000.0,
+                "threshold(us)": thr_i[k] / 1000.0,
+                "persistent_threshold(us)": thr_p[k] / 1000.0,
+                "last_rank": mx.ranks[top] if top is not None and r0.step_imposed[k, top] > 0 else None,
+                "max_lateness(us)": maxlat.get(s),
+                "late_ranks": sorted(r for r, v in late.items() if v[k]),
+                "n_instances": int(counts[k]),
+                "max_imposed(us)": float(r0.step_imposed[k].max()) / 1000.0 if mx.ranks else 0.0,
+            }
+        )
     return pl.DataFrame(rows, schema=PER_STEP_SCHEMA, orient="row")
 
 
@@ -69,12 +71,14 @@ def next_ranks(mx: Matrix, final: Round, fixed: set[int], T_ns: np.ndarray) -> l
         r = mx.ranks[int(j)]
         if r in fixed or tot[j] <= 0:
             continue
-        out.append({
-            "rank": r,
-            "imposed_per_step_us": float(tot[j]) / len(mx.steps) / 1000.0,
-            "share_of_step": float(tot[j]) / float(T_ns.sum()) if T_ns.sum() > 0 else None,
-            "last_count": int(final.last[:, j].sum()),
-        })
+        out.append(
+            {
+                "rank": r,
+                "imposed_per_step_us": float(tot[j]) / len(mx.steps) / 1000.0,
+                "share_of_step": float(tot[j]) / float(T_ns.sum()) if T_ns.sum() > 0 else None,
+                "last_count": int(final.last[:, j].sum()),
+            }
+        )
         if len(out) == 2:
             break
     return out
@@ -107,8 +111,20 @@ def per_rank_table(
         pl.col("dataloader(us)").mean().alias("mean_dataloader(us)"),
     )
     med = agg["mean_compute(us)"].median()
-    extra: dict[str, list[Any]] = {k: [] for k in ("rank", "instances", "last_count", "p_value", "imposed_wait(us)",
-                                                   "imposed_share", "whatif_saving(us)", "role", "late_steps")}
+    extra: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "rank",
+            "instances",
+            "last_count",
+            "p_value",
+            "imposed_wait(us)",
+            "imposed_share",
+            "whatif_saving(us)",
+            "role",
+            "late_steps",
+        )
+    }
     if mx is not None and final is not None and T_ns is not None:
         named = named or {}
         n_inst = mx.A.shape[0]
@@ -124,19 +140,36 @@ def per_rank_table(
             extra["p_value"].append(binom_sf(k, n_inst, rnd.p0))
             extra["imposed_wait(us)"].append(float(rnd.step_imposed[:, j].sum()) / 1000.0)
             extra["imposed_share"].append(float(rnd.imposed[:, j].sum()) / tot if tot > 0 else 0.0)
-            extra["whatif_saving(us)"].append(float(base - waiting_fixed(mx, {r}).sum()) / len(mx.steps) / 1000.0)
+            extra["whatif_saving(us)"].append(
+                float(base - waiting_fixed(mx, {r}).sum()) / len(mx.steps) / 1000.0
+            )
             extra["role"].append(roles.get(r))
             extra["late_steps"].append(int(late.sum()))
-    ex = pl.DataFrame(extra, schema={"rank": pl.Int64, "instances": pl.Int64, "last_count": pl.Int64,
-                                     "p_value": pl.Float64, "imposed_wait(us)": pl.Float64, "imposed_share": pl.Float64,
-                                     "whatif_saving(us)": pl.Float64, "role": pl.String, "late_steps": pl.Int64})
+    ex = pl.DataFrame(
+        extra,
+        schema={
+            "rank": pl.Int64,
+            "instances": pl.Int64,
+            "last_count": pl.Int64,
+            "p_value": pl.Float64,
+            "imposed_wait(us)": pl.Float64,
+            "imposed_share": pl.Float64,
+            "whatif_saving(us)": pl.Float64,
+            "role": pl.String,
+            "late_steps": pl.Int64,
+        },
+    )
     agg = (
         agg.join(ex, on="rank", how="left")
         .with_columns(
             pl.col("late_steps").fill_null(0),
-            (pl.col("mean_compute(us)") / med).alias("compute_vs_median") if med else pl.lit(None, dtype=pl.Float64).alias("compute_vs_median"),
+            (pl.col("mean_compute(us)") / med).alias("compute_vs_median")
+            if med
+            else pl.lit(None, dtype=pl.Float64).alias("compute_vs_median"),
             pl.col("rank").map_elements(lambda r: hosts.get(r), return_dtype=pl.String).alias("host"),
-            pl.col("rank").replace_strict(lost_share or {}, default=None, return_dtype=pl.Float64).alias("lost_share"),
+            pl.col("rank")
+            .replace_strict(lost_share or {}, default=None, return_dtype=pl.Float64)
+            .alias("lost_share"),
         )
         .with_columns((pl.col("late_steps") / pl.col("steps")).alias("late_share"))
     )

@@ -154,7 +154,9 @@ def analyze_stragglers(
     rep.sigma_us = sigma / 1000.0
     rep.total_imposed_us = float(r0.imposed.sum()) / 1000.0
     named = name_ranks(mx, r0, th, total_T, thr_p, thr_i, sigma)
-    per_step_late = {nm.rank: nm.late for nm in named}  # before dropping isolated events: still shown per step
+    per_step_late = {
+        nm.rank: nm.late for nm in named
+    }  # before dropping isolated events: still shown per step
     named = _drop_minor_stalls(mx, _drop_isolated(named, steps, th, rep), r0, th)
     links = _add_links(mx, th, total_T, named, r0)
     fixed = {nm.rank for nm in named}
@@ -171,8 +173,16 @@ def analyze_stragglers(
     rep.straggled_steps = int((rep.per_step["late_ranks"].list.len() > 0).sum())
     rep.confidence = _confidence(rep, th)
     roles = {nm.rank: ("persistent" if nm in persistent else "intermittent") for nm in named}
-    rep.per_rank = per_rank_table(su.bd, hosts, mx, {nm.rank: nm for nm in named}, roles, final=final, T_ns=T_ns,
-                                  lost_share=lost_shares(mx, [nm.rank for nm in named], r0.waiting))
+    rep.per_rank = per_rank_table(
+        su.bd,
+        hosts,
+        mx,
+        {nm.rank: nm for nm in named},
+        roles,
+        final=final,
+        T_ns=T_ns,
+        lost_share=lost_shares(mx, [nm.rank for nm in named], r0.waiting),
+    )
     if named:
         rep.next_ranks = next_ranks(mx, final, fixed, T_ns)
     if _verdict_none(rep, mx, r0, named, persistent, th):
@@ -182,7 +192,10 @@ def analyze_stragglers(
 
 
 def _setup(
-    instances: pl.DataFrame, breakdown: pl.DataFrame, hosts: dict[int, str | None], th: StragglerThresholds,
+    instances: pl.DataFrame,
+    breakdown: pl.DataFrame,
+    hosts: dict[int, str | None],
+    th: StragglerThresholds,
     rep: StragglerReport,
 ) -> _Setup | None:
     """The instance matrix over the steps every rank holds; ``None`` (with the reason in
@@ -222,13 +235,17 @@ def _transfer(bd: pl.DataFrame, total_T: float) -> tuple[float | None, float | N
     slow collective, not a rank straggler."""
     if total_T <= 0 or "transfer(us)" not in bd.columns or bd.is_empty():
         return None, None
-    per_rank = bd.group_by("rank").agg(pl.col("transfer(us)").fill_null(0).sum().alias("t"))["t"].to_numpy() * 1000.0
+    per_rank = (
+        bd.group_by("rank").agg(pl.col("transfer(us)").fill_null(0).sum().alias("t"))["t"].to_numpy() * 1000.0
+    )
     if per_rank.size == 0:
         return None, None
     return float(np.median(per_rank)) / total_T, float(per_rank.max() - per_rank.min()) / total_T
 
 
-def _drop_isolated(named: list[Named], steps: list[int], th: StragglerThresholds, rep: StragglerReport) -> list[Named]:
+def _drop_isolated(
+    named: list[Named], steps: list[int], th: StragglerThresholds, rep: StragglerReport
+) -> list[Named]:
     """Leave out ranks named by magnitude alone when their stalls are fewer than ``min_events``
     job-wide: one stall of one rank is not a pattern (said in the reason)."""
     events_total = sum(nm.events for nm in named if not nm.freq)
@@ -261,7 +278,9 @@ def _drop_minor_stalls(mx: Matrix, named: list[Named], r0: Round, th: StragglerT
     return [nm for nm in named if nm.freq or nm.events != 1 or shares[nm.rank] >= floor]
 
 
-def _add_links(mx: Matrix, th: StragglerThresholds, total_T: float, named: list[Named], r0: Round) -> list[SlowLink]:
+def _add_links(
+    mx: Matrix, th: StragglerThresholds, total_T: float, named: list[Named], r0: Round
+) -> list[SlowLink]:
     """Attach late-end evidence to the ranks named by arrivals, and name the ranks with late ends
     alone (a slow link delays its own ends, not always its next arrival). Mutates ``named``."""
     links = find_slow_links(mx, th, total_T, set())
@@ -297,13 +316,25 @@ def _roles(
     skew_spikes = [nm for nm in persistent if nm not in link_named and spike_share(nm, mx, th) >= 0.5]
     persistent = [nm for nm in persistent if nm not in skew_spikes]
     intermittent += skew_spikes
-    skew_spikes += [nm for nm in intermittent if nm not in skew_spikes and nm not in link_named and by_steps
-                    and nm.late.mean() >= th.persistent_share and spike_share(nm, mx, th) >= 0.5]
+    skew_spikes += [
+        nm
+        for nm in intermittent
+        if nm not in skew_spikes
+        and nm not in link_named
+        and by_steps
+        and nm.late.mean() >= th.persistent_share
+        and spike_share(nm, mx, th) >= 0.5
+    ]
     return persistent, intermittent, skew_spikes
 
 
 def _verdict_none(
-    rep: StragglerReport, mx: Matrix, r0: Round, named: list[Named], persistent: list[Named], th: StragglerThresholds
+    rep: StragglerReport,
+    mx: Matrix,
+    r0: Round,
+    named: list[Named],
+    persistent: list[Named],
+    th: StragglerThresholds,
 ) -> bool:
     """Set kind ``none`` and its reason when nothing is named, the named ranks cost too little,
     or it is arrival jitter; False when there is a straggler verdict to give."""
@@ -340,14 +371,22 @@ def _ring_note(rep: StragglerReport, th: StragglerThresholds) -> str:
     tf, spread = rep.transfer_fraction, rep.transfer_spread
     if tf is None or spread is None or tf < th.ring_note_fraction or spread > 0.25 * tf:
         return ""
-    return (f"; the collectives' own transfer takes {100 * tf:.0f}% of step time on every rank alike "
-            f"(spread {100 * spread:.1f}%): if that is more than their bytes need, a slow link or NIC is "
-            "slowing the whole ring, which names no rank")
+    return (
+        f"; the collectives' own transfer takes {100 * tf:.0f}% of step time on every rank alike "
+        f"(spread {100 * spread:.1f}%): if that is more than their bytes need, a slow link or NIC is "
+        "slowing the whole ring, which names no rank"
+    )
 
 
 def _verdict(
-    rep: StragglerReport, su: _Setup, named: list[Named], persistent: list[Named], intermittent: list[Named],
-    skew_spikes: list[Named], hosts: dict[int, str | None], th: StragglerThresholds,
+    rep: StragglerReport,
+    su: _Setup,
+    named: list[Named],
+    persistent: list[Named],
+    intermittent: list[Named],
+    skew_spikes: list[Named],
+    hosts: dict[int, str | None],
+    th: StragglerThresholds,
 ) -> None:
     """Kind, ranks (in naming order: each is the one that explained most once the previous were
     fixed), pattern, recurrent ranks, reason and causes of a straggler verdict."""
@@ -363,14 +402,20 @@ def _verdict(
     rep.pattern = pattern_of(persistent, skew_spikes, mx, th)
     counts = {nm.rank: int(nm.late.sum()) for nm in intermittent}
     rep.recurrent_ranks = sorted(
-        r for r, c in counts.items() if c >= 3 and c / max(rep.straggled_steps, 1) >= th.recurrent_concentration
+        r
+        for r, c in counts.items()
+        if c >= 3 and c / max(rep.straggled_steps, 1) >= th.recurrent_concentration
     )
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
     rep.reason = _reason(rep, named, mx.ranks)
     late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late)] for nm in named}
     link_of = {nm.rank: nm.link for nm in named if nm.link is not None}
-    rep.causes = {r: link_cause(link_of[r], len(su.steps), su.total_T) if r in link_of
-                  else rank_cause(su.bd, r, late_of.get(r)) for r in rep.ranks}
+    rep.causes = {
+        r: link_cause(link_of[r], len(su.steps), su.total_T)
+        if r in link_of
+        else rank_cause(su.bd, r, late_of.get(r))
+        for r in rep.ranks
+    }
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
 
 
@@ -401,18 +446,24 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
         if nm.rank not in rep.ranks and nm.rank not in rep.intermittent_ranks:
             continue
         if nm.link is not None and nm.by_link:
-            parts.append(f"rank {nm.rank}'s collectives end late after its peers' at {nm.link.late}/{nm.link.instances} "
-                         f"collectives ({nm.link.late} of the {nm.link.events} late ends, chance 1/{nm.link.world}, "
-                         f"p={nm.p:.2g}), late in {int(nm.late.sum())}/{rep.steps_analysed} steps")
+            parts.append(
+                f"rank {nm.rank}'s collectives end late after its peers' at {nm.link.late}/{nm.link.instances} "
+                f"collectives ({nm.link.late} of the {nm.link.events} late ends, chance 1/{nm.link.world}, "
+                f"p={nm.p:.2g}), late in {int(nm.late.sum())}/{rep.steps_analysed} steps"
+            )
             continue
         late = f"late in {int(nm.late.sum())}/{rep.steps_analysed} steps"
-        last = (f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "
-                f"p={nm.p:.2g}), ")
+        last = (
+            f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "
+            f"p={nm.p:.2g}), "
+        )
         if not nm.freq:  # named for its stalls: they are its evidence
             stall = float(nm.rnd.step_imposed[:, ranks.index(nm.rank)].max()) / 1e6
             # the last rank not named has no peer to share the chance of being last with
             head = f"rank {nm.rank} " if nm.rnd.free <= 1 else last
-            parts.append(f"{head}stalled beyond the noise in {nm.events} step(s) (up to {stall:.1f} ms), {late}")
+            parts.append(
+                f"{head}stalled beyond the noise in {nm.events} step(s) (up to {stall:.1f} ms), {late}"
+            )
             continue
         parts.append(f"{last}{late}")
     return "; ".join(parts)

@@ -73,8 +73,7 @@ def build_config(
     parts.append(f"\nPROFILE_REPORT_INPUT_SHAPES={_flag(record_shapes)}")
     if profile_memory:
         parts.append(
-            "\nPROFILE_PROFILE_MEMORY=true\nPROFILE_MEMORY=true"
-            f"\nPROFILE_MEMORY_DURATION_MSECS={duration_ms}"
+            f"\nPROFILE_PROFILE_MEMORY=true\nPROFILE_MEMORY=true\nPROFILE_MEMORY_DURATION_MSECS={duration_ms}"
         )
     parts.append(
         f"\nPROFILE_WITH_STACK={_flag(with_stack)}"
@@ -89,7 +88,9 @@ def _check_value(key: str, value: str) -> None:
     # into three parts, which makes Kineto stop parsing there (docs/protocol.md §4.4). Kineto trims blanks
     # around the value, so a value with them would not be the file written (found by fuzzing).
     if not value or any(c in value for c in "\n\r#=\0") or any(ord(c) < 32 or c == "\x7f" for c in value):
-        raise ValueError(f"{key} value {value!r} is empty or contains a newline, '#', '=' or a control character")
+        raise ValueError(
+            f"{key} value {value!r} is empty or contains a newline, '#', '=' or a control character"
+        )
     if value != value.strip(" \t"):
         raise ValueError(f"{key} value {value!r} has leading or trailing blanks (Kineto strips them)")
 

@@ -197,8 +197,10 @@ def validate_manifest(doc: Any, source: str = "manifest") -> dict[str, Any]:
     if isinstance(version, bool) or not isinstance(version, int):
         raise _schema_error(source, f"'kinetoscope_manifest' must be an integer, got {version!r}")
     if version > MANIFEST_VERSION:
-        raise ManifestError(f"{source} has manifest version {version}, newer than this kinetoscope reads "
-                            f"(version {MANIFEST_VERSION}); upgrade kinetoscope")
+        raise ManifestError(
+            f"{source} has manifest version {version}, newer than this kinetoscope reads "
+            f"(version {MANIFEST_VERSION}); upgrade kinetoscope"
+        )
     trace_id = doc.get("trace_id")
     if not isinstance(trace_id, str) or not TRACE_ID_RE.match(trace_id):
         raise _schema_error(source, f"'trace_id' must be letters, digits, '-', '_' or '.', got {trace_id!r}")
@@ -347,8 +349,9 @@ def host_manifests(trace_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in Path(trace_dir).glob("manifest.*.json") if p.is_file())
 
 
-def merge_manifests(main: dict[str, Any] | None, per_host: list[dict[str, Any]], source: str,
-                    names: list[str] | None = None) -> dict[str, Any]:
+def merge_manifests(
+    main: dict[str, Any] | None, per_host: list[dict[str, Any]], source: str, names: list[str] | None = None
+) -> dict[str, Any]:
     """Combine ``manifest.json`` with the daemons' ``manifest.<host>.json`` (same trace_id).
 
     Files are matched by name. The first manifest's values are kept; later ones fill its gaps
@@ -364,8 +367,10 @@ def merge_manifests(main: dict[str, Any] | None, per_host: list[dict[str, Any]],
     first = docs[0]
     for d, label in zip(docs[1:], labels[1:]):
         if d["trace_id"] != first["trace_id"]:
-            raise ManifestError(f"{source}: manifests disagree on trace_id: {label} is for trace "
-                                f"{d['trace_id']!r}, {labels[0]} for {first['trace_id']!r}")
+            raise ManifestError(
+                f"{source}: manifests disagree on trace_id: {label} is for trace "
+                f"{d['trace_id']!r}, {labels[0]} for {first['trace_id']!r}"
+            )
     merged = copy.deepcopy(first)
     if main is None:
         merged.pop("host", None)  # a daemon's own host; the merged request spans hosts

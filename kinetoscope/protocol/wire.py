@@ -80,7 +80,9 @@ def pack_request(config_type: int, job_id: int, pids: list[int] | tuple[int, ...
 
 def parse_request(payload: bytes) -> LibkinetoRequest:
     if len(payload) < REQ_HEADER.size:
-        raise FrameError(f"req payload of {len(payload)} bytes is shorter than its {REQ_HEADER.size}-byte header")
+        raise FrameError(
+            f"req payload of {len(payload)} bytes is shorter than its {REQ_HEADER.size}-byte header"
+        )
     config_type, n, job_id = REQ_HEADER.unpack_from(payload)
     if n < 0 or n > MAX_PIDS:
         raise FrameError(f"req carries an implausible pid count {n}")

@@ -35,9 +35,9 @@ def json_for_script(obj: Any) -> str:
 
     NaN and infinities become ``null`` (orjson); numpy values are serialised; non-string keys
     are turned into strings."""
-    text = orjson.dumps(
-        obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
-    ).decode("utf-8")
+    text = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str).decode(
+        "utf-8"
+    )
     return text.translate(_SCRIPT_UNSAFE)
 
 

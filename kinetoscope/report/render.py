@@ -86,19 +86,23 @@ def render_report(
     nonce = nonce or secrets.token_urlsafe(16)
     charts = {c.id: {"figure": c.figure, "height": c.height} for s in view.sections for c in s.charts}
     generated = (generated_at or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
-    html = _env().get_template("report.html.j2").render(
-        view=view,
-        nonce=nonce,
-        csp=csp,
-        version=kinetoscope.__version__,
-        generated=generated,
-        charts_json=json_for_script(charts),
-        document_json=json_for_script(document) if embed_document else None,
-        plotly_js=None if plotly_src else js_for_script(plotly_js()),
-        plotly_src=plotly_src,
-        report_js=js_for_script(_read_static("report.js")),
-        report_css=_read_static("report.css"),
-        links=dict(links or {}),
+    html = (
+        _env()
+        .get_template("report.html.j2")
+        .render(
+            view=view,
+            nonce=nonce,
+            csp=csp,
+            version=kinetoscope.__version__,
+            generated=generated,
+            charts_json=json_for_script(charts),
+            document_json=json_for_script(document) if embed_document else None,
+            plotly_js=None if plotly_src else js_for_script(plotly_js()),
+            plotly_src=plotly_src,
+            report_js=js_for_script(_read_static("report.js")),
+            report_css=_read_static("report.css"),
+            links=dict(links or {}),
+        )
     )
     return html
 
@@ -112,8 +116,10 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     or a folder that cannot be created or written. Raises :class:`ReportWriteError` (one line)."""
     out = Path(path)
     if out.is_dir():
-        raise ReportWriteError(f"cannot write the report to {out}: it is a directory (give a file name, "
-                               f"e.g. {out / 'report.html'})")
+        raise ReportWriteError(
+            f"cannot write the report to {out}: it is a directory (give a file name, "
+            f"e.g. {out / 'report.html'})"
+        )
     parent = out.parent
     if parent.exists() and not parent.is_dir():
         raise ReportWriteError(f"cannot write the report to {out}: {parent} is a file, not a folder")

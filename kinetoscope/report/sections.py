@@ -40,15 +40,42 @@ COLORS = {
 }
 
 NAV_LABELS = {
-    "recommendations": "Recommendations", "overview": "Step time", "stragglers": "Stragglers", "mfu": "MFU",
-    "temporal": "Temporal", "idle": "Idle time", "kernels": "Kernels", "overlap": "Overlap",
-    "launch": "Launches & queues", "job": "Job & clocks", "other": "Other analyses",
+    "recommendations": "Recommendations",
+    "overview": "Step time",
+    "stragglers": "Stragglers",
+    "mfu": "MFU",
+    "temporal": "Temporal",
+    "idle": "Idle time",
+    "kernels": "Kernels",
+    "overlap": "Overlap",
+    "launch": "Launches & queues",
+    "job": "Job & clocks",
+    "other": "Other analyses",
 }
 
 LEAD_COLUMNS = [
-    "rank", "host", "step", "source", "stream", "kernel_type", "idle_category", "name", "count", "steps",
-    "sum (us)", "mean (us)", "min (us)", "max (us)", "stddev", "p50 (us)", "p90 (us)", "p99 (us)",
-    "start(us)", "end(us)", "duration(us)", "step_time(us)",
+    "rank",
+    "host",
+    "step",
+    "source",
+    "stream",
+    "kernel_type",
+    "idle_category",
+    "name",
+    "count",
+    "steps",
+    "sum (us)",
+    "mean (us)",
+    "min (us)",
+    "max (us)",
+    "stddev",
+    "p50 (us)",
+    "p90 (us)",
+    "p99 (us)",
+    "start(us)",
+    "end(us)",
+    "duration(us)",
+    "step_time(us)",
 ]
 
 HEAT = [[0.0, "#fff7ec"], [0.25, "#fdd49e"], [0.5, "#fc8d59"], [0.75, "#d7301f"], [1.0, "#7f0000"]]
@@ -155,7 +182,16 @@ def _cell(v: Any, col: str = "") -> Cell:
     if isinstance(v, bool):
         return Cell("yes" if v else "no")
     if isinstance(v, (int, float)):
-        if isinstance(v, int) and col in ("rank", "stream", "step", "pid", "tid", "correlation", "idx", "device"):
+        if isinstance(v, int) and col in (
+            "rank",
+            "stream",
+            "step",
+            "pid",
+            "tid",
+            "correlation",
+            "idx",
+            "device",
+        ):
             return Cell(str(v), num=True)
         return Cell(fmt_num(v), num=True)
     return Cell("–" if v is None else str(v))
@@ -212,8 +248,14 @@ def table_from_rows(
             cells.append(cell)
         out_rows.append(cells)
     return TableView(
-        id=tid, title=title, columns=[labels.get(c, c) for c in cols], numeric=numeric, rows=out_rows,
-        total=len(rows), caption=caption, collapsed=collapsed,
+        id=tid,
+        title=title,
+        columns=[labels.get(c, c) for c in cols],
+        numeric=numeric,
+        rows=out_rows,
+        total=len(rows),
+        caption=caption,
+        collapsed=collapsed,
     )
 
 
@@ -244,8 +286,14 @@ def _base_layout(title: str | None = None, **extra: Any) -> dict[str, Any]:
         # two-row (rank / step) category axis.
         "margin": {"l": 60, "r": 20, "t": 70 if title else 50, "b": 50},
         "font": {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12},
-        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom",
-                   "traceorder": "normal"},
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "y": 1.02,
+            "yanchor": "bottom",
+            "traceorder": "normal",
+        },
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "rgba(0,0,0,0)",
         "hoverlabel": {"namelength": -1},
@@ -299,8 +347,13 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
     if "step_time_ms" in s:
         mean = _mean_step_ms(doc)
         differs = mean is not None and abs(mean - s["step_time_ms"]) > 0.005 * max(abs(mean), 1e-9)
-        out.append(Kpi("Step time (median)", f"{s['step_time_ms']:,.1f} ms",
-                       f"mean {mean:,.1f} ms (slow steps weigh in)" if differs else None))
+        out.append(
+            Kpi(
+                "Step time (median)",
+                f"{s['step_time_ms']:,.1f} ms",
+                f"mean {mean:,.1f} ms (slow steps weigh in)" if differs else None,
+            )
+        )
     parts = step_parts_by_rank_step(doc)
     if parts:
         tot: defaultdict[str, float] = defaultdict(float)
@@ -309,24 +362,46 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
                 tot[k] += p[k]
         step = sum(p["step_time"] for p in parts) or 1.0
         out.append(Kpi("Compute", f"{100 * tot['compute'] / step:.1f} %", "share of step time"))
-        out.append(Kpi("Exposed communication", f"{100 * (tot['comm_transfer'] + tot['comm_wait']) / step:.1f} %",
-                       "communication not overlapped by compute"))
+        out.append(
+            Kpi(
+                "Exposed communication",
+                f"{100 * (tot['comm_transfer'] + tot['comm_wait']) / step:.1f} %",
+                "communication not overlapped by compute",
+            )
+        )
         out.append(Kpi("Idle", f"{100 * (tot['idle'] + tot['host']) / step:.1f} %", "nothing running"))
     job = _mapping(doc.get("job"))
     if job:
         found, ws = job.get("num_ranks_found"), job.get("world_size")
-        out.append(Kpi("Ranks", f"{found if found is not None else '?'} / {ws if ws is not None else '?'}",
-                       "traced / world size", "warn" if job.get("num_missing_ranks") else None))
+        out.append(
+            Kpi(
+                "Ranks",
+                f"{found if found is not None else '?'} / {ws if ws is not None else '?'}",
+                "traced / world size",
+                "warn" if job.get("num_missing_ranks") else None,
+            )
+        )
     if "straggler_kind" in s:
         kind = s["straggler_kind"]
         ranks = s.get("straggler_ranks") or []
         named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:8]))}"
-        out.append(Kpi("Stragglers", kind + (f": {named}" if ranks else ""),
-                       None, {"persistent": "bad", "intermittent": "warn"}.get(kind)))
+        out.append(
+            Kpi(
+                "Stragglers",
+                kind + (f": {named}" if ranks else ""),
+                None,
+                {"persistent": "bad", "intermittent": "warn"}.get(kind),
+            )
+        )
     mfu = doc.get("mfu") if isinstance(doc.get("mfu"), Mapping) else None
     if mfu is not None:
-        out.append(Kpi("MFU", fmt_pct(mfu.get("mfu")) if _num(mfu.get("mfu")) is not None else "n/a",
-                       None if _num(mfu.get("mfu")) is not None else _short_reason(mfu.get("reason"))))
+        out.append(
+            Kpi(
+                "MFU",
+                fmt_pct(mfu.get("mfu")) if _num(mfu.get("mfu")) is not None else "n/a",
+                None if _num(mfu.get("mfu")) is not None else _short_reason(mfu.get("reason")),
+            )
+        )
     return out
 
 
@@ -366,14 +441,33 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 # ---------------------------------------------------------------------------------------
 # Unit suffixes of evidence keys (the diagnosis' naming convention) -> how the value prints.
 _EVIDENCE_UNITS: tuple[tuple[str, str], ...] = (
-    ("_fraction", "pct"), ("_share", "pct"), ("_pct", "pct_already"), ("_ms", "ms"), ("_us", "us"),
-    ("(us)", "us"), ("(ms)", "ms"), ("(bytes)", "bytes"),
-    ("_s", "s"), ("_bytes", "bytes"), ("_flops", "flops"),
+    ("_fraction", "pct"),
+    ("_share", "pct"),
+    ("_pct", "pct_already"),
+    ("_ms", "ms"),
+    ("_us", "us"),
+    ("(us)", "us"),
+    ("(ms)", "ms"),
+    ("(bytes)", "bytes"),
+    ("_s", "s"),
+    ("_bytes", "bytes"),
+    ("_flops", "flops"),
 )
 # Words of evidence keys spelt out in their labels.
-_EVIDENCE_WORDS = {"est": "estimated", "comm": "communication", "mfu": "MFU", "cpu": "CPU", "gpu": "GPU",
-                   "ddp": "DDP", "vs": "vs.", "num": "number of", "bw": "bandwidth", "h2d": "host-to-device",
-                   "d2h": "device-to-host", "nccl": "NCCL"}
+_EVIDENCE_WORDS = {
+    "est": "estimated",
+    "comm": "communication",
+    "mfu": "MFU",
+    "cpu": "CPU",
+    "gpu": "GPU",
+    "ddp": "DDP",
+    "vs": "vs.",
+    "num": "number of",
+    "bw": "bandwidth",
+    "h2d": "host-to-device",
+    "d2h": "device-to-host",
+    "nccl": "NCCL",
+}
 
 
 def evidence_label(key: str) -> tuple[str, str]:
@@ -386,7 +480,9 @@ def evidence_label(key: str) -> tuple[str, str]:
             break
     if not unit and "fraction" in key.split("_"):  # overlap_fraction_of_comm: a share all the same
         unit = "pct"
-    words = [_EVIDENCE_WORDS.get(w.lower(), w) for w in key.replace("(", " ").replace(")", " ").split("_") if w]
+    words = [
+        _EVIDENCE_WORDS.get(w.lower(), w) for w in key.replace("(", " ").replace(")", " ").split("_") if w
+    ]
     text = " ".join(" ".join(words).split())
     return (text[:1].upper() + text[1:]) if text else key, unit
 
@@ -433,8 +529,11 @@ def _evidence_rows(ev: Any, prefix: str = "") -> list[tuple[str, str, str]]:
 
 
 def recommendations_section(doc: Mapping[str, Any]) -> Section:
-    sec = Section("recommendations", "Recommendations",
-                  "What to change, most important first, each with the measurements that triggered it.")
+    sec = Section(
+        "recommendations",
+        "Recommendations",
+        "What to change, most important first, each with the measurements that triggered it.",
+    )
     recs = doc.get("recommendations")
     if not isinstance(recs, list):
         sec.missing = "the document has no 'recommendations' (the diagnosis was not run or failed)"
@@ -443,16 +542,20 @@ def recommendations_section(doc: Mapping[str, Any]) -> Section:
         sec.notes.append("No recommendation: nothing in these traces crossed a threshold.")
         return sec
     order = {"high": 0, "medium": 1, "low": 2, "info": 3}
-    for r in sorted((r for r in recs if isinstance(r, Mapping)), key=lambda r: order.get(str(r.get("severity")), 9)):
+    for r in sorted(
+        (r for r in recs if isinstance(r, Mapping)), key=lambda r: order.get(str(r.get("severity")), 9)
+    ):
         sev = str(r.get("severity") or "info")
-        sec.items.append({
-            "id": str(r.get("id") or ""),
-            "severity": sev,
-            "cls": {"high": "bad", "medium": "warn", "low": "neutral"}.get(sev, "neutral"),
-            "title": str(r.get("title") or r.get("id") or "recommendation"),
-            "action": str(r.get("action") or ""),
-            "evidence": _evidence_rows(r.get("evidence")),
-        })
+        sec.items.append(
+            {
+                "id": str(r.get("id") or ""),
+                "severity": sev,
+                "cls": {"high": "bad", "medium": "warn", "low": "neutral"}.get(sev, "neutral"),
+                "title": str(r.get("title") or r.get("id") or "recommendation"),
+                "action": str(r.get("action") or ""),
+                "evidence": _evidence_rows(r.get("evidence")),
+            }
+        )
     return sec
 
 
@@ -498,20 +601,34 @@ def step_parts_by_rank_step(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _stacked(x: list[Any], series: dict[str, list[float]], *, xtitle: str, ytitle: str = "ms",
-             hover_x: str = "%{x}", customdata: Any = None, multicategory: bool = False) -> dict[str, Any]:
+def _stacked(
+    x: list[Any],
+    series: dict[str, list[float]],
+    *,
+    xtitle: str,
+    ytitle: str = "ms",
+    hover_x: str = "%{x}",
+    customdata: Any = None,
+    multicategory: bool = False,
+) -> dict[str, Any]:
     data = []
     for key, label, color in BREAKDOWN_PARTS:
         if key not in series:
             continue
         tr: dict[str, Any] = {
-            "type": "bar", "name": label, "x": x, "y": [round(v, 4) for v in series[key]],
+            "type": "bar",
+            "name": label,
+            "x": x,
+            "y": [round(v, 4) for v in series[key]],
             "marker": {"color": COLORS[color]},
             "hovertemplate": f"{hover_x}<br>{label}: %{{y:.2f}} ms<extra></extra>",
         }
         data.append(tr)
-    layout = _base_layout(barmode="stack", xaxis={"title": {"text": xtitle}, "type": "multicategory" if multicategory else "category"},
-                          yaxis={"title": {"text": ytitle}})
+    layout = _base_layout(
+        barmode="stack",
+        xaxis={"title": {"text": xtitle}, "type": "multicategory" if multicategory else "category"},
+        yaxis={"title": {"text": ytitle}},
+    )
     if multicategory:  # two rows of tick labels, then the axis title: room for all three
         layout["margin"]["b"] = 95
     return {"data": data, "layout": layout}
@@ -519,7 +636,8 @@ def _stacked(x: list[Any], series: dict[str, list[float]], *, xtitle: str, ytitl
 
 def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     sec = Section(
-        "overview", "Overview: step-time breakdown",
+        "overview",
+        "Overview: step-time breakdown",
         "Where each training step's time went, per step and per rank: compute, communication not "
         "hidden behind compute (split into the transfer itself and waiting for slower ranks), memory "
         "copies and other device work, and idle time (on GPUs, the part where the next kernel had not "
@@ -538,24 +656,59 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
             sec.notes.append(reason + "; showing the GPU temporal breakdown per step instead.")
             x = [[_rank_label(r.get("rank")) for r in tb], [str(r.get("step")) for r in tb]]
             data = []
-            for key, label, color in (("compute_time(us)", "Compute", "compute"),
-                                      ("non_compute_time(us)", "Non-compute (communication, memory)", "non_compute"),
-                                      ("idle_time(us)", "Idle", "idle")):
-                data.append({"type": "bar", "name": label, "x": x, "y": [_ms(r.get(key)) for r in tb],
-                             "marker": {"color": COLORS[color]},
-                             "hovertemplate": f"%{{x}}<br>{label}: %{{y:.2f}} ms<extra></extra>"})
-            sec.charts.append(ChartView("chart-overview-temporal", {"data": data, "layout": _base_layout(
-                barmode="stack", xaxis={"type": "multicategory"}, yaxis={"title": {"text": "ms"}})}))
+            for key, label, color in (
+                ("compute_time(us)", "Compute", "compute"),
+                ("non_compute_time(us)", "Non-compute (communication, memory)", "non_compute"),
+                ("idle_time(us)", "Idle", "idle"),
+            ):
+                data.append(
+                    {
+                        "type": "bar",
+                        "name": label,
+                        "x": x,
+                        "y": [_ms(r.get(key)) for r in tb],
+                        "marker": {"color": COLORS[color]},
+                        "hovertemplate": f"%{{x}}<br>{label}: %{{y:.2f}} ms<extra></extra>",
+                    }
+                )
+            sec.charts.append(
+                ChartView(
+                    "chart-overview-temporal",
+                    {
+                        "data": data,
+                        "layout": _base_layout(
+                            barmode="stack", xaxis={"type": "multicategory"}, yaxis={"title": {"text": "ms"}}
+                        ),
+                    },
+                )
+            )
         elif sd:
             sec.notes.append(reason + "; showing step durations only.")
             by_rank: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
             for r in sd:
                 by_rank[r.get("rank")].append(r)
-            data = [{"type": "scatter", "mode": "lines+markers", "name": _rank_label(rk),
-                     "x": [str(r.get("step")) for r in rows], "y": [_ms(r.get("duration(us)")) for r in rows]}
-                    for rk, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0]))]
-            sec.charts.append(ChartView("chart-overview-durations", {"data": data, "layout": _base_layout(
-                xaxis={"title": {"text": "step"}, "type": "category"}, yaxis={"title": {"text": "step time (ms)"}})}))
+            data = [
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": _rank_label(rk),
+                    "x": [str(r.get("step")) for r in rows],
+                    "y": [_ms(r.get("duration(us)")) for r in rows],
+                }
+                for rk, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0]))
+            ]
+            sec.charts.append(
+                ChartView(
+                    "chart-overview-durations",
+                    {
+                        "data": data,
+                        "layout": _base_layout(
+                            xaxis={"title": {"text": "step"}, "type": "category"},
+                            yaxis={"title": {"text": "step time (ms)"}},
+                        ),
+                    },
+                )
+            )
         else:
             sec.missing = reason + (" and no step durations" if "step_durations" in doc else "")
         return sec
@@ -576,37 +729,65 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     series = {k: [mean(by_step[s], k) for s in steps] for k in keys}
     fig = _stacked([str(s) for s in steps], series, xtitle="step", hover_x="step %{x}")
     _narrow(fig["layout"], len(steps))
-    sec.charts.append(ChartView(
-        "chart-steps", fig,
-        f"Per step, mean over {plural(len(ranks), 'rank')}."))
+    sec.charts.append(ChartView("chart-steps", fig, f"Per step, mean over {plural(len(ranks), 'rank')}."))
     if len(ranks) > 1:
         series_r = {k: [mean(by_rank[r], k) for r in ranks] for k in keys}
         fig = _stacked([_rank_label(r) for r in ranks], series_r, xtitle="rank")
         _narrow(fig["layout"], len(ranks))
-        sec.charts.append(ChartView(
-            "chart-ranks", fig,
-            f"Per rank, mean over {plural(len(steps), 'step')} (the distributed view: ranks that compute less and "
-            "wait more are waiting for a straggler)."))
+        sec.charts.append(
+            ChartView(
+                "chart-ranks",
+                fig,
+                f"Per rank, mean over {plural(len(steps), 'step')} (the distributed view: ranks that compute less and "
+                "wait more are waiting for a straggler).",
+            )
+        )
     if 1 < len(ranks) and len(parts) <= MAX_CHART_BARS:
-        ordered = sorted(parts, key=lambda p: ((p["rank"] is None, p["rank"]), (p["step"] is None, p["step"])))
+        ordered = sorted(
+            parts, key=lambda p: ((p["rank"] is None, p["rank"]), (p["step"] is None, p["step"]))
+        )
         x = [[_rank_label(p["rank"]) for p in ordered], [str(p["step"]) for p in ordered]]
         series_rs = {k: [p[k] for p in ordered] for k in keys}
-        sec.charts.append(ChartView(
-            "chart-rank-steps", _stacked(x, series_rs, xtitle="rank / step", multicategory=True),
-            "Every rank and step.", height=420))
+        sec.charts.append(
+            ChartView(
+                "chart-rank-steps",
+                _stacked(x, series_rs, xtitle="rank / step", multicategory=True),
+                "Every rank and step.",
+                height=420,
+            )
+        )
     elif len(parts) > MAX_CHART_BARS:
-        sec.notes.append(f"{len(parts):,} rank-steps: the per rank and step chart is left out; see the table.")
+        sec.notes.append(
+            f"{len(parts):,} rank-steps: the per rank and step chart is left out; see the table."
+        )
     rows = [
-        {"rank": p["rank"], "step": p["step"], "step (ms)": p["step_time"], "compute": p["compute"],
-         "comm transfer": p["comm_transfer"], "comm wait": p["comm_wait"], "memory/other": p["memory"],
-         "idle host-bound": p["host"], "idle other": p["idle"], "dataloader": p["dataloader"],
-         "sync wait (all)": p["sync_wait"], "lateness": p["lateness"]}
+        {
+            "rank": p["rank"],
+            "step": p["step"],
+            "step (ms)": p["step_time"],
+            "compute": p["compute"],
+            "comm transfer": p["comm_transfer"],
+            "comm wait": p["comm_wait"],
+            "memory/other": p["memory"],
+            "idle host-bound": p["host"],
+            "idle other": p["idle"],
+            "dataloader": p["dataloader"],
+            "sync wait (all)": p["sync_wait"],
+            "lateness": p["lateness"],
+        }
         for p in sorted(parts, key=lambda p: ((p["rank"] is None, p["rank"]), (p["step"] is None, p["step"])))
     ]
-    sec.tables.append(table_from_rows(
-        "table-steps", "Per rank and step (ms)", rows, max_rows=max_rows, collapsed=True,
-        caption="'sync wait (all)' is all time spent in collectives waiting for the last rank, overlapped or not; "
-                "'lateness' is how much later than the typical rank this rank arrived at the collectives."))
+    sec.tables.append(
+        table_from_rows(
+            "table-steps",
+            "Per rank and step (ms)",
+            rows,
+            max_rows=max_rows,
+            collapsed=True,
+            caption="'sync wait (all)' is all time spent in collectives waiting for the last rank, overlapped or not; "
+            "'lateness' is how much later than the typical rank this rank arrived at the collectives.",
+        )
+    )
     return sec
 
 
@@ -635,24 +816,45 @@ def _heatmap(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
     x = [str(s) for s in steps]
     y = [_rank_label(r) for r in ranks]
+
     def zmax(m: list[list[float | None]]) -> float:
         return max([v for row in m for v in row if v is not None] + [0.001])
 
     trace = {
-        "type": "heatmap", "z": mats["lateness"], "x": x, "y": y, "colorscale": HEAT,
-        "zmin": 0, "zmax": zmax(mats["lateness"]),
-        "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1,
+        "type": "heatmap",
+        "z": mats["lateness"],
+        "x": x,
+        "y": y,
+        "colorscale": HEAT,
+        "zmin": 0,
+        "zmax": zmax(mats["lateness"]),
+        "colorbar": {"title": {"text": "ms"}},
+        "xgap": 1,
+        "ygap": 1,
         "hovertemplate": "%{y}, step %{x}<br>%{z:.2f} ms<extra></extra>",
     }
     buttons = [
-        {"label": labels[k], "method": "restyle", "args": [{"z": [mats[k]], "zmin": [0], "zmax": [zmax(mats[k])]}]}
+        {
+            "label": labels[k],
+            "method": "restyle",
+            "args": [{"z": [mats[k]], "zmin": [0], "zmax": [zmax(mats[k])]}],
+        }
         for k in ("lateness", "sync_wait", "self_time", "step_time")
     ]
     layout = _base_layout(
         xaxis={"title": {"text": "step"}, "type": "category"},
         yaxis={"title": {"text": ""}, "type": "category", "autorange": "reversed"},
-        updatemenus=[{"type": "buttons", "direction": "right", "x": 0, "y": 1.18, "xanchor": "left",
-                      "showactive": True, "buttons": buttons}],
+        updatemenus=[
+            {
+                "type": "buttons",
+                "direction": "right",
+                "x": 0,
+                "y": 1.18,
+                "xanchor": "left",
+                "showactive": True,
+                "buttons": buttons,
+            }
+        ],
         margin={"l": 70, "r": 20, "t": 60, "b": 50},
     )
     return {"data": [trace], "layout": layout}
@@ -660,7 +862,8 @@ def _heatmap(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     sec = Section(
-        "stragglers", "Stragglers",
+        "stragglers",
+        "Stragglers",
         "Arrival skew at the collectives, rank × step: how much later than the typical rank each rank "
         "arrived (lateness). A persistent straggler is a dark row; intermittent stragglers are scattered "
         "dark cells. The buttons switch to the time each rank waited for its peers, and to the step time "
@@ -673,7 +876,9 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     if n_ranks > 1:
         fig = _heatmap(parts)
         if fig is not None:
-            sec.charts.append(ChartView("chart-straggler-heatmap", fig, height=max(260, min(900, 110 + 28 * n_ranks))))
+            sec.charts.append(
+                ChartView("chart-straggler-heatmap", fig, height=max(260, min(900, 110 + 28 * n_ranks)))
+            )
     elif n_ranks == 1:
         sec.notes.append("One rank only: there is no other rank to compare arrival times with.")
     if not isinstance(strag, Mapping):
@@ -681,21 +886,43 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         if not parts:
             return sec
         sec.missing = None
-        sec.notes.append("The straggler verdict is missing from the document; the heatmap comes from the per-step table.")
+        sec.notes.append(
+            "The straggler verdict is missing from the document; the heatmap comes from the per-step table."
+        )
         return sec
     kind = str(strag.get("kind") or "unknown")
     ranks = got if isinstance(got := strag.get("ranks"), list) else []
     named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:10]))}"
-    sec.kpis.append(Kpi("Verdict", kind + (f": {named}" if ranks else ""), None,
-                        {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind)))
+    sec.kpis.append(
+        Kpi(
+            "Verdict",
+            kind + (f": {named}" if ranks else ""),
+            None,
+            {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind),
+        )
+    )
     if _num(strag.get("lost_fraction")) is not None:
-        sec.kpis.append(Kpi("Time lost to stragglers", fmt_pct(strag.get("lost_fraction")), "share of step time"))
+        sec.kpis.append(
+            Kpi("Time lost to stragglers", fmt_pct(strag.get("lost_fraction")), "share of step time")
+        )
     wi = _mapping(strag.get("what_if"))
-    if _num(wi.get("mean_step_time_us")) is not None and _num(wi.get("est_step_time_without_stragglers_us")) is not None:
-        sec.kpis.append(Kpi("What-if", f"{fmt_ms(wi['mean_step_time_us'])} → {fmt_ms(wi['est_step_time_without_stragglers_us'])}",
-                            "mean step time now → without stragglers"))
+    if (
+        _num(wi.get("mean_step_time_us")) is not None
+        and _num(wi.get("est_step_time_without_stragglers_us")) is not None
+    ):
+        sec.kpis.append(
+            Kpi(
+                "What-if",
+                f"{fmt_ms(wi['mean_step_time_us'])} → {fmt_ms(wi['est_step_time_without_stragglers_us'])}",
+                "mean step time now → without stragglers",
+            )
+        )
     if strag.get("steps_analysed") is not None:
-        sec.kpis.append(Kpi("Steps with a late rank", f"{strag.get('straggled_steps', 0)} / {strag.get('steps_analysed')}"))
+        sec.kpis.append(
+            Kpi(
+                "Steps with a late rank", f"{strag.get('straggled_steps', 0)} / {strag.get('steps_analysed')}"
+            )
+        )
     if strag.get("confidence") not in (None, "n/a"):
         sec.kpis.append(Kpi("Confidence", str(strag.get("confidence"))))
     for label, key in (("Why", "reason"), ("Cause", "cause")):
@@ -706,20 +933,35 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         ms_cols = [c for c in per_rank[0] if c.endswith("(us)")]
         fm = {c: (lambda v: Cell(fmt_num(_ms(v)), num=True)) for c in ms_cols}
         labels = {c: c.replace("(us)", "(ms)") for c in ms_cols}
-        sec.tables.append(table_from_rows(
-            "table-straggler-ranks", "Per rank (highest straggler score first)", per_rank, max_rows=max_rows,
-            labels=labels, formatters=fm,
-            caption="score = share of job time the other ranks spent waiting for this rank; late share = "
-                    "share of steps in which it arrived late."))
+        sec.tables.append(
+            table_from_rows(
+                "table-straggler-ranks",
+                "Per rank (highest straggler score first)",
+                per_rank,
+                max_rows=max_rows,
+                labels=labels,
+                formatters=fm,
+                caption="score = share of job time the other ranks spent waiting for this rank; late share = "
+                "share of steps in which it arrived late.",
+            )
+        )
     per_step = _rows(strag.get("per_step"))
     if per_step:
         ms_cols = [c for c in per_step[0] if c.endswith("(us)")]
         fm = {c: (lambda v: Cell(fmt_num(_ms(v)), num=True)) for c in ms_cols}
         labels = {c: c.replace("(us)", "(ms)") for c in ms_cols}
-        sec.tables.append(table_from_rows(
-            "table-straggler-steps", "Per step: what-if without stragglers", per_step, max_rows=max_rows,
-            labels=labels, formatters=fm, collapsed=True,
-            caption="est. step time = step time minus the excess caused by the flagged ranks."))
+        sec.tables.append(
+            table_from_rows(
+                "table-straggler-steps",
+                "Per step: what-if without stragglers",
+                per_step,
+                max_rows=max_rows,
+                labels=labels,
+                formatters=fm,
+                collapsed=True,
+                caption="est. step time = step time minus the excess caused by the flagged ranks.",
+            )
+        )
     if not parts and not per_rank:
         sec.notes.append("No per-step data to draw the heatmap.")
     return sec
@@ -729,24 +971,40 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
 # MFU
 # ---------------------------------------------------------------------------------------
 def mfu_section(doc: Mapping[str, Any]) -> Section:
-    sec = Section("mfu", "Model FLOPs utilisation (MFU)",
-                  "Achieved model FLOP/s per device divided by the device's peak FLOP/s.")
+    sec = Section(
+        "mfu",
+        "Model FLOPs utilisation (MFU)",
+        "Achieved model FLOP/s per device divided by the device's peak FLOP/s.",
+    )
     mfu = doc.get("mfu")
     if not isinstance(mfu, Mapping):
         sec.missing = "the document has no 'mfu' result (the diagnosis was not run or failed)"
         return sec
     value = _num(mfu.get("mfu"))
-    sec.kpis.append(Kpi("MFU", fmt_pct(value, 2) if value is not None else "n/a", None,
-                        None if value is None else ("bad" if value < 0.2 else "warn" if value < 0.4 else "good")))
+    sec.kpis.append(
+        Kpi(
+            "MFU",
+            fmt_pct(value, 2) if value is not None else "n/a",
+            None,
+            None if value is None else ("bad" if value < 0.2 else "warn" if value < 0.4 else "good"),
+        )
+    )
     if _num(mfu.get("flops_per_step")) is not None:
-        sec.kpis.append(Kpi("FLOPs per step", f"{mfu['flops_per_step']:.3g}", f"from {mfu.get('flops_source') or '?'}"))
+        sec.kpis.append(
+            Kpi("FLOPs per step", f"{mfu['flops_per_step']:.3g}", f"from {mfu.get('flops_source') or '?'}")
+        )
     if _num(mfu.get("step_time_s")) is not None:
         sec.kpis.append(Kpi("Step time", f"{1000 * mfu['step_time_s']:,.2f} ms"))
     if _num(mfu.get("achieved_flops_per_chip")) is not None:
         sec.kpis.append(Kpi("Achieved per device", f"{mfu['achieved_flops_per_chip'] / 1e12:,.3f} TFLOP/s"))
     if _num(mfu.get("peak_flops_per_chip")) is not None:
-        sec.kpis.append(Kpi("Peak per device", f"{mfu['peak_flops_per_chip'] / 1e12:,.1f} TFLOP/s",
-                            str(mfu.get("peak_source") or "")))
+        sec.kpis.append(
+            Kpi(
+                "Peak per device",
+                f"{mfu['peak_flops_per_chip'] / 1e12:,.1f} TFLOP/s",
+                str(mfu.get("peak_source") or ""),
+            )
+        )
     if mfu.get("chips") is not None:
         sec.kpis.append(Kpi("Devices", str(mfu.get("chips"))))
     if value is None and mfu.get("reason"):
@@ -764,36 +1022,68 @@ def mfu_section(doc: Mapping[str, Any]) -> Section:
 # GPU views (HTA analyses)
 # ---------------------------------------------------------------------------------------
 def temporal_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section("temporal", "Temporal breakdown per rank",
-                  "GPU time per rank split into compute kernels, non-compute kernels (communication, memory) and "
-                  "idle time (HTA's temporal breakdown).")
+    sec = Section(
+        "temporal",
+        "Temporal breakdown per rank",
+        "GPU time per rank split into compute kernels, non-compute kernels (communication, memory) and "
+        "idle time (HTA's temporal breakdown).",
+    )
     rows = _rows(doc.get("temporal_breakdown"))
     if not rows:
         sec.missing = _note_for(doc, "temporal_breakdown") or "no rows"
         return sec
     x = [_rank_label(r.get("rank")) for r in rows]
     data = []
-    for key, pkey, label, color in (("compute_time(us)", "compute_time_pctg", "Compute", "compute"),
-                                    ("non_compute_time(us)", "non_compute_time_pctg", "Non-compute", "non_compute"),
-                                    ("idle_time(us)", "idle_time_pctg", "Idle", "idle")):
-        data.append({"type": "bar", "name": label, "x": x, "y": [_ms(r.get(key)) for r in rows],
-                     "customdata": [_num(r.get(pkey)) for r in rows], "marker": {"color": COLORS[color]},
-                     "hovertemplate": f"%{{x}}<br>{label}: %{{y:.2f}} ms (%{{customdata:.1f}} %)<extra></extra>"})
-    sec.charts.append(ChartView("chart-temporal", {"data": data, "layout": _narrow(_base_layout(
-        barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}}), len(x))}))
-    sec.tables.append(table_from_rows("table-temporal", "Temporal breakdown", rows, max_rows=max_rows, collapsed=True))
+    for key, pkey, label, color in (
+        ("compute_time(us)", "compute_time_pctg", "Compute", "compute"),
+        ("non_compute_time(us)", "non_compute_time_pctg", "Non-compute", "non_compute"),
+        ("idle_time(us)", "idle_time_pctg", "Idle", "idle"),
+    ):
+        data.append(
+            {
+                "type": "bar",
+                "name": label,
+                "x": x,
+                "y": [_ms(r.get(key)) for r in rows],
+                "customdata": [_num(r.get(pkey)) for r in rows],
+                "marker": {"color": COLORS[color]},
+                "hovertemplate": f"%{{x}}<br>{label}: %{{y:.2f}} ms (%{{customdata:.1f}} %)<extra></extra>",
+            }
+        )
+    sec.charts.append(
+        ChartView(
+            "chart-temporal",
+            {
+                "data": data,
+                "layout": _narrow(
+                    _base_layout(
+                        barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}}
+                    ),
+                    len(x),
+                ),
+            },
+        )
+    )
+    sec.tables.append(
+        table_from_rows("table-temporal", "Temporal breakdown", rows, max_rows=max_rows, collapsed=True)
+    )
     return sec
 
 
 def idle_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section("idle", "Idle time",
-                  "GPU idle time per rank and stream: host wait (the GPU waited for the CPU to launch work), "
-                  "kernel wait (short gaps between back-to-back kernels) and other.")
+    sec = Section(
+        "idle",
+        "Idle time",
+        "GPU idle time per rank and stream: host wait (the GPU waited for the CPU to launch work), "
+        "kernel wait (short gaps between back-to-back kernels) and other.",
+    )
     rows = _rows(doc.get("idle_time_breakdown"))
     if not rows:
         sec.missing = _note_for(doc, "idle_time_breakdown") or "no rows"
         return sec
-    keys = sorted({(r.get("rank"), r.get("stream")) for r in rows}, key=lambda k: tuple((v is None, v) for v in k))
+    keys = sorted(
+        {(r.get("rank"), r.get("stream")) for r in rows}, key=lambda k: tuple((v is None, v) for v in k)
+    )
     cats = []
     for r in rows:
         c = r.get("idle_category")
@@ -803,24 +1093,55 @@ def idle_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     data = []
     for c in cats:
         vals = {(r.get("rank"), r.get("stream")): r for r in rows if r.get("idle_category") == c}
-        data.append({
-            "type": "bar", "name": plotly_text(str(c).replace("_", " ")), "x": x,
-            "y": [_ms(vals[k].get("idle_time")) if k in vals else None for k in keys],
-            "customdata": [(_num(vals[k].get("idle_time_ratio")) or 0) * 100 if k in vals else None for k in keys],
-            "marker": {"color": COLORS.get(str(c), "#bab0ac")},
-            "hovertemplate": "%{x}<br>" + plotly_text(str(c)) + ": %{y:.2f} ms (%{customdata:.1f} % of idle)<extra></extra>",
-        })
-    sec.charts.append(ChartView("chart-idle", {"data": data, "layout": _narrow(_base_layout(
-        barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "idle ms"}}), len(x))}))
-    sec.tables.append(table_from_rows("table-idle", "Idle time by category", rows, max_rows=max_rows, collapsed=True,
-                                      labels={"idle_time": "idle_time (us)"}))
+        data.append(
+            {
+                "type": "bar",
+                "name": plotly_text(str(c).replace("_", " ")),
+                "x": x,
+                "y": [_ms(vals[k].get("idle_time")) if k in vals else None for k in keys],
+                "customdata": [
+                    (_num(vals[k].get("idle_time_ratio")) or 0) * 100 if k in vals else None for k in keys
+                ],
+                "marker": {"color": COLORS.get(str(c), "#bab0ac")},
+                "hovertemplate": "%{x}<br>"
+                + plotly_text(str(c))
+                + ": %{y:.2f} ms (%{customdata:.1f} % of idle)<extra></extra>",
+            }
+        )
+    sec.charts.append(
+        ChartView(
+            "chart-idle",
+            {
+                "data": data,
+                "layout": _narrow(
+                    _base_layout(
+                        barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "idle ms"}}
+                    ),
+                    len(x),
+                ),
+            },
+        )
+    )
+    sec.tables.append(
+        table_from_rows(
+            "table-idle",
+            "Idle time by category",
+            rows,
+            max_rows=max_rows,
+            collapsed=True,
+            labels={"idle_time": "idle_time (us)"},
+        )
+    )
     return sec
 
 
 def kernels_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section("kernels", "Kernels",
-                  "GPU time by kernel type, and the kernels that take the most time (summed over ranks). Names "
-                  "are shortened (templates and arguments removed); hover or expand for the full name.")
+    sec = Section(
+        "kernels",
+        "Kernels",
+        "GPU time by kernel type, and the kernels that take the most time (summed over ranks). Names "
+        "are shortened (templates and arguments removed); hover or expand for the full name.",
+    )
     kt = _rows(doc.get("kernel_type_breakdown"))
     kb = _rows(doc.get("kernel_breakdown"))
     kd = _rows(doc.get("kernel_distribution"))
@@ -833,83 +1154,186 @@ def kernels_section(doc: Mapping[str, Any], max_rows: int) -> Section:
             tot[str(r.get("kernel_type"))] += _num(r.get("sum")) or 0.0
         items = sorted(tot.items(), key=lambda kv: -kv[1])
         allsum = sum(v for _, v in items) or 1.0
-        sec.charts.append(ChartView("chart-kernel-types", {"data": [{
-            "type": "bar", "orientation": "h", "y": [plotly_text(k, 60) for k, _ in items],
-            "x": [v / 1000.0 for _, v in items], "customdata": [100 * v / allsum for _, v in items],
-            "marker": {"color": COLORS["compute"]},
-            "hovertemplate": "%{y}<br>%{x:.2f} ms (%{customdata:.1f} %)<extra></extra>",
-        }], "layout": _base_layout(yaxis={"type": "category", "autorange": "reversed", "automargin": True},
-                                   xaxis={"title": {"text": "ms (all ranks)"}}, showlegend=False)},
-            "GPU time by kernel type (overlapping kinds are counted once, under their combination).",
-            height=max(220, 60 + 28 * len(items))))
+        sec.charts.append(
+            ChartView(
+                "chart-kernel-types",
+                {
+                    "data": [
+                        {
+                            "type": "bar",
+                            "orientation": "h",
+                            "y": [plotly_text(k, 60) for k, _ in items],
+                            "x": [v / 1000.0 for _, v in items],
+                            "customdata": [100 * v / allsum for _, v in items],
+                            "marker": {"color": COLORS["compute"]},
+                            "hovertemplate": "%{y}<br>%{x:.2f} ms (%{customdata:.1f} %)<extra></extra>",
+                        }
+                    ],
+                    "layout": _base_layout(
+                        yaxis={"type": "category", "autorange": "reversed", "automargin": True},
+                        xaxis={"title": {"text": "ms (all ranks)"}},
+                        showlegend=False,
+                    ),
+                },
+                "GPU time by kernel type (overlapping kinds are counted once, under their combination).",
+                height=max(220, 60 + 28 * len(items)),
+            )
+        )
     src = kb or kd
     if src:
         agg: dict[str, dict[str, Any]] = {}
         for r in src:
             name = str(r.get("name"))
-            a = agg.setdefault(name, {"name": name, "kernel_type": r.get("kernel_type"), "sum": 0.0, "count": 0,
-                                      "ranks": set()})
+            a = agg.setdefault(
+                name,
+                {"name": name, "kernel_type": r.get("kernel_type"), "sum": 0.0, "count": 0, "ranks": set()},
+            )
             a["sum"] += _num(r.get("sum (us)")) or 0.0
             a["count"] += int(_num(r.get("count")) or 0)
             a["ranks"].add(r.get("rank"))
-        top = sorted((a for a in agg.values() if a["name"] != "others"), key=lambda a: -a["sum"])[:TOP_KERNELS]
+        top = sorted((a for a in agg.values() if a["name"] != "others"), key=lambda a: -a["sum"])[
+            :TOP_KERNELS
+        ]
         if top:
-            sec.charts.append(ChartView("chart-top-kernels", {"data": [{
-                "type": "bar", "orientation": "h",
-                "y": [plotly_text(f"{i + 1}. {short_name(a['name'])}", 70) for i, a in enumerate(top)],
-                "x": [a["sum"] / 1000.0 for a in top],
-                "customdata": [[plotly_text(a["name"], 300), a["count"], plotly_text(a["kernel_type"])] for a in top],
-                "marker": {"color": [COLORS["comm_transfer"] if str(a["kernel_type"]).startswith("COMM") else
-                                     COLORS["memory"] if str(a["kernel_type"]).startswith("MEM") else COLORS["compute"]
-                                     for a in top]},
-                "hovertemplate": "%{customdata[0]}<br>%{customdata[2]}, %{customdata[1]} calls<br>%{x:.2f} ms<extra></extra>",
-            }], "layout": _base_layout(yaxis={"type": "category", "autorange": "reversed", "automargin": True},
-                                       xaxis={"title": {"text": "total ms (all ranks)"}}, showlegend=False,
-                                       margin={"l": 20, "r": 20, "t": 20, "b": 50})},
-                f"Top {len(top)} kernels by total time.", height=max(260, 60 + 26 * len(top))))
+            sec.charts.append(
+                ChartView(
+                    "chart-top-kernels",
+                    {
+                        "data": [
+                            {
+                                "type": "bar",
+                                "orientation": "h",
+                                "y": [
+                                    plotly_text(f"{i + 1}. {short_name(a['name'])}", 70)
+                                    for i, a in enumerate(top)
+                                ],
+                                "x": [a["sum"] / 1000.0 for a in top],
+                                "customdata": [
+                                    [plotly_text(a["name"], 300), a["count"], plotly_text(a["kernel_type"])]
+                                    for a in top
+                                ],
+                                "marker": {
+                                    "color": [
+                                        COLORS["comm_transfer"]
+                                        if str(a["kernel_type"]).startswith("COMM")
+                                        else COLORS["memory"]
+                                        if str(a["kernel_type"]).startswith("MEM")
+                                        else COLORS["compute"]
+                                        for a in top
+                                    ]
+                                },
+                                "hovertemplate": "%{customdata[0]}<br>%{customdata[2]}, %{customdata[1]} calls<br>%{x:.2f} ms<extra></extra>",
+                            }
+                        ],
+                        "layout": _base_layout(
+                            yaxis={"type": "category", "autorange": "reversed", "automargin": True},
+                            xaxis={"title": {"text": "total ms (all ranks)"}},
+                            showlegend=False,
+                            margin={"l": 20, "r": 20, "t": 20, "b": 50},
+                        ),
+                    },
+                    f"Top {len(top)} kernels by total time.",
+                    height=max(260, 60 + 26 * len(top)),
+                )
+            )
     if kb:
         ms_cols = [c for c in kb[0] if c.endswith("(us)")] + (["stddev"] if "stddev" in kb[0] else [])
         fm = {c: (lambda v: Cell(fmt_num(_ms(v), 3), num=True)) for c in ms_cols}
-        sec.tables.append(table_from_rows("table-kernels", "Top kernels per rank and type", kb, max_rows=max_rows,
-                                          labels={c: c.replace("(us)", "(ms)") if c.endswith("(us)") else f"{c} (ms)"
-                                                  for c in ms_cols}, formatters=fm))
+        sec.tables.append(
+            table_from_rows(
+                "table-kernels",
+                "Top kernels per rank and type",
+                kb,
+                max_rows=max_rows,
+                labels={c: c.replace("(us)", "(ms)") if c.endswith("(us)") else f"{c} (ms)" for c in ms_cols},
+                formatters=fm,
+            )
+        )
     if kd:
-        sec.tables.append(table_from_rows("table-kernel-distribution", "Kernel duration distribution (µs)", kd,
-                                          max_rows=max_rows, collapsed=True))
+        sec.tables.append(
+            table_from_rows(
+                "table-kernel-distribution",
+                "Kernel duration distribution (µs)",
+                kd,
+                max_rows=max_rows,
+                collapsed=True,
+            )
+        )
     if kt:
-        sec.tables.append(table_from_rows("table-kernel-types", "Kernel types per rank", kt, max_rows=max_rows,
-                                          collapsed=True, labels={"sum": "sum (us)", "percentage": "%"}))
+        sec.tables.append(
+            table_from_rows(
+                "table-kernel-types",
+                "Kernel types per rank",
+                kt,
+                max_rows=max_rows,
+                collapsed=True,
+                labels={"sum": "sum (us)", "percentage": "%"},
+            )
+        )
     return sec
 
 
 def overlap_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section("overlap", "Communication–computation overlap",
-                  "Share of communication-kernel time during which computation kernels also ran, per rank. Low "
-                  "overlap means communication adds directly to step time.")
+    sec = Section(
+        "overlap",
+        "Communication–computation overlap",
+        "Share of communication-kernel time during which computation kernels also ran, per rank. Low "
+        "overlap means communication adds directly to step time.",
+    )
     rows = _rows(doc.get("comm_comp_overlap"))
     if not rows:
         sec.missing = _note_for(doc, "comm_comp_overlap") or "no rows"
         return sec
     x = [_rank_label(r.get("rank")) for r in rows]
-    sec.charts.append(ChartView("chart-overlap", {"data": [
-        {"type": "bar", "name": "communication time", "x": x, "y": [_ms(r.get("communication_time(us)")) for r in rows],
-         "marker": {"color": COLORS["comm_transfer"]}, "hovertemplate": "%{x}<br>communication %{y:.2f} ms<extra></extra>"},
-        {"type": "bar", "name": "overlapped by computation", "x": x, "y": [_ms(r.get("overlap_time(us)")) for r in rows],
-         "customdata": [_num(r.get("comp_comm_overlap_pctg")) for r in rows], "marker": {"color": COLORS["compute"]},
-         "hovertemplate": "%{x}<br>overlapped %{y:.2f} ms (%{customdata:.1f} %)<extra></extra>"},
-    ], "layout": _narrow(_base_layout(barmode="group", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}}),
-                         len(x))}))
+    sec.charts.append(
+        ChartView(
+            "chart-overlap",
+            {
+                "data": [
+                    {
+                        "type": "bar",
+                        "name": "communication time",
+                        "x": x,
+                        "y": [_ms(r.get("communication_time(us)")) for r in rows],
+                        "marker": {"color": COLORS["comm_transfer"]},
+                        "hovertemplate": "%{x}<br>communication %{y:.2f} ms<extra></extra>",
+                    },
+                    {
+                        "type": "bar",
+                        "name": "overlapped by computation",
+                        "x": x,
+                        "y": [_ms(r.get("overlap_time(us)")) for r in rows],
+                        "customdata": [_num(r.get("comp_comm_overlap_pctg")) for r in rows],
+                        "marker": {"color": COLORS["compute"]},
+                        "hovertemplate": "%{x}<br>overlapped %{y:.2f} ms (%{customdata:.1f} %)<extra></extra>",
+                    },
+                ],
+                "layout": _narrow(
+                    _base_layout(
+                        barmode="group", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}}
+                    ),
+                    len(x),
+                ),
+            },
+        )
+    )
     sec.tables.append(table_from_rows("table-overlap", "Overlap per rank", rows, max_rows=max_rows))
     return sec
 
 
 def launch_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section("launch", "Kernel launches, queues and memory bandwidth",
-                  "CPU-side kernel launch statistics (short kernels, launch-delay outliers), launch-queue length "
-                  "per stream, time blocked on a full queue, and memory copy/set bandwidth.")
-    names = [("kernel_launch_summary", "Kernel launches"), ("queue_length_summary", "Launch-queue length"),
-             ("time_blocked_on_full_queue", "Time blocked on a full launch queue"),
-             ("memory_bw_summary", "Memory bandwidth (GB/s)")]
+    sec = Section(
+        "launch",
+        "Kernel launches, queues and memory bandwidth",
+        "CPU-side kernel launch statistics (short kernels, launch-delay outliers), launch-queue length "
+        "per stream, time blocked on a full queue, and memory copy/set bandwidth.",
+    )
+    names = [
+        ("kernel_launch_summary", "Kernel launches"),
+        ("queue_length_summary", "Launch-queue length"),
+        ("time_blocked_on_full_queue", "Time blocked on a full launch queue"),
+        ("memory_bw_summary", "Memory bandwidth (GB/s)"),
+    ]
     for key, title in names:
         rows = _rows(doc.get(key))
         if rows:
@@ -920,16 +1344,24 @@ def launch_section(doc: Mapping[str, Any], max_rows: int) -> Section:
 
 
 def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section("job", "Job and clocks",
-                  "Which ranks were found, and how their clocks were aligned (on collective ends) before comparing "
-                  "them.")
+    sec = Section(
+        "job",
+        "Job and clocks",
+        "Which ranks were found, and how their clocks were aligned (on collective ends) before comparing "
+        "them.",
+    )
     job = doc.get("job")
     if not isinstance(job, Mapping):
         sec.missing = "the document has no 'job' result (the diagnosis was not run or failed)"
         return sec
     ws = job.get("world_size")
-    sec.kpis.append(Kpi("Ranks found", f"{job.get('num_ranks_found', '?')} / {ws if ws is not None else '?'}",
-                        f"world size from {job.get('world_size_source') or '?'}"))
+    sec.kpis.append(
+        Kpi(
+            "Ranks found",
+            f"{job.get('num_ranks_found', '?')} / {ws if ws is not None else '?'}",
+            f"world size from {job.get('world_size_source') or '?'}",
+        )
+    )
     if job.get("steps_found") is not None:
         sec.kpis.append(Kpi("Steps", str(job.get("steps_found")), f"from {job.get('step_source') or '?'}"))
     if job.get("job_id"):
@@ -940,7 +1372,9 @@ def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         sec.kpis.append(Kpi("Backend", ", ".join(map(str, job["backends"]))))
     missing = job.get("missing_ranks") or []
     if missing:
-        shown = ", ".join(map(str, missing[:40])) + (f" … ({len(missing)} in all)" if len(missing) > 40 else "")
+        shown = ", ".join(map(str, missing[:40])) + (
+            f" … ({len(missing)} in all)" if len(missing) > 40 else ""
+        )
         sec.notes.append(f"Missing ranks: {shown}.")
     if job.get("duplicate_ranks"):
         sec.notes.append(f"Several files claim ranks {', '.join(map(str, job['duplicate_ranks']))}.")
@@ -952,26 +1386,55 @@ def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     if clock:
         sec.notes.append(
             f"Clock reference rank {clock.get('reference_rank')}, matched on {clock.get('match_method')}"
-            + (f", residual {fmt_num(_num(clock.get('residual_us')), 1)} µs" if _num(clock.get("residual_us")) is not None else "")
+            + (
+                f", residual {fmt_num(_num(clock.get('residual_us')), 1)} µs"
+                if _num(clock.get("residual_us")) is not None
+                else ""
+            )
             + "."
         )
         for n in clock.get("notes") or []:
             sec.notes.append(str(n))
         offs = _rows(clock.get("offsets"))
         if offs:
-            sec.tables.append(table_from_rows("table-clock", "Clock offsets (add offset to a rank's times)", offs,
-                                              max_rows=max_rows, collapsed=len(offs) > 8))
+            sec.tables.append(
+                table_from_rows(
+                    "table-clock",
+                    "Clock offsets (add offset to a rank's times)",
+                    offs,
+                    max_rows=max_rows,
+                    collapsed=len(offs) > 8,
+                )
+            )
     for o in job.get("other_jobs") or []:
         if isinstance(o, Mapping):
-            sec.notes.append(f"Other job in the inputs (not diagnosed): {o.get('key')} with ranks {o.get('ranks')}.")
+            sec.notes.append(
+                f"Other job in the inputs (not diagnosed): {o.get('key')} with ranks {o.get('ranks')}."
+            )
     return sec
 
 
 KNOWN_KEYS = {
-    "traces", "diagnosis_summary", "job", "steps", "stragglers", "mfu", "recommendations", "notes", "errors",
-    "temporal_breakdown", "idle_time_breakdown", "kernel_breakdown", "kernel_type_breakdown",
-    "kernel_distribution", "comm_comp_overlap", "kernel_launch_summary", "queue_length_summary",
-    "time_blocked_on_full_queue", "memory_bw_summary", "summary",
+    "traces",
+    "diagnosis_summary",
+    "job",
+    "steps",
+    "stragglers",
+    "mfu",
+    "recommendations",
+    "notes",
+    "errors",
+    "temporal_breakdown",
+    "idle_time_breakdown",
+    "kernel_breakdown",
+    "kernel_type_breakdown",
+    "kernel_distribution",
+    "comm_comp_overlap",
+    "kernel_launch_summary",
+    "queue_length_summary",
+    "time_blocked_on_full_queue",
+    "memory_bw_summary",
+    "summary",
 }
 
 
@@ -983,11 +1446,15 @@ def other_section(doc: Mapping[str, Any], max_rows: int) -> Section:
             continue
         rows = _rows(value)
         if rows:
-            sec.tables.append(table_from_rows(f"table-other-{key}", key, rows, max_rows=max_rows, collapsed=True))
+            sec.tables.append(
+                table_from_rows(f"table-other-{key}", key, rows, max_rows=max_rows, collapsed=True)
+            )
         elif isinstance(value, list):
             sec.notes.append(f"{key}: {notes.get(key) or 'no rows'}")
         elif isinstance(value, Mapping):
-            sec.tables.append(table_from_rows(f"table-other-{key}", key, [dict(value)], max_rows=1, collapsed=True))
+            sec.tables.append(
+                table_from_rows(f"table-other-{key}", key, [dict(value)], max_rows=1, collapsed=True)
+            )
     if not sec.tables and not sec.notes:
         sec.missing = "nothing else in the document"
     return sec
@@ -997,14 +1464,33 @@ def traces_table(doc: Mapping[str, Any]) -> TableView | None:
     rows = _rows(doc.get("traces"))
     if not rows:
         return None
-    cols = [c for c in ("rank", "world_size", "rank_source", "device_type", "num_trace_events", "hostname", "path",
-                        "warnings") if any(c in r for r in rows)]
-    return table_from_rows("table-traces", "Traces", rows, columns=cols, max_rows=500,
-                           formatters={"warnings": lambda v: Cell("; ".join(map(str, v)) if v else "–")})
+    cols = [
+        c
+        for c in (
+            "rank",
+            "world_size",
+            "rank_source",
+            "device_type",
+            "num_trace_events",
+            "hostname",
+            "path",
+            "warnings",
+        )
+        if any(c in r for r in rows)
+    ]
+    return table_from_rows(
+        "table-traces",
+        "Traces",
+        rows,
+        columns=cols,
+        max_rows=500,
+        formatters={"warnings": lambda v: Cell("; ".join(map(str, v)) if v else "–")},
+    )
 
 
-def build_view(doc: Mapping[str, Any], *, title: str | None = None, inputs: Sequence[str] = (),
-               max_rows: int = 50) -> ReportView:
+def build_view(
+    doc: Mapping[str, Any], *, title: str | None = None, inputs: Sequence[str] = (), max_rows: int = 50
+) -> ReportView:
     if not isinstance(doc, Mapping):
         raise TypeError("the analysis document must be a JSON object")
     sections = [

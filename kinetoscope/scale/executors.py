@@ -43,6 +43,8 @@ class Outcome(Generic[T, R]):
     item: T
     value: R | None = None
     error: str | None = None
+
+
 # One trace per worker process: chunk-level parse workers inside a worker would oversubscribe.
 _WORKER_ENV = {"KSCOPE_LOAD_WORKERS": "0"}
 
@@ -133,7 +135,11 @@ class LocalExecutor:
         try:
             return Outcome(item, self._pool.submit(fn, item).result())
         except Exception as exc:  # noqa: BLE001 - it killed its worker again: this task fails, not the job
-            why = "the worker process died (killed, e.g. out of memory)" if isinstance(exc, BrokenProcessPool) else _failure(exc)
+            why = (
+                "the worker process died (killed, e.g. out of memory)"
+                if isinstance(exc, BrokenProcessPool)
+                else _failure(exc)
+            )
             return Outcome(item, error=f"worker process failed: {why}")
         finally:
             self.close()
@@ -185,13 +191,17 @@ class RayExecutor:
             address = address or os.environ.get("RAY_ADDRESS") or None
             try:
                 if address:
-                    self.ray.init(address=address, runtime_env={"env_vars": dict(_WORKER_ENV)}, log_to_driver=False)
+                    self.ray.init(
+                        address=address, runtime_env={"env_vars": dict(_WORKER_ENV)}, log_to_driver=False
+                    )
                 else:
                     self.ray.init(**local_ray_options(workers))
             except Exception as exc:
                 self.ray.shutdown()
                 where = f"the Ray cluster at {address}" if address else "a local Ray"
-                raise KinetoscopeError(f"--backend ray: could not start {where}: {type(exc).__name__}: {exc}") from exc
+                raise KinetoscopeError(
+                    f"--backend ray: could not start {where}: {type(exc).__name__}: {exc}"
+                ) from exc
             self._started = True
 
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
@@ -207,7 +217,9 @@ class RayExecutor:
             for ref in done:
                 try:
                     yield Outcome(refs[ref], self.ray.get(ref))
-                except self.ray.exceptions.RayError as exc:  # its node died past the retries, or a worker crashed
+                except (
+                    self.ray.exceptions.RayError
+                ) as exc:  # its node died past the retries, or a worker crashed
                     yield Outcome(refs[ref], error=f"Ray task failed: {_failure(exc).splitlines()[0]}")
 
     def close(self) -> None:
@@ -225,4 +237,3 @@ def make_executor(backend: str, *, workers: int | None = None, ray_address: str 
     if backend == "ray":
         return RayExecutor(ray_address, workers)
     raise UsageError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
-

@@ -42,7 +42,6 @@ class RankResult:
     partials: dict[str, Any] = field(default_factory=dict)  # "reduce" analyses
     worker: str = ""  # where it ran: host:pid, plus the Ray node id on Ray
 
-
     @property
     def meta(self) -> TraceMeta | None:
         return self.trace.meta if self.trace is not None else None
@@ -76,7 +75,11 @@ def map_rank(task: RankTask) -> RankResult:
         if out.error is not None:
             return out
         trace = load_trace(
-            task.path, cache=req.cache, salvage=req.salvage, cache_dir=req.cache_dir, workers=task.load_workers
+            task.path,
+            cache=req.cache,
+            salvage=req.salvage,
+            cache_dir=req.cache_dir,
+            workers=task.load_workers,
         )
     except Exception as exc:  # noqa: BLE001 - one bad rank file must not stop the other ranks
         out.error = _load_error(task.path, exc)

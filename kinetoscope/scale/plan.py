@@ -31,7 +31,9 @@ def make_plan(names: Sequence[str] | None) -> Plan:
     for name in resolve_names(names):
         spec = registry.get(name)
         if spec.combine == "reduce" and name not in REDUCERS:
-            raise ValueError(f"analysis {name!r} is declared combine='reduce' but kinetoscope.scale.reduce has no reducer for it")
+            raise ValueError(
+                f"analysis {name!r} is declared combine='reduce' but kinetoscope.scale.reduce has no reducer for it"
+            )
         plan.names.append(name)
         getattr(plan, spec.combine).append(name)
     return plan

@@ -38,7 +38,13 @@ from kinetoscope.trace import TraceList, check_ranks
 
 def _by_rank(ranks: Sequence[RankResult]) -> list[RankResult]:
     """Stable rank order, unknown ranks last (as ``sort("rank", nulls_last=True)``)."""
-    return sorted(ranks, key=lambda r: (r.meta is None or r.meta.rank is None, r.meta.rank if r.meta and r.meta.rank is not None else 0))
+    return sorted(
+        ranks,
+        key=lambda r: (
+            r.meta is None or r.meta.rank is None,
+            r.meta.rank if r.meta and r.meta.rank is not None else 0,
+        ),
+    )
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -51,7 +57,9 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
         return pl.concat(rows, how="vertical_relaxed")
 
 
-def combine_results(ranks: Sequence[RankResult], names: Sequence[str] | None, options: Mapping[str, Any] | None) -> AnalysisResults:
+def combine_results(
+    ranks: Sequence[RankResult], names: Sequence[str] | None, options: Mapping[str, Any] | None
+) -> AnalysisResults:
     """Per-rank results (loaded ranks, input order) -> the results ``run_analyses`` would give."""
     traces = [r.trace for r in ranks if r.trace is not None]
 
@@ -63,7 +71,9 @@ def combine_results(ranks: Sequence[RankResult], names: Sequence[str] | None, op
             order = _by_rank(ranks) if spec.combine == "concat_by_rank" else ranks
             return _concat([r.results[spec.name] for r in order])
         if spec.combine == "reduce":
-            return REDUCERS[spec.name].reduce([r.partials[spec.name] for r in ranks], spec.resolve_options(options))
+            return REDUCERS[spec.name].reduce(
+                [r.partials[spec.name] for r in ranks], spec.resolve_options(options)
+            )
         return spec.call(traces, options)
 
     return collect_results(names, any(r.has_gpu for r in ranks), compute)

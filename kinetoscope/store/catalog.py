@@ -78,7 +78,7 @@ def resolve_catalog_url(url: str | os.PathLike[str] | None = None) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{path}"
     if raw.startswith("file://"):
-        raw = raw[len("file://"):]
+        raw = raw[len("file://") :]
     if "://" not in raw:
         return f"sqlite:///{Path(os.path.expanduser(raw)).absolute()}"
     scheme, rest = raw.split("://", 1)
@@ -124,7 +124,9 @@ def make_engine(url: str) -> Engine:
         engine = sa.create_engine(u, **kwargs)
     except ImportError as exc:  # the driver of an optional extra is not installed
         extra = " (pip install 'kinetoscope[postgres]')" if backend == "postgresql" else ""
-        raise CatalogError(f"cannot open catalog {redact(url)}: driver not installed: {exc.name or exc}{extra}") from exc
+        raise CatalogError(
+            f"cannot open catalog {redact(url)}: driver not installed: {exc.name or exc}{extra}"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - unknown driver, bad argument...
         raise CatalogError(f"cannot open catalog {redact(url)}: {_first_line(exc)}") from exc
     if backend == "sqlite":
@@ -158,7 +160,9 @@ def _sqlite_locked(exc: BaseException) -> bool:
 
 
 # 2 ms doubling to 0.1 s, then 0.1 s steps: about _SQLITE_BUSY_TIMEOUT_S in all
-_WAL_RETRY = RetryPolicy(attempts=int(_SQLITE_BUSY_TIMEOUT_S / 0.1) + 7, base_delay=0.002, max_delay=0.1, jitter=0.25)
+_WAL_RETRY = RetryPolicy(
+    attempts=int(_SQLITE_BUSY_TIMEOUT_S / 0.1) + 7, base_delay=0.002, max_delay=0.1, jitter=0.25
+)
 
 
 def _enable_wal(cur: Any) -> None:
@@ -170,8 +174,13 @@ def _enable_wal(cur: Any) -> None:
     still in rollback mode, e.g. two ``kscope`` processes creating it at the same moment; once
     the file is in WAL (a persistent setting) the pragma is a no-op that takes no write lock.
     """
-    call_with_retries(lambda: cur.execute("PRAGMA journal_mode = WAL"), _WAL_RETRY, "switching the catalog to WAL",
-                      transient=_sqlite_locked, log_level=logging.DEBUG)
+    call_with_retries(
+        lambda: cur.execute("PRAGMA journal_mode = WAL"),
+        _WAL_RETRY,
+        "switching the catalog to WAL",
+        transient=_sqlite_locked,
+        log_level=logging.DEBUG,
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -233,7 +242,8 @@ def upgrade(engine: Engine) -> None:
     if unknown:
         raise CatalogError(
             f"catalog schema revision {', '.join(sorted(unknown))} is newer than this kscope "
-            f"({__version__}) knows; upgrade kinetoscope")
+            f"({__version__}) knows; upgrade kinetoscope"
+        )
     with engine.begin() as conn:  # BEGIN IMMEDIATE on SQLite: one upgrader at a time
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
@@ -348,24 +358,56 @@ def _schemas() -> dict[str, dict[str, Any]]:
     dt = pl.Datetime("us", "UTC")
     return {
         "JOBS_SCHEMA": {
-            "job_id": pl.Utf8, "hosts": pl.List(pl.Utf8), "world_size": pl.Int64, "first_seen": dt,
-            "last_seen": dt, "traces": pl.Int64, "cmdline": pl.Utf8,
+            "job_id": pl.Utf8,
+            "hosts": pl.List(pl.Utf8),
+            "world_size": pl.Int64,
+            "first_seen": dt,
+            "last_seen": dt,
+            "traces": pl.Int64,
+            "cmdline": pl.Utf8,
         },
         "TRACES_SCHEMA": {
-            "trace_id": pl.Utf8, "created": dt, "status": pl.Utf8, "requested_by": pl.Utf8,
-            "job_ids": pl.List(pl.Utf8), "hosts": pl.List(pl.Utf8), "files": pl.Int64,
-            "complete_files": pl.Int64, "bytes": pl.Int64, "store_url": pl.Utf8, "recorded_at": dt,
+            "trace_id": pl.Utf8,
+            "created": dt,
+            "status": pl.Utf8,
+            "requested_by": pl.Utf8,
+            "job_ids": pl.List(pl.Utf8),
+            "hosts": pl.List(pl.Utf8),
+            "files": pl.Int64,
+            "complete_files": pl.Int64,
+            "bytes": pl.Int64,
+            "store_url": pl.Utf8,
+            "recorded_at": dt,
         },
         "TRACE_FILES_SCHEMA": {
-            "trace_id": pl.Utf8, "file": pl.Utf8, "host": pl.Utf8, "pid": pl.Int64, "rank": pl.Int64,
-            "local_rank": pl.Int64, "world_size": pl.Int64, "job_id": pl.Utf8, "iterations": pl.Int64,
-            "duration_ms": pl.Float64, "bytes": pl.Int64, "sha256": pl.Utf8, "storage_url": pl.Utf8,
-            "path": pl.Utf8, "complete": pl.Boolean, "cmdline": pl.Utf8,
+            "trace_id": pl.Utf8,
+            "file": pl.Utf8,
+            "host": pl.Utf8,
+            "pid": pl.Int64,
+            "rank": pl.Int64,
+            "local_rank": pl.Int64,
+            "world_size": pl.Int64,
+            "job_id": pl.Utf8,
+            "iterations": pl.Int64,
+            "duration_ms": pl.Float64,
+            "bytes": pl.Int64,
+            "sha256": pl.Utf8,
+            "storage_url": pl.Utf8,
+            "path": pl.Utf8,
+            "complete": pl.Boolean,
+            "cmdline": pl.Utf8,
         },
         "ANALYSES_SCHEMA": {
-            "id": pl.Int64, "created": dt, "name": pl.Utf8, "version": pl.Utf8, "trace_id": pl.Utf8,
-            "inputs": pl.List(pl.Utf8), "step_time_ms": pl.Float64, "straggler_kind": pl.Utf8,
-            "straggler_rank": pl.Int64, "world_size": pl.Int64,
+            "id": pl.Int64,
+            "created": dt,
+            "name": pl.Utf8,
+            "version": pl.Utf8,
+            "trace_id": pl.Utf8,
+            "inputs": pl.List(pl.Utf8),
+            "step_time_ms": pl.Float64,
+            "straggler_kind": pl.Utf8,
+            "straggler_rank": pl.Int64,
+            "world_size": pl.Int64,
         },
     }
 
@@ -554,54 +596,84 @@ class Catalog:
         file_rows: list[dict[str, Any]] = []
         for e in doc["files"]:
             name = e["file"]
-            url = e.get("url") or urls.get(name) or (f"{urls['*']}/{trace_id}/{name}" if "*" in urls else None)
+            url = (
+                e.get("url") or urls.get(name) or (f"{urls['*']}/{trace_id}/{name}" if "*" in urls else None)
+            )
             path = e.get("path") or (str(Path(base_dir) / name) if base_dir is not None else None)
-            file_rows.append({
-                "trace_id": trace_id,
-                "file": name,
-                "path": path,
-                "host": e.get("host"),
-                "pid": _int_or_none(e.get("pid")),
-                "rank": _int_or_none(e.get("rank")),
-                "local_rank": _int_or_none(e.get("local_rank")),
-                "world_size": _int_or_none(e.get("world_size")),
-                "job_id": str(e["job_id"]) if e.get("job_id") is not None else top_job,
-                "cmdline": e.get("cmdline"),
-                "iterations": _int_or_none(e.get("iterations")) or _config_iterations(config),
-                "duration_ms": _float_or_none(e.get("duration_ms")) or _config_duration_ms(config),
-                "bytes": _int_or_none(e.get("bytes")),
-                "sha256": e.get("sha256"),
-                "storage_url": url,
-                "complete": e.get("complete"),
-                "recorded_at": now,
-                "updated_at": now,
-            })
+            file_rows.append(
+                {
+                    "trace_id": trace_id,
+                    "file": name,
+                    "path": path,
+                    "host": e.get("host"),
+                    "pid": _int_or_none(e.get("pid")),
+                    "rank": _int_or_none(e.get("rank")),
+                    "local_rank": _int_or_none(e.get("local_rank")),
+                    "world_size": _int_or_none(e.get("world_size")),
+                    "job_id": str(e["job_id"]) if e.get("job_id") is not None else top_job,
+                    "cmdline": e.get("cmdline"),
+                    "iterations": _int_or_none(e.get("iterations")) or _config_iterations(config),
+                    "duration_ms": _float_or_none(e.get("duration_ms")) or _config_duration_ms(config),
+                    "bytes": _int_or_none(e.get("bytes")),
+                    "sha256": e.get("sha256"),
+                    "storage_url": url,
+                    "complete": e.get("complete"),
+                    "recorded_at": now,
+                    "updated_at": now,
+                }
+            )
 
         with self._write() as conn:
             # 1. the request row (exists + locked before anything else: fixed lock order)
-            ins = self._insert(conn, trace_requests).values(
-                trace_id=trace_id, created=created, recorded_at=now, updated_at=now, config=config,
-                requested_by=doc.get("requested_by"), hosts=[], job_ids=[], status="requested",
-                file_count=0, complete_files=0, total_bytes=0, store_url=store_base, manifest=doc,
-            ).on_conflict_do_nothing(index_elements=["trace_id"])
+            ins = (
+                self._insert(conn, trace_requests)
+                .values(
+                    trace_id=trace_id,
+                    created=created,
+                    recorded_at=now,
+                    updated_at=now,
+                    config=config,
+                    requested_by=doc.get("requested_by"),
+                    hosts=[],
+                    job_ids=[],
+                    status="requested",
+                    file_count=0,
+                    complete_files=0,
+                    total_bytes=0,
+                    store_url=store_base,
+                    manifest=doc,
+                )
+                .on_conflict_do_nothing(index_elements=["trace_id"])
+            )
             conn.execute(ins)
-            conn.execute(sa.select(trace_requests.c.trace_id)
-                         .where(trace_requests.c.trace_id == trace_id).with_for_update())
+            conn.execute(
+                sa.select(trace_requests.c.trace_id)
+                .where(trace_requests.c.trace_id == trace_id)
+                .with_for_update()
+            )
             # 2. files: upsert keyed by (trace_id, file); nulls never erase known values
             if file_rows:
                 stmt = self._insert(conn, trace_files)
                 keep = {"trace_id", "file", "recorded_at", "id"}
                 stmt = stmt.on_conflict_do_update(
                     index_elements=["trace_id", "file"],
-                    set_={c.name: sa.func.coalesce(stmt.excluded[c.name], c)
-                          for c in trace_files.columns if c.name not in keep},
+                    set_={
+                        c.name: sa.func.coalesce(stmt.excluded[c.name], c)
+                        for c in trace_files.columns
+                        if c.name not in keep
+                    },
                 )
                 conn.execute(stmt, file_rows)
             # 3. aggregates from every file known for this request
             rows = conn.execute(
-                sa.select(trace_files.c.host, trace_files.c.job_id, trace_files.c.bytes,
-                          trace_files.c.complete, trace_files.c.world_size, trace_files.c.cmdline)
-                .where(trace_files.c.trace_id == trace_id)
+                sa.select(
+                    trace_files.c.host,
+                    trace_files.c.job_id,
+                    trace_files.c.bytes,
+                    trace_files.c.complete,
+                    trace_files.c.world_size,
+                    trace_files.c.cmdline,
+                ).where(trace_files.c.trace_id == trace_id)
             ).all()
             hosts: list[str] = list(doc.get("hosts") or [])
             job_ids: list[str] = []
@@ -625,7 +697,9 @@ class Catalog:
             old = conn.execute(sa.select(trace_requests).where(trace_requests.c.trace_id == trace_id)).one()
             old_hosts = [h for h in (old.hosts or []) if h not in hosts]
             conn.execute(
-                trace_requests.update().where(trace_requests.c.trace_id == trace_id).values(
+                trace_requests.update()
+                .where(trace_requests.c.trace_id == trace_id)
+                .values(
                     created=created or old.created,
                     updated_at=now,
                     config=config if config is not None else old.config,
@@ -643,26 +717,44 @@ class Catalog:
             # 4. jobs, locked in sorted order
             for job_id in sorted(job_ids):
                 jrows = [r for r in rows if r.job_id == job_id] or []
-                j_hosts = {r.host for r in jrows if r.host} or (set(doc.get("hosts") or []) if job_id == top_job else set())
+                j_hosts = {r.host for r in jrows if r.host} or (
+                    set(doc.get("hosts") or []) if job_id == top_job else set()
+                )
                 j_ws = max((r.world_size for r in jrows if r.world_size is not None), default=None)
                 j_cmd = next((r.cmdline for r in jrows if r.cmdline), None)
-                conn.execute(self._insert(conn, jobs).values(
-                    job_id=job_id, hosts=sorted(j_hosts), world_size=j_ws, first_seen=seen,
-                    last_seen=seen, cmdline=j_cmd,
-                ).on_conflict_do_nothing(index_elements=["job_id"]))
+                conn.execute(
+                    self._insert(conn, jobs)
+                    .values(
+                        job_id=job_id,
+                        hosts=sorted(j_hosts),
+                        world_size=j_ws,
+                        first_seen=seen,
+                        last_seen=seen,
+                        cmdline=j_cmd,
+                    )
+                    .on_conflict_do_nothing(index_elements=["job_id"])
+                )
                 cur = conn.execute(sa.select(jobs).where(jobs.c.job_id == job_id).with_for_update()).one()
                 merged_hosts = sorted(set(cur.hosts or []) | j_hosts)
                 ws = max([w for w in (cur.world_size, j_ws) if w is not None], default=None)
-                conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
-                    hosts=merged_hosts, world_size=ws,
-                    first_seen=min(cur.first_seen, seen), last_seen=max(cur.last_seen, seen),
-                    cmdline=cur.cmdline or j_cmd,
-                ))
+                conn.execute(
+                    jobs.update()
+                    .where(jobs.c.job_id == job_id)
+                    .values(
+                        hosts=merged_hosts,
+                        world_size=ws,
+                        first_seen=min(cur.first_seen, seen),
+                        last_seen=max(cur.last_seen, seen),
+                        cmdline=cur.cmdline or j_cmd,
+                    )
+                )
         rec = self.get_trace_request(trace_id)
         assert rec is not None
         return rec
 
-    def import_trace_dir(self, trace_dir: str | os.PathLike[str], *, compute_sha256: bool = True) -> TraceRequestRecord:
+    def import_trace_dir(
+        self, trace_dir: str | os.PathLike[str], *, compute_sha256: bool = True
+    ) -> TraceRequestRecord:
         """Record an existing request folder (``manifest.json`` and/or ``manifest.<host>.json``).
 
         Files found beside the manifest get their real ``bytes`` (and ``sha256`` unless
@@ -719,36 +811,58 @@ class Catalog:
         if summary:
             summ.update(summary)
         version = version or __version__
-        doc_bytes = orjson.dumps(document, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
-                                 | orjson.OPT_NON_STR_KEYS)
+        doc_bytes = orjson.dumps(
+            document, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+        )
         doc_sha = hashlib.sha256(doc_bytes).hexdigest()
         inputs_key = hashlib.sha256("\n".join(sorted(norm)).encode()).hexdigest()
         doc_clean = orjson.loads(doc_bytes)  # NaN → null, numpy → lists: valid JSON everywhere
-        summ_clean = orjson.loads(orjson.dumps(summ, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
+        summ_clean = orjson.loads(
+            orjson.dumps(summ, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        )
         ranks = summ.get("straggler_rank", summ.get("straggler_ranks"))
         if isinstance(ranks, (list, tuple)):
             ranks = ranks[0] if len(ranks) == 1 else None
         with self._write() as conn:
             tid = trace_id or self._trace_id_for(conn, norm)
             if tid is not None:
-                exists = conn.execute(sa.select(trace_requests.c.trace_id)
-                                      .where(trace_requests.c.trace_id == tid)).first()
+                exists = conn.execute(
+                    sa.select(trace_requests.c.trace_id).where(trace_requests.c.trace_id == tid)
+                ).first()
                 if exists is None:
                     tid = None if trace_id is None else tid
                     if tid is not None:
                         raise CatalogError(f"record_analysis: unknown trace id {tid!r}")
-            ins = self._insert(conn, analyses).values(
-                trace_id=tid, inputs=norm, inputs_key=inputs_key, name=name, version=version,
-                created=_now(), document_sha256=doc_sha, document=doc_clean, summary=summ_clean,
-                step_time_ms=_float_or_none(summ.get("step_time_ms")),
-                straggler_kind=str(summ["straggler_kind"]) if summ.get("straggler_kind") is not None else None,
-                straggler_rank=_int_or_none(ranks),
-                world_size=_int_or_none(summ.get("world_size")),
-            ).on_conflict_do_nothing(index_elements=["inputs_key", "name", "version", "document_sha256"])
+            ins = (
+                self._insert(conn, analyses)
+                .values(
+                    trace_id=tid,
+                    inputs=norm,
+                    inputs_key=inputs_key,
+                    name=name,
+                    version=version,
+                    created=_now(),
+                    document_sha256=doc_sha,
+                    document=doc_clean,
+                    summary=summ_clean,
+                    step_time_ms=_float_or_none(summ.get("step_time_ms")),
+                    straggler_kind=str(summ["straggler_kind"])
+                    if summ.get("straggler_kind") is not None
+                    else None,
+                    straggler_rank=_int_or_none(ranks),
+                    world_size=_int_or_none(summ.get("world_size")),
+                )
+                .on_conflict_do_nothing(index_elements=["inputs_key", "name", "version", "document_sha256"])
+            )
             conn.execute(ins)
-            aid = conn.execute(sa.select(analyses.c.id).where(
-                analyses.c.inputs_key == inputs_key, analyses.c.name == name,
-                analyses.c.version == version, analyses.c.document_sha256 == doc_sha)).scalar_one()
+            aid = conn.execute(
+                sa.select(analyses.c.id).where(
+                    analyses.c.inputs_key == inputs_key,
+                    analyses.c.name == name,
+                    analyses.c.version == version,
+                    analyses.c.document_sha256 == doc_sha,
+                )
+            ).scalar_one()
         rec = self.get_analysis(aid)
         assert rec is not None
         return rec
@@ -777,11 +891,15 @@ class Catalog:
                     except (ValueError, ManifestError):
                         tid = None
             if tid is None:
-                row = conn.execute(sa.select(trace_requests.c.trace_id)
-                                   .where(trace_requests.c.trace_id == s)).first()
+                row = conn.execute(
+                    sa.select(trace_requests.c.trace_id).where(trace_requests.c.trace_id == s)
+                ).first()
                 if row is None:
-                    row = conn.execute(sa.select(trace_files.c.trace_id).where(
-                        sa.or_(trace_files.c.path == s, trace_files.c.storage_url == s)).limit(1)).first()
+                    row = conn.execute(
+                        sa.select(trace_files.c.trace_id)
+                        .where(sa.or_(trace_files.c.path == s, trace_files.c.storage_url == s))
+                        .limit(1)
+                    ).first()
                 tid = row[0] if row else None
             if tid is not None:
                 found.add(tid)
@@ -797,16 +915,32 @@ class Catalog:
 
     # -- reading -----------------------------------------------------------------------------
     def jobs(self, limit: int | None = None) -> list[JobRecord]:
-        counts = (sa.select(trace_files.c.job_id, sa.func.count(sa.distinct(trace_files.c.trace_id)).label("n"))
-                  .where(trace_files.c.job_id.is_not(None)).group_by(trace_files.c.job_id).subquery())
-        q = (sa.select(jobs, sa.func.coalesce(counts.c.n, 0).label("traces"))
-             .select_from(jobs.outerjoin(counts, counts.c.job_id == jobs.c.job_id))
-             .order_by(jobs.c.last_seen.desc(), jobs.c.job_id))
+        counts = (
+            sa.select(trace_files.c.job_id, sa.func.count(sa.distinct(trace_files.c.trace_id)).label("n"))
+            .where(trace_files.c.job_id.is_not(None))
+            .group_by(trace_files.c.job_id)
+            .subquery()
+        )
+        q = (
+            sa.select(jobs, sa.func.coalesce(counts.c.n, 0).label("traces"))
+            .select_from(jobs.outerjoin(counts, counts.c.job_id == jobs.c.job_id))
+            .order_by(jobs.c.last_seen.desc(), jobs.c.job_id)
+        )
         if limit:
             q = q.limit(limit)
         with self._read() as conn:
-            return [JobRecord(r.job_id, list(r.hosts or []), r.world_size, r.first_seen, r.last_seen,
-                              r.cmdline, int(r.traces)) for r in conn.execute(q)]
+            return [
+                JobRecord(
+                    r.job_id,
+                    list(r.hosts or []),
+                    r.world_size,
+                    r.first_seen,
+                    r.last_seen,
+                    r.cmdline,
+                    int(r.traces),
+                )
+                for r in conn.execute(q)
+            ]
 
     def get_job(self, job_id: str) -> JobRecord | None:
         return next((j for j in self.jobs() if j.job_id == job_id), None)
@@ -815,39 +949,60 @@ class Catalog:
         """Jobs, most recently seen first (columns: ``JOBS_SCHEMA``)."""
         return _frame([_row(j.__dict__, "JOBS_SCHEMA") for j in self.jobs(limit)], "JOBS_SCHEMA")
 
-    def trace_requests(self, job_id: str | None = None, limit: int | None = 100,
-                       status: str | None = None, *, with_manifest: bool = False) -> list[TraceRequestRecord]:
+    def trace_requests(
+        self,
+        job_id: str | None = None,
+        limit: int | None = 100,
+        status: str | None = None,
+        *,
+        with_manifest: bool = False,
+    ) -> list[TraceRequestRecord]:
         q = sa.select(trace_requests)
         if job_id is not None:
-            q = q.where(sa.exists(sa.select(trace_files.c.id).where(
-                trace_files.c.trace_id == trace_requests.c.trace_id, trace_files.c.job_id == str(job_id))))
+            q = q.where(
+                sa.exists(
+                    sa.select(trace_files.c.id).where(
+                        trace_files.c.trace_id == trace_requests.c.trace_id,
+                        trace_files.c.job_id == str(job_id),
+                    )
+                )
+            )
         if status is not None:
             q = q.where(trace_requests.c.status == status)
-        q = q.order_by(sa.func.coalesce(trace_requests.c.created, trace_requests.c.recorded_at).desc(),
-                       trace_requests.c.trace_id.desc())
+        q = q.order_by(
+            sa.func.coalesce(trace_requests.c.created, trace_requests.c.recorded_at).desc(),
+            trace_requests.c.trace_id.desc(),
+        )
         if limit:
             q = q.limit(limit)
         with self._read() as conn:
             return [_trace_record(r, with_manifest) for r in conn.execute(q)]
 
-    def list_traces(self, job_id: str | None = None, limit: int | None = 100,
-                    status: str | None = None) -> pl.DataFrame:
+    def list_traces(
+        self, job_id: str | None = None, limit: int | None = 100, status: str | None = None
+    ) -> pl.DataFrame:
         """Trace requests, newest first, optionally of one job (columns: ``TRACES_SCHEMA``)."""
         rows = []
         for t in self.trace_requests(job_id=job_id, limit=limit, status=status):
             rows.append(_row({**t.__dict__, "files": t.file_count, "bytes": t.total_bytes}, "TRACES_SCHEMA"))
         return _frame(rows, "TRACES_SCHEMA")
 
-    def list_trace_files(self, trace_id: str | None = None, job_id: str | None = None,
-                         limit: int | None = None) -> pl.DataFrame:
+    def list_trace_files(
+        self, trace_id: str | None = None, job_id: str | None = None, limit: int | None = None
+    ) -> pl.DataFrame:
         """Trace files (columns: ``TRACE_FILES_SCHEMA``), by request then rank."""
         q = sa.select(trace_files)
         if trace_id is not None:
             q = q.where(trace_files.c.trace_id == trace_id)
         if job_id is not None:
             q = q.where(trace_files.c.job_id == str(job_id))
-        q = q.order_by(trace_files.c.trace_id, trace_files.c.rank.is_(None), trace_files.c.rank,
-                       trace_files.c.host, trace_files.c.file)
+        q = q.order_by(
+            trace_files.c.trace_id,
+            trace_files.c.rank.is_(None),
+            trace_files.c.rank,
+            trace_files.c.host,
+            trace_files.c.file,
+        )
         if limit:
             q = q.limit(limit)
         with self._read() as conn:
@@ -861,15 +1016,21 @@ class Catalog:
             if r is None:
                 return None
             rec = _trace_record(r, with_manifest=True)
-            frows = conn.execute(sa.select(trace_files).where(trace_files.c.trace_id == trace_id)
-                                 .order_by(trace_files.c.rank.is_(None), trace_files.c.rank,
-                                           trace_files.c.host, trace_files.c.file)).all()
-        rec.files = [TraceFileRecord(**{k: getattr(f, k) for k in TraceFileRecord.__dataclass_fields__})
-                     for f in frows]
+            frows = conn.execute(
+                sa.select(trace_files)
+                .where(trace_files.c.trace_id == trace_id)
+                .order_by(
+                    trace_files.c.rank.is_(None), trace_files.c.rank, trace_files.c.host, trace_files.c.file
+                )
+            ).all()
+        rec.files = [
+            TraceFileRecord(**{k: getattr(f, k) for k in TraceFileRecord.__dataclass_fields__}) for f in frows
+        ]
         return rec
 
-    def analyses(self, trace_id: str | None = None, name: str | None = None,
-                 limit: int | None = 100) -> list[AnalysisRecord]:
+    def analyses(
+        self, trace_id: str | None = None, name: str | None = None, limit: int | None = 100
+    ) -> list[AnalysisRecord]:
         cols = [c for c in analyses.columns if c.name not in ("document", "inputs_key", "document_sha256")]
         q = sa.select(*cols)
         if trace_id is not None:
@@ -882,8 +1043,9 @@ class Catalog:
         with self._read() as conn:
             return [_analysis_record(r) for r in conn.execute(q)]
 
-    def list_analyses(self, trace_id: str | None = None, name: str | None = None,
-                      limit: int | None = 100) -> pl.DataFrame:
+    def list_analyses(
+        self, trace_id: str | None = None, name: str | None = None, limit: int | None = 100
+    ) -> pl.DataFrame:
         """Analysis results without their documents, newest first (columns: ``ANALYSES_SCHEMA``)."""
         rows = [_row(a.__dict__, "ANALYSES_SCHEMA") for a in self.analyses(trace_id, name, limit)]
         return _frame(rows, "ANALYSES_SCHEMA")
@@ -905,25 +1067,45 @@ def _row(src: Mapping[Any, Any], schema_name: str) -> list[Any]:
 
 def _trace_record(r: Any, with_manifest: bool = False) -> TraceRequestRecord:
     return TraceRequestRecord(
-        trace_id=r.trace_id, created=r.created, status=r.status, requested_by=r.requested_by,
-        config=r.config, hosts=list(r.hosts or []), job_ids=list(r.job_ids or []),
-        file_count=r.file_count, complete_files=r.complete_files, total_bytes=r.total_bytes,
-        store_url=r.store_url, recorded_at=r.recorded_at, updated_at=r.updated_at,
+        trace_id=r.trace_id,
+        created=r.created,
+        status=r.status,
+        requested_by=r.requested_by,
+        config=r.config,
+        hosts=list(r.hosts or []),
+        job_ids=list(r.job_ids or []),
+        file_count=r.file_count,
+        complete_files=r.complete_files,
+        total_bytes=r.total_bytes,
+        store_url=r.store_url,
+        recorded_at=r.recorded_at,
+        updated_at=r.updated_at,
         manifest=dict(r.manifest or {}) if with_manifest else {},
     )
 
 
 def _analysis_record(r: Any, with_document: bool = False) -> AnalysisRecord:
     return AnalysisRecord(
-        id=r.id, created=r.created, name=r.name, version=r.version, trace_id=r.trace_id,
-        inputs=list(r.inputs or []), summary=dict(r.summary or {}), step_time_ms=r.step_time_ms,
-        straggler_kind=r.straggler_kind, straggler_rank=r.straggler_rank, world_size=r.world_size,
+        id=r.id,
+        created=r.created,
+        name=r.name,
+        version=r.version,
+        trace_id=r.trace_id,
+        inputs=list(r.inputs or []),
+        summary=dict(r.summary or {}),
+        step_time_ms=r.step_time_ms,
+        straggler_kind=r.straggler_kind,
+        straggler_rank=r.straggler_rank,
+        world_size=r.world_size,
         document=dict(r.document or {}) if with_document else {},
     )
 
 
-def record_request_dir(catalog_url: str | None, trace_dir: str | os.PathLike[str],
-                       store_objects: Iterable[StoredObject] | None = None) -> TraceRequestRecord:
+def record_request_dir(
+    catalog_url: str | None,
+    trace_dir: str | os.PathLike[str],
+    store_objects: Iterable[StoredObject] | None = None,
+) -> TraceRequestRecord:
     """One-call helper for ``kscope trace``: open the catalog, record the folder, close."""
     with Catalog.open(catalog_url) as cat:
         if store_objects is None:

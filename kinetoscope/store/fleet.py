@@ -359,7 +359,9 @@ class FleetStore:
         now = now or utcnow()
         done: set[str] = set()
         with self.cat._write() as conn:
-            for cl in sorted(claims, key=lambda c: c.job_key):  # a fixed lock order: no deadlock on PostgreSQL
+            for cl in sorted(
+                claims, key=lambda c: c.job_key
+            ):  # a fixed lock order: no deadlock on PostgreSQL
                 if self._claim(conn, owner, cl, lease_s, interval_s, now):
                     done.add(cl.sample_id)
         return done

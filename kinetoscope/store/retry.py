@@ -46,8 +46,19 @@ TRANSIENT_S3_CODES = frozenset(
 
 #: errno values worth another try (NFS hiccups, interrupted calls).
 TRANSIENT_ERRNOS = frozenset(
-    {errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EBUSY, errno.ECONNRESET,
-     errno.ECONNREFUSED, errno.ECONNABORTED, errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH}
+    {
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ETIMEDOUT,
+        errno.ESTALE,
+        errno.EBUSY,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+    }
 )
 
 
@@ -105,8 +116,9 @@ def is_transient(exc: BaseException) -> bool:
         if verdict is not None:
             return verdict
         # Definitive permanent local errors (s3fs also maps 403/404 onto these).
-        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-                          FileExistsError)):
+        if isinstance(
+            e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+        ):
             return False
         if isinstance(e, (ConnectionError, TimeoutError, socket.timeout)):
             return True
@@ -118,13 +130,26 @@ def is_transient(exc: BaseException) -> bool:
             # NoCredentialsError / ParamValidationError / ... are permanent.
             import botocore.exceptions as bex
 
-            transient = tuple(getattr(bex, n) for n in (
-                "HTTPClientError", "ConnectionError", "ResponseStreamingError", "ReadTimeoutError",
-                "ConnectTimeoutError") if hasattr(bex, n))
+            transient = tuple(
+                getattr(bex, n)
+                for n in (
+                    "HTTPClientError",
+                    "ConnectionError",
+                    "ResponseStreamingError",
+                    "ReadTimeoutError",
+                    "ConnectTimeoutError",
+                )
+                if hasattr(bex, n)
+            )
             return isinstance(e, transient)
         if mod.startswith("aiohttp") and name in {
-            "ClientConnectionError", "ClientOSError", "ServerDisconnectedError", "ClientPayloadError",
-            "ServerTimeoutError", "ClientConnectorError", "ConnectionTimeoutError",
+            "ClientConnectionError",
+            "ClientOSError",
+            "ServerDisconnectedError",
+            "ClientPayloadError",
+            "ServerTimeoutError",
+            "ClientConnectorError",
+            "ConnectionTimeoutError",
             "SocketTimeoutError",
         }:
             return True
@@ -164,8 +189,14 @@ def call_with_retries(
             delay = next(delays, None)
             if delay is None:
                 raise
-            log.log(log_level, "%s: transient error on attempt %d (%s); retrying in %.2fs",
-                    what, attempt, describe_error(exc), delay)
+            log.log(
+                log_level,
+                "%s: transient error on attempt %d (%s); retrying in %.2fs",
+                what,
+                attempt,
+                describe_error(exc),
+                delay,
+            )
             if on_retry is not None:
                 on_retry(attempt, exc)
             sleep(delay)

@@ -103,7 +103,7 @@ def is_local_url(url: str) -> bool:
 def _local_root(url: str) -> Path:
     s = str(url)
     if s.startswith("file://"):
-        s = s[len("file://"):]
+        s = s[len("file://") :]
         if not s.startswith("/"):
             raise StoreError(f"file URL must be absolute: {url}")
     return Path(os.path.expanduser(s)).absolute()
@@ -346,8 +346,9 @@ class _LocalBackend(_Backend):
             return False
         return sha256_file(dest)[0] == digest()
 
-    def _commit(self, dest: Path, write: Callable[[IO[bytes]], tuple[str, int]],
-                expected: str | None, label: object) -> StoredObject:
+    def _commit(
+        self, dest: Path, write: Callable[[IO[bytes]], tuple[str, int]], expected: str | None, label: object
+    ) -> StoredObject:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / _tmp_name(dest.name)
         try:
@@ -460,7 +461,8 @@ def parse_store_options(items: Iterable[str] | None) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise UsageError(
-                f"--store-option {item!r}: expected KEY=VALUE, e.g. endpoint_url=http://minio:9000")
+                f"--store-option {item!r}: expected KEY=VALUE, e.g. endpoint_url=http://minio:9000"
+            )
         v: Any = value
         if value.lower() in ("true", "false"):
             v = value.lower() == "true"
@@ -474,12 +476,21 @@ def s3_options_from_env(options: Mapping[str, Any]) -> dict[str, Any]:
     """Turn our storage options + the usual AWS_* environment into s3fs keyword arguments."""
     opts = dict(options)
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
-    endpoint = (opts.pop("endpoint_url", None) or client_kwargs.get("endpoint_url")
-                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    endpoint = (
+        opts.pop("endpoint_url", None)
+        or client_kwargs.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
     if endpoint:
         client_kwargs["endpoint_url"] = endpoint
-    region = (opts.pop("region", None) or opts.pop("region_name", None) or client_kwargs.get("region_name")
-              or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
+    region = (
+        opts.pop("region", None)
+        or opts.pop("region_name", None)
+        or client_kwargs.get("region_name")
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+    )
     if region:
         client_kwargs["region_name"] = region
     if client_kwargs:
@@ -502,7 +513,9 @@ class _S3Backend(_Backend):
         self.chunksize = max(int(chunksize), 5 * 2**20)
         self._options = s3_options_from_env(options)
         config = dict(self._options.pop("config_kwargs", None) or {})
-        config.setdefault("retries", {"total_max_attempts": max(int(request_attempts), 1), "mode": "standard"})
+        config.setdefault(
+            "retries", {"total_max_attempts": max(int(request_attempts), 1), "mode": "standard"}
+        )
         config.setdefault("connect_timeout", 10)
         config.setdefault("read_timeout", 60)
         self._config = config
@@ -514,7 +527,9 @@ class _S3Backend(_Backend):
             import s3fs
 
             fs = s3fs.S3FileSystem(
-                skip_instance_cache=True, use_listings_cache=False, config_kwargs=self._config,
+                skip_instance_cache=True,
+                use_listings_cache=False,
+                config_kwargs=self._config,
                 **self._options,
             )
             fs.retries = 1  # one retry policy (ours + botocore's per request), not three nested
@@ -555,8 +570,10 @@ class _S3Backend(_Backend):
         head = self._head(key)
         if not head:
             return False
-        return int(head.get("ContentLength", -1)) == size and \
-            (head.get("Metadata") or {}).get(SHA_META) == digest
+        return (
+            int(head.get("ContentLength", -1)) == size
+            and (head.get("Metadata") or {}).get(SHA_META) == digest
+        )
 
     def put(self, src: Path, key: str, expected: str | None, skip_identical: bool) -> StoredObject:
         size = src.stat().st_size
@@ -576,8 +593,12 @@ class _S3Backend(_Backend):
             self._put_object(key, data, digest)
         else:
             try:
-                self.fs.put_file(str(src), f"{self.bucket}/{self._key(key)}", chunksize=self.chunksize,
-                                 Metadata={SHA_META: digest})
+                self.fs.put_file(
+                    str(src),
+                    f"{self.bucket}/{self._key(key)}",
+                    chunksize=self.chunksize,
+                    Metadata={SHA_META: digest},
+                )
             except BaseException:
                 self._abort_open_uploads(key)
                 raise
@@ -599,13 +620,21 @@ class _S3Backend(_Backend):
                     self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=k, UploadId=upload_id)
             except Exception as exc:  # noqa: BLE001 - best effort: the upload's own error is what matters
                 if attempt == rounds - 1:
-                    log.warning("could not abort the failed multipart upload at %s: %s", join_url(self.base_url, key), exc)
+                    log.warning(
+                        "could not abort the failed multipart upload at %s: %s",
+                        join_url(self.base_url, key),
+                        exc,
+                    )
             time.sleep(0.1 * (attempt + 1))
 
     def _put_object(self, key: str, data: bytes, digest: str) -> None:
         self.fs.call_s3(
-            "put_object", Bucket=self.bucket, Key=self._key(key), Body=data,
-            ChecksumAlgorithm="SHA256", Metadata={SHA_META: digest},
+            "put_object",
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Body=data,
+            ChecksumAlgorithm="SHA256",
+            Metadata={SHA_META: digest},
         )
 
     def put_bytes(self, data: bytes, key: str, skip_identical: bool) -> StoredObject:
@@ -627,8 +656,14 @@ class _S3Backend(_Backend):
         if head is None:
             return None
         sha = (head.get("Metadata") or {}).get(SHA_META, "")
-        return StoredObject(join_url(self.base_url, key), key, int(head.get("ContentLength", 0)), sha,
-                            "sha256" if sha else "none", False)
+        return StoredObject(
+            join_url(self.base_url, key),
+            key,
+            int(head.get("ContentLength", 0)),
+            sha,
+            "sha256" if sha else "none",
+            False,
+        )
 
     def recorded_sha256(self, key: str) -> str | None:
         obj = self.info(key)
@@ -646,7 +681,7 @@ class _S3Backend(_Backend):
         out = []
         for p in found:
             if p.startswith(root + "/"):
-                out.append(p[len(root) + 1:])
+                out.append(p[len(root) + 1 :])
         return out
 
     def delete(self, key: str) -> None:
@@ -693,8 +728,9 @@ class _FsspecBackend(_Backend):
         return self._commit(lambda p: self.fs.put_file(str(src), p), key, size, digest)
 
     def put_bytes(self, data: bytes, key: str, skip_identical: bool) -> StoredObject:
-        return self._commit(lambda p: self.fs.pipe_file(p, data), key, len(data),
-                            hashlib.sha256(data).hexdigest())
+        return self._commit(
+            lambda p: self.fs.pipe_file(p, data), key, len(data), hashlib.sha256(data).hexdigest()
+        )
 
     def get(self, key: str, dst: Path) -> None:
         self.fs.get_file(self._p(key), str(dst))
@@ -718,7 +754,7 @@ class _FsspecBackend(_Backend):
         for p in self.fs.find(path):
             p = p.lstrip("/")
             if p.startswith(root + "/"):
-                out.append(p[len(root) + 1:])
+                out.append(p[len(root) + 1 :])
         return out
 
     def delete(self, key: str) -> None:

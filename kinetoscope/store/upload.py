@@ -26,8 +26,11 @@ from kinetoscope.store.retry import RetryPolicy
 from kinetoscope.store.storage import StoredObject, StoreError, TraceStore, join_url
 
 
-def _as_store(store: TraceStore | str | os.PathLike[str], storage_options: Mapping[str, Any] | None,
-              retry: RetryPolicy | None) -> TraceStore:
+def _as_store(
+    store: TraceStore | str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None,
+    retry: RetryPolicy | None,
+) -> TraceStore:
     if isinstance(store, TraceStore):
         return store
     return TraceStore(store, storage_options=storage_options, retry=retry)
@@ -154,7 +157,7 @@ def fetch(
 
     u = os.fspath(url)
     if is_local_url(u):
-        return Path(u[len("file://"):] if u.startswith("file://") else u).expanduser()
+        return Path(u[len("file://") :] if u.startswith("file://") else u).expanduser()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     u = u.rstrip("/")
     base, _, last = u.rpartition("/")

@@ -117,7 +117,27 @@ class Meta(_Event, tag="M"):
 
 
 # Chrome trace phases the tables do not use: decoded as empty structs (fields skipped in C).
-IGNORED_PHASES = ("B", "E", "b", "e", "n", "S", "T", "p", "F", "P", "N", "O", "D", "R", "c", "(", ")", "v", "V")
+IGNORED_PHASES = (
+    "B",
+    "E",
+    "b",
+    "e",
+    "n",
+    "S",
+    "T",
+    "p",
+    "F",
+    "P",
+    "N",
+    "O",
+    "D",
+    "R",
+    "c",
+    "(",
+    ")",
+    "v",
+    "V",
+)
 IGNORED_TYPES = tuple(
     msgspec.defstruct(f"Ignored_{i}", [], bases=(_Event,), tag=ph) for i, ph in enumerate(IGNORED_PHASES)
 )
@@ -181,7 +201,10 @@ def _family(
         ]
         flows = cast(
             "tuple[type, type, type]",
-            tuple(msgspec.defstruct(f"Flow{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("s", "f", "t")),
+            tuple(
+                msgspec.defstruct(f"Flow{ph}{name}", fields, bases=(_Event,), tag=ph)
+                for ph in ("s", "f", "t")
+            ),
         )
     if instants is None:
         fields = [
@@ -195,7 +218,9 @@ def _family(
         ]
         instants = cast(
             "tuple[type, type]",
-            tuple(msgspec.defstruct(f"Instant{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("i", "I")),
+            tuple(
+                msgspec.defstruct(f"Instant{ph}{name}", fields, bases=(_Event,), tag=ph) for ph in ("i", "I")
+            ),
         )
     union: Any = X
     for t in (*flows, *instants, Counter, Meta, *IGNORED_TYPES):
@@ -245,7 +270,6 @@ _QUOTE = re.compile(rb'["\\]')
 # table builder checks every value anyway and decodes a chunk again when the guess was wrong)
 _EPOCH_TS = re.compile(rb'"ts"[ \t\r\n]*:[ \t\r\n]*-?[0-9]{12,}\.')
 EPOCH_SNIFF_BYTES = 1 << 16
-
 
 
 def _next_in_string(buf: bytearray, p: int, n: int) -> int:
@@ -539,7 +563,8 @@ class EventStream:
             raise self._error("invalid JSON: expected ',' or '}' in the top-level object")
         if not self.state.saw_events:
             raise TraceError(  # at the '}' that closed the document
-                self.path, "not a trace: no 'traceEvents' key" + not_a_trace_hint(self.state.top),
+                self.path,
+                "not a trace: no 'traceEvents' key" + not_a_trace_hint(self.state.top),
                 offset=self.base + self.pos - 1,
             )
         self._expect_end()
@@ -705,7 +730,9 @@ class EventStream:
             return
         if c != 0x7B:
             if self.state.legacy:
-                raise self._error("not a trace: a JSON array whose items are not event objects", event_index=0)
+                raise self._error(
+                    "not a trace: a JSON array whose items are not event objects", event_index=0
+                )
             raise self._error(f"event is {self._describe()}, not an object", event_index=0)
         start = self.pos  # at '{'; buf[start - 1] is overwritten with '['
         k = start - 1
@@ -853,7 +880,9 @@ class EventStream:
                 if job.can_submit():
                     view = memoryview(self.buf)
                     try:
-                        sent = job.submit(view[start : len(self.buf) if cut is None else cut + 1], self.base + start, final)
+                        sent = job.submit(
+                            view[start : len(self.buf) if cut is None else cut + 1], self.base + start, final
+                        )
                     finally:
                         view.release()
                     if sent and cut is not None:  # (not final)
@@ -1120,7 +1149,9 @@ class EventStream:
             raise _Split
         return self._syntax_error(exc, b, view, start, base_off, first)
 
-    def redecode(self, chunk: DecodedChunk, decoder: msgspec.json.Decoder[Any], *, copy: bool = False) -> list[Any]:
+    def redecode(
+        self, chunk: DecodedChunk, decoder: msgspec.json.Decoder[Any], *, copy: bool = False
+    ) -> list[Any]:
         """Decode the bytes of ``chunk`` (the last one yielded) again with ``decoder``."""
         buf = self.buf
         lo = chunk.lo - self.base

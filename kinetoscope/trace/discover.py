@@ -81,7 +81,9 @@ def unique_files(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
-def discover(inputs: Sequence[str | os.PathLike[str]], resolvers: Sequence[Resolver] | None = None) -> list[Path]:
+def discover(
+    inputs: Sequence[str | os.PathLike[str]], resolvers: Sequence[Resolver] | None = None
+) -> list[Path]:
     """Local trace files of ``inputs`` (each offered to ``resolvers`` in order; default: paths
     only), order kept, each file once. An input no resolver claims is an :class:`InputError`."""
     chain: Sequence[Resolver] = resolvers if resolvers is not None else (PathResolver(),)

@@ -160,10 +160,15 @@ def _parse(
     pool: ChunkPool | None,
     limits: Limits | None,
 ) -> Trace:
-    with _gc_paused(), BlockReader(
-        spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES, limits=limits or Limits.from_env()
-    ) as reader:
-        stream = EventStream(spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES, pool=pool)
+    with (
+        _gc_paused(),
+        BlockReader(
+            spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES, limits=limits or Limits.from_env()
+        ) as reader,
+    ):
+        stream = EventStream(
+            spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES, pool=pool
+        )
         builder = TableBuilder(spath)
         for chunk in stream.chunks():
             builder.add(chunk)
@@ -274,7 +279,9 @@ def _worker_count(files: list[str], workers: int | None) -> int:
         return max(1, min(workers, len(files)))
     if len(files) < 2:
         return 1
-    if sum(_estimated_json_bytes(f) for f in files) < (PARALLEL_NATIVE_MIN_BYTES if _native.enabled() else PARALLEL_MIN_BYTES):
+    if sum(_estimated_json_bytes(f) for f in files) < (
+        PARALLEL_NATIVE_MIN_BYTES if _native.enabled() else PARALLEL_MIN_BYTES
+    ):
         return 1
     return max(1, min(len(files), os.cpu_count() or 1, 16))
 
@@ -359,7 +366,11 @@ def _run_workers(
             err = res.get("error")
             if err is not None:
                 errors[b[res["i"]]] = TraceError(
-                    err["path"], err["problem"], offset=err["offset"], event_index=err["event_index"], field=err["field"]
+                    err["path"],
+                    err["problem"],
+                    offset=err["offset"],
+                    event_index=err["event_index"],
+                    field=err["field"],
                 )
         p.wait()
     return errors

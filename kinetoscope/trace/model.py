@@ -79,9 +79,7 @@ class Trace:
     # ---- common views -------------------------------------------------------------------
     def device_events(self) -> pl.DataFrame:
         """Kernels, memcpy, memset (and MTIA device events) that carry a stream."""
-        return self.events.filter(
-            pl.col("kind").is_in(list(DEVICE_KINDS)) & pl.col("stream").is_not_null()
-        )
+        return self.events.filter(pl.col("kind").is_in(list(DEVICE_KINDS)) & pl.col("stream").is_not_null())
 
     def kernels(self) -> pl.DataFrame:
         return self.events.filter(pl.col("kind") == "kernel")
@@ -99,22 +97,30 @@ class Trace:
         Columns: correlation, launch_idx, launch_name, launch_ts, launch_dur, launch_tid,
         gpu_idx, gpu_name, gpu_kind, gpu_ts, gpu_dur, stream.
         """
-        rt = self.runtime().filter(pl.col("correlation").is_not_null()).select(
-            "correlation",
-            pl.col("idx").alias("launch_idx"),
-            pl.col("name").alias("launch_name"),
-            pl.col("ts").alias("launch_ts"),
-            pl.col("dur").alias("launch_dur"),
-            pl.col("tid").alias("launch_tid"),
+        rt = (
+            self.runtime()
+            .filter(pl.col("correlation").is_not_null())
+            .select(
+                "correlation",
+                pl.col("idx").alias("launch_idx"),
+                pl.col("name").alias("launch_name"),
+                pl.col("ts").alias("launch_ts"),
+                pl.col("dur").alias("launch_dur"),
+                pl.col("tid").alias("launch_tid"),
+            )
         )
-        dev = self.device_events().filter(pl.col("correlation").is_not_null()).select(
-            "correlation",
-            pl.col("idx").alias("gpu_idx"),
-            pl.col("name").alias("gpu_name"),
-            pl.col("kind").alias("gpu_kind"),
-            pl.col("ts").alias("gpu_ts"),
-            pl.col("dur").alias("gpu_dur"),
-            "stream",
+        dev = (
+            self.device_events()
+            .filter(pl.col("correlation").is_not_null())
+            .select(
+                "correlation",
+                pl.col("idx").alias("gpu_idx"),
+                pl.col("name").alias("gpu_name"),
+                pl.col("kind").alias("gpu_kind"),
+                pl.col("ts").alias("gpu_ts"),
+                pl.col("dur").alias("gpu_dur"),
+                "stream",
+            )
         )
         return rt.join(dev, on="correlation", how="inner")
 
@@ -125,5 +131,7 @@ class Trace:
         """(first start, last end) over all complete events, or None for an empty trace."""
         if self.events.is_empty():
             return None
-        row = self.events.select(pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur")).max().alias("b"))
+        row = self.events.select(
+            pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur")).max().alias("b")
+        )
         return int(row["a"][0]), int(row["b"][0])

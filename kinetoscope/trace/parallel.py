@@ -675,7 +675,9 @@ def build_chunk(builder: Any, view: memoryview, family: Any) -> tuple[Any, dict[
     for name in TABLES:
         got = getattr(builder, name)
         if got:
-            frames[name] = got[0] if len(got) == 1 else __import__("polars").concat(got, how="diagonal_relaxed")
+            frames[name] = (
+                got[0] if len(got) == 1 else __import__("polars").concat(got, how="diagonal_relaxed")
+            )
     ids = builder.ids
     labels = list(ids.labels.items())
     warn = dict(builder.warn)
@@ -685,7 +687,13 @@ def build_chunk(builder: Any, view: memoryview, family: Any) -> tuple[Any, dict[
 
 
 def _result(
-    frames: dict[str, Any], n: int, labels: list[Any], oor: int, warn: dict[str, int], slow: int, exact: int,
+    frames: dict[str, Any],
+    n: int,
+    labels: list[Any],
+    oor: int,
+    warn: dict[str, int],
+    slow: int,
+    exact: int,
     end: int | None,
 ) -> tuple[dict[str, Any], list[bytes]]:
     """A chunk's frames as the result message: (header, Arrow IPC payloads)."""

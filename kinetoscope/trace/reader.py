@@ -217,8 +217,10 @@ class BlockReader:
             # output of that last call is lost with the exception, so count it again
             end = self._member_end()
             what = "length" if "length" in text else "CRC"
-            msg = (f"gzip {what} mismatch at the end of the stream (compressed byte {self.consumed}): "
-                   "the decompressed data is damaged")
+            msg = (
+                f"gzip {what} mismatch at the end of the stream (compressed byte {self.consumed}): "
+                "the decompressed data is damaged"
+            )
             if end is not None:
                 offset = end
         else:

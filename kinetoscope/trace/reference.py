@@ -119,7 +119,9 @@ def parse_document(path: str, doc: Any) -> tuple[list[Any], dict[str, Any]]:
     """Split a decoded document into (traceEvents, top-level metadata)."""
     if isinstance(doc, list):  # legacy format: the file is the event array
         if doc and not isinstance(doc[0], dict):
-            raise TraceError(path, "not a trace: a JSON array whose items are not event objects", event_index=0)
+            raise TraceError(
+                path, "not a trace: a JSON array whose items are not event objects", event_index=0
+            )
         return doc, {}
     if not isinstance(doc, dict):
         raise TraceError(path, f"not a trace: top-level JSON is {json_type_name(doc)}")

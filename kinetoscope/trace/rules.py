@@ -96,6 +96,7 @@ def exact_ns_text(text: str) -> int:
     result: int = -n if sign else n
     return result
 
+
 CORE_EVENT_COLUMNS = ("idx", "kind", "cat", "name", "pid", "tid", "ts", "dur")
 ARG_COLUMN_NAMES: tuple[str, ...] = tuple(c for c in EVENTS_SCHEMA if c not in CORE_EVENT_COLUMNS)
 # column -> file keys, in priority order
@@ -218,7 +219,9 @@ def ns_value(value: Any, path: str, index: int, fieldname: str) -> int:
     if isinstance(value, int):
         if -TS_LIMIT_US <= value <= TS_LIMIT_US:
             return value * 1000
-        raise TraceError(path, f"{fieldname} is out of range: {value!r:.40}", event_index=index, field=fieldname)
+        raise TraceError(
+            path, f"{fieldname} is out of range: {value!r:.40}", event_index=index, field=fieldname
+        )
     if isinstance(value, str):
         text = value
         if _INT_RE.match(text):

@@ -85,7 +85,11 @@ def _sub(
     """(events, their indices as an Int64 Series) of one type (or set of types), in order."""
     if count == total:
         return evs, pl.int_range(first, first + total, dtype=pl.Int64, eager=True)
-    mask = list(map(want.__contains__, tys)) if isinstance(want, frozenset) else list(map(is_, tys, repeat(want)))
+    mask = (
+        list(map(want.__contains__, tys))
+        if isinstance(want, frozenset)
+        else list(map(is_, tys, repeat(want)))
+    )
     idx = pl.Series(mask, dtype=pl.Boolean).arg_true().cast(pl.Int64)
     if first:
         idx = idx + first
@@ -496,7 +500,12 @@ class TableBuilder:
             self.counters.append(counters)
 
     def _register_labels(
-        self, evs: list[Any], tys: list[type], failed: list[tuple[str, Any]], counts: dict[type, int], fam: D.Family
+        self,
+        evs: list[Any],
+        tys: list[type],
+        failed: list[tuple[str, Any]],
+        counts: dict[type, int],
+        fam: D.Family,
     ) -> None:
         """Give new string pids/tids their label ids in file order (pid, then tid, per event)."""
         labels = self.ids.labels
@@ -535,9 +544,7 @@ class TableBuilder:
         """Columns of the args fields present in this chunk, in event order."""
         if None in args:
             args = tuple(D.EMPTY_XARGS if a is None else a for a in args)
-        groups = (
-            cat_s.to_frame().with_row_index("__i").group_by("cat", maintain_order=True).agg("__i").rows()
-        )
+        groups = cat_s.to_frame().with_row_index("__i").group_by("cat", maintain_order=True).agg("__i").rows()
         parts: list[pl.DataFrame] = []
         encode = _ENCODER.encode
         for cat, positions in groups:
@@ -685,7 +692,13 @@ def processes_and_threads_polars(meta_rows: pl.DataFrame) -> tuple[pl.DataFrame,
 # ---------------------------------------------------------------------------------------------
 # assembly (shared by the reference and the fast loader)
 # ---------------------------------------------------------------------------------------------
-_TOP_KEYS_HANDLED = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "schemaVersion", "trace_id")
+_TOP_KEYS_HANDLED = (
+    "distributedInfo",
+    "deviceProperties",
+    "baseTimeNanoseconds",
+    "schemaVersion",
+    "trace_id",
+)
 
 
 def content_meta(
@@ -749,8 +762,10 @@ def clamp_negative_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, str | 
     if bad.height == 0:
         return events, None
     first = bad.row(0, named=True)
-    msg = (f"{bad.height} complete event(s) have a negative dur and were given dur 0 (first: "
-           f"traceEvents[{first['idx']}] {first['name']!r}, dur {first['dur'] / 1000:g} us)")
+    msg = (
+        f"{bad.height} complete event(s) have a negative dur and were given dur 0 (first: "
+        f"traceEvents[{first['idx']}] {first['name']!r}, dur {first['dur'] / 1000:g} us)"
+    )
     return events.with_columns(pl.when(pl.col("dur") < 0).then(0).otherwise(pl.col("dur")).alias("dur")), msg
 
 
@@ -780,7 +795,12 @@ def assemble_trace(
     """Typed tables + metadata -> Trace (rank resolved from the file's location too)."""
     events, negative = clamp_negative_durations(add_kind(events))
     meta = content_meta(
-        path, top, num_events=num_events, events=events, ids=ids, warn=warn,
+        path,
+        top,
+        num_events=num_events,
+        events=events,
+        ids=ids,
+        warn=warn,
         extra_warnings=list(extra_warnings or []) + ([negative] if negative else []),
     )
     if locate:

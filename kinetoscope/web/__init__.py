@@ -1,6 +1,6 @@
 """``kscope serve``: the web app (FastAPI + Jinja2). See docs/web.md.
 
-    from kinetoscope.web import WebSettings, create_app
+from kinetoscope.web import WebSettings, create_app
 """
 
 from __future__ import annotations

@@ -59,18 +59,32 @@ class TriggerParams:
         if sum([job_id is not None, pids is not None, bool(self.all)]) != 1:
             raise UsageError("choose which processes to trace: exactly one of job id, pids or all")
         # the form mirrors the CLI: TraceOptions fields with a same-named field here (not steps_per_s)
-        options = TraceOptions(**{f.name: getattr(self, f.name) for f in fields(TraceOptions) if hasattr(self, f.name)})
+        options = TraceOptions(
+            **{f.name: getattr(self, f.name) for f in fields(TraceOptions) if hasattr(self, f.name)}
+        )
         request, _notes = parse_trace_request(
-            hosts=self.hosts or default_hosts, job_id=job_id, pids=pids, all=bool(self.all), options=options,
-            output_dir=self.output_dir, trace_id=self.trace_id or None,
+            hosts=self.hosts or default_hosts,
+            job_id=job_id,
+            pids=pids,
+            all=bool(self.all),
+            options=options,
+            output_dir=self.output_dir,
+            trace_id=self.trace_id or None,
         )
         if not 1 <= float(self.timeout_s) <= 3600:
             raise UsageError("timeout must be between 1 and 3600 seconds")
         return request
 
 
-def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str, *,
-                    analysis_options: dict[str, Any] | None = None, roots: Any = None) -> None:
+def analyze_request(
+    tasks: TaskManager,
+    task: Task,
+    catalog: Any,
+    trace_id: str,
+    *,
+    analysis_options: dict[str, Any] | None = None,
+    roots: Any = None,
+) -> None:
     """``roots`` (:class:`kinetoscope.web.guards.ServeRoots`): the web app analyses only files
     under its serving roots, as it serves only those (a manifest cannot widen either)."""
     from kinetoscope.pipeline import AnalysisRun, AnalyzeRequest, analyze_paths, record_run, request_files
@@ -78,7 +92,9 @@ def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str,
     rec = catalog.get_trace_request(trace_id)
     if rec is None:
         raise KinetoscopeError(f"trace {trace_id} is not in the catalog")
-    tasks.update(task, phase="fetching", message="locating the trace files", log=f"{len(rec.files)} file(s) recorded")
+    tasks.update(
+        task, phase="fetching", message="locating the trace files", log=f"{len(rec.files)} file(s) recorded"
+    )
     paths = request_files(rec)
     if roots is not None:
         outside = [p for p in paths if roots.local_file(p) is None]
@@ -87,40 +103,78 @@ def analyze_request(tasks: TaskManager, task: Task, catalog: Any, trace_id: str,
                 f"{len(outside)} file(s) of trace {trace_id} lie outside the serving roots "
                 f"(first: {outside[0]}); add their folder with kscope serve --serve-root"
             )
-    tasks.update(task, phase="analysing", message=f"analysing {len(paths)} trace file(s)",
-                 log="analysing " + ", ".join(p.name for p in paths))
+    tasks.update(
+        task,
+        phase="analysing",
+        message=f"analysing {len(paths)} trace file(s)",
+        log="analysing " + ", ".join(p.name for p in paths),
+    )
     doc = analyze_paths(paths, AnalyzeRequest(**(analysis_options or {})))
     tasks.update(task, phase="recording", message="recording the analysis in the catalog")
-    arec = record_run(catalog, AnalysisRun(document=doc, paths=list(paths), inputs=[trace_id], trace_id=trace_id))
+    arec = record_run(
+        catalog, AnalysisRun(document=doc, paths=list(paths), inputs=[trace_id], trace_id=trace_id)
+    )
     summary = (doc.get("diagnosis_summary") or [""])[0]
     errors = [f"{k}: {v}" for k, v in (doc.get("errors") or {}).items()]
-    tasks.update(task, analysis_id=arec.id, message=summary or "analysis recorded", errors=task.errors + errors,
-                 log=f"analysis {arec.id} recorded")
+    tasks.update(
+        task,
+        analysis_id=arec.id,
+        message=summary or "analysis recorded",
+        errors=task.errors + errors,
+        log=f"analysis {arec.id} recorded",
+    )
 
 
 def _files_json(result: Any) -> list[dict[str, Any]]:
     out = []
     for f in result.files:
-        out.append({"host": f.host, "pid": f.pid, "rank": f.rank, "path": f.path, "file": Path(f.path).name,
-                    "bytes": f.bytes, "complete": f.complete, "delivered": f.delivered, "exists": f.exists})
+        out.append(
+            {
+                "host": f.host,
+                "pid": f.pid,
+                "rank": f.rank,
+                "path": f.path,
+                "file": Path(f.path).name,
+                "bytes": f.bytes,
+                "complete": f.complete,
+                "delivered": f.delivered,
+                "exists": f.exists,
+            }
+        )
     return out
 
 
-def trigger_and_collect(tasks: TaskManager, task: Task, catalog: Any, params: TriggerParams, *,
-                        default_hosts: list[str], token: str | None = None,
-                        analysis_options: dict[str, Any] | None = None) -> None:
+def trigger_and_collect(
+    tasks: TaskManager,
+    task: Task,
+    catalog: Any,
+    params: TriggerParams,
+    *,
+    default_hosts: list[str],
+    token: str | None = None,
+    analysis_options: dict[str, Any] | None = None,
+) -> None:
     from kinetoscope.collect.deliver import record_trace_result
     from kinetoscope.collect.trigger import trigger_trace, wait_for_trace
 
     request = params.build(default_hosts)
     hosts = ", ".join(map(str, request.hosts))
-    tasks.update(task, phase="triggering", message=f"asking {hosts}",
-                 log=f"trace {request.target.describe()} on {hosts}")
+    tasks.update(
+        task,
+        phase="triggering",
+        message=f"asking {hosts}",
+        log=f"trace {request.target.describe()} on {hosts}",
+    )
     result = trigger_trace(request, token=token)
-    tasks.update(task, trace_id=result.trace_id, matched=[m.to_json() for m in result.matched],
-                 files=_files_json(result), notes=list(result.notes),
-                 errors=[e.message for e in result.errors],
-                 log=f"request {result.trace_id}: {len(result.files)} process(es) triggered")
+    tasks.update(
+        task,
+        trace_id=result.trace_id,
+        matched=[m.to_json() for m in result.matched],
+        files=_files_json(result),
+        notes=list(result.notes),
+        errors=[e.message for e in result.errors],
+        log=f"request {result.trace_id}: {len(result.files)} process(es) triggered",
+    )
     if not result.files:
         raise KinetoscopeError("; ".join(e.message for e in result.errors) or "nothing was traced")
     total = len(result.files)
@@ -128,19 +182,33 @@ def trigger_and_collect(tasks: TaskManager, task: Task, catalog: Any, params: Tr
     def progress(r: Any) -> None:
         done = sum(1 for f in r.files if f.complete)
         picked = sum(1 for f in r.files if f.delivered)
-        tasks.update(task, phase="waiting", files=_files_json(r),
-                      message=f"config picked up by {picked}/{total}, {done}/{total} files complete")
+        tasks.update(
+            task,
+            phase="waiting",
+            files=_files_json(r),
+            message=f"config picked up by {picked}/{total}, {done}/{total} files complete",
+        )
 
-    result = wait_for_trace(result, timeout=float(params.timeout_s), token=token, on_progress=progress,
-                            poll_interval=0.5)
-    tasks.update(task, files=_files_json(result), errors=[e.message for e in result.errors],
-                 notes=list(result.notes))
+    result = wait_for_trace(
+        result, timeout=float(params.timeout_s), token=token, on_progress=progress, poll_interval=0.5
+    )
+    tasks.update(
+        task, files=_files_json(result), errors=[e.message for e in result.errors], notes=list(result.notes)
+    )
     complete = sum(1 for f in result.files if f.complete)
-    tasks.update(task, phase="recording", message="recording the request in the catalog",
-                 log=f"{complete}/{total} file(s) complete")
+    tasks.update(
+        task,
+        phase="recording",
+        message="recording the request in the catalog",
+        log=f"{complete}/{total} file(s) complete",
+    )
     rec = record_trace_result(result, catalog, raise_errors=True, hash_local_files=True)
     assert rec is not None  # result.files is not empty
-    tasks.update(task, trace_id=rec.trace_id, log=f"recorded {rec.trace_id}: {rec.complete_files}/{rec.file_count} files")
+    tasks.update(
+        task,
+        trace_id=rec.trace_id,
+        log=f"recorded {rec.trace_id}: {rec.complete_files}/{rec.file_count} files",
+    )
     if complete == 0:
         raise KinetoscopeError("no trace file was written: " + "; ".join(e.message for e in result.errors))
     if params.analyze:

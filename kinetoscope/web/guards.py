@@ -204,7 +204,10 @@ class BodyLimit:
     @staticmethod
     async def _refuse(send: Any, status: int, detail: str) -> None:
         body = orjson.dumps({"detail": detail})
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -59,11 +59,24 @@ class Task:
             links["analysis"] = f"/analyses/{self.analysis_id}"
             links["report"] = f"/analyses/{self.analysis_id}/report"
         return {
-            "id": self.id, "kind": self.kind, "title": self.title, "state": self.state, "phase": self.phase,
-            "message": self.message, "finished": self.finished, "created": self.created, "updated": self.updated,
-            "trace_id": self.trace_id, "analysis_id": self.analysis_id, "log": list(self.log),
-            "files": list(self.files), "matched": list(self.matched), "errors": list(self.errors),
-            "notes": list(self.notes), "params": dict(self.params), "links": links,
+            "id": self.id,
+            "kind": self.kind,
+            "title": self.title,
+            "state": self.state,
+            "phase": self.phase,
+            "message": self.message,
+            "finished": self.finished,
+            "created": self.created,
+            "updated": self.updated,
+            "trace_id": self.trace_id,
+            "analysis_id": self.analysis_id,
+            "log": list(self.log),
+            "files": list(self.files),
+            "matched": list(self.matched),
+            "errors": list(self.errors),
+            "notes": list(self.notes),
+            "params": dict(self.params),
+            "links": links,
         }
 
 
@@ -79,7 +92,8 @@ class TaskManager:
         self._ids = itertools.count(1)
         self._closed = False
         self._workers = [
-            threading.Thread(target=self._worker, name=f"kscope-web-{i}", daemon=True) for i in range(max_workers)
+            threading.Thread(target=self._worker, name=f"kscope-web-{i}", daemon=True)
+            for i in range(max_workers)
         ]
         for w in self._workers:
             w.start()
@@ -103,10 +117,20 @@ class TaskManager:
 
     def list(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [t.to_json() for t in sorted(self._tasks.values(), key=lambda t: int(t.id.split("-")[-1]), reverse=True)]
+            return [
+                t.to_json()
+                for t in sorted(self._tasks.values(), key=lambda t: int(t.id.split("-")[-1]), reverse=True)
+            ]
 
-    def update(self, task: Task, *, phase: str | None = None, message: str | None = None, log: str | None = None,
-               **fields: Any) -> None:
+    def update(
+        self,
+        task: Task,
+        *,
+        phase: str | None = None,
+        message: str | None = None,
+        log: str | None = None,
+        **fields: Any,
+    ) -> None:
         with self._lock:
             if phase is not None:
                 task.phase = phase
@@ -127,11 +151,24 @@ class TaskManager:
         return None
 
     # -- running -----------------------------------------------------------------------------
-    def submit(self, kind: str, title: str, work: Callable[[Task], None], *, trace_id: str | None = None,
-               params: dict[str, Any] | None = None) -> Task:
+    def submit(
+        self,
+        kind: str,
+        title: str,
+        work: Callable[[Task], None],
+        *,
+        trace_id: str | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Task:
         if self._closed:
             raise KinetoscopeError("the server is shutting down")
-        task = Task(id=f"{kind}-{next(self._ids)}", kind=kind, title=title, trace_id=trace_id, params=dict(params or {}))
+        task = Task(
+            id=f"{kind}-{next(self._ids)}",
+            kind=kind,
+            title=title,
+            trace_id=trace_id,
+            params=dict(params or {}),
+        )
         with self._lock:
             self._tasks[task.id] = task
             done = [t for t in self._tasks.values() if t.finished]
@@ -149,8 +186,13 @@ class TaskManager:
             self.update(task, state="failed", phase="failed", message=str(exc), log=f"failed: {exc}")
             return
         except Exception as exc:  # noqa: BLE001 - shown to the user, never kills the server
-            self.update(task, state="failed", phase="failed", message=f"{type(exc).__name__}: {exc}",
-                        log="failed:\n" + traceback.format_exc(limit=8))
+            self.update(
+                task,
+                state="failed",
+                phase="failed",
+                message=f"{type(exc).__name__}: {exc}",
+                log="failed:\n" + traceback.format_exc(limit=8),
+            )
             return
         if task.state != "failed":
             self.update(task, state="done", phase="done", log=f"done in {time.monotonic() - t0:.1f} s")

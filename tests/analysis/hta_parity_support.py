@@ -87,7 +87,9 @@ def hta(rel: str):
     dst = dst_dir / Path(rel).name
     shutil.copyfile(HTA_DIR / rel, dst)
     rank = hta_rank(ours(rel))
-    return TraceAnalysis(trace_files={rank: str(dst)}, trace_dir=str(dst_dir), include_last_profiler_step=True)
+    return TraceAnalysis(
+        trace_files={rank: str(dst)}, trace_dir=str(dst_dir), include_last_profiler_step=True
+    )
 
 
 def cleanup() -> None:
@@ -129,7 +131,10 @@ def _raw_float_times(path: str) -> pl.DataFrame:
             idx.append(i)
             ts.append(float(e["ts"]))
             dur.append(float(e["dur"]))
-    return pl.DataFrame({"idx": idx, "_ts_f": ts, "_dur_f": dur}, schema={"idx": pl.Int64, "_ts_f": pl.Float64, "_dur_f": pl.Float64})
+    return pl.DataFrame(
+        {"idx": idx, "_ts_f": ts, "_dur_f": dur},
+        schema={"idx": pl.Int64, "_ts_f": pl.Float64, "_dur_f": pl.Float64},
+    )
 
 
 def hta_view(trace: Trace, *, stream_rows_as_device: bool = False, drop_last_step: bool = False) -> Trace:
@@ -156,9 +161,9 @@ def hta_view(trace: Trace, *, stream_rows_as_device: bool = False, drop_last_ste
         )
     steps = ev.filter(pl.col("name").str.contains(r"^ProfilerStep#\d+"))["name"].n_unique()
     if steps >= 2 and trace.meta.device_type != "MTIA":
-        is_gpu = (pl.col("stream").is_not_null() & pl.col("correlation").is_not_null()) | pl.col("name").is_in(
-            ["Event Sync", "Context Sync"]
-        )
+        is_gpu = (pl.col("stream").is_not_null() & pl.col("correlation").is_not_null()) | pl.col(
+            "name"
+        ).is_in(["Event Sync", "Context Sync"])
         cpu = ev.filter(~is_gpu)
         if drop_last_step:
             last_start = cpu.filter(pl.col("name").str.contains(r"^ProfilerStep#\d+"))["ts"].max()
@@ -171,7 +176,11 @@ def hta_view(trace: Trace, *, stream_rows_as_device: bool = False, drop_last_ste
         )
     if stream_rows_as_device:
         ev = ev.with_columns(
-            kind=pl.when(pl.col("stream").is_not_null() & (pl.col("stream") != -1) & ~pl.col("kind").is_in(["kernel", "gpu_memcpy", "gpu_memset"]))
+            kind=pl.when(
+                pl.col("stream").is_not_null()
+                & (pl.col("stream") != -1)
+                & ~pl.col("kind").is_in(["kernel", "gpu_memcpy", "gpu_memset"])
+            )
             .then(pl.lit("kernel").cast(ev.schema["kind"]))
             .otherwise(pl.col("kind"))
         )

@@ -19,7 +19,11 @@ RANK_FILES = ("timeline_analysis/sampled_rank-0.json.gz", "trace_filter/sampled_
 def kscope(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", *args],
-        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -40,15 +44,33 @@ def request_dir(tmp_path: Path) -> Path:
     for rank, rel in enumerate(RANK_FILES):
         name = f"rank-{rank}_{1000 + rank}.pt.trace.json.gz"
         shutil.copyfile(HTA_TRACES / rel, d / name)
-        files.append({"file": name, "path": str(d / name), "host": "node0", "pid": 1000 + rank, "rank": rank,
-                      "world_size": 128, "job_id": "77", "cmdline": "python train.py", "complete": True})
-    manifest = {"kinetoscope_manifest": 1, "trace_id": "kst-analyze-1", "created": "2026-11-21T05:30:12Z",
-                "config": "ACTIVITIES_ITERATIONS=2", "files": files}
+        files.append(
+            {
+                "file": name,
+                "path": str(d / name),
+                "host": "node0",
+                "pid": 1000 + rank,
+                "rank": rank,
+                "world_size": 128,
+                "job_id": "77",
+                "cmdline": "python train.py",
+                "complete": True,
+            }
+        )
+    manifest = {
+        "kinetoscope_manifest": 1,
+        "trace_id": "kst-analyze-1",
+        "created": "2026-11-21T05:30:12Z",
+        "config": "ACTIVITIES_ITERATIONS=2",
+        "files": files,
+    }
     (d / "manifest.json").write_bytes(orjson.dumps(manifest))
     return d
 
 
-def test_trace_id_is_resolved_and_the_analysis_recorded(request_dir: Path, tmp_path: Path, env: dict[str, str]) -> None:
+def test_trace_id_is_resolved_and_the_analysis_recorded(
+    request_dir: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
     from kinetoscope.store import Catalog
 
     url = f"sqlite:///{tmp_path}/catalog.db"
@@ -77,12 +99,21 @@ def test_local_files_are_recorded_only_when_a_catalog_is_named(
     assert r.returncode == 0, r.stderr
     assert not (Path(env["HOME"]) / ".kinetoscope").exists()  # no catalog named: nothing written
 
-    r = kscope("analyze", str(request_dir), "--only", "temporal_breakdown", "--no-record", env={**env, "KSCOPE_CATALOG": url})
+    r = kscope(
+        "analyze",
+        str(request_dir),
+        "--only",
+        "temporal_breakdown",
+        "--no-record",
+        env={**env, "KSCOPE_CATALOG": url},
+    )
     assert r.returncode == 0, r.stderr
     with Catalog.open(url) as cat:
         assert cat.list_analyses().height == 0
 
-    r = kscope("analyze", str(request_dir), "--only", "temporal_breakdown", env={**env, "KSCOPE_CATALOG": url})
+    r = kscope(
+        "analyze", str(request_dir), "--only", "temporal_breakdown", env={**env, "KSCOPE_CATALOG": url}
+    )
     assert r.returncode == 0, r.stderr
     assert "recorded analysis" in r.stderr
     with Catalog.open(url) as cat:
@@ -96,7 +127,9 @@ def test_unknown_trace_id_is_one_clear_error(tmp_path: Path, env: dict[str, str]
     assert "kst-nope" in r.stderr and "no trace with this id" in r.stderr
 
 
-def test_unreachable_catalog_is_a_warning_not_a_failed_analysis(request_dir: Path, env: dict[str, str]) -> None:
+def test_unreachable_catalog_is_a_warning_not_a_failed_analysis(
+    request_dir: Path, env: dict[str, str]
+) -> None:
     bad = "postgresql://nobody:secret@127.0.0.1:1/none?connect_timeout=2"
     r = kscope("analyze", str(request_dir), "--only", "temporal_breakdown", "--catalog", bad, env=env)
     assert r.returncode == 0, r.stderr

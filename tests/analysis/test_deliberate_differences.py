@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-
 from hta_parity_support import hta, hta_rank, hta_view_of, ours, pd_to_pl
+from synth import US, kernel, launched, make_trace
+
 from kinetoscope.analysis.counters import queue_length_time_series, time_blocked_on_full_queue
 from kinetoscope.analysis.kernel_types import kernel_type
 from kinetoscope.analysis.launch_stats import kernel_launch_stats
 from kinetoscope.analysis.temporal import temporal_breakdown
-from synth import US, kernel, launched, make_trace
 
 pytestmark = [pytest.mark.hta, pytest.mark.filterwarnings("ignore")]
 
@@ -20,7 +20,9 @@ CONTROL = "trace_diff/control/control.json.gz"
 
 def test_last_profiler_step_is_kept():
     whole = temporal_breakdown(ours(CONTROL)).row(0, named=True)
-    hta_default = temporal_breakdown(hta_view_of(CONTROL, stream_rows_as_device=True, drop_last_step=True)).row(0, named=True)
+    hta_default = temporal_breakdown(
+        hta_view_of(CONTROL, stream_rows_as_device=True, drop_last_step=True)
+    ).row(0, named=True)
     assert hta_default["kernel_time(us)"] == 383_404.0  # HTA's published number (last step dropped)
     assert whole["kernel_time(us)"] == 464_594.0  # all six steps
 
@@ -32,8 +34,16 @@ def test_device_events_without_their_launch_are_kept():
 
 def test_cuda_sync_rows_are_not_device_work():
     """HTA counts a Stream Sync row (it has a stream) as busy, OTHER time."""
-    sync = {"cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 10 * US, "dur": 30 * US,
-            "stream": 7, "correlation": 99}
+    sync = {
+        "cat": "cuda_sync",
+        "name": "Stream Sync",
+        "pid": 0,
+        "tid": 7,
+        "ts": 10 * US,
+        "dur": 30 * US,
+        "stream": 7,
+        "correlation": 99,
+    }
     t = make_trace([kernel(0, 10 * US, correlation=1), sync, kernel(40 * US, 5 * US, correlation=2)])
     row = temporal_breakdown(t).row(0, named=True)
     assert row["idle_time(us)"] == 30.0 and row["non_compute_time(us)"] == 0.0
@@ -49,8 +59,13 @@ def test_comm_overlap_null_not_nan():
     assert comm_comp_overlap(ours(rel)).row(0, named=True)["comp_comm_overlap_pctg"] is None
 
 
-@pytest.mark.parametrize("rel,launch", [("triton_example/triton_example.json.gz", "cuLaunchKernel"),
-                                         ("amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", "hipLaunchKernel")])
+@pytest.mark.parametrize(
+    "rel,launch",
+    [
+        ("triton_example/triton_example.json.gz", "cuLaunchKernel"),
+        ("amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", "hipLaunchKernel"),
+    ],
+)
 def test_launch_stats_include_cu_and_hip_launches(rel, launch):
     r = hta_rank(ours(rel))
     assert len(hta(rel).get_cuda_kernel_launch_stats(ranks=[r], visualize=False)[r]) == 0
@@ -83,9 +98,15 @@ def test_queue_length_never_negative_with_clock_skew():
 def test_kernel_classification_differences():
     from hta.utils.utils import get_kernel_type
 
-    same = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t",
-            "Memcpy HtoD (Pinned -> Device)", "Memset (Device)", "void at::native::vectorized_elementwise_kernel<4>",
-            "Stream Sync", "Context Sync"]
+    same = [
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t",
+        "Memcpy HtoD (Pinned -> Device)",
+        "Memset (Device)",
+        "void at::native::vectorized_elementwise_kernel<4>",
+        "Stream Sync",
+        "Context Sync",
+    ]
     for n in same:
         assert kernel_type(n) == get_kernel_type(n), n
     # HTA: every name starting with "hip" is communication; RCCL's Generic kernels are compute

@@ -28,8 +28,8 @@ import math
 
 import polars as pl
 import pytest
-
 from hta_parity_support import cleanup, gpu_traces, hta, hta_rank, hta_view_of, ours, pd_to_pl
+
 from kinetoscope.analysis.comm_overlap import comm_comp_overlap
 from kinetoscope.analysis.counters import memory_bw_summary, queue_length_summary, queue_length_time_series
 from kinetoscope.analysis.idle_time import idle_time_breakdown
@@ -37,7 +37,10 @@ from kinetoscope.analysis.kernel_breakdown import kernel_breakdown, kernel_type_
 from kinetoscope.analysis.kernel_types import HTA_LAUNCH_STATS_KERNEL_NAMES, HTA_LAUNCH_STATS_MEMORY_NAMES
 from kinetoscope.analysis.launch_stats import kernel_launch_stats
 from kinetoscope.analysis.temporal import temporal_breakdown
-from kinetoscope.analysis.user_annotation import gpu_kernels_with_user_annotations, gpu_user_annotation_breakdown
+from kinetoscope.analysis.user_annotation import (
+    gpu_kernels_with_user_annotations,
+    gpu_user_annotation_breakdown,
+)
 
 pytestmark = [pytest.mark.hta, pytest.mark.filterwarnings("ignore")]
 
@@ -65,7 +68,10 @@ def _describe(df_pd) -> pl.DataFrame:
 
 def test_corpus_coverage():
     assert len(TRACES) >= 20
-    assert "trace_diff/control/control.json.gz" in TRACES and "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz" in TRACES
+    assert (
+        "trace_diff/control/control.json.gz" in TRACES
+        and "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz" in TRACES
+    )
 
 
 def test_trace_without_device_events_hta_crashes_we_return_empty():
@@ -90,7 +96,9 @@ def test_temporal_breakdown(rel):
 @pytest.mark.parametrize("rel", WITH_DEVICE)
 def test_comm_comp_overlap(rel):
     h = hta(rel).get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"]
-    o = comm_comp_overlap(hta_view_of(rel, stream_rows_as_device=True)).row(0, named=True)["comp_comm_overlap_pctg"]
+    o = comm_comp_overlap(hta_view_of(rel, stream_rows_as_device=True)).row(0, named=True)[
+        "comp_comm_overlap_pctg"
+    ]
     if math.isnan(h):  # HTA: 0/0 with a numpy warning; ours: null
         assert o is None
     else:
@@ -102,8 +110,14 @@ def test_kernel_type_and_kernel_breakdown(rel):
     h_types, h_kernels = hta(rel).get_gpu_kernel_breakdown(visualize=False)
     v = hta_view_of(rel, stream_rows_as_device=True)
     tol = _negative_durations(rel) + EPS
-    h_t = {r["kernel_type"]: (r["sum"], r["percentage"]) for r in pd_to_pl(h_types).iter_rows(named=True) if r["sum"] > 0}
-    o_t = {r["kernel_type"]: (r["sum"], r["percentage"]) for r in kernel_type_breakdown(v).iter_rows(named=True)}
+    h_t = {
+        r["kernel_type"]: (r["sum"], r["percentage"])
+        for r in pd_to_pl(h_types).iter_rows(named=True)
+        if r["sum"] > 0
+    }
+    o_t = {
+        r["kernel_type"]: (r["sum"], r["percentage"]) for r in kernel_type_breakdown(v).iter_rows(named=True)
+    }
     # labels that only HTA's negative-duration artefacts produce are at most ``tol`` long
     assert {k for k, v in o_t.items() if v[0] > tol} == {k for k, v in h_t.items() if v[0] > tol}
     for k in o_t.keys() & h_t.keys():
@@ -154,8 +168,12 @@ def _has_overlap(v, stream: int) -> bool:
 def test_idle_time_breakdown(rel):
     r = hta_rank(ours(rel))
     h, _ = hta(rel).get_idle_time_breakdown(ranks=[r], visualize=False)
-    hp = pd_to_pl(h).select(pl.col("stream").cast(pl.Int64), "idle_category", pl.col("idle_time").alias("h"),
-                            pl.col("idle_time_ratio").alias("hr"))
+    hp = pd_to_pl(h).select(
+        pl.col("stream").cast(pl.Int64),
+        "idle_category",
+        pl.col("idle_time").alias("h"),
+        pl.col("idle_time_ratio").alias("hr"),
+    )
     v = hta_view_of(rel)
     o = idle_time_breakdown(v)
     m = o.join(hp, on=["stream", "idle_category"], how="left").with_columns(pl.col("h").fill_null(0.0))
@@ -198,7 +216,9 @@ def test_queue_length_summary(rel):
     assert set(o["stream"]) == set(h["stream"])
     m = o.join(h, on="stream", suffix="_h")
     # HTA's index_correlation is 0 for a partner at traceEvents[0], and "> 0" drops that pair
-    first_is_device = v.device_events().filter((pl.col("idx") == 0) & pl.col("correlation").is_not_null()).height
+    first_is_device = (
+        v.device_events().filter((pl.col("idx") == 0) & pl.col("correlation").is_not_null()).height
+    )
     assert (m["count"] - m["count_h"]).sum() == 2 * first_is_device
     if first_is_device:
         return
@@ -206,8 +226,12 @@ def test_queue_length_summary(rel):
     # of +1/-1 differ, each by at most 1.
     ts = queue_length_time_series(v)
     ties = dict(
-        ts.group_by("stream", "ts").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
-        .group_by("stream").agg(pl.col("n").sum()).iter_rows()
+        ts.group_by("stream", "ts")
+        .agg(pl.len().alias("n"))
+        .filter(pl.col("n") > 1)
+        .group_by("stream")
+        .agg(pl.col("n").sum())
+        .iter_rows()
     )
     for row in m.iter_rows(named=True):
         frac = ties.get(row["stream"], 0) / row["count"]
@@ -232,7 +256,9 @@ def test_memory_bw_summary(rel):
     m = o.join(h, on="name", suffix="_h")
     residue = h_ts[(h_ts.memory_bw_gbps > 0) & (h_ts.memory_bw_gbps < 1e-6)]
     for row in m.iter_rows(named=True):
-        exact = all(abs(row[c] - row[c + "_h"]) <= 1e-6 * max(1.0, abs(row[c])) for c in ("count", "mean", "max"))
+        exact = all(
+            abs(row[c] - row[c + "_h"]) <= 1e-6 * max(1.0, abs(row[c])) for c in ("count", "mean", "max")
+        )
         if not exact:
             assert row["count"] <= row["count_h"] and row["max"] <= row["max_h"] + 1e-9, row["name"]
     if residue.empty:
@@ -242,7 +268,11 @@ def test_memory_bw_summary(rel):
 
 @pytest.mark.parametrize(
     "rel",
-    [r for r in WITH_DEVICE if r.startswith(("amd_trace", "ns_resolution", "nccl_parser", "with_gpu_user_annotation"))],
+    [
+        r
+        for r in WITH_DEVICE
+        if r.startswith(("amd_trace", "ns_resolution", "nccl_parser", "with_gpu_user_annotation"))
+    ],
 )
 def test_gpu_user_annotations(rel):
     h = hta(rel)
@@ -256,7 +286,9 @@ def test_gpu_user_annotations(rel):
         assert ((m[c] - m[c + "_h"]).abs() <= EPS).all(), c
 
     hk = pd_to_pl(h.get_gpu_kernels_with_user_annotations(rank=r)[["index", "s_user_annotation"]])
-    ok = gpu_kernels_with_user_annotations(v).filter(pl.col("dur(us)") > 0)  # HTA never annotates empty intervals
+    ok = gpu_kernels_with_user_annotations(v).filter(
+        pl.col("dur(us)") > 0
+    )  # HTA never annotates empty intervals
     m = ok.join(hk.with_columns(pl.col("index").cast(pl.Int64)), left_on="idx", right_on="index", how="inner")
     assert m.height == ok.height
     assert (m["user_annotation"].fill_null("") == m["s_user_annotation"].fill_null("")).all()
@@ -269,7 +301,6 @@ def test_two_ranks_together():
     from pathlib import Path
 
     from hta.trace_analysis import TraceAnalysis
-
     from hta_parity_support import HTA_DIR
 
     r0, r1 = "timeline_analysis/sampled_rank-0.json.gz", "trace_filter/sampled_rank-1.json.gz"

@@ -10,15 +10,19 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synth import US, comm, kernel, launch, launched, make_trace, memcpy
 
 from kinetoscope.analysis.comm_overlap import comm_comp_overlap
-from kinetoscope.analysis.counters import memory_bw_time_series, queue_length_time_series, time_blocked_on_full_queue
+from kinetoscope.analysis.counters import (
+    memory_bw_time_series,
+    queue_length_time_series,
+    time_blocked_on_full_queue,
+)
 from kinetoscope.analysis.idle_time import idle_time_breakdown, idle_time_interval_stats
 from kinetoscope.analysis.kernel_breakdown import kernel_breakdown, kernel_type_breakdown
 from kinetoscope.analysis.launch_stats import kernel_launch_stats, kernel_launch_summary
 from kinetoscope.analysis.temporal import temporal_breakdown
 from kinetoscope.analysis.user_annotation import gpu_kernels_with_user_annotations
-from synth import US, comm, kernel, launch, launched, make_trace, memcpy
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -108,7 +112,7 @@ def test_two_kernels_overlapping_by_x_on_two_streams():
     x = 7 * US
     t = make_trace([comm(0, 20 * US, stream=1), kernel(20 * US - x, 30 * US, stream=2)])
     tb = temporal_breakdown(t).row(0, named=True)
-    assert tb["kernel_time(us)"] == pytest.approx((20 - 7 + 30))
+    assert tb["kernel_time(us)"] == pytest.approx(20 - 7 + 30)
     assert tb["idle_time(us)"] == 0
     ov = comm_comp_overlap(t).row(0, named=True)
     assert ov["overlap_time(us)"] == pytest.approx(7)
@@ -160,7 +164,10 @@ def test_idle_host_wait_kernel_wait_other_by_construction():
     got = {r["idle_category"]: r["idle_time"] for r in idle_time_breakdown(t).iter_rows(named=True)}
     assert got == {"host_wait": 52.0, "kernel_wait": 10.0, "other": 100.0}
     # the threshold is in µs
-    got5 = {r["idle_category"]: r["idle_time"] for r in idle_time_breakdown(t, consecutive_kernel_delay_us=5).iter_rows(named=True)}
+    got5 = {
+        r["idle_category"]: r["idle_time"]
+        for r in idle_time_breakdown(t, consecutive_kernel_delay_us=5).iter_rows(named=True)
+    }
     assert got5 == {"host_wait": 52.0, "kernel_wait": 0.0, "other": 110.0}
     stats = idle_time_interval_stats(t)
     assert dict(zip(stats["idle_category"], stats["count"])) == {"host_wait": 1, "kernel_wait": 1, "other": 1}
@@ -168,7 +175,13 @@ def test_idle_host_wait_kernel_wait_other_by_construction():
 
 def test_overlap_on_one_stream_is_not_idle_time():
     """HTA would add the -4 µs gap of the overlapping kernel to kernel_wait."""
-    t = make_trace([kernel(0, 10 * US, correlation=1), kernel(6 * US, 10 * US, correlation=2), kernel(20 * US, 1 * US, correlation=3)])
+    t = make_trace(
+        [
+            kernel(0, 10 * US, correlation=1),
+            kernel(6 * US, 10 * US, correlation=2),
+            kernel(20 * US, 1 * US, correlation=3),
+        ]
+    )
     got = {r["idle_category"]: r["idle_time"] for r in idle_time_breakdown(t).iter_rows(named=True)}
     assert got == {"host_wait": 0.0, "kernel_wait": 4.0, "other": 0.0}
 
@@ -177,15 +190,26 @@ def test_empty_and_cpu_only_traces_give_empty_frames():
     cpu = make_trace([{"cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 0, "dur": 5}])
     empty = make_trace([])
     for t in (cpu, empty):
-        for fn in (temporal_breakdown, idle_time_breakdown, kernel_type_breakdown, kernel_breakdown, comm_comp_overlap,
-                   kernel_launch_stats, kernel_launch_summary, queue_length_time_series, memory_bw_time_series):
+        for fn in (
+            temporal_breakdown,
+            idle_time_breakdown,
+            kernel_type_breakdown,
+            kernel_breakdown,
+            comm_comp_overlap,
+            kernel_launch_stats,
+            kernel_launch_summary,
+            queue_length_time_series,
+            memory_bw_time_series,
+        ):
             out = fn(t)
             assert out.is_empty(), fn.__name__
             assert "rank" in out.columns
 
 
 def test_zero_duration_kernels():
-    t = make_trace([kernel(0, 0, correlation=1), kernel(5 * US, 0, correlation=2), kernel(2 * US, 1 * US, correlation=3)])
+    t = make_trace(
+        [kernel(0, 0, correlation=1), kernel(5 * US, 0, correlation=2), kernel(2 * US, 1 * US, correlation=3)]
+    )
     tb = temporal_breakdown(t).row(0, named=True)
     assert tb["kernel_time(us)"] == 5.0 and tb["idle_time(us)"] == 4.0 and tb["compute_time(us)"] == 1.0
     kb = kernel_breakdown(t).row(0, named=True)
@@ -223,8 +247,13 @@ def test_kernel_breakdown_stats_are_per_call_even_when_folded(calls):
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 100), st.integers(0, 30), st.integers(-20, 60), st.integers(0, 20)),
-                min_size=1, max_size=20))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 100), st.integers(0, 30), st.integers(-20, 60), st.integers(0, 20)),
+        min_size=1,
+        max_size=20,
+    )
+)
 def test_launch_delay_and_queue_length(items):
     """launch at ts with dur; kernel starts ``offset`` after the launch start (negative = clock skew)."""
     evs = []
@@ -255,8 +284,13 @@ def test_queue_full_lists_every_stream():
 
 
 def test_memory_bandwidth_back_to_back_and_zero_length():
-    t = make_trace([memcpy(0, 10 * US, bw=5.0, correlation=1), memcpy(10 * US, 10 * US, bw=7.0, correlation=2),
-                    memcpy(30 * US, 0, bw=2.0, correlation=3)])
+    t = make_trace(
+        [
+            memcpy(0, 10 * US, bw=5.0, correlation=1),
+            memcpy(10 * US, 10 * US, bw=7.0, correlation=2),
+            memcpy(30 * US, 0, bw=2.0, correlation=3),
+        ]
+    )
     ts = memory_bw_time_series(t)
     vals = ts["memory_bw_gbps"].to_list()
     assert min(vals) >= 0 and max(vals) == 7.0  # never 5 + 7 at the shared instant
@@ -264,12 +298,23 @@ def test_memory_bandwidth_back_to_back_and_zero_length():
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 100), st.integers(0, 100)), min_size=1, max_size=8),
-       st.lists(st.tuples(st.integers(0, 200), st.integers(0, 20)), min_size=1, max_size=15))
+@given(
+    st.lists(st.tuples(st.integers(0, 100), st.integers(0, 100)), min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, 200), st.integers(0, 20)), min_size=1, max_size=15),
+)
 def test_leaf_annotation_is_shortest_overlapping(anns, kers):
     evs = []
     for i, (ts, dur) in enumerate(anns):
-        evs.append({"cat": "gpu_user_annotation", "name": f"a{i}", "pid": 0, "tid": 7, "ts": ts * US, "dur": dur * US})
+        evs.append(
+            {
+                "cat": "gpu_user_annotation",
+                "name": f"a{i}",
+                "pid": 0,
+                "tid": 7,
+                "ts": ts * US,
+                "dur": dur * US,
+            }
+        )
     for j, (ts, dur) in enumerate(kers):
         evs.append(kernel(ts * US, dur * US, correlation=j + 1))
     t = make_trace(evs)
@@ -285,8 +330,12 @@ def test_leaf_annotation_is_shortest_overlapping(anns, kers):
 
 
 def test_zero_length_kernel_inside_annotation_is_annotated():
-    t = make_trace([{"cat": "gpu_user_annotation", "name": "fwd", "pid": 0, "tid": 7, "ts": 0, "dur": 10 * US},
-                    kernel(5 * US, 0, correlation=1)])
+    t = make_trace(
+        [
+            {"cat": "gpu_user_annotation", "name": "fwd", "pid": 0, "tid": 7, "ts": 0, "dur": 10 * US},
+            kernel(5 * US, 0, correlation=1),
+        ]
+    )
     assert gpu_kernels_with_user_annotations(t)["user_annotation"].to_list() == ["fwd"]
 
 

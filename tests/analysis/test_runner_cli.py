@@ -25,10 +25,15 @@ CPU_ONLY = "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 
 # The analyses of this package's core modules (other modules register more).
 CORE_MODULES = {
-    "kinetoscope.analysis.steps", "kinetoscope.analysis.temporal", "kinetoscope.analysis.idle_time",
-    "kinetoscope.analysis.kernel_breakdown", "kinetoscope.analysis.kernel_distribution",
-    "kinetoscope.analysis.comm_overlap", "kinetoscope.analysis.user_annotation",
-    "kinetoscope.analysis.launch_stats", "kinetoscope.analysis.counters",
+    "kinetoscope.analysis.steps",
+    "kinetoscope.analysis.temporal",
+    "kinetoscope.analysis.idle_time",
+    "kinetoscope.analysis.kernel_breakdown",
+    "kinetoscope.analysis.kernel_distribution",
+    "kinetoscope.analysis.comm_overlap",
+    "kinetoscope.analysis.user_annotation",
+    "kinetoscope.analysis.launch_stats",
+    "kinetoscope.analysis.counters",
 }
 
 
@@ -37,31 +42,70 @@ def core_names() -> list[str]:
 
 
 HTA_COLUMNS = {
-    "temporal_breakdown": {"rank", "idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)",
-                           "idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"},
+    "temporal_breakdown": {
+        "rank",
+        "idle_time(us)",
+        "compute_time(us)",
+        "non_compute_time(us)",
+        "kernel_time(us)",
+        "idle_time_pctg",
+        "compute_time_pctg",
+        "non_compute_time_pctg",
+    },
     "idle_time_breakdown": {"rank", "stream", "idle_category", "idle_time", "idle_time_ratio"},
     "kernel_type_breakdown": {"rank", "kernel_type", "sum", "percentage"},
-    "kernel_breakdown": {"rank", "kernel_type", "name", "sum (us)", "max (us)", "min (us)", "stddev", "mean (us)"},
+    "kernel_breakdown": {
+        "rank",
+        "kernel_type",
+        "name",
+        "sum (us)",
+        "max (us)",
+        "min (us)",
+        "stddev",
+        "mean (us)",
+    },
     "comm_comp_overlap": {"rank", "comp_comm_overlap_pctg"},
 }
 
 
 def _kscope(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def test_registry_names_and_specs():
     names = registry.names()
     assert len(names) == len(set(names))
-    for key in ("temporal_breakdown", "idle_time_breakdown", "kernel_breakdown", "kernel_type_breakdown",
-                "comm_comp_overlap", "kernel_distribution", "gpu_user_annotation_breakdown", "kernel_launch_summary",
-                "queue_length_summary", "time_blocked_on_full_queue", "memory_bw_summary", "step_durations",
-                "temporal_breakdown_by_step"):
+    for key in (
+        "temporal_breakdown",
+        "idle_time_breakdown",
+        "kernel_breakdown",
+        "kernel_type_breakdown",
+        "comm_comp_overlap",
+        "kernel_distribution",
+        "gpu_user_annotation_breakdown",
+        "kernel_launch_summary",
+        "queue_length_summary",
+        "time_blocked_on_full_queue",
+        "memory_bw_summary",
+        "step_durations",
+        "temporal_breakdown_by_step",
+    ):
         assert key in registry.default_names(), key
-    for key in ("idle_time_interval_stats", "kernel_launch_stats", "queue_length_time_series",
-                "memory_bw_time_series", "gpu_kernels_with_user_annotations"):
+    for key in (
+        "idle_time_interval_stats",
+        "kernel_launch_stats",
+        "queue_length_time_series",
+        "memory_bw_time_series",
+        "gpu_kernels_with_user_annotations",
+    ):
         assert key in names and key not in registry.default_names(), key
     with pytest.raises(KeyError, match="unknown analysis"):
         registry.get("no_such_analysis")
@@ -93,14 +137,18 @@ def test_document_shape(control_results):
     assert doc["traces"][0]["rank"] == 3 and doc["traces"][0]["device_type"] == "NVIDIA GPU"
     for name in res:
         assert isinstance(doc[name], list)
-    assert doc["notes"] == {"gpu_user_annotation_breakdown": "no gpu_user_annotation events",
-                            "gpu_kernels_with_user_annotations": "no gpu_user_annotation events"}
+    assert doc["notes"] == {
+        "gpu_user_annotation_breakdown": "no gpu_user_annotation events",
+        "gpu_kernels_with_user_annotations": "no gpu_user_annotation events",
+    }
     json.dumps(doc, allow_nan=False)  # strictly valid JSON: NaN/inf became null
 
 
 def test_options_reach_the_analysis(control_results):
     t, _ = control_results
-    res = run_analyses([t], ["kernel_breakdown", "idle_time_breakdown"], {"num_kernels": 2, "consecutive_kernel_delay_us": 0})
+    res = run_analyses(
+        [t], ["kernel_breakdown", "idle_time_breakdown"], {"num_kernels": 2, "consecutive_kernel_delay_us": 0}
+    )
     kb = res["kernel_breakdown"].filter(pl.col("kernel_type") == "COMPUTATION")
     assert kb.height == 3 and kb["name"].to_list()[-1] == "others"
     idle = res["idle_time_breakdown"]
@@ -123,7 +171,9 @@ def test_failing_analysis_is_reported_not_raised(control_results):
     def boom(traces):
         raise RuntimeError("kaput")
 
-    registry.register(AnalysisSpec(name="zz_boom", func=boom, description="test", default=False, needs_gpu=False))
+    registry.register(
+        AnalysisSpec(name="zz_boom", func=boom, description="test", default=False, needs_gpu=False)
+    )
     try:
         res = run_analyses([t], ["zz_boom", "temporal_breakdown"])
         assert res.errors == {"zz_boom": "RuntimeError: kaput"}
@@ -141,8 +191,11 @@ def test_diagnosis_hook(monkeypatch, control_results):
 
     def fake(traces, results, **options):
         assert isinstance(results, AnalysisResults)
-        return {"summary": ["ALL GOOD: nothing to see"], "job": {"ranks": len(traces)},
-                "stragglers": pl.DataFrame({"rank": [3], "score": [0.0]})}
+        return {
+            "summary": ["ALL GOOD: nothing to see"],
+            "job": {"ranks": len(traces)},
+            "stragglers": pl.DataFrame({"rank": [3], "score": [0.0]}),
+        }
 
     monkeypatch.setattr(diag, "diagnose", fake, raising=False)
     from kinetoscope.diagnosis.document import analyze
@@ -153,7 +206,11 @@ def test_diagnosis_hook(monkeypatch, control_results):
     keys = list(doc)
     assert keys.index("job") < keys.index("temporal_breakdown")
 
-    out = CliRunner().invoke(app, ["analyze", str(t.path), "--only", "temporal_breakdown", "--only", "stragglers"], terminal_width=200)
+    out = CliRunner().invoke(
+        app,
+        ["analyze", str(t.path), "--only", "temporal_breakdown", "--only", "stragglers"],
+        terminal_width=200,
+    )
     assert out.exit_code == 0, out.output
     assert out.output.index("ALL GOOD") < out.output.index("temporal_breakdown")
 
@@ -175,7 +232,15 @@ def test_cli_json_on_control():
 
 
 def test_cli_tables_on_control_and_only():
-    p = _kscope("analyze", str(HTA_DIR / CONTROL), "--no-cache", "--only", "temporal_breakdown", "--only", "comm_comp_overlap")
+    p = _kscope(
+        "analyze",
+        str(HTA_DIR / CONTROL),
+        "--no-cache",
+        "--only",
+        "temporal_breakdown",
+        "--only",
+        "comm_comp_overlap",
+    )
     assert p.returncode == 0, p.stderr
     assert "temporal_breakdown" in p.stdout and "comm_comp_overlap" in p.stdout
     assert "idle_time_breakdown" not in p.stdout
@@ -194,7 +259,9 @@ def test_cli_cpu_only_and_directory_of_two_ranks(tmp_path):
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert [r["rank"] for r in doc["comm_comp_overlap"]] == [0, 1]
-    p = _kscope("analyze", str(tmp_path), "--no-cache", "--json", "--only", "comm_comp_overlap", "--ranks", "1")
+    p = _kscope(
+        "analyze", str(tmp_path), "--no-cache", "--json", "--only", "comm_comp_overlap", "--ranks", "1"
+    )
     assert [r["rank"] for r in json.loads(p.stdout)["comm_comp_overlap"]] == [1]
 
 
@@ -207,15 +274,21 @@ def test_cli_bad_input_is_one_message_and_nonzero(tmp_path):
         assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
         assert "error" in p.stderr.lower()
     trunc = tmp_path / "trunc.json"
-    trunc.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "cat": "cpu_op"}, {"ph": "X", "na')
+    trunc.write_text(
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "cat": "cpu_op"}, {"ph": "X", "na'
+    )
     p = _kscope("analyze", str(trunc), "--no-cache")
     assert p.returncode != 0 and "Traceback" not in p.stderr
 
 
 def test_cli_usage_errors():
-    p = _kscope("analyze", str(HTA_DIR / "trace_file_list/inference_rank_1.json.gz"), "--no-cache", "--only", "nope")
+    p = _kscope(
+        "analyze", str(HTA_DIR / "trace_file_list/inference_rank_1.json.gz"), "--no-cache", "--only", "nope"
+    )
     assert p.returncode == 2 and "unknown analysis 'nope'" in p.stderr and "Traceback" not in p.stderr
-    p = _kscope("analyze", str(HTA_DIR / "trace_file_list/inference_rank_1.json.gz"), "--no-cache", "--ranks", "5")
+    p = _kscope(
+        "analyze", str(HTA_DIR / "trace_file_list/inference_rank_1.json.gz"), "--no-cache", "--ranks", "5"
+    )
     assert p.returncode == 2 and "loaded ranks: 1" in p.stderr
     p = _kscope("analyze", "--list")
     assert p.returncode == 0 and "temporal_breakdown" in p.stdout
@@ -225,7 +298,16 @@ def test_cli_only_selects_the_diagnosis_keys_added_later():
     """``--only`` accepts the diagnosis keys added after the first contract (pipeline,
     uneven_inputs, recompilation): the document holds just those (null for a job without the
     problem), and no analysis table."""
-    p = _kscope("analyze", str(HTA_DIR / CONTROL), "--no-cache", "--json", "--only", "pipeline", "--only", "recompilation")
+    p = _kscope(
+        "analyze",
+        str(HTA_DIR / CONTROL),
+        "--no-cache",
+        "--json",
+        "--only",
+        "pipeline",
+        "--only",
+        "recompilation",
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert "pipeline" in doc and "recompilation" in doc and doc["pipeline"] is None

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from synth import US, kernel, launched, make_trace, op
 
 from kinetoscope.analysis.steps import assign_steps, detect_steps, step_durations
 from kinetoscope.analysis.temporal import temporal_breakdown, temporal_breakdown_by_step
-from synth import US, kernel, launched, make_trace, op
 
 
 def test_profiler_steps_all_kept_including_last():
-    evs = [op(0, 100 * US, "ProfilerStep#5", cat="user_annotation"),
-           op(100 * US, 50 * US, "ProfilerStep#6", cat="user_annotation"),
-           op(150 * US, 70 * US, "ProfilerStep#7", cat="user_annotation"),
-           op(10 * US, 5 * US, "aten::mm")]
+    evs = [
+        op(0, 100 * US, "ProfilerStep#5", cat="user_annotation"),
+        op(100 * US, 50 * US, "ProfilerStep#6", cat="user_annotation"),
+        op(150 * US, 70 * US, "ProfilerStep#7", cat="user_annotation"),
+        op(10 * US, 5 * US, "aten::mm"),
+    ]
     steps = detect_steps(make_trace(evs, rank=2))
     assert steps.to_dicts() == [
         {"rank": 2, "step": 5, "start": 0, "end": 100 * US, "source": "ProfilerStep"},
@@ -26,11 +28,13 @@ def test_profiler_steps_all_kept_including_last():
 
 
 def test_optimizer_steps_when_no_profiler_step():
-    evs = [op(5 * US, 1 * US, "aten::empty"),  # trace start = 5
-           op(40 * US, 10 * US, "Optimizer.step#SGD.step", cat="user_annotation"),
-           op(95 * US, 5 * US, "Optimizer.step#SGD.step", cat="user_annotation"),
-           op(150 * US, 10 * US, "Optimizer.step#SGD.step", cat="user_annotation"),
-           op(170 * US, 10 * US, "aten::mm")]  # after the last optimizer step: incomplete, not a step
+    evs = [
+        op(5 * US, 1 * US, "aten::empty"),  # trace start = 5
+        op(40 * US, 10 * US, "Optimizer.step#SGD.step", cat="user_annotation"),
+        op(95 * US, 5 * US, "Optimizer.step#SGD.step", cat="user_annotation"),
+        op(150 * US, 10 * US, "Optimizer.step#SGD.step", cat="user_annotation"),
+        op(170 * US, 10 * US, "aten::mm"),
+    ]  # after the last optimizer step: incomplete, not a step
     steps = detect_steps(make_trace(evs))
     assert steps.select("step", "start", "end", "source").rows() == [
         (0, 5 * US, 50 * US, "optimizer"),
@@ -55,8 +59,10 @@ def test_no_steps():
 
 
 def test_device_events_belong_to_the_step_that_launched_them():
-    evs = [op(0, 100 * US, "ProfilerStep#1", cat="user_annotation"),
-           op(100 * US, 100 * US, "ProfilerStep#2", cat="user_annotation")]
+    evs = [
+        op(0, 100 * US, "ProfilerStep#1", cat="user_annotation"),
+        op(100 * US, 100 * US, "ProfilerStep#2", cat="user_annotation"),
+    ]
     evs += launched(90 * US, 5 * US, 120 * US, 10 * US)  # launched in step 1, runs in step 2
     evs += launched(110 * US, 5 * US, 135 * US, 10 * US)
     evs.append(kernel(50 * US, 1 * US, correlation=None))  # no launch: placed by its own ts

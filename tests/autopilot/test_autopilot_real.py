@@ -175,7 +175,16 @@ def test_once_against_postgresql(real_fleet: RealFleet, tmp_path: Path, pg_url: 
     hosts = ["--host", real_fleet.address("a"), "--host", real_fleet.address("b")]
     res = run_kscope(
         # the samples analysed by the local process pool (kscope analyze's map/reduce) this time
-        "autopilot", *hosts, "--catalog", pg_url, "--policy", str(policy), "--once", "--json", "--backend", "local",
+        "autopilot",
+        *hosts,
+        "--catalog",
+        pg_url,
+        "--policy",
+        str(policy),
+        "--once",
+        "--json",
+        "--backend",
+        "local",
         timeout=900,
     )
     assert res.returncode == 0, res.stderr[-3000:]

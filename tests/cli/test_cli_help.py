@@ -40,8 +40,14 @@ COMMAND_PATHS = sorted(_all_commands())
 
 def _kscope(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "TERM": "dumb"}
-    return subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def _example_lines(epilog: str) -> list[str]:
@@ -66,7 +72,7 @@ def test_every_command_ends_its_help_with_real_examples(path: str) -> None:
         target = _all_commands()[path]
         prefix = path.split()
         assert words[: len(prefix)] == prefix, f"example of kscope {path} runs another command: {line}"
-        args = words[len(prefix):]
+        args = words[len(prefix) :]
         if isinstance(target, TyperGroup):
             target = target.commands[args[0]]
             args = args[1:]
@@ -130,7 +136,9 @@ def test_command_help_loads_no_heavy_library(command: str) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "HEAVY:", f"kscope {command} --help imports a heavy library"
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY:", (
+        f"kscope {command} --help imports a heavy library"
+    )
 
 
 @pytest.mark.parametrize("args", [[], ["catalog"]])

@@ -13,10 +13,10 @@ import importlib.metadata as md
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "kinetoscope"
@@ -88,8 +88,10 @@ def test_every_import_is_declared() -> None:
         if not in_extra:
             problems.append(f"{rel}:{line}: imports {top!r}, which no dependency or extra declares")
         elif not lazy:
-            problems.append(f"{rel}:{line}: imports {top!r} (extra {in_extra[0]}) at module level; import it "
-                            "inside the function that needs it, with a one-line error naming the extra")
+            problems.append(
+                f"{rel}:{line}: imports {top!r} (extra {in_extra[0]}) at module level; import it "
+                "inside the function that needs it, with a one-line error naming the extra"
+            )
     assert not problems, "\n".join(problems)
 
 

@@ -23,8 +23,14 @@ def kscope(*args: str, cwd: Path = REPO, columns: int | None = None) -> subproce
     env.pop("COLUMNS", None)
     if columns is not None:
         env["COLUMNS"] = str(columns)
-    return subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=cwd,
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -53,8 +59,9 @@ def test_report_output_is_an_existing_directory(paths: dict[str, Path]) -> None:
     assert_one_line_error(kscope("report", CPU_TRACE, "-o", str(target)), str(target), "directory")
 
 
-@pytest.mark.parametrize("target", ["/proc/kscope-report.html", "/proc/sys/kscope-report.html",
-                                    "/sys/kscope-report.html"])
+@pytest.mark.parametrize(
+    "target", ["/proc/kscope-report.html", "/proc/sys/kscope-report.html", "/sys/kscope-report.html"]
+)
 def test_report_output_on_a_file_system_that_refuses_files(target: str) -> None:
     """procfs and sysfs refuse new files even to root (mode bits do not stop root; these do)."""
     proc = kscope("report", CPU_TRACE, "-o", target)
@@ -64,7 +71,9 @@ def test_report_output_on_a_file_system_that_refuses_files(target: str) -> None:
 
 def test_report_output_under_a_file(paths: dict[str, Path]) -> None:
     target = paths["a-file"] / "report.html"
-    assert_one_line_error(kscope("report", CPU_TRACE, "-o", str(target)), str(paths["a-file"]), "not a folder")
+    assert_one_line_error(
+        kscope("report", CPU_TRACE, "-o", str(target)), str(paths["a-file"]), "not a folder"
+    )
 
 
 def test_write_report_refuses_an_unwritable_place_in_one_line() -> None:
@@ -122,8 +131,9 @@ def catalog_with_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
 
 @pytest.mark.parametrize("columns", [80, None])  # an 80-column terminal's width; a plain pipe
 @pytest.mark.parametrize("command", [["traces", "--files"], ["catalog", "show", TRACE_ID]])
-def test_ids_and_paths_stay_whole(catalog_with_job: tuple[str, Path], command: list[str],
-                                  columns: int | None) -> None:
+def test_ids_and_paths_stay_whole(
+    catalog_with_job: tuple[str, Path], command: list[str], columns: int | None
+) -> None:
     url, job = catalog_with_job
     proc = kscope(*command, "--catalog", url, columns=columns)
     assert proc.returncode == 0, proc.stderr
@@ -134,7 +144,8 @@ def test_ids_and_paths_stay_whole(catalog_with_job: tuple[str, Path], command: l
         assert f.name in proc.stdout
     if columns is not None:
         assert max(len(ln) for ln in proc.stdout.splitlines()) <= 80 or str(job) in max(
-            proc.stdout.splitlines(), key=len), "only a whole path may run past 80 columns"
+            proc.stdout.splitlines(), key=len
+        ), "only a whole path may run past 80 columns"
 
 
 def test_analyze_keeps_paths_whole_and_fits_a_screen(catalog_with_job: tuple[str, Path]) -> None:

@@ -138,7 +138,9 @@ def kscope_main(
 def run_kscope() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``python -m kinetoscope.cli.main ARGS`` as a subprocess (the real CLI)."""
 
-    def run(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "kinetoscope.cli.main", *args],
             cwd=REPO_ROOT,
@@ -168,8 +170,14 @@ def single_torch_job(tmp_path_factory):
     try:
         daemon.start()
         job = TrainingJob(
-            workdir, ranks=1, torchrun=False, steps=0, model="tiny", max_seconds=280,
-            env=daemon.kineto_env(), extra_args=["--step-sleep-ms", "20", "--quiet"],
+            workdir,
+            ranks=1,
+            torchrun=False,
+            steps=0,
+            model="tiny",
+            max_seconds=280,
+            env=daemon.kineto_env(),
+            extra_args=["--step-sleep-ms", "20", "--quiet"],
         ).start()
         procs = daemon.wait_for_processes(1, timeout=90, alive=job.alive)
         job.wait_for_steps(3, timeout=90)

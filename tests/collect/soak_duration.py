@@ -52,17 +52,30 @@ def main(argv: list[str]) -> int:
         env = dict(daemon.kineto_env())
         if args.kineto_log_level is not None:
             env["KINETO_LOG_LEVEL"] = args.kineto_log_level
-        with TrainingJob(args.out, ranks=args.ranks, steps=0, model=args.model,
-                         max_seconds=args.traces * 60 + 120, env=env, load_ms=args.load_ms,
-                         extra_args=["--quiet", "--step-sleep-ms", f"{args.step_sleep_ms:g}"]) as job:
+        with TrainingJob(
+            args.out,
+            ranks=args.ranks,
+            steps=0,
+            model=args.model,
+            max_seconds=args.traces * 60 + 120,
+            env=env,
+            load_ms=args.load_ms,
+            extra_args=["--quiet", "--step-sleep-ms", f"{args.step_sleep_ms:g}"],
+        ) as job:
             daemon.wait_for_processes(args.ranks, timeout=120, alive=job.alive)
             job.wait_for_steps(3, timeout=120)
             for i in range(args.traces):
                 t0 = time.monotonic()
-                res = trigger_trace(TraceRequest([daemon.address], Target(pids=(job.pid,)), TraceOptions(duration_ms=args.duration_ms)))
+                res = trigger_trace(
+                    TraceRequest(
+                        [daemon.address], Target(pids=(job.pid,)), TraceOptions(duration_ms=args.duration_ms)
+                    )
+                )
                 if len(res.files) != args.ranks:
-                    print(f"trace {i}: triggered {len(res.files)}/{args.ranks}: {[e.message for e in res.errors]}",
-                          flush=True)
+                    print(
+                        f"trace {i}: triggered {len(res.files)}/{args.ranks}: {[e.message for e in res.errors]}",
+                        flush=True,
+                    )
                     continue
                 # how long after its nominal window end (pickup + 5 s warmup + duration) each file
                 # was seen complete: the margin a healthy trace leaves below STALL_GRACE_S
@@ -72,7 +85,9 @@ def main(argv: list[str]) -> int:
                     now = time.monotonic()
                     for f in r.files:  # type: ignore[attr-defined]
                         if f.complete and f.pid not in lateness and f.delivered_mono is not None:
-                            lateness[f.pid] = now - (f.delivered_mono + KINETO_WARMUP_S + args.duration_ms / 1000)
+                            lateness[f.pid] = now - (
+                                f.delivered_mono + KINETO_WARMUP_S + args.duration_ms / 1000
+                            )
 
                 res = wait_for_trace(res, timeout=args.timeout, poll_interval=0.3, on_progress=seen)
                 took = time.monotonic() - t0
@@ -80,14 +95,20 @@ def main(argv: list[str]) -> int:
                 complete += res.ok
                 worst = max(lateness.values(), default=float("nan"))
                 worst_all = max(worst_all, worst) if lateness else worst_all
-                print(f"trace {i}: {res.trace_id} {done}/{len(res.files)} complete in {took:.1f} s, "
-                      f"at most {worst:.1f} s after the nominal window end, "
-                      f"{sum(f.retries for f in res.files)} re-sent"
-                      + ("" if res.ok else " | " + " | ".join(e.message for e in res.errors)), flush=True)
+                print(
+                    f"trace {i}: {res.trace_id} {done}/{len(res.files)} complete in {took:.1f} s, "
+                    f"at most {worst:.1f} s after the nominal window end, "
+                    f"{sum(f.retries for f in res.files)} re-sent"
+                    + ("" if res.ok else " | " + " | ".join(e.message for e in res.errors)),
+                    flush=True,
+                )
             if not job.alive():
                 print(f"job exited:\n{job.tail()}")
-    print(f"{complete}/{args.traces} duration traces complete on all {args.ranks} ranks; the latest file came "
-          f"{worst_all:.1f} s after its nominal window end (stalled after {STALL_GRACE_S:g} s)", flush=True)
+    print(
+        f"{complete}/{args.traces} duration traces complete on all {args.ranks} ranks; the latest file came "
+        f"{worst_all:.1f} s after its nominal window end (stalled after {STALL_GRACE_S:g} s)",
+        flush=True,
+    )
     return 0 if complete == args.traces else 1
 
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 from kinetoscope.store.catalog import Catalog
-
 from tests.collect.test_collect_trigger import fake_daemon
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,18 +25,37 @@ def status_of(db: Path, trace_id: str) -> str | None:
 
 
 def trace_argv(address: str, db: Path, trace_id: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "kinetoscope.cli.main", "trace", "--host", address, "--pids", "11",
-            "--duration-ms", "100", "--trace-id", trace_id, "--catalog", str(db), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "kinetoscope.cli.main",
+        "trace",
+        "--host",
+        address,
+        "--pids",
+        "11",
+        "--duration-ms",
+        "100",
+        "--trace-id",
+        trace_id,
+        "--catalog",
+        str(db),
+        *extra,
+    ]
 
 
 def test_killed_store_run_is_marked_abandoned_by_the_next_run(rpc_server, tmp_path, run_kscope):
     # the file never appears and the process stays alive: `--store` waits (up to its timeout)
-    srv = fake_daemon(rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0, "job_id": "0"}],
-                      {11: {"delivered": False}})
+    srv = fake_daemon(
+        rpc_server, "node-a", tmp_path, [{"pid": 11, "rank": 0, "job_id": "0"}], {11: {"delivered": False}}
+    )
     db = tmp_path / "catalog.db"
     waiter = subprocess.Popen(
         trace_argv(srv.address, db, "kst-killed", "--store", str(tmp_path / "store"), "--timeout", "300"),
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -57,8 +75,10 @@ def test_killed_store_run_is_marked_abandoned_by_the_next_run(rpc_server, tmp_pa
     r = run_kscope(*trace_argv(srv.address, db, "kst-next")[3:])
     assert r.returncode == 0, r.stderr
     flat = " ".join(r.stderr.split())
-    assert "catalog: marked 1 earlier request(s) abandoned (kst-killed): the `kscope trace` that waited for " \
+    assert (
+        "catalog: marked 1 earlier request(s) abandoned (kst-killed): the `kscope trace` that waited for "
         "them was killed before it recorded their outcome" in flat
+    )
     assert status_of(db, "kst-killed") == "abandoned"
     assert status_of(db, "kst-next") == "requested"
 

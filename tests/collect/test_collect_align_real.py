@@ -33,16 +33,27 @@ def test_ranks_of_a_job_trace_the_same_steps_by_default(tmp_path):
     job_id = random.Random(7).randint(10_000, 2**31 - 1)
     with LocalDaemon(tmp_path) as daemon:
         env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
-        with TrainingJob(tmp_path, ranks=2, steps=0, model="tiny", max_seconds=280, env=env,
-                         extra_args=["--step-sleep-ms", "60", "--quiet"]) as job:
+        with TrainingJob(
+            tmp_path,
+            ranks=2,
+            steps=0,
+            model="tiny",
+            max_seconds=280,
+            env=env,
+            extra_args=["--step-sleep-ms", "60", "--quiet"],
+        ) as job:
             daemon.wait_for_processes(2, job_id=job_id, timeout=120, alive=job.alive)
             job.wait_for_steps(3, timeout=120)
-            res = trigger_trace(TraceRequest([daemon.address], Target(job_id=job_id), TraceOptions(iterations=ITERATIONS)))
+            res = trigger_trace(
+                TraceRequest([daemon.address], Target(job_id=job_id), TraceOptions(iterations=ITERATIONS))
+            )
             assert res.ok, [e.message for e in res.errors]
             roundup = res.options.iteration_roundup
             assert roundup is not None and roundup >= 100, res.notes
-            assert any(n.startswith(f"aligning 2 processes: each starts at the next multiple of {roundup}")
-                       for n in res.notes), res.notes
+            assert any(
+                n.startswith(f"aligning 2 processes: each starts at the next multiple of {roundup}")
+                for n in res.notes
+            ), res.notes
             at_trigger = max(d["step"] for d in job.progress().values())
             assert at_trigger < roundup // 2  # so every rank picks it up before step R (see docstring)
             res = wait_for_trace(res, timeout=240)

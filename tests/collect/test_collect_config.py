@@ -38,7 +38,12 @@ def test_all_options_with_memory_match_dyno():
     # dyno gputrace --log-file /tmp/x/trace.json --duration-ms 2000 --record-shapes --profile-memory
     #   --with-stacks --with-flops --with-modules
     opts = TraceOptions(
-        duration_ms=2000, record_shapes=True, profile_memory=True, with_stack=True, with_flops=True, with_modules=True
+        duration_ms=2000,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+        with_flops=True,
+        with_modules=True,
     )
     assert opts.config_text("/tmp/x/trace.json") == (
         "ACTIVITIES_LOG_FILE=/tmp/x/trace.json\nPROFILE_START_TIME=0\nACTIVITIES_DURATION_MSECS=2000\n"

@@ -25,18 +25,30 @@ def test_missing_token_is_refused_with_the_daemons_reason(token_daemon, run_ksco
 
 
 def test_token_from_env_and_nothing_registered(token_daemon, run_kscope):
-    r = run_kscope("trace", "-H", str(token_daemon.address), "--all", "--iterations", "3",
-                   env={"KSCOPE_TOKEN": "s3cret"})
+    r = run_kscope(
+        "trace", "-H", str(token_daemon.address), "--all", "--iterations", "3", env={"KSCOPE_TOKEN": "s3cret"}
+    )
     assert r.returncode == 1
     flat = " ".join(r.stderr.split())
     assert "nothing to trace on host " in flat
-    assert f"({token_daemon.address}): no processes registered (are they started with KINETO_USE_DAEMON=1" in flat
+    assert (
+        f"({token_daemon.address}): no processes registered (are they started with KINETO_USE_DAEMON=1"
+        in flat
+    )
 
 
 def test_output_dir_outside_trace_root_is_refused(token_daemon, tmp_path):
     from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace
 
-    res = trigger_trace(TraceRequest([token_daemon.address], Target(all=True), TraceOptions(duration_ms=100), output_dir=str(tmp_path / "elsewhere")), token="s3cret")
+    res = trigger_trace(
+        TraceRequest(
+            [token_daemon.address],
+            Target(all=True),
+            TraceOptions(duration_ms=100),
+            output_dir=str(tmp_path / "elsewhere"),
+        ),
+        token="s3cret",
+    )
     assert [e.kind for e in res.errors] == ["failed"]
     assert "kscopeTrace failed" in res.errors[0].message and "output_dir" in res.errors[0].message
 

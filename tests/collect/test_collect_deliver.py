@@ -33,13 +33,41 @@ def fake_daemon(rpc_server, tmp_path):
         p = Path(path(req))
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(BODY)
-        return {"hostname": "n1", "trace_id": req["trace_id"], "output_dir": str(root), "config": "ACTIVITIES_DURATION_MSECS=100",
-                "matched": [{"pid": 42, "rank": 0, "local_rank": 0, "world_size": 1, "job_id": "7",
-                             "cmdline": "python train.py", "path": path(req), "triggered": True}]}
+        return {
+            "hostname": "n1",
+            "trace_id": req["trace_id"],
+            "output_dir": str(root),
+            "config": "ACTIVITIES_DURATION_MSECS=100",
+            "matched": [
+                {
+                    "pid": 42,
+                    "rank": 0,
+                    "local_rank": 0,
+                    "world_size": 1,
+                    "job_id": "7",
+                    "cmdline": "python train.py",
+                    "path": path(req),
+                    "triggered": True,
+                }
+            ],
+        }
 
     def status(req):
-        return {"hostname": "n1", "files": [{"pid": 42, "rank": 0, "path": path(req), "exists": True,
-                                             "bytes": len(BODY), "complete": True, "delivered": True, "alive": True}]}
+        return {
+            "hostname": "n1",
+            "files": [
+                {
+                    "pid": 42,
+                    "rank": 0,
+                    "path": path(req),
+                    "exists": True,
+                    "bytes": len(BODY),
+                    "complete": True,
+                    "delivered": True,
+                    "alive": True,
+                }
+            ],
+        }
 
     srv = rpc_server({"kscopeTrace": trace, "kscopeTraceStatus": status})
     srv.root = root
@@ -48,18 +76,25 @@ def fake_daemon(rpc_server, tmp_path):
 
 def test_store_option_parsing():
     assert parse_store_options(["endpoint_url=http://h:9000", "anon=true", "x=3", "k=a=b"]) == {
-        "endpoint_url": "http://h:9000", "anon": True, "x": 3, "k": "a=b"}
+        "endpoint_url": "http://h:9000",
+        "anon": True,
+        "x": 3,
+        "k": "a=b",
+    }
     with pytest.raises(UsageError, match="KEY=VALUE"):
         parse_store_options(["nothing"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--store-option", "a=b"], "--store-option only applies with --store"),
-    (["--store", "/tmp/x", "--store-option", "oops"], "expected KEY=VALUE"),
-    (["--catalog", "/tmp/c.db", "--no-catalog"], "--catalog and --no-catalog contradict"),
-    (["--output-dir", "s3://b/one", "--store", "s3://b/two"], "names another one (s3://b/two)"),
-    (["--store", "s3://"], "--store s3://: S3 URL has no bucket"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--store-option", "a=b"], "--store-option only applies with --store"),
+        (["--store", "/tmp/x", "--store-option", "oops"], "expected KEY=VALUE"),
+        (["--catalog", "/tmp/c.db", "--no-catalog"], "--catalog and --no-catalog contradict"),
+        (["--output-dir", "s3://b/one", "--store", "s3://b/two"], "names another one (s3://b/two)"),
+        (["--store", "s3://"], "--store s3://: S3 URL has no bucket"),
+    ],
+)
 def test_usage_errors(kscope_main, args, message):
     code, _out, err = kscope_main("trace", "--all", "--duration-ms", "5", *args)
     assert code == 2 and message in " ".join(err.split()) and "Traceback" not in err
@@ -67,15 +102,32 @@ def test_usage_errors(kscope_main, args, message):
 
 def test_local_store_and_catalog(kscope_main, fake_daemon, tmp_path, private_catalog):
     store = tmp_path / "nfs" / "store"
-    code, out, err = kscope_main("trace", "-H", fake_daemon.address, "--pids", "42",
-                              "--duration-ms", "100", "--trace-id", TRACE_ID, "--store", str(store), "--json")
+    code, out, err = kscope_main(
+        "trace",
+        "-H",
+        fake_daemon.address,
+        "--pids",
+        "42",
+        "--duration-ms",
+        "100",
+        "--trace-id",
+        TRACE_ID,
+        "--store",
+        str(store),
+        "--json",
+    )
     assert code == 0, err
     doc = orjson.loads(out)
     assert doc["errors"] == [] and doc["waited"] is True and doc["store_url"] == str(store)
     assert "--store waits for the trace files" in " ".join(err.split())
     sha = hashlib.sha256(BODY).hexdigest()
-    assert [(o["key"], o["bytes"]) for o in doc["stored"]][0] == (f"{TRACE_ID}/rank-0_42.pt.trace.json", len(BODY))
-    assert doc["stored"][0]["sha256"] == sha and doc["stored"][0]["url"] == str(store / TRACE_ID / "rank-0_42.pt.trace.json")
+    assert [(o["key"], o["bytes"]) for o in doc["stored"]][0] == (
+        f"{TRACE_ID}/rank-0_42.pt.trace.json",
+        len(BODY),
+    )
+    assert doc["stored"][0]["sha256"] == sha and doc["stored"][0]["url"] == str(
+        store / TRACE_ID / "rank-0_42.pt.trace.json"
+    )
     assert doc["stored"][-1]["key"] == f"{TRACE_ID}/manifest.json"
     assert (store / TRACE_ID / "rank-0_42.pt.trace.json").read_bytes() == BODY
     # recorded ($KSCOPE_CATALOG): the second recording filled in sha256, storage URL, completeness
@@ -86,13 +138,31 @@ def test_local_store_and_catalog(kscope_main, fake_daemon, tmp_path, private_cat
     assert rec.requested_by and "@" in rec.requested_by and rec.job_ids == ["7"]
     assert rec.hosts == ["n1"]  # the daemon's host name, not its address
     (f,) = rec.files
-    assert (f.sha256, f.storage_url, f.bytes, f.complete, f.rank) == (sha, doc["stored"][0]["url"], len(BODY), True, 0)
+    assert (f.sha256, f.storage_url, f.bytes, f.complete, f.rank) == (
+        sha,
+        doc["stored"][0]["url"],
+        len(BODY),
+        True,
+        0,
+    )
 
 
 def test_human_output_lists_stored_objects(kscope_main, fake_daemon, tmp_path):
     store = tmp_path / "store"
-    code, out, err = kscope_main("trace", "-H", fake_daemon.address, "--pids", "42",
-                              "--duration-ms", "100", "--trace-id", TRACE_ID, "--wait", "--store", str(store))
+    code, out, err = kscope_main(
+        "trace",
+        "-H",
+        fake_daemon.address,
+        "--pids",
+        "42",
+        "--duration-ms",
+        "100",
+        "--trace-id",
+        TRACE_ID,
+        "--wait",
+        "--store",
+        str(store),
+    )
     assert code == 0, err
     flat = " ".join(out.split())
     assert f"stored in {store}" in flat and hashlib.sha256(BODY).hexdigest() in flat
@@ -101,8 +171,19 @@ def test_human_output_lists_stored_objects(kscope_main, fake_daemon, tmp_path):
 
 def test_catalog_failure_is_a_warning(kscope_main, fake_daemon, tmp_path):
     bad = tmp_path / "no" / "such" / "dir" / "c.db"
-    code, out, err = kscope_main("trace", "-H", fake_daemon.address, "--pids", "42",
-                              "--duration-ms", "100", "--wait", "--catalog", str(bad), "--json")
+    code, out, err = kscope_main(
+        "trace",
+        "-H",
+        fake_daemon.address,
+        "--pids",
+        "42",
+        "--duration-ms",
+        "100",
+        "--wait",
+        "--catalog",
+        str(bad),
+        "--json",
+    )
     assert code == 0, err
     doc = orjson.loads(out)
     assert doc["errors"] == [] and doc["catalog"] is None
@@ -112,8 +193,18 @@ def test_catalog_failure_is_a_warning(kscope_main, fake_daemon, tmp_path):
 
 
 def test_no_catalog_records_nothing(kscope_main, fake_daemon, private_catalog):
-    code, out, err = kscope_main("trace", "-H", fake_daemon.address, "--pids", "42",
-                              "--duration-ms", "100", "--wait", "--no-catalog", "--json")
+    code, out, err = kscope_main(
+        "trace",
+        "-H",
+        fake_daemon.address,
+        "--pids",
+        "42",
+        "--duration-ms",
+        "100",
+        "--wait",
+        "--no-catalog",
+        "--json",
+    )
     assert code == 0, err
     assert orjson.loads(out)["catalog"] is None and not private_catalog.exists()
 
@@ -121,8 +212,20 @@ def test_no_catalog_records_nothing(kscope_main, fake_daemon, private_catalog):
 def test_store_failure_keeps_files(kscope_main, fake_daemon, tmp_path, private_catalog):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the store folder should be")
-    code, out, err = kscope_main("trace", "-H", fake_daemon.address, "--pids", "42",
-                              "--duration-ms", "100", "--trace-id", TRACE_ID, "--store", str(blocker), "--json")
+    code, out, err = kscope_main(
+        "trace",
+        "-H",
+        fake_daemon.address,
+        "--pids",
+        "42",
+        "--duration-ms",
+        "100",
+        "--trace-id",
+        TRACE_ID,
+        "--store",
+        str(blocker),
+        "--json",
+    )
     assert code == 1
     doc = orjson.loads(out)
     (e,) = doc["errors"]
@@ -138,7 +241,9 @@ def test_store_failure_keeps_files(kscope_main, fake_daemon, tmp_path, private_c
 
 def test_library_records_request_then_fills_it_in(fake_daemon, tmp_path):
     db = str(tmp_path / "lib.db")
-    res = trigger_trace(TraceRequest(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100)))
+    res = trigger_trace(
+        TraceRequest(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100))
+    )
     assert res.ok and res.files
     rec = record_trace_result(res, db)
     assert rec is not None and rec.status == "requested" and rec.files[0].sha256 is None
@@ -147,14 +252,22 @@ def test_library_records_request_then_fills_it_in(fake_daemon, tmp_path):
     assert res.ok and objs and res.stored == objs
     rec = record_trace_result(res, db)
     assert rec is not None and rec.status == "complete" and rec.trace_id == res.trace_id
-    assert rec.files[0].sha256 == hashlib.sha256(BODY).hexdigest() and rec.store_url == str(tmp_path / "store")
+    assert rec.files[0].sha256 == hashlib.sha256(BODY).hexdigest() and rec.store_url == str(
+        tmp_path / "store"
+    )
     assert res.catalog == f"sqlite:///{db}"
 
 
 def test_library_store_names_files_not_on_this_machine(fake_daemon, tmp_path):
-    res = trigger_trace(TraceRequest(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100)))
+    res = trigger_trace(
+        TraceRequest(parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100))
+    )
     res = wait_for_trace(res, timeout=10)
     Path(res.files[0].path).unlink()  # as if the file were on another host's local disk
     assert store_trace_result(res, str(tmp_path / "store"))[-1].key.endswith("manifest.json")
     (e,) = res.errors
-    assert e.kind == "store" and "rank-0_42.pt.trace.json (host n1)" in e.message and "not on this machine" in e.message
+    assert (
+        e.kind == "store"
+        and "rank-0_42.pt.trace.json (host n1)" in e.message
+        and "not on this machine" in e.message
+    )

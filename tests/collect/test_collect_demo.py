@@ -69,7 +69,12 @@ def test_straggler_schedule_is_shared_and_seeded():
 def test_demo_failure_names_the_step_and_cleans_up(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", "demo", "--workdir", str(tmp_path), "--timeout", "4"],
-        cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO_ROOT,
+        env=demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert r.returncode == 1, r.stdout + r.stderr
     err = " ".join(r.stderr.split())
@@ -83,7 +88,11 @@ def test_demo_failure_names_the_step_and_cleans_up(tmp_path):
 def test_demo_interrupted_cleans_up(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kinetoscope.cli.main", "demo", "--workdir", str(tmp_path)],
-        cwd=REPO_ROOT, env=demo_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO_ROOT,
+        env=demo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     try:
@@ -108,8 +117,22 @@ def test_demo_interrupted_cleans_up(tmp_path):
 @pytest.mark.torch
 def test_demo_end_to_end(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", "demo", "--workdir", str(tmp_path), "--iterations", "6"],
-        cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=200, check=False,
+        [
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "demo",
+            "--workdir",
+            str(tmp_path),
+            "--iterations",
+            "6",
+        ],
+        cwd=REPO_ROOT,
+        env=demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Demo complete" in r.stdout

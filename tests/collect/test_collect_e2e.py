@@ -19,6 +19,7 @@ from kinetoscope.protocol.manifest import read_manifest
 def count_optimizer_steps(path: str) -> int:
     return inspect_trace_file(path)["optimizer_steps"]
 
+
 pytestmark = pytest.mark.torch
 
 
@@ -44,8 +45,21 @@ def test_iteration_trace_has_exactly_n_optimizer_steps(single_torch_job):
 
 def test_cli_duration_trace_by_pid_json(single_torch_job, run_kscope):
     daemon, _job, pid = single_torch_job
-    r = run_kscope("trace", "--host", str(daemon.address), "--pids", str(pid), "--duration-ms", "300",
-                   "--record-shapes", "--wait", "--timeout", "60", "--json", timeout=120)
+    r = run_kscope(
+        "trace",
+        "--host",
+        str(daemon.address),
+        "--pids",
+        str(pid),
+        "--duration-ms",
+        "300",
+        "--record-shapes",
+        "--wait",
+        "--timeout",
+        "60",
+        "--json",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     doc = orjson.loads(r.stdout)
     assert doc["errors"] == []
@@ -72,8 +86,18 @@ def test_cli_nothing_matched_says_what_is_registered(single_torch_job, run_kscop
 
 def test_unreachable_host_among_good_ones(single_torch_job, free_port, run_kscope):
     daemon, _job, _pid = single_torch_job
-    r = run_kscope("trace", "--host", f"127.0.0.1:{free_port}", "--host", str(daemon.address),
-                   "--job-id", "999", "--duration-ms", "100", "--json")
+    r = run_kscope(
+        "trace",
+        "--host",
+        f"127.0.0.1:{free_port}",
+        "--host",
+        str(daemon.address),
+        "--job-id",
+        "999",
+        "--duration-ms",
+        "100",
+        "--json",
+    )
     assert r.returncode == 1
     doc = orjson.loads(r.stdout)
     kinds = sorted(e["kind"] for e in doc["errors"])
@@ -87,14 +111,27 @@ def test_timeout_names_process_path_and_cause(single_torch_job, run_kscope):
     process, which path, and what stage it reached. Runs last in this module: the trace it
     starts is still running afterwards (we wait for it so the process is free again)."""
     daemon, _job, pid = single_torch_job
-    r = run_kscope("trace", "--host", str(daemon.address), "--pids", str(pid), "--duration-ms", "200",
-                   "--wait", "--timeout", "1", "--json")
+    r = run_kscope(
+        "trace",
+        "--host",
+        str(daemon.address),
+        "--pids",
+        str(pid),
+        "--duration-ms",
+        "200",
+        "--wait",
+        "--timeout",
+        "1",
+        "--json",
+    )
     assert r.returncode == 1
     doc = orjson.loads(r.stdout)
     (err,) = doc["errors"]
     assert err["kind"] == "timeout" and err["pid"] == pid
     assert err["path"] == doc["files"][0]["path"]
-    assert err["message"].startswith(f"pid {pid} on {daemon.address}: {err['path']} did not appear within 1 s")
+    assert err["message"].startswith(
+        f"pid {pid} on {daemon.address}: {err['path']} did not appear within 1 s"
+    )
     # 1 s is about one poll interval: either the config is not picked up yet, or Kineto is in its warmup
     # (after the pickup, Kineto may already have created its <file>.tmp: the message then says so)
     assert ("but has not picked up the trace config yet" in err["message"]) or (
@@ -104,9 +141,13 @@ def test_timeout_names_process_path_and_cause(single_torch_job, run_kscope):
     # let that trace finish so the process is free again
     from kinetoscope.collect.trigger import TraceFile, TraceResult
 
-    pending = TraceResult(trace_id=doc["trace_id"], hosts=[daemon.address], target=Target(pids=(pid,)),
-                          options=TraceOptions(duration_ms=200),
-                          files=[TraceFile(host=str(daemon.address), pid=pid, rank=None, path=err["path"])])
+    pending = TraceResult(
+        trace_id=doc["trace_id"],
+        hosts=[daemon.address],
+        target=Target(pids=(pid,)),
+        options=TraceOptions(duration_ms=200),
+        files=[TraceFile(host=str(daemon.address), pid=pid, rank=None, path=err["path"])],
+    )
     assert wait_for_trace(pending, timeout=60, write_manifest_file=False).ok
 
 
@@ -117,8 +158,17 @@ def test_ddp_job_traced_by_job_id(tmp_path):
 
     with LocalDaemon(tmp_path) as daemon:
         env = {**daemon.kineto_env(), "SLURM_JOB_ID": "36199"}
-        with TrainingJob(tmp_path, ranks=2, steps=0, model="tiny", straggler="intermittent", straggler_rank=1,
-                         max_seconds=200, env=env, extra_args=["--step-sleep-ms", "10", "--quiet"]) as job:
+        with TrainingJob(
+            tmp_path,
+            ranks=2,
+            steps=0,
+            model="tiny",
+            straggler="intermittent",
+            straggler_rank=1,
+            max_seconds=200,
+            env=env,
+            extra_args=["--step-sleep-ms", "10", "--quiet"],
+        ) as job:
             ranks = daemon.wait_for_processes(2, job_id=36199, timeout=120, alive=job.alive)
             job.wait_for_steps(3, timeout=120)
             step = max(d["step"] for d in job.progress().values())
@@ -128,7 +178,13 @@ def test_ddp_job_traced_by_job_id(tmp_path):
 
             jid, note = parse_job_id("36199_0")
             assert note
-            res = trigger_trace(TraceRequest([daemon.address], Target(job_id=jid, job_id_text="36199_0"), TraceOptions(iterations=4, iteration_roundup=roundup)))
+            res = trigger_trace(
+                TraceRequest(
+                    [daemon.address],
+                    Target(job_id=jid, job_id_text="36199_0"),
+                    TraceOptions(iterations=4, iteration_roundup=roundup),
+                )
+            )
             assert res.ok, [e.message for e in res.errors]
             launcher = [m for m in res.matched if m.state == "launcher"]
             assert [m.pid for m in launcher] == [job.pid]  # torchrun's agent matched, not traced
@@ -141,7 +197,8 @@ def test_ddp_job_traced_by_job_id(tmp_path):
     assert names == [f"rank-0_{rank_pids[0]}.pt.trace.json", f"rank-1_{rank_pids[1]}.pt.trace.json"]
     manifest = read_manifest(res.output_dir)
     assert sorted((f.rank, f.world_size, f.job_id, f.pid, f.complete) for f in manifest.files) == [
-        (0, 2, "36199", rank_pids[0], True), (1, 2, "36199", rank_pids[1], True)
+        (0, 2, "36199", rank_pids[0], True),
+        (1, 2, "36199", rank_pids[1], True),
     ]
     for f in manifest.files:
         assert count_optimizer_steps(f.path) == 4

@@ -33,8 +33,13 @@ def _manifest(tmp_path, **kw) -> Manifest:
         )
         for r in range(2)
     ]
-    return Manifest(trace_id="kst-20261121-053012-3f9a", created="2026-11-21T05:30:12Z",
-                    config="ACTIVITIES_ITERATIONS=10", files=files, **kw)
+    return Manifest(
+        trace_id="kst-20261121-053012-3f9a",
+        created="2026-11-21T05:30:12Z",
+        config="ACTIVITIES_ITERATIONS=10",
+        files=files,
+        **kw,
+    )
 
 
 def test_round_trip(tmp_path):
@@ -53,7 +58,17 @@ def test_schema_keys_match_architecture_doc(tmp_path):
     assert doc["kinetoscope_manifest"] == 1
     assert {"trace_id", "created", "config", "files"} <= doc.keys()
     assert set(doc["files"][0]) == {
-        "file", "path", "host", "pid", "rank", "local_rank", "world_size", "job_id", "cmdline", "bytes", "complete"
+        "file",
+        "path",
+        "host",
+        "pid",
+        "rank",
+        "local_rank",
+        "world_size",
+        "job_id",
+        "cmdline",
+        "bytes",
+        "complete",
     }
 
 
@@ -68,11 +83,18 @@ def test_analyzer_reads_rank_from_our_manifest(tmp_path):
 
 
 def test_unknown_fields_are_tolerated(tmp_path):
-    doc = orjson.loads(orjson.dumps({
-        "kinetoscope_manifest": 1, "trace_id": "t1", "created": "2026-11-21T05:30:12Z", "config": "",
-        "future": {"a": 1},
-        "files": [{"file": "a.json", "path": "/a.json", "host": "h", "pid": 1, "new_field": 3}],
-    }))
+    doc = orjson.loads(
+        orjson.dumps(
+            {
+                "kinetoscope_manifest": 1,
+                "trace_id": "t1",
+                "created": "2026-11-21T05:30:12Z",
+                "config": "",
+                "future": {"a": 1},
+                "files": [{"file": "a.json", "path": "/a.json", "host": "h", "pid": 1, "new_field": 3}],
+            }
+        )
+    )
     (tmp_path / "manifest.json").write_bytes(orjson.dumps(doc))
     m = read_manifest(tmp_path)
     assert m.files[0].rank is None and m.files[0].complete is False
@@ -104,7 +126,9 @@ def test_merge_with_per_host_manifests(tmp_path):
     trigger.files[1].world_size = None
     write_manifest(trigger, tmp_path)
     host = _manifest(tmp_path)
-    extra = ManifestFile(file="rank-2_9.pt.trace.json", path="/x", host="node08", pid=9, rank=2, complete=True)
+    extra = ManifestFile(
+        file="rank-2_9.pt.trace.json", path="/x", host="node08", pid=9, rank=2, complete=True
+    )
     host.files.append(extra)
     write_manifest(host, tmp_path, name="manifest.node07.json")
     merged = read_manifests(tmp_path)

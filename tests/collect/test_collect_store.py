@@ -21,14 +21,31 @@ def _json(r) -> dict:
     return orjson.loads(r.stdout)
 
 
-def test_trace_store_s3_then_catalog_lists_it(single_torch_job, run_kscope, s3_bucket, s3_env, moto_endpoint,
-                                              tmp_path):
+def test_trace_store_s3_then_catalog_lists_it(
+    single_torch_job, run_kscope, s3_bucket, s3_env, moto_endpoint, tmp_path
+):
     daemon, _job, pid = single_torch_job
     db = tmp_path / "kscope.db"
     store = f"s3://{s3_bucket}/fleet/traces"
-    r = run_kscope("trace", "--host", str(daemon.address), "--pids", str(pid), "--duration-ms", "100",
-                   "--wait", "--timeout", "60", "--store", store, "--catalog", str(db), "--json",
-                   env=s3_env, timeout=180)
+    r = run_kscope(
+        "trace",
+        "--host",
+        str(daemon.address),
+        "--pids",
+        str(pid),
+        "--duration-ms",
+        "100",
+        "--wait",
+        "--timeout",
+        "60",
+        "--store",
+        store,
+        "--catalog",
+        str(db),
+        "--json",
+        env=s3_env,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     doc = _json(r)
     assert doc["errors"] == [] and doc["store_url"] == store and doc["catalog"] == f"sqlite:///{db}"
@@ -42,8 +59,13 @@ def test_trace_store_s3_then_catalog_lists_it(single_torch_job, run_kscope, s3_b
     assert any(n.startswith("manifest.") and n != "manifest.json" for n in names)  # the daemon's own
     first = doc["stored"][0]
     assert set(first) >= {"url", "bytes", "sha256", "key"}
-    assert first == {**first, "url": f"{store}/{trace_id}/{local.name}", "key": f"{trace_id}/{local.name}",
-                     "bytes": len(data), "sha256": sha}
+    assert first == {
+        **first,
+        "url": f"{store}/{trace_id}/{local.name}",
+        "key": f"{trace_id}/{local.name}",
+        "bytes": len(data),
+        "sha256": sha,
+    }
     # the bytes in S3 are the local file's
     obj = s3_client(moto_endpoint).get_object(Bucket=s3_bucket, Key=f"fleet/traces/{trace_id}/{local.name}")
     assert obj["Body"].read() == data
@@ -55,23 +77,52 @@ def test_trace_store_s3_then_catalog_lists_it(single_torch_job, run_kscope, s3_b
     assert r.returncode == 0, r.stderr
     (t,) = _json(r)["traces"]
     assert (t["trace_id"], t["status"], t["store_url"], t["files"], t["complete_files"]) == (
-        trace_id, "complete", store, 1, 1)
+        trace_id,
+        "complete",
+        store,
+        1,
+        1,
+    )
     assert t["requested_by"] and t["bytes"] == len(data)
     (cf,) = t["file_list"]
     assert (cf["file"], cf["sha256"], cf["storage_url"], cf["bytes"], cf["pid"]) == (
-        local.name, sha, first["url"], len(data), pid)
+        local.name,
+        sha,
+        first["url"],
+        len(data),
+        pid,
+    )
     r = run_kscope("catalog", "show", trace_id, "--catalog", str(db))
     assert r.returncode == 0 and first["url"] in " ".join(r.stdout.split()), r.stdout
 
 
-def test_unreachable_store_keeps_local_files_and_fails(single_torch_job, run_kscope, s3_env, free_port, tmp_path):
+def test_unreachable_store_keeps_local_files_and_fails(
+    single_torch_job, run_kscope, s3_env, free_port, tmp_path
+):
     """--output-dir s3://... is used as the store; its endpoint refuses connections."""
     daemon, _job, pid = single_torch_job
     db = tmp_path / "kscope.db"
     bad = f"http://127.0.0.1:{free_port}"
-    r = run_kscope("trace", "--host", str(daemon.address), "--pids", str(pid), "--duration-ms", "100",
-                   "--timeout", "60", "--output-dir", "s3://nowhere-bucket/x", "--store-option",
-                   f"endpoint_url={bad}", "--catalog", str(db), "--json", env=s3_env, timeout=240)
+    r = run_kscope(
+        "trace",
+        "--host",
+        str(daemon.address),
+        "--pids",
+        str(pid),
+        "--duration-ms",
+        "100",
+        "--timeout",
+        "60",
+        "--output-dir",
+        "s3://nowhere-bucket/x",
+        "--store-option",
+        f"endpoint_url={bad}",
+        "--catalog",
+        str(db),
+        "--json",
+        env=s3_env,
+        timeout=240,
+    )
     assert r.returncode == 1, r.stderr
     doc = _json(r)
     assert doc["waited"] is True and doc["stored"] == []
@@ -97,8 +148,21 @@ def test_unreachable_store_keeps_local_files_and_fails(single_torch_job, run_ksc
 def test_local_store_implies_wait_and_no_catalog(single_torch_job, run_kscope, tmp_path, private_catalog):
     daemon, _job, pid = single_torch_job
     store = tmp_path / "nfs" / "traces"
-    r = run_kscope("trace", "--host", str(daemon.address), "--pids", str(pid), "--duration-ms", "100",
-                   "--timeout", "60", "--store", str(store), "--no-catalog", timeout=180)
+    r = run_kscope(
+        "trace",
+        "--host",
+        str(daemon.address),
+        "--pids",
+        str(pid),
+        "--duration-ms",
+        "100",
+        "--timeout",
+        "60",
+        "--store",
+        str(store),
+        "--no-catalog",
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     assert "--store waits for the trace files" in " ".join(r.stderr.split())

@@ -47,8 +47,16 @@ def cli_env() -> dict[str, str]:
 def start_job(daemon: object, workdir: Path) -> object:
     from kinetoscope.demo.local import TrainingJob
 
-    job = TrainingJob(workdir, ranks=1, torchrun=False, steps=0, model="tiny", max_seconds=240,
-                      env=daemon.kineto_env(), extra_args=["--step-sleep-ms", "20", "--quiet"]).start()
+    job = TrainingJob(
+        workdir,
+        ranks=1,
+        torchrun=False,
+        steps=0,
+        model="tiny",
+        max_seconds=240,
+        env=daemon.kineto_env(),
+        extra_args=["--step-sleep-ms", "20", "--quiet"],
+    ).start()
     daemon.wait_for_processes(1, timeout=120, alive=job.alive)
     job.wait_for_steps(2, timeout=120)
     return job
@@ -57,10 +65,30 @@ def start_job(daemon: object, workdir: Path) -> object:
 def start_trace(daemon: object, pid: int, trace_id: str, duration_ms: int) -> subprocess.Popen[str]:
     """``kscope trace --wait --json`` as a real subprocess (the CLI a user runs)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "kinetoscope.cli.main", "trace", "--host", str(daemon.address), "--pids", str(pid),
-         "--duration-ms", str(duration_ms), "--trace-id", trace_id, "--wait", "--timeout", str(WAIT_TIMEOUT_S),
-         "--json", "--no-catalog"],
-        cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "trace",
+            "--host",
+            str(daemon.address),
+            "--pids",
+            str(pid),
+            "--duration-ms",
+            str(duration_ms),
+            "--trace-id",
+            trace_id,
+            "--wait",
+            "--timeout",
+            str(WAIT_TIMEOUT_S),
+            "--json",
+            "--no-catalog",
+        ],
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -118,8 +146,10 @@ def test_wait_reports_a_stalled_duration_trace_of_a_hung_process(daemon, tmp_pat
     assert err["kind"] == "stalled" and err["pid"] == pid, err  # not "timeout": it did not wait 300 s
     msg = err["message"]
     assert msg.startswith(f"pid {pid} on {daemon.address}: {err['path']} was not written "), msg
-    assert "s after its 3000 ms window should have ended: the process picked up the config, then stopped " \
+    assert (
+        "s after its 3000 ms window should have ended: the process picked up the config, then stopped "
         "polling the daemon" in msg
+    )
     assert "The other processes' files are not affected." in msg
 
 
@@ -147,4 +177,6 @@ def test_duration_trace_dropped_by_kineto_is_sent_again(daemon, tmp_path):
     assert f["complete"] is True and f["bytes"] > 0 and not doc["errors"]
     assert f"Kineto dropped the duration trace in pid {pid} (1x)" in " ".join(doc["notes"]), doc["notes"]
     # what Kineto itself said the first time (the cause the daemon worked around)
-    assert "Not starting tracing - insufficient time for warmup" in Path(job.log_path).read_text(errors="replace")
+    assert "Not starting tracing - insufficient time for warmup" in Path(job.log_path).read_text(
+        errors="replace"
+    )

@@ -38,7 +38,9 @@ class IpcClient:
             return None
         return wire.unpack_datagram(data)
 
-    def poll(self, pids: list[int], job_id: int = 0, config_type: int = 3, timeout: float = 2.0) -> str | None:
+    def poll(
+        self, pids: list[int], job_id: int = 0, config_type: int = 3, timeout: float = 2.0
+    ) -> str | None:
         """Send a "req" and return the config text of the reply ("" when nothing pending)."""
         self.send(wire.pack_request(config_type, job_id, pids))
         reply = self.recv(timeout)

@@ -13,6 +13,7 @@ Prints "READY <pid>" once registered, "TRACED <path>" after each trace.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
@@ -58,7 +59,15 @@ def main() -> None:
         env = dict(os.environ, RANK=str(i), LOCAL_RANK=str(i), WORLD_SIZE=str(args.children))
         kids.append(
             subprocess.Popen(
-                [sys.executable, __file__, args.socket_dir, "--period", str(args.period), "--lifetime", str(args.lifetime)],
+                [
+                    sys.executable,
+                    __file__,
+                    args.socket_dir,
+                    "--period",
+                    str(args.period),
+                    "--lifetime",
+                    str(args.lifetime),
+                ],
                 env=env,
             )
         )
@@ -83,11 +92,17 @@ def main() -> None:
             if payload:
                 text = payload.decode()
                 opts = dict(
-                    (k.strip(), v.strip()) for k, _, v in (ln.partition("=") for ln in text.splitlines() if "=" in ln)
+                    (k.strip(), v.strip())
+                    for k, _, v in (ln.partition("=") for ln in text.splitlines() if "=" in ln)
                 )
                 path = kineto_output_path(opts["ACTIVITIES_LOG_FILE"], os.getpid())
                 with open(path + ".tmp", "w") as f:
-                    f.write('{"schemaVersion": 1, "trace_id": "%s", "traceEvents": []}\n' % opts["REQUEST_TRACE_ID"])
+                    f.write(
+                        json.dumps(
+                            {"schemaVersion": 1, "trace_id": opts["REQUEST_TRACE_ID"], "traceEvents": []}
+                        )
+                        + "\n"
+                    )
                 os.rename(path + ".tmp", path)
                 print(f"TRACED {path}", flush=True)
                 if not args.stay and not args.children:

@@ -66,7 +66,11 @@ def test_sigterm_shuts_down_cleanly(cli_daemon, sockdir, tmp_path):
         assert c.poll([9100]) == ""
     finally:
         c.close()
-    body = urllib.request.urlopen(f"http://127.0.0.1:{fields['metrics_port']}/metrics", timeout=5).read().decode()
+    body = (
+        urllib.request.urlopen(f"http://127.0.0.1:{fields['metrics_port']}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
     assert "kscope_daemon_ipc_polls_total 1.0" in body
     assert "kscope_daemon_registered_processes 1.0" in body
     assert "kscope_daemon_ipc_context_registrations 0.0" in body

@@ -18,7 +18,13 @@ from kinetoscope.protocol import wire
 def _trigger(port: int, pids: list[int], config: str, job_id: int = 0, limit: int = 3) -> dict:
     return rpc(
         port,
-        {"fn": "setKinetOnDemandRequest", "config": config, "job_id": job_id, "pids": pids, "process_limit": limit},
+        {
+            "fn": "setKinetOnDemandRequest",
+            "config": config,
+            "job_id": job_id,
+            "pids": pids,
+            "process_limit": limit,
+        },
     )
 
 

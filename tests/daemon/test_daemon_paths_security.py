@@ -53,7 +53,9 @@ def test_symlink_to_inside_the_root_is_refused_too(daemon, trace_root):
     assert res["status"] == "failed" and "symlink" in res["error"]
 
 
-def test_trace_dir_swapped_for_a_symlink_after_the_request_gets_no_manifest(daemon, clients, trace_root, elsewhere):
+def test_trace_dir_swapped_for_a_symlink_after_the_request_gets_no_manifest(
+    daemon, clients, trace_root, elsewhere
+):
     """The check at request time is not enough: the manifest write walks the path again."""
     c = _registered(clients)
     res = rpc(daemon.rpc_port, {"fn": "kscopeTrace", "trace_id": "swap", "all": True})
@@ -63,7 +65,9 @@ def test_trace_dir_swapped_for_a_symlink_after_the_request_gets_no_manifest(daem
         os.unlink(os.path.join(trace_dir, name))
     os.rmdir(trace_dir)
     os.symlink(elsewhere, trace_dir)  # planted after the check
-    with open(res["matched"][0]["path"], "w") as f:  # the file appears (through the link): the manifest changes
+    with open(
+        res["matched"][0]["path"], "w"
+    ) as f:  # the file appears (through the link): the manifest changes
         f.write('{"traceEvents": []}')
     status = rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "swap"})
     assert status["status"] == "ok" and status["manifest"] is None
@@ -98,7 +102,10 @@ def test_malformed_line_before_the_log_file_is_refused(daemon, clients, trace_ro
 
 def test_output_dir_with_equals_is_refused_cleanly(daemon, clients, trace_root):
     c = _registered(clients)
-    res = rpc(daemon.rpc_port, {"fn": "kscopeTrace", "trace_id": "eq", "output_dir": f"{trace_root}/a=b", "all": True})
+    res = rpc(
+        daemon.rpc_port,
+        {"fn": "kscopeTrace", "trace_id": "eq", "output_dir": f"{trace_root}/a=b", "all": True},
+    )
     assert res["status"] == "failed" and "'='" in res["error"] and "internal" not in res["error"]
     assert c.poll([8800]) == ""
 

@@ -179,8 +179,12 @@ BAD_FRAMES = [
     pytest.param(wire.frame_rpc(b'{"fn": "dcgmProfPause", "duration_s": "x"}'), id="dcgm-bad-type"),
     pytest.param(wire.frame_rpc(b'{"fn": "kscopeTrace"}'), id="kscope-no-trace-id"),
     pytest.param(wire.frame_rpc(b'{"fn": "kscopeTrace", "trace_id": "../x"}'), id="kscope-bad-trace-id"),
-    pytest.param(wire.frame_rpc(b'{"fn": "kscopeTrace", "trace_id": "a", "pids": "1"}'), id="kscope-pids-type"),
-    pytest.param(wire.frame_rpc(b'{"fn": "kscopeTrace", "trace_id": "a", "duration_ms": true}'), id="kscope-bool-int"),
+    pytest.param(
+        wire.frame_rpc(b'{"fn": "kscopeTrace", "trace_id": "a", "pids": "1"}'), id="kscope-pids-type"
+    ),
+    pytest.param(
+        wire.frame_rpc(b'{"fn": "kscopeTrace", "trace_id": "a", "duration_ms": true}'), id="kscope-bool-int"
+    ),
     pytest.param(wire.frame_rpc(b'{"fn": "kscopeListProcesses", "job_id": [1]}'), id="list-job-type"),
     pytest.param(wire.frame_rpc(b'{"fn": "kscopeTraceStatus", "trace_id": 5}'), id="status-type"),
 ]
@@ -289,7 +293,9 @@ def test_log_file_outside_trace_root_is_refused(daemon, clients, trace_root, log
     c = clients()
     c.poll([8000])
     config = f"ACTIVITIES_LOG_FILE={log_file.format(root=trace_root)}\nPROFILE_START_TIME=0"
-    reply = rpc(daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": config, "pids": [0], "job_id": 0})
+    reply = rpc(
+        daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": config, "pids": [0], "job_id": 0}
+    )
     assert reply["status"] == "failed" and why in reply["error"]
     assert {k: reply[k] for k in EMPTY_DYNO} == EMPTY_DYNO
     assert c.poll([8000]) == ""  # nothing was queued
@@ -302,7 +308,9 @@ def test_second_log_file_line_is_checked_too(daemon, clients, trace_root):
 
 
 def test_missing_log_file_is_refused(daemon):
-    reply = rpc(daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": "PROFILE_START_TIME=0", "pids": [0]})
+    reply = rpc(
+        daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": "PROFILE_START_TIME=0", "pids": [0]}
+    )
     assert reply["status"] == "failed" and "ACTIVITIES_LOG_FILE" in reply["error"]
 
 
@@ -313,7 +321,9 @@ def test_past_start_time_is_refused(daemon, trace_root):
     assert reply["status"] == "failed" and "in the past" in reply["error"]
     future = int(time.time() * 1000) + 60_000
     config = f"ACTIVITIES_LOG_FILE={trace_root}/t.json\nPROFILE_START_TIME={future}"
-    assert "status" not in rpc(daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": config, "pids": [0]})
+    assert "status" not in rpc(
+        daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": config, "pids": [0]}
+    )
 
 
 def test_log_dir_is_created_inside_the_root(daemon, clients, trace_root):

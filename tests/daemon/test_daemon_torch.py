@@ -34,7 +34,9 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_real_torch_process_is_traced_by_dyno_request_then_kscope_trace(daemon, sockdir, trace_root, tmp_path):
+def test_real_torch_process_is_traced_by_dyno_request_then_kscope_trace(
+    daemon, sockdir, trace_root, tmp_path
+):
     kineto_conf = tmp_path / "kineto.conf"
     kineto_conf.write_text("ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS=1\n")
     env = dict(os.environ)
@@ -52,7 +54,9 @@ def test_real_torch_process_is_traced_by_dyno_request_then_kscope_trace(daemon, 
         [sys.executable, str(WORKER), "--lifetime", "90"], env=env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        procs = _wait_for(lambda: rpc(daemon.rpc_port, {"fn": "kscopeListProcesses"})["processes"], 30, "registration")
+        procs = _wait_for(
+            lambda: rpc(daemon.rpc_port, {"fn": "kscopeListProcesses"})["processes"], 30, "registration"
+        )
         assert procs[0]["pid"] == proc.pid and procs[0]["rank"] == 0
 
         # 1) exactly what `dyno gputrace` sends
@@ -75,13 +79,19 @@ def test_real_torch_process_is_traced_by_dyno_request_then_kscope_trace(daemon, 
         assert doc["trace_id"].isdigit()
 
         # 2) the kscope extension: per-rank file name, manifest, status until complete
-        res = rpc(daemon.rpc_port, {"fn": "kscopeTrace", "trace_id": "kst-torch-1", "all": True, "duration_ms": 300})
+        res = rpc(
+            daemon.rpc_port, {"fn": "kscopeTrace", "trace_id": "kst-torch-1", "all": True, "duration_ms": 300}
+        )
         assert res["triggered"] == 1
         path = res["matched"][0]["path"]
         assert path == f"{trace_root}/kst-torch-1/rank-0_{proc.pid}.pt.trace.json"
         st = _wait_for(
-            lambda: (s := rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "kst-torch-1"}))["all_complete"]
-            and s,
+            lambda: (
+                (s := rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "kst-torch-1"}))[
+                    "all_complete"
+                ]
+                and s
+            ),
             45,
             "kscope trace",
         )

@@ -81,7 +81,11 @@ def test_process_info_from_proc(daemon, spawn):
     assert info["pid"] == p.pid and info["pids"][0] == p.pid and info["pids"][1] == os.getpid()
     assert info["job_id"] == "4242"  # kineto's strtoll of SLURM_JOB_ID
     assert (info["rank"], info["local_rank"], info["world_size"], info["group_rank"]) == (3, 1, 8, 1)
-    assert (info["torchelastic_run_id"], info["master_addr"], info["master_port"]) == ("run-xyz", "10.0.0.7", 29500)
+    assert (info["torchelastic_run_id"], info["master_addr"], info["master_port"]) == (
+        "run-xyz",
+        "10.0.0.7",
+        29500,
+    )
     assert info["slurm_job_id"] == "4242_7"
     assert str(FAKE) in info["cmdline"]
     assert info["is_launcher"] is False and info["alive"] is True and info["pending"] is False
@@ -117,14 +121,18 @@ def test_kscope_trace_end_to_end_with_launcher(daemon, spawn, trace_root):
     ranks = sorted(p["rank"] for p in procs if not p["is_launcher"])
     assert ranks == [0, 1]
 
-    res = rpc(daemon.rpc_port, {"fn": "kscopeTrace", "trace_id": "kst-test-1", "all": True, "duration_ms": 200})
+    res = rpc(
+        daemon.rpc_port, {"fn": "kscopeTrace", "trace_id": "kst-test-1", "all": True, "duration_ms": 200}
+    )
     assert res["status"] == "ok" and res["hostname"] == "testhost" and res["trace_id"] == "kst-test-1"
     trace_dir = os.path.join(trace_root, "kst-test-1")
     assert res["output_dir"] == trace_root and res["trace_dir"] == trace_dir
     assert res["triggered"] == 2
     assert res["config"].startswith("PROFILE_START_TIME=0\nACTIVITIES_DURATION_MSECS=200\n")
     matched = {m["pid"]: m for m in res["matched"]}
-    assert matched[launcher.pid]["triggered"] is False and matched[launcher.pid]["reason"].startswith("launcher")
+    assert matched[launcher.pid]["triggered"] is False and matched[launcher.pid]["reason"].startswith(
+        "launcher"
+    )
     for m in res["matched"]:
         if m["pid"] != launcher.pid:
             assert m["triggered"] is True and m["busy"] is False and m["reason"] is None
@@ -154,9 +162,11 @@ def test_kscope_trace_end_to_end_with_launcher(daemon, spawn, trace_root):
         assert f["tmp_bytes"] is None  # renamed: no .tmp left
     # The rank processes exit after tracing (fake_kineto), the launcher reaps them.
     st = _wait_for(
-        lambda: (s := rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "kst-test-1"}))
-        and not any(f["alive"] for f in s["files"])
-        and s,
+        lambda: (
+            (s := rpc(daemon.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": "kst-test-1"}))
+            and not any(f["alive"] for f in s["files"])
+            and s
+        ),
         what="ranks to exit",
     )
     manifest = json.loads(Path(manifest_path).read_text())
@@ -232,7 +242,9 @@ def _handlers(trace_root: str):
     from kinetoscope.daemon.traces import TraceBook
 
     registry = Registry(info_reader=lambda pid, sender: None)
-    h = RpcHandlers(registry=registry, book=TraceBook(), metrics=DaemonMetrics(), hostname="h", trace_root=trace_root)
+    h = RpcHandlers(
+        registry=registry, book=TraceBook(), metrics=DaemonMetrics(), hostname="h", trace_root=trace_root
+    )
     return registry, h
 
 

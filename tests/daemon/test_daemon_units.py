@@ -233,7 +233,10 @@ def test_gpu_metrics_from_nvml(monkeypatch):
     finally:
         sampler.stop()
     util = metrics["kscope_gpu_utilization_percent"].samples
-    assert [(s.labels["gpu"], s.labels["name"], s.value) for s in util] == [("0", "NVIDIA H100", 90.0), ("1", "NVIDIA H100", 91.0)]
+    assert [(s.labels["gpu"], s.labels["name"], s.value) for s in util] == [
+        ("0", "NVIDIA H100", 90.0),
+        ("1", "NVIDIA H100", 91.0),
+    ]
     assert metrics["kscope_gpu_power_watts"].samples[0].value == 350.0
     assert metrics["kscope_gpu_sm_clock_mhz"].samples == []  # unsupported field: skipped, not fatal
     assert "kscope_host_cpu_utilization_percent" in metrics and "kscope_host_network_receive_bytes" in metrics

@@ -62,8 +62,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # sleeps. Seed 0: every 16-step window starting after step 10..400 has >= 5 such events on
     # >= 2 ranks (where the trace starts depends on the roundup, i.e. on timing)
     "intermittent": {
-        "straggler": "intermittent", "straggler_rank": -1, "straggler_prob": 0.5,
-        "straggler_ms": (DELAY_MS, DELAY_MS), "seed": 0,
+        "straggler": "intermittent",
+        "straggler_rank": -1,
+        "straggler_prob": 0.5,
+        "straggler_ms": (DELAY_MS, DELAY_MS),
+        "seed": 0,
     },
 }
 
@@ -111,7 +114,9 @@ def _optimizer_step_ends(path: str) -> tuple[list[float], bool]:
     return [(base / 1e3 + t) / 1e6 for t in ends], True
 
 
-def _match_logged_steps(rank: int, ends: list[float], log_ends: list[tuple[float, int]], tol_s: float = 0.02) -> list[int]:
+def _match_logged_steps(
+    rank: int, ends: list[float], log_ends: list[tuple[float, int]], tol_s: float = 0.02
+) -> list[int]:
     """The job steps of a rank's traced optimizer-step ends, matched to its step log as one block.
 
     The traced steps are consecutive, so the block offset with the smallest *median* gap between
@@ -129,12 +134,16 @@ def _match_logged_steps(rank: int, ends: list[float], log_ends: list[tuple[float
             best = (median, i)
     if best is None or best[0] > tol_s:
         nearest = "" if best is None else f"; best median gap {best[0] * 1000:.1f} ms"
-        raise CollectFailed(f"rank {rank}: the {len(ends)} traced optimizer steps ({ends[0]:.3f}..{ends[-1]:.3f}) "
-                            f"match no run of its {len(log_ends)} logged steps{nearest}")
-    return [st for _e, st in log_ends[best[1]:best[1] + len(ends)]]
+        raise CollectFailed(
+            f"rank {rank}: the {len(ends)} traced optimizer steps ({ends[0]:.3f}..{ends[-1]:.3f}) "
+            f"match no run of its {len(log_ends)} logged steps{nearest}"
+        )
+    return [st for _e, st in log_ends[best[1] : best[1] + len(ends)]]
 
 
-def ground_truth(job: TrainingJob, files: dict[int, str], roundup: int, iterations: int) -> tuple[list[int], dict[int, dict[int, float]]]:
+def ground_truth(
+    job: TrainingJob, files: dict[int, str], roundup: int, iterations: int
+) -> tuple[list[int], dict[int, dict[int, float]]]:
     """Which job steps each rank traced (matched by time to its step log) and who slept in them."""
     logs = {r: {s["step"]: s for s in job.step_log(r)} for r in files}
     traced: dict[int, list[int]] = {}
@@ -188,15 +197,30 @@ def collect_traces(
     with LocalDaemon(workdir, trace_root=workdir / "traces") as daemon:
         env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
         kwargs = {**COMMON, **scenario}
-        with TrainingJob(workdir, ranks=ranks, steps=0, max_seconds=timeout_s + 30, env=env,
-                         extra_args=["--quiet"], **kwargs) as job:
+        with TrainingJob(
+            workdir,
+            ranks=ranks,
+            steps=0,
+            max_seconds=timeout_s + 30,
+            env=env,
+            extra_args=["--quiet"],
+            **kwargs,
+        ) as job:
             daemon.wait_for_processes(ranks, job_id=job_id, timeout=left(90), alive=job.alive)
             job.wait_for_steps(3, timeout=left(60))
             timings["start"] = time.monotonic() - t0
             roundup = job.iteration_roundup(margin_s)
-            res = trigger_trace(TraceRequest([daemon.address], Target(job_id=job_id, job_id_text=str(job_id)), TraceOptions(iterations=iterations, iteration_roundup=roundup)))
+            res = trigger_trace(
+                TraceRequest(
+                    [daemon.address],
+                    Target(job_id=job_id, job_id_text=str(job_id)),
+                    TraceOptions(iterations=iterations, iteration_roundup=roundup),
+                )
+            )
             if res.errors or len(res.triggered) != ranks:
-                raise CollectFailed(f"trigger: {[e.message for e in res.errors]}, triggered {len(res.triggered)}/{ranks}")
+                raise CollectFailed(
+                    f"trigger: {[e.message for e in res.errors]}, triggered {len(res.triggered)}/{ranks}"
+                )
             res = wait_for_trace(res, timeout=left(60), poll_interval=0.3)
             if not res.ok:
                 raise CollectFailed("; ".join(e.message for e in res.errors) + f"\n{job.tail()}")
@@ -219,8 +243,11 @@ def main(argv: list[str]) -> int:
         d = out / f"{i:02d}-{name}"
         t = time.monotonic()
         run = collect_traces(d, SCENARIOS[name])
-        print(f"{name}: {run.trace_dir} steps {run.job_steps[0]}..{run.job_steps[-1]} "
-              f"injected {sorted(run.injected_pairs())} ({time.monotonic() - t:.0f} s)", flush=True)
+        print(
+            f"{name}: {run.trace_dir} steps {run.job_steps[0]}..{run.job_steps[-1]} "
+            f"injected {sorted(run.injected_pairs())} ({time.monotonic() - t:.0f} s)",
+            flush=True,
+        )
     return 0
 
 

@@ -59,7 +59,9 @@ def make_job(
     (gloo workers record completion late by up to ms on a loaded host); ``period_ms`` may give
     each step its own length (a real step stretches by its straggler's delay)."""
     late_ms = late_ms or [[0.0] * steps for _ in range(world)]
-    periods = [float(period_ms)] * steps if isinstance(period_ms, (int, float)) else [float(p) for p in period_ms]
+    periods = (
+        [float(period_ms)] * steps if isinstance(period_ms, (int, float)) else [float(p) for p in period_ms]
+    )
     starts_ms = [sum(periods[:k]) for k in range(steps)]
     compute_ms = compute_ms or [20.0] * world
     offsets_ns = offsets_ns or [0] * world
@@ -75,7 +77,9 @@ def make_job(
         for c in range(n_coll):
             for r in range(world):
                 j = jitter_ns[r][s][c] if jitter_ns else 0
-                arrivals[r][s][c] = base + int(compute_ms[r] * MS) + int(c * 1 * MS) + int(late_ms[r][s] * MS) + j
+                arrivals[r][s][c] = (
+                    base + int(compute_ms[r] * MS) + int(c * 1 * MS) + int(late_ms[r][s] * MS) + j
+                )
             ends[s][c] = max(arrivals[r][s][c] for r in range(world)) + int(transfer_ms * MS) + c * 1000
     for r in range(world):
         off = int(offsets_ns[r])
@@ -93,8 +97,21 @@ def make_job(
                     ks = base + MS // 10 + k * int(compute_ms[r] * MS) // 4
                     kd = int(compute_ms[r] * MS) // 4 - 20_000
                     corr += 1
-                    rows.append(_ev("cuda_runtime", "cudaLaunchKernel", 1, ks - 50_000, 5_000, correlation=corr))
-                    rows.append(_ev("kernel", "ampere_bf16_s16816gemm_bf16_128x128", 7, ks, kd, stream=7, correlation=corr, device=0))
+                    rows.append(
+                        _ev("cuda_runtime", "cudaLaunchKernel", 1, ks - 50_000, 5_000, correlation=corr)
+                    )
+                    rows.append(
+                        _ev(
+                            "kernel",
+                            "ampere_bf16_s16816gemm_bf16_128x128",
+                            7,
+                            ks,
+                            kd,
+                            stream=7,
+                            correlation=corr,
+                            device=0,
+                        )
+                    )
             for c in range(n_coll):
                 if (r, s, c) in drop:
                     continue
@@ -105,12 +122,21 @@ def make_job(
                     rows.append(_ev("user_annotation", "gloo:all_reduce", 2 + c, a, e - a))
                 else:
                     corr += 1
-                    rows.append(_ev("cuda_runtime", "cudaLaunchKernel", 1, a - 100_000, 5_000, correlation=corr))
+                    rows.append(
+                        _ev("cuda_runtime", "cudaLaunchKernel", 1, a - 100_000, 5_000, correlation=corr)
+                    )
                     rows.append(
                         _ev(
-                            "kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-                            20, a, e - a, stream=20, correlation=corr, device=0,
-                            collective_name="allreduce", pg_name="0",
+                            "kernel",
+                            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                            20,
+                            a,
+                            e - a,
+                            stream=20,
+                            correlation=corr,
+                            device=0,
+                            collective_name="allreduce",
+                            pg_name="0",
                         )
                     )
             rows.append(_ev("user_annotation", "Optimizer.step#SGD.step", 1, opt_start, MS // 5))

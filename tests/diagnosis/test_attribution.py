@@ -49,8 +49,17 @@ def test_one_step_many_instances_names_exactly_the_ranks_that_cost_time():
             jit[3, 0, c] += 300_000  # rank 3 late by 300 µs at ~60 % of the instances
         else:
             jit[5, 0, c] += 250_000  # rank 5 at the others
-    d = diagnose(make_job(world, 1, n_coll=n_coll, period_ms=250.0, compute_ms=[10.0] * world,
-                          jitter_ns=jit.astype(np.int64).tolist(), flavour="nccl"))
+    d = diagnose(
+        make_job(
+            world,
+            1,
+            n_coll=n_coll,
+            period_ms=250.0,
+            compute_ms=[10.0] * world,
+            jitter_ns=jit.astype(np.int64).tolist(),
+            flavour="nccl",
+        )
+    )
     s = d.stragglers
     assert s.steps_analysed == 1 and s.instances == n_coll
     assert sorted(s.ranks + s.intermittent_ranks) == [3, 5], d.verdict()
@@ -70,7 +79,11 @@ def test_small_persistent_delay_under_several_ms_of_jitter(seed):
     # 8 ms late (8 % of a 100 ms step) with 3 ms of arrival jitter: 8 sigma (24 ms) would hide it
     world, steps = 4, 20
     late = [[8.0 if r == 1 else 0.0] * steps for r in range(world)]
-    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=3 * MS, seed=seed).tolist()))
+    d = diagnose(
+        make_job(
+            world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=3 * MS, seed=seed).tolist()
+        )
+    )
     s = d.stragglers
     assert s.kind == "persistent" and s.ranks == [1], d.verdict()
     assert 8 * s.sigma_us > 8_000 and s.rank_row(1)["p_value"] < 1e-6  # 8 sigma is beyond the delay
@@ -80,8 +93,15 @@ def test_small_persistent_delay_under_several_ms_of_jitter(seed):
 def test_rank_with_2_7x_compute_is_persistent_and_compute_is_the_cause():
     world, steps = 4, 16
     compute = [20.0, 20.0, 54.0, 20.0]
-    d = diagnose(make_job(world, steps, compute_ms=compute, period_ms=120.0,
-                          jitter_ns=_jitter(world, steps, sd_ns=3 * MS, seed=2).tolist()))
+    d = diagnose(
+        make_job(
+            world,
+            steps,
+            compute_ms=compute,
+            period_ms=120.0,
+            jitter_ns=_jitter(world, steps, sd_ns=3 * MS, seed=2).tolist(),
+        )
+    )
     s = d.stragglers
     assert s.kind == "persistent" and s.ranks == [2], d.verdict()
     cause = s.causes[2]
@@ -92,7 +112,9 @@ def test_rank_with_2_7x_compute_is_persistent_and_compute_is_the_cause():
     assert "data loading" not in s.cause  # its data loading equals its peers'
 
 
-@pytest.mark.parametrize(("delays", "sd_ns"), [((25.0, 25.0), 0), ((25.0, 25.0), 2 * MS), ((30.0, 18.0), 1 * MS)])
+@pytest.mark.parametrize(
+    ("delays", "sd_ns"), [((25.0, 25.0), 0), ((25.0, 25.0), 2 * MS), ((30.0, 18.0), 1 * MS)]
+)
 def test_two_persistent_ranks_are_both_named(delays, sd_ns):
     # equal delays with no jitter arrive last together (they share the wait they impose); with
     # jitter they alternate; with unequal delays the second is last only once the first is fixed
@@ -142,7 +164,9 @@ def test_one_stall_on_each_of_two_ranks_is_an_intermittent_pattern(world):
     steps = 12
     late = [[0.0] * steps for _ in range(world)]
     late[1][3], late[0][8] = 50.0, 60.0
-    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=200_000, seed=7).tolist()))
+    d = diagnose(
+        make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=200_000, seed=7).tolist())
+    )
     s = d.stragglers
     assert s.kind == "intermittent" and sorted(s.ranks) == [0, 1], d.verdict()
     assert 0.05 < s.lost_fraction < 0.15  # 110 ms of 12 x 100 ms steps
@@ -170,7 +194,9 @@ def test_intermittent_random_ranks_are_intermittent():
             r = int(rng.integers(world))
             late[r][st] = 50.0
             truth.add(r)
-    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=1 * MS, seed=6).tolist()))
+    d = diagnose(
+        make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=1 * MS, seed=6).tolist())
+    )
     s = d.stragglers
     assert s.kind == "intermittent" and set(s.ranks) == truth, d.verdict()
     assert s.pattern == "bursts"
@@ -209,8 +235,15 @@ def test_every_number_in_the_verdict_belongs_to_the_rank_it_names():
     late[4] = [35.0] * steps
     late[1] = [20.0] * steps
     compute = [20.0, 20.0, 20.0, 20.0, 20.0, 20.0]
-    d = diagnose(make_job(world, steps, late_ms=late, compute_ms=compute,
-                          jitter_ns=_jitter(world, steps, sd_ns=1 * MS, seed=9).tolist()))
+    d = diagnose(
+        make_job(
+            world,
+            steps,
+            late_ms=late,
+            compute_ms=compute,
+            jitter_ns=_jitter(world, steps, sd_ns=1 * MS, seed=9).tolist(),
+        )
+    )
     s = d.stragglers
     assert s.ranks == [4, 1]  # in naming order: rank 1 is last only once rank 4 is fixed
     line = d.verdict_lines()[0]
@@ -220,16 +253,22 @@ def test_every_number_in_the_verdict_belongs_to_the_rank_it_names():
     for seg in segments:
         r = int(re.match(r"rank (\d+)", seg).group(1))
         row = s.rank_row(r)
-        m = re.search(r"([\d.]+)% of the time lost, last at (\d+)/(\d+) collectives, late in (\d+)/(\d+) steps", seg)
+        m = re.search(
+            r"([\d.]+)% of the time lost, last at (\d+)/(\d+) collectives, late in (\d+)/(\d+) steps", seg
+        )
         assert m, seg
         assert float(m.group(1)) == pytest.approx(100 * row["lost_share"], abs=0.051)
         assert int(m.group(2)) == row["last_count"] and int(m.group(3)) == row["instances"]
         assert int(m.group(4)) == row["late_steps"] and int(m.group(5)) == row["steps"]
         cause = s.causes[r]
-        rest = seg[m.end():]
+        rest = seg[m.end() :]
         for num in _NUM.findall(rest):  # a number in the cause is this rank's own
-            owned = {f"{abs(c[k]):.1f}" for c in cause["components"].values() for k in ("excess_ms", "rank_ms")
-                     if c.get(k) is not None} | {f"{c['ratio']:.2f}" for c in cause["components"].values() if c.get("ratio")}
+            owned = {
+                f"{abs(c[k]):.1f}"
+                for c in cause["components"].values()
+                for k in ("excess_ms", "rank_ms")
+                if c.get(k) is not None
+            } | {f"{c['ratio']:.2f}" for c in cause["components"].values() if c.get("ratio")}
             assert num in owned, (num, seg, cause)
     # the what-if line: its numbers are the job's
     wl = d.verdict_lines()[1]

@@ -22,6 +22,8 @@ def test_the_same_traces_give_the_same_document_every_time():
         [0.5] * steps,
         [0.0] * steps,
     ]
-    traces = make_job(world=6, steps=steps, late_ms=late, period_ms=[100.0 + math.sqrt(i + 2) * 3.3 for i in range(steps)])
+    traces = make_job(
+        world=6, steps=steps, late_ms=late, period_ms=[100.0 + math.sqrt(i + 2) * 3.3 for i in range(steps)]
+    )
     docs = {json.dumps(diagnose(traces).to_dict(), sort_keys=True, default=str) for _ in range(15)}
     assert len(docs) == 1

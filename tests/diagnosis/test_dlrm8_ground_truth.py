@@ -48,7 +48,10 @@ def test_ground_truth_is_one_straggler_holding_92_percent(truth):
 def test_analyze_names_exactly_the_ground_truth_stragglers(truth):
     proc = subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", "analyze", "--json", str(DLRM8)],
-        capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     verdict = json.loads(proc.stdout)["stragglers"]

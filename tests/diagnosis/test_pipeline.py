@@ -199,7 +199,16 @@ def test_kscope_analyze_json_has_the_pipeline(gpipe_dir):
     reads the ranks' figures, so the CLI's ``pipeline`` is the one of the full traces."""
     files = sorted(gpipe_dir.glob("rank-*.pt.trace.json"))
     proc = subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", "analyze", *map(str, files), "--json", "--no-cache", "--no-record"],
+        [
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "analyze",
+            *map(str, files),
+            "--json",
+            "--no-cache",
+            "--no-record",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

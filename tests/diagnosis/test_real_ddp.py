@@ -28,14 +28,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _found(diag) -> set[tuple[int, int]]:
     s = diag.stragglers
-    return {(st, r) for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) for r in lr}
+    return {
+        (st, r)
+        for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
+        for r in lr
+    }
 
 
 def test_traces_are_on_demand_traces_from_the_daemon(ddp_runs):
     run = ddp_runs("none")
     manifest = read_manifest(run.trace_dir)
-    assert sorted((f.rank, f.world_size, f.complete) for f in manifest.files) == [(r, 4, True) for r in range(4)]
-    assert "ACTIVITIES_ITERATIONS=16" in manifest.config and f"PROFILE_START_ITERATION_ROUNDUP={run.roundup}" in manifest.config
+    assert sorted((f.rank, f.world_size, f.complete) for f in manifest.files) == [
+        (r, 4, True) for r in range(4)
+    ]
+    assert (
+        "ACTIVITIES_ITERATIONS=16" in manifest.config
+        and f"PROFILE_START_ITERATION_ROUNDUP={run.roundup}" in manifest.config
+    )
     assert len({f.job_id for f in manifest.files}) == 1
     files = sorted(run.trace_dir.glob("rank-*.pt.trace.json"))
     assert len(files) == 4
@@ -106,9 +115,13 @@ def test_persistent_straggler_named(ddp_runs):
     assert s.steps_analysed >= 16 and row["late_steps"] >= s.steps_analysed - 1
     # DDP's all-reduce equalises the ranks' wall step times: they differ far less than the
     # injected delay, so only arrivals (lateness / self time) single out rank 2.
-    spread = diag.steps.group_by("step").agg((pl.col("step_time(us)").max() - pl.col("step_time(us)").min()).alias("d"))
+    spread = diag.steps.group_by("step").agg(
+        (pl.col("step_time(us)").max() - pl.col("step_time(us)").min()).alias("d")
+    )
     assert float(spread["d"].median()) < 0.3 * delay_us
-    self_time = dict(zip(s.per_rank["rank"].to_list(), s.per_rank["mean_self_time(us)"].to_list(), strict=True))
+    self_time = dict(
+        zip(s.per_rank["rank"].to_list(), s.per_rank["mean_self_time(us)"].to_list(), strict=True)
+    )
     assert max(self_time, key=self_time.get) == 2
     # same host: no clock offset, and rank 2's collectives are paired with the same step's
     assert all(v == 0 for v in diag.clock.offsets.values())
@@ -129,7 +142,11 @@ def test_intermittent_stragglers_named(ddp_runs):
     missed, extra = injected - found, found - injected
     assert len(missed) <= 1 and len(extra) <= 1, (sorted(injected), sorted(found))
     # the ranks named are the ones that slept (every one, unless its only event was the miss)
-    assert {r for _s, r in injected - missed} <= set(s.ranks) <= {r for _s, r in injected} | {r for _s, r in extra}
+    assert (
+        {r for _s, r in injected - missed}
+        <= set(s.ranks)
+        <= {r for _s, r in injected} | {r for _s, r in extra}
+    )
     rec = next(r for r in diag.recommendations if r["id"] == "straggler-intermittent")
     assert "hierarchical SGD" in rec["action"] and "non-persistent" in rec["action"]
 
@@ -138,7 +155,11 @@ def _kscope(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO}
     return subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", "analyze", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -7,7 +7,9 @@ from rich.console import Console
 from kinetoscope.diagnosis.render import render_rich
 
 DOC = {
-    "recommendations": [{"id": "pipeline-bubble", "severity": "medium", "evidence": {}, "action": "more micro-batches"}],
+    "recommendations": [
+        {"id": "pipeline-bubble", "severity": "medium", "evidence": {}, "action": "more micro-batches"}
+    ],
     "pipeline": {
         "schedule": "GPipe",
         "num_stages": 2,

@@ -11,13 +11,26 @@ from kinetoscope.diagnosis.extras import pipeline_line, uneven_lines
 from kinetoscope.diagnosis.report import Diagnosis
 
 UNEVEN = {
-    "mode": "join", "short_ranks": [1], "waiting_ranks": [], "steps_per_rank": {"0": 6, "1": 3, "2": 6},
+    "mode": "join",
+    "short_ranks": [1],
+    "waiting_ranks": [],
+    "steps_per_rank": {"0": 6, "1": 3, "2": 6},
     "lost_fraction": 0.31,
 }
 PIPE = {
-    "schedule": "gpipe", "num_stages": 2, "replicas": 1, "microbatches": 4, "bubble_fraction": 0.42,
-    "expected_bubble_fraction": 0.2, "step_time_ms": 120.0,
-    "imbalance": {"slowest_stage": 1, "slowest_ranks": [1], "excess_fraction": 0.46, "est_step_time_balanced_ms": 95.5},
+    "schedule": "gpipe",
+    "num_stages": 2,
+    "replicas": 1,
+    "microbatches": 4,
+    "bubble_fraction": 0.42,
+    "expected_bubble_fraction": 0.2,
+    "step_time_ms": 120.0,
+    "imbalance": {
+        "slowest_stage": 1,
+        "slowest_ranks": [1],
+        "excess_fraction": 0.46,
+        "est_step_time_balanced_ms": 95.5,
+    },
 }
 
 

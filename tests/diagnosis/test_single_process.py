@@ -58,13 +58,23 @@ def test_single_process_headline_is_verdict_first(single_trace):
 
 def test_kscope_analyze_single_process_no_warnings(single_trace):
     env = {**os.environ, "COLUMNS": "200"}
-    cp = subprocess.run([str(Path(sys.executable).with_name("kscope")), "analyze", str(single_trace), "--json"],
-                        capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    cp = subprocess.run(
+        [str(Path(sys.executable).with_name("kscope")), "analyze", str(single_trace), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=REPO,
+    )
     assert cp.returncode == 0, cp.stderr
     assert "Warning" not in cp.stderr, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["diagnosis_summary"][0].startswith("SINGLE PROCESS")
-    assert doc["job"]["steps_found"] >= 7 and doc["mfu"]["reason"] and "no training steps" not in doc["mfu"]["reason"]
+    assert (
+        doc["job"]["steps_found"] >= 7
+        and doc["mfu"]["reason"]
+        and "no training steps" not in doc["mfu"]["reason"]
+    )
 
 
 def test_single_rank_headline_on_a_gpu_trace():
@@ -83,19 +93,31 @@ def test_single_process_traced_through_the_daemon(tmp_path):
     from kinetoscope.protocol.manifest import read_manifest
 
     with LocalDaemon(tmp_path / "d", trace_root=tmp_path / "traces") as daemon:
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID")
+        }
         env.update(daemon.kineto_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         work = tmp_path / "job"
         work.mkdir()
         log = open(work / "job.log", "w")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, str(JOB), str(work), "--serve", "120"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, str(JOB), str(work), "--serve", "120"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             daemon.wait_for_processes(1, timeout=90, alive=lambda: proc.poll() is None)
             deadline = time.monotonic() + 60
             while "STEP 3" not in (work / "job.log").read_text() and time.monotonic() < deadline:
-                time.sleep(0.2)  # stepping: an iteration request before the first step becomes a duration trace
-            res = trigger_trace(TraceRequest([daemon.address], Target(pids=(proc.pid,)), TraceOptions(iterations=8)))
+                time.sleep(
+                    0.2
+                )  # stepping: an iteration request before the first step becomes a duration trace
+            res = trigger_trace(
+                TraceRequest([daemon.address], Target(pids=(proc.pid,)), TraceOptions(iterations=8))
+            )
             assert not res.errors and len(res.triggered) == 1, res.errors
             res = wait_for_trace(res, timeout=90, poll_interval=0.3)
             assert res.ok, [e.message for e in res.errors]
@@ -116,8 +138,13 @@ def test_single_process_traced_through_the_daemon(tmp_path):
     assert d.verdict_lines()[0].startswith("SINGLE PROCESS: input-bound;"), d.verdict_lines()
     assert "no training steps" not in (d.mfu.reason or "")
     # and through the CLI (the analyses run first and memoise the steps of the rankless trace)
-    cp = subprocess.run([str(Path(sys.executable).with_name("kscope")), "analyze", str(trace_dir), "--json"],
-                        capture_output=True, text=True, timeout=300, cwd=REPO)
+    cp = subprocess.run(
+        [str(Path(sys.executable).with_name("kscope")), "analyze", str(trace_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert cp.returncode == 0 and "Warning" not in cp.stderr, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["diagnosis_summary"][0].startswith("SINGLE PROCESS") and doc["job"]["steps_found"] >= 7

@@ -21,7 +21,9 @@ from benchmarks.diag_scenarios import gpu, truth
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.stragglers import StragglerThresholds, _Matrix, _slow_link
 
-needs_dlrm8 = pytest.mark.skipif(not gpu.DLRM8.is_dir(), reason=f"real DLRM job traces not found at {gpu.DLRM8}")
+needs_dlrm8 = pytest.mark.skipif(
+    not gpu.DLRM8.is_dir(), reason=f"real DLRM job traces not found at {gpu.DLRM8}"
+)
 
 
 def _build(tmp_path_factory: pytest.TempPathFactory, stype: str) -> tuple[gpu.Scenario, list[str]]:
@@ -84,7 +86,9 @@ def test_a_slow_ring_names_no_rank_and_says_the_ring_is_slow(slow_ring_job):
     assert s.kind == "none" and s.ranks == []
     assert s.transfer_fraction is not None and s.transfer_fraction >= s.thresholds.ring_note_fraction
     assert s.transfer_spread is not None and s.transfer_spread < 0.01
-    assert "slowing the whole ring" in s.reason and f"{100 * s.transfer_fraction:.0f}% of step time" in s.reason
+    assert (
+        "slowing the whole ring" in s.reason and f"{100 * s.transfer_fraction:.0f}% of step time" in s.reason
+    )
 
 
 @needs_dlrm8
@@ -99,7 +103,9 @@ def test_no_ring_note_without_a_slow_ring(tmp_path_factory):
 def _mx(E: np.ndarray, steps: int = 1) -> _Matrix:
     n_inst, n = E.shape
     idx = np.repeat(np.arange(steps), n_inst // steps)
-    return _Matrix(list(range(n)), list(range(steps)), E.copy(), idx, np.median(E, axis=1).astype(np.int64), E)
+    return _Matrix(
+        list(range(n)), list(range(steps)), E.copy(), idx, np.median(E, axis=1).astype(np.int64), E
+    )
 
 
 def test_clean_ends_within_microseconds_name_nobody():

@@ -46,10 +46,14 @@ def test_a_rank_named_for_its_stalls_shows_its_stalls_not_a_chance(tmp_path):
     assert s.kind == "intermittent" and sorted(s.ranks) == sc.ranks == [0, 1], s.reason
     assert "chance 100%" not in s.reason and "p=1" not in s.reason
     for r in (0, 1):
-        m = re.search(rf"rank {r} (?:last at [^;]*?, )?stalled beyond the noise in (\d) step\(s\) \(up to ([\d.]+) ms\)",
-                      s.reason)
+        m = re.search(
+            rf"rank {r} (?:last at [^;]*?, )?stalled beyond the noise in (\d) step\(s\) \(up to ([\d.]+) ms\)",
+            s.reason,
+        )
         assert m, s.reason
-        assert float(m.group(2)) >= 0.2 * gpu.load_base("nccl_parser").step_us / 1000.0  # injected: 20-60 % of a step
+        assert (
+            float(m.group(2)) >= 0.2 * gpu.load_base("nccl_parser").step_us / 1000.0
+        )  # injected: 20-60 % of a step
 
 
 @pytest.mark.skipif(not gpu.DLRM8.is_dir(), reason=f"real DLRM job traces not found at {gpu.DLRM8}")

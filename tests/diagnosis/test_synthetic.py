@@ -67,7 +67,9 @@ def test_intermittent_random_ranks_late_in_20_percent_of_steps():
     s = d.stragglers
     assert s.kind == "intermittent"
     found = {
-        st_: lr for st_, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr
+        st_: lr
+        for st_, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
+        if lr
     }
     assert found == {k: [v] for k, v in truth.items()}
     assert set(s.ranks) == set(truth.values())
@@ -133,13 +135,21 @@ def test_first_step_straggler_found_with_a_doubled_threshold():
     late[3][6] = 60.0
     d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps)))
     s = d.stragglers
-    found = {st: lr for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr}
+    found = {
+        st: lr
+        for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
+        if lr
+    }
     assert found == {0: [1], 6: [3]} and s.kind == "intermittent"
     th = dict(zip(s.per_step["step"].to_list(), s.per_step["threshold(us)"].to_list(), strict=True))
     assert th[0] == pytest.approx(2 * th[1])
     late[1][0] = late[3][6] = 30.0
     s = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps))).stragglers
-    found = {st: lr for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr}
+    found = {
+        st: lr
+        for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
+        if lr
+    }
     assert found == {6: [3]}
 
 
@@ -157,11 +167,23 @@ def test_small_intermittent_lateness_on_short_steps():
             late[v][s_] = 12.0
             truth[s_] = [v]
     assert len(truth) >= 3
-    job = make_job(world, steps, late_ms=late, period_ms=35.0, compute_ms=[10.0] * world, jitter_ns=_jitter(world, steps))
+    job = make_job(
+        world, steps, late_ms=late, period_ms=35.0, compute_ms=[10.0] * world, jitter_ns=_jitter(world, steps)
+    )
     s = diagnose(job).stragglers
-    found = {st: lr for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr}
+    found = {
+        st: lr
+        for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
+        if lr
+    }
     assert found == truth and s.kind == "intermittent"
-    clean = make_job(world, steps, period_ms=35.0, compute_ms=[10.0] * world, jitter_ns=_jitter(world, steps, sd_ns=500_000))
+    clean = make_job(
+        world,
+        steps,
+        period_ms=35.0,
+        compute_ms=[10.0] * world,
+        jitter_ns=_jitter(world, steps, sd_ns=500_000),
+    )
     assert diagnose(clean).stragglers.kind == "none"
 
 
@@ -173,9 +195,15 @@ def test_two_ranks_noise_and_frequent_intermittent_straggler():
     assert s.kind == "none" and s.sigma_us > 1000
     # rank 1 stalls 80 ms in 4 of 10 steps: every stall found (noise measured without them)
     late = [[0.0] * steps, [80.0 if st in (0, 1, 4, 8) else 0.0 for st in range(steps)]]
-    d = diagnose(make_job(world, steps, late_ms=late, period_ms=120.0, compute_ms=[10.0] * world, jitter_ns=jit))
+    d = diagnose(
+        make_job(world, steps, late_ms=late, period_ms=120.0, compute_ms=[10.0] * world, jitter_ns=jit)
+    )
     s = d.stragglers
-    found = {st for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True) if lr}
+    found = {
+        st
+        for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
+        if lr
+    }
     assert found == {0, 1, 4, 8} and s.kind == "intermittent" and s.ranks == [1]
     # one late rank: the recommendation names it rather than "different ranks"
     rec = next(r for r in d.recommendations if r["id"] == "straggler-intermittent")
@@ -195,7 +223,9 @@ def test_one_rank_late_in_a_few_steps_is_named():
     assert rec["action"].startswith("Only rank 2 was late") and "hierarchical SGD" in rec["action"]
 
 
-@pytest.mark.parametrize(("straggled", "kind"), [(range(12), "persistent"), ((1, 2, 3, 5, 6, 8, 10, 11), "intermittent")])
+@pytest.mark.parametrize(
+    ("straggled", "kind"), [(range(12), "persistent"), ((1, 2, 3, 5, 6, 8, 10, 11), "intermittent")]
+)
 def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled, kind):
     # the demo's persistent mode (rank 1 sleeps U(50, 200) ms every step), and an intermittent
     # one that hit 8 of 12 steps: both ranks' skews vary with the delay, sigma follows
@@ -207,7 +237,9 @@ def test_two_ranks_one_late_in_most_steps_by_varying_amounts(straggled, kind):
     late = [[0.0] * steps, [float(rng.uniform(50, 200)) if st in straggled else 0.0 for st in range(steps)]]
     jit = _jitter(world, steps, sd_ns=2 * MS, seed=5)
     period = [30.0 + late[1][st] for st in range(steps)]  # each step stretched by its delay
-    s = diagnose(make_job(world, steps, late_ms=late, period_ms=period, compute_ms=[20.0] * world, jitter_ns=jit)).stragglers
+    s = diagnose(
+        make_job(world, steps, late_ms=late, period_ms=period, compute_ms=[20.0] * world, jitter_ns=jit)
+    ).stragglers
     assert s.sigma_us > 10_000  # the noise estimate is inflated ...
     assert s.kind == kind and s.ranks == [1]  # ... and the straggler found all the same
     row = s.per_rank.filter(pl.col("rank") == 1).row(0, named=True)
@@ -252,7 +284,10 @@ def test_clock_alignment_robust_to_missing_collective_and_shifted_window():
     late = [[0.0] * 10 for _ in range(4)]
     late[2] = [25.0] * 10  # a persistent straggler on top
     traces = make_job(
-        4, 10, offsets_ns=offsets, late_ms=late,
+        4,
+        10,
+        offsets_ns=offsets,
+        late_ms=late,
         drop={(1, 4, 0), (3, 6, 1)},  # a collective missing on ranks 1 and 3
         skip_steps={3: {0, 1}},  # rank 3's trace starts two steps later
     )
@@ -264,8 +299,13 @@ def test_clock_alignment_robust_to_missing_collective_and_shifted_window():
 
 
 def test_same_host_ranks_share_a_clock():
-    traces = make_job(4, 6, hosts=["a", "a", "b", "b"], offsets_ns=[0, 0, 7 * MS, 7 * MS],
-                      jitter_ns=_jitter(4, 6, sd_ns=100_000))
+    traces = make_job(
+        4,
+        6,
+        hosts=["a", "a", "b", "b"],
+        offsets_ns=[0, 0, 7 * MS, 7 * MS],
+        jitter_ns=_jitter(4, 6, sd_ns=100_000),
+    )
     clock = _align(traces)
     methods = dict(zip(clock.table["rank"].to_list(), clock.table["method"].to_list(), strict=True))
     assert methods == {0: "reference", 1: "same_host", 2: "host_median", 3: "host_median"}
@@ -285,10 +325,19 @@ def test_persistent_straggler_with_crossing_gloo_end_times(seed, same_host):
     lm = [[late if r == late_rank else 0.0] * steps for r in range(world)]
     ends = rng.uniform(0, 6 * MS, size=(world, steps, 2)).astype(int).tolist()
     offs = [0] * world if same_host else [0, *(int(x) for x in rng.integers(-5 * MS, 5 * MS, size=world - 1))]
-    d = diagnose(make_job(
-        world, steps, late_ms=lm, period_ms=200.0, transfer_ms=1.0, jitter_ns=_jitter(world, steps, sd_ns=300_000, seed=seed),
-        end_jitter_ns=ends, offsets_ns=offs, hosts=["a"] * world if same_host else None,
-    ))
+    d = diagnose(
+        make_job(
+            world,
+            steps,
+            late_ms=lm,
+            period_ms=200.0,
+            transfer_ms=1.0,
+            jitter_ns=_jitter(world, steps, sd_ns=300_000, seed=seed),
+            end_jitter_ns=ends,
+            offsets_ns=offs,
+            hosts=["a"] * world if same_host else None,
+        )
+    )
     assert d.stragglers.kind == "persistent" and d.stragglers.ranks == [late_rank]
     assert all(abs(d.clock.offsets[r] - offs[r]) < 10 * MS for r in range(world))
 
@@ -297,7 +346,9 @@ def test_nccl_seq_matching():
     traces = make_job(3, 5, offsets_ns=[0, 2 * MS, -MS], flavour="nccl")
     for t in traces:
         t.events = t.events.with_columns(
-            pl.when(pl.col("kind") == "kernel").then(pl.col("ts").rank("ordinal").over("stream").cast(pl.Int64)).alias("seq")
+            pl.when(pl.col("kind") == "kernel")
+            .then(pl.col("ts").rank("ordinal").over("stream").cast(pl.Int64))
+            .alias("seq")
         ).with_columns(pl.when(pl.col("stream") == 20).then(pl.col("seq")).alias("seq"))
     clock = _align(traces)
     assert clock.match_method == "seq"
@@ -335,10 +386,23 @@ def test_breakdown_sync_wait_transfer_and_self_time():
     assert r2["sync_wait(us)"].to_list() == pytest.approx([0] * steps, abs=1)
     assert r2["lateness(us)"].to_list() == pytest.approx([30_000] * steps, abs=1)
     # self time exposes the straggler although wall step times are equal
-    assert float(r2["self_time(us)"].mean()) - float(r0["self_time(us)"].mean()) == pytest.approx(30_000, rel=0.02)
+    assert float(r2["self_time(us)"].mean()) - float(r0["self_time(us)"].mean()) == pytest.approx(
+        30_000, rel=0.02
+    )
     assert float(r0["compute(us)"].mean()) == pytest.approx(19_800, rel=0.01)
-    assert set(bd.columns) >= {"rank", "step", "step_time(us)", "compute(us)", "comm(us)", "exposed_comm(us)",
-                               "sync_wait(us)", "transfer(us)", "launch_gap(us)", "dataloader(us)", "idle(us)"}
+    assert set(bd.columns) >= {
+        "rank",
+        "step",
+        "step_time(us)",
+        "compute(us)",
+        "comm(us)",
+        "exposed_comm(us)",
+        "sync_wait(us)",
+        "transfer(us)",
+        "launch_gap(us)",
+        "dataloader(us)",
+        "idle(us)",
+    }
 
 
 def test_gpu_breakdown_compute_comm_and_launch_gap():
@@ -354,9 +418,16 @@ def test_gpu_breakdown_compute_comm_and_launch_gap():
 def test_dataloader_time_is_attributed():
     extra = {
         r: [
-            {**dict.fromkeys(["idx"]), "kind": "user_annotation", "cat": "user_annotation",
-             "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "pid": 1, "tid": 1,
-             "ts": 1_700_000_000 * 1_000_000_000 + s * 100 * MS + 50_000, "dur": 15 * MS}
+            {
+                **dict.fromkeys(["idx"]),
+                "kind": "user_annotation",
+                "cat": "user_annotation",
+                "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1_700_000_000 * 1_000_000_000 + s * 100 * MS + 50_000,
+                "dur": 15 * MS,
+            }
             for s in range(6)
         ]
         for r in range(2)

@@ -74,7 +74,12 @@ def test_peak_table_complete_and_dense():
             '["","","","[8]","[1, 1]","[0, 0]","[1, 1]","False","[0, 0]","1","[True, True, True]"]',
             2 * (2 * 4 * 8 * 36 * 3 * 9),
         ),
-        ("aten::_scaled_dot_product_flash_attention", "[[2,4,16,8],[2,4,32,8],[2,4,32,8]]", None, 4 * 8 * 16 * 32 * 8),
+        (
+            "aten::_scaled_dot_product_flash_attention",
+            "[[2,4,16,8],[2,4,32,8],[2,4,32,8]]",
+            None,
+            4 * 8 * 16 * 32 * 8,
+        ),
         ("aten::relu", "[[4,8]]", None, None),
         ("aten::mm", None, None, None),
     ],
@@ -86,7 +91,9 @@ def test_flop_estimates(name, dims, concrete, flops):
 def test_mfu_formula_and_table():
     d = diagnose(make_job(2, 6, flavour="nccl", device_name="NVIDIA H100 80GB HBM3"), model_flops=4e13)
     m = d.mfu
-    assert m.device_key == "H100 SXM" and m.precision == "bf16" and m.peak_source == "table: H100 SXM bf16 dense"
+    assert (
+        m.device_key == "H100 SXM" and m.precision == "bf16" and m.peak_source == "table: H100 SXM bf16 dense"
+    )
     assert m.chips == 2 and m.flops_source == "model_flops"
     assert m.mfu == pytest.approx(4e13 / m.step_time_s / 2 / 989.4e12)
     assert d.to_dict()["mfu"]["formula"].startswith("MFU = FLOPS_per_step / step_time_s / chip_count")
@@ -119,42 +126,83 @@ def _trace(rows: list[dict]) -> Trace:
         row = dict.fromkeys(EVENTS_SCHEMA)
         row.update({"idx": i, "pid": 1, "tid": 1, "cat": r["kind"], **r})
         full.append(row)
-    return Trace(meta=TraceMeta(path="/x/rank-0.json", rank=0), events=pl.DataFrame(full, schema=EVENTS_SCHEMA, orient="row"))
+    return Trace(
+        meta=TraceMeta(path="/x/rank-0.json", rank=0),
+        events=pl.DataFrame(full, schema=EVENTS_SCHEMA, orient="row"),
+    )
 
 
 def test_attention_math_path_detected():
-    t = _trace([{"kind": "cpu_op", "name": "aten::_scaled_dot_product_attention_math", "ts": 0, "dur": 5 * MS}])
+    t = _trace(
+        [{"kind": "cpu_op", "name": "aten::_scaled_dot_product_attention_math", "ts": 0, "dur": 5 * MS}]
+    )
     assert detect_attention(t).math_path
-    t = _trace([
-        {"kind": "cpu_op", "name": "aten::matmul", "ts": 0, "dur": 100, "input_dims": "[[2,4,16,8],[2,4,8,16]]"},
-        {"kind": "cpu_op", "name": "aten::softmax", "ts": 200, "dur": 100, "input_dims": "[[2,4,16,16],[],[]]"},
-        {"kind": "cpu_op", "name": "aten::matmul", "ts": 400, "dur": 100, "input_dims": "[[2,4,16,16],[2,4,16,8]]"},
-    ])
+    t = _trace(
+        [
+            {
+                "kind": "cpu_op",
+                "name": "aten::matmul",
+                "ts": 0,
+                "dur": 100,
+                "input_dims": "[[2,4,16,8],[2,4,8,16]]",
+            },
+            {
+                "kind": "cpu_op",
+                "name": "aten::softmax",
+                "ts": 200,
+                "dur": 100,
+                "input_dims": "[[2,4,16,16],[],[]]",
+            },
+            {
+                "kind": "cpu_op",
+                "name": "aten::matmul",
+                "ts": 400,
+                "dur": 100,
+                "input_dims": "[[2,4,16,16],[2,4,16,8]]",
+            },
+        ]
+    )
     f = detect_attention(t)
     assert f.manual_patterns == 1 and f.math_path
     # a 2-D softmax between matmuls (e.g. gating) is not attention
-    t = _trace([
-        {"kind": "cpu_op", "name": "aten::matmul", "ts": 0, "dur": 100, "input_dims": "[[2048,2],[2,1]]"},
-        {"kind": "cpu_op", "name": "aten::softmax", "ts": 200, "dur": 100, "input_dims": "[[2,1],[],[]]"},
-        {"kind": "cpu_op", "name": "aten::matmul", "ts": 400, "dur": 100, "input_dims": "[[2048,2],[2,1]]"},
-    ])
+    t = _trace(
+        [
+            {"kind": "cpu_op", "name": "aten::matmul", "ts": 0, "dur": 100, "input_dims": "[[2048,2],[2,1]]"},
+            {"kind": "cpu_op", "name": "aten::softmax", "ts": 200, "dur": 100, "input_dims": "[[2,1],[],[]]"},
+            {
+                "kind": "cpu_op",
+                "name": "aten::matmul",
+                "ts": 400,
+                "dur": 100,
+                "input_dims": "[[2048,2],[2,1]]",
+            },
+        ]
+    )
     assert not detect_attention(t).math_path
     # fused kernels present: not the math path
-    t = _trace([
-        {"kind": "cpu_op", "name": "aten::_scaled_dot_product_attention_math", "ts": 0, "dur": 100},
-        {"kind": "cpu_op", "name": "aten::_scaled_dot_product_flash_attention", "ts": 200, "dur": 100},
-    ])
+    t = _trace(
+        [
+            {"kind": "cpu_op", "name": "aten::_scaled_dot_product_attention_math", "ts": 0, "dur": 100},
+            {"kind": "cpu_op", "name": "aten::_scaled_dot_product_flash_attention", "ts": 200, "dur": 100},
+        ]
+    )
     assert not detect_attention(t).math_path
 
 
 def test_recompilation_detected():
-    t = _trace([
-        {"kind": "cpu_op", "name": "TorchDynamo Cache Lookup", "ts": 0, "dur": 10},
-        {"kind": "user_annotation", "name": "entire_frame_compile_data: fn_name=_compile.compile_inner, compile_id=0/1",
-         "ts": 20, "dur": 40 * MS},
-        {"kind": "cpu_op", "name": "Torch-Compiled Region: 0/0", "ts": 50 * MS, "dur": 100},
-        {"kind": "cpu_op", "name": "Torch-Compiled Region: 0/1", "ts": 60 * MS, "dur": 100},
-    ])
+    t = _trace(
+        [
+            {"kind": "cpu_op", "name": "TorchDynamo Cache Lookup", "ts": 0, "dur": 10},
+            {
+                "kind": "user_annotation",
+                "name": "entire_frame_compile_data: fn_name=_compile.compile_inner, compile_id=0/1",
+                "ts": 20,
+                "dur": 40 * MS,
+            },
+            {"kind": "cpu_op", "name": "Torch-Compiled Region: 0/0", "ts": 50 * MS, "dur": 100},
+            {"kind": "cpu_op", "name": "Torch-Compiled Region: 0/1", "ts": 60 * MS, "dur": 100},
+        ]
+    )
     f = detect_compilation(t)
     assert f.recompiles == 1 and f.frames == {0} and f.compile_time_us == pytest.approx(40_000)
     assert f.compiles_in_window == 1 and f.cache_lookups == 1
@@ -165,7 +213,13 @@ def test_recompilation_detected():
 
 def _meta_trace(path: str, rank: int | None, world: int | None, job: str | None = None, n: int = 1) -> Trace:
     t = _trace([{"kind": "cpu_op", "name": "aten::mm", "ts": i, "dur": 1} for i in range(n)])
-    t.meta = TraceMeta(path=path, rank=rank, world_size=world, job_id=job, rank_source="manifest" if rank is not None else "unknown")
+    t.meta = TraceMeta(
+        path=path,
+        rank=rank,
+        world_size=world,
+        job_id=job,
+        rank_source="manifest" if rank is not None else "unknown",
+    )
     return t
 
 
@@ -193,7 +247,12 @@ def test_assembly_missing_duplicate_and_grouping():
 def test_assembly_without_world_size_or_ranks():
     j = assemble_jobs([_meta_trace("/x/w0.json", 0, None), _meta_trace("/x/w3.json", 3, None)])[0]
     assert j.world_size == 4 and j.world_size_source == "inferred" and j.missing_ranks == [1, 2]
-    j = assemble_jobs([_meta_trace("/x/nodeB_7.pt.trace.json", None, None), _meta_trace("/x/nodeA_9.pt.trace.json", None, None)])[0]
+    j = assemble_jobs(
+        [
+            _meta_trace("/x/nodeB_7.pt.trace.json", None, None),
+            _meta_trace("/x/nodeA_9.pt.trace.json", None, None),
+        ]
+    )[0]
     assert j.ranks == [0, 1] and j.traces[0].meta.path == "/x/nodeA_9.pt.trace.json"
     assert j.traces[0].meta.rank_source == "file order"
 
@@ -227,5 +286,13 @@ def test_runner_hook_builds_the_diagnosis_document_once(monkeypatch):
     # as a Mapping (any consumer): every key read costs one document, built once
     d = diagnose(traces)
     calls.clear()
-    assert dict(d)["job"]["world_size"] == 4 and list(d) == ["summary", "job", "steps", "stragglers", "mfu", "recommendations", *EXTRA_KEYS]
+    assert dict(d)["job"]["world_size"] == 4 and list(d) == [
+        "summary",
+        "job",
+        "steps",
+        "stragglers",
+        "mfu",
+        "recommendations",
+        *EXTRA_KEYS,
+    ]
     assert len(calls) == 1

@@ -69,7 +69,9 @@ log_files = st.one_of(
     roundup=st.integers(min_value=-5, max_value=100),
     flags=st.lists(st.booleans(), min_size=5, max_size=5),
 )
-def test_built_config_parses_back_to_its_inputs(fuzz_counts, log_file, duration_ms, iterations, start, roundup, flags):
+def test_built_config_parses_back_to_its_inputs(
+    fuzz_counts, log_file, duration_ms, iterations, start, roundup, flags
+):
     fuzz_counts["config: builder"] += 1
     try:
         text = kc.build_config(

@@ -21,7 +21,25 @@ from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir_under, wri
 
 from . import fuzz_settings
 
-COMPONENTS = ["d", "f", "in_link", "out_link", "slash_link", "dangling", "loop", "new", "..", ".", "", "a=b", "c#d", " e", "g\n", "h\x0b", "é"]
+COMPONENTS = [
+    "d",
+    "f",
+    "in_link",
+    "out_link",
+    "slash_link",
+    "dangling",
+    "loop",
+    "new",
+    "..",
+    ".",
+    "",
+    "a=b",
+    "c#d",
+    " e",
+    "g\n",
+    "h\x0b",
+    "é",
+]
 
 
 @pytest.fixture(scope="module")

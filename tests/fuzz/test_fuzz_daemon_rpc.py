@@ -54,11 +54,17 @@ json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
 )  # fmt: skip
-json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12)
+json_values = st.recursive(
+    json_scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
 
 
 def hostile_paths(root: str) -> st.SearchStrategy[str]:
-    parts = st.sampled_from(["a", "b", "..", ".", "", "x=y", "#c", " s", "link", "\n", "é", "seed", "-", "a" * 300])
+    parts = st.sampled_from(
+        ["a", "b", "..", ".", "", "x=y", "#c", " s", "link", "\n", "é", "seed", "-", "a" * 300]
+    )
     return st.builds(
         lambda prefix, ps: prefix + "/".join(ps),
         st.sampled_from([root + "/", root, "/tmp/", "/etc/", "", "rel/", root + "-x/"]),
@@ -73,7 +79,9 @@ def requests(root: str) -> st.SearchStrategy[dict]:
         st.lists(
             st.one_of(
                 st.builds(lambda v: f"ACTIVITIES_LOG_FILE={v}", hostile_paths(root)),
-                st.sampled_from(["PROFILE_START_TIME=0", "ACTIVITIES_DURATION_MSECS=100", "X", "A=B=C", "# c", ""]),
+                st.sampled_from(
+                    ["PROFILE_START_TIME=0", "ACTIVITIES_DURATION_MSECS=100", "X", "A=B=C", "# c", ""]
+                ),
                 st.text(max_size=30),
             ),
             max_size=5,
@@ -82,12 +90,14 @@ def requests(root: str) -> st.SearchStrategy[dict]:
     special = {
         "output_dir": path_or_value,
         "config": st.one_of(config, json_values),
-        "trace_id": st.one_of(st.from_regex(r"[A-Za-z0-9-]{1,12}", fullmatch=True), json_values, hostile_paths(root)),
+        "trace_id": st.one_of(
+            st.from_regex(r"[A-Za-z0-9-]{1,12}", fullmatch=True), json_values, hostile_paths(root)
+        ),
         "pids": st.one_of(st.lists(st.integers(min_value=-(2**31), max_value=2**31)), json_values),
     }
-    fields = st.dictionaries(
-        st.sampled_from(FIELDS), json_values, max_size=6
-    ).flatmap(lambda d: st.fixed_dictionaries({k: special.get(k, st.just(v)) for k, v in d.items()}))
+    fields = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6).flatmap(
+        lambda d: st.fixed_dictionaries({k: special.get(k, st.just(v)) for k, v in d.items()})
+    )
     fn = st.one_of(st.sampled_from(FUNCTIONS), st.text(max_size=20), json_values)
     return st.builds(lambda f, rest: {**rest, "fn": f}, fn, fields)
 
@@ -133,9 +143,21 @@ def _status_ok(port: int) -> None:
 
 raw_streams = st.one_of(
     st.binary(max_size=300),
-    st.builds(lambda n, b: struct.pack("=i", n) + b, st.integers(min_value=-(2**31), max_value=2**31 - 1), st.binary(max_size=200)),
-    st.builds(lambda b, r: wire.frame_rpc(mutate(b, r)), st.sampled_from(SEED_BODIES), st.randoms(use_true_random=False)),
-    st.builds(lambda b, r: mutate(wire.frame_rpc(b), r), st.sampled_from(SEED_BODIES), st.randoms(use_true_random=False)),
+    st.builds(
+        lambda n, b: struct.pack("=i", n) + b,
+        st.integers(min_value=-(2**31), max_value=2**31 - 1),
+        st.binary(max_size=200),
+    ),
+    st.builds(
+        lambda b, r: wire.frame_rpc(mutate(b, r)),
+        st.sampled_from(SEED_BODIES),
+        st.randoms(use_true_random=False),
+    ),
+    st.builds(
+        lambda b, r: mutate(wire.frame_rpc(b), r),
+        st.sampled_from(SEED_BODIES),
+        st.randoms(use_true_random=False),
+    ),
 )
 
 

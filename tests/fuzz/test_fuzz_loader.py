@@ -41,10 +41,38 @@ SEEDS = [
 # limits low enough that the fuzzer reaches them, high enough for every seed trace
 LIMITS = Limits(max_trace_bytes=64 << 20, max_value_bytes=4 << 20)
 TOKENS = [
-    b"{", b"}", b"[", b"]", b'"', b"\\", b",", b":", b"},{", b"1e999", b"-", b"null", b"true", b'"\\ud800"',
-    b"\xff\xfe", b"\x00", b"99999999999999999999999", b"-9223372036854775809", b"0.000000000000000000001",
-    b"[" * 1200, b"{\"a\":" * 1100, b" " * 5000, b'"ts": "x"', b'"dur": -5', b'"ph": "Q"', b'"pid": 1.5',
-    b'"traceEvents": {}', b'"args": []', b"\xef\xbb\xbf", b"NaN", b"Infinity", b'"\\u0000"',
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b'"',
+    b"\\",
+    b",",
+    b":",
+    b"},{",
+    b"1e999",
+    b"-",
+    b"null",
+    b"true",
+    b'"\\ud800"',
+    b"\xff\xfe",
+    b"\x00",
+    b"99999999999999999999999",
+    b"-9223372036854775809",
+    b"0.000000000000000000001",
+    b"[" * 1200,
+    b'{"a":' * 1100,
+    b" " * 5000,
+    b'"ts": "x"',
+    b'"dur": -5',
+    b'"ph": "Q"',
+    b'"pid": 1.5',
+    b'"traceEvents": {}',
+    b'"args": []',
+    b"\xef\xbb\xbf",
+    b"NaN",
+    b"Infinity",
+    b'"\\u0000"',
 ]
 
 _STATS: Counter[str] = Counter()
@@ -151,7 +179,9 @@ json_value = st.recursive(
     max_leaves=20,
 )
 hostile_event = st.dictionaries(
-    st.sampled_from(["ph", "name", "cat", "ts", "dur", "pid", "tid", "id", "args", "s", "bp"]), json_value, max_size=8
+    st.sampled_from(["ph", "name", "cat", "ts", "dur", "pid", "tid", "id", "args", "s", "bp"]),
+    json_value,
+    max_size=8,
 )
 
 
@@ -161,13 +191,19 @@ def hostile_document(draw):
     if kind == 0:
         return draw(document())
     if kind == 1:
-        return {"traceEvents": draw(st.lists(hostile_event, max_size=20)), **draw(st.dictionaries(st.text(max_size=5), json_value, max_size=3))}
+        return {
+            "traceEvents": draw(st.lists(hostile_event, max_size=20)),
+            **draw(st.dictionaries(st.text(max_size=5), json_value, max_size=3)),
+        }
     if kind == 2:
         return draw(st.lists(hostile_event, max_size=20))
     return draw(json_value)
 
 
-@settings(max_examples=150 * BUDGET, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150 * BUDGET,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(doc=hostile_document(), indent=st.booleans(), gz=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_generated_documents(tmp_path_factory, doc, indent, gz, seed):
     # the standard library writes what orjson refuses (integers beyond 64 bits, NaN, Infinity)

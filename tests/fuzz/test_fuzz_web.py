@@ -51,17 +51,30 @@ def app_client(tmp_path_factory):
     url = str(root / "catalog.db")
     with Catalog.open(url) as cat:
         cat.import_trace_dir(root / "traces" / TRACE_ID)
-        cat.record_trace_request({
-            "kinetoscope_manifest": 1, "trace_id": HOSTILE_ID, "created": "2026-11-21T00:00:00Z",
-            "store_url": f"file://{outside}",
-            "files": [
-                {"file": "credentials.json", "path": str(outside / "credentials.json"), "host": "h", "pid": 1},
-                {"file": "link.json", "path": str(root / "traces" / "link.json"), "host": "h", "pid": 2},
-                {"file": "x.json", "storage_url": str(outside / "credentials.json"), "host": "h", "pid": 3},
-                {"file": "up.json", "path": f"{root}/traces/../outside/up.json",
-                 "host": "h2", "pid": 4},
-            ],
-        })
+        cat.record_trace_request(
+            {
+                "kinetoscope_manifest": 1,
+                "trace_id": HOSTILE_ID,
+                "created": "2026-11-21T00:00:00Z",
+                "store_url": f"file://{outside}",
+                "files": [
+                    {
+                        "file": "credentials.json",
+                        "path": str(outside / "credentials.json"),
+                        "host": "h",
+                        "pid": 1,
+                    },
+                    {"file": "link.json", "path": str(root / "traces" / "link.json"), "host": "h", "pid": 2},
+                    {
+                        "file": "x.json",
+                        "storage_url": str(outside / "credentials.json"),
+                        "host": "h",
+                        "pid": 3,
+                    },
+                    {"file": "up.json", "path": f"{root}/traces/../outside/up.json", "host": "h2", "pid": 4},
+                ],
+            }
+        )
     app = create_app(WebSettings(catalog_url=url, daemons=["127.0.0.1:9"], allowed_hosts=["testserver"]))
     served = _Digests(f.read_bytes() for f in files if f.name.endswith(".json"))
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -83,17 +96,55 @@ class _Digests:
 
 hostile_text = st.one_of(
     st.text(max_size=40),
-    st.sampled_from([
-        TRACE_ID, HOSTILE_ID, "credentials.json", "link.json", "x.json", "up.json", "../outside/credentials.json", "..", ".",
-        "%2e%2e%2f", "..%2F..%2Fetc%2Fpasswd", "/etc/passwd", "\x00", "a\x00.json", "<script>alert(1)</script>",
-        "名前🚀", "' OR 1=1 --", "rank-0_5000.pt.trace.json", "-1", "0", "99999999999999999999", "1e9", "NaN",
-        "a" * 5000, "%", "%%", "%ff", "\\..\\", "~", "$HOME",
-    ]),
+    st.sampled_from(
+        [
+            TRACE_ID,
+            HOSTILE_ID,
+            "credentials.json",
+            "link.json",
+            "x.json",
+            "up.json",
+            "../outside/credentials.json",
+            "..",
+            ".",
+            "%2e%2e%2f",
+            "..%2F..%2Fetc%2Fpasswd",
+            "/etc/passwd",
+            "\x00",
+            "a\x00.json",
+            "<script>alert(1)</script>",
+            "名前🚀",
+            "' OR 1=1 --",
+            "rank-0_5000.pt.trace.json",
+            "-1",
+            "0",
+            "99999999999999999999",
+            "1e9",
+            "NaN",
+            "a" * 5000,
+            "%",
+            "%%",
+            "%ff",
+            "\\..\\",
+            "~",
+            "$HOME",
+        ]
+    ),
 )
 ID_ROUTES = [
-    "/jobs/{}", "/traces/{}", "/traces/{}/report", "/analyses/{}", "/analyses/{}/report", "/tasks/{}",
-    "/api/jobs/{}", "/api/traces/{}", "/api/analyses/{}", "/api/analyses/{}/document", "/api/tasks/{}",
-    "/static/{}", "/perfetto/{}",
+    "/jobs/{}",
+    "/traces/{}",
+    "/traces/{}/report",
+    "/analyses/{}",
+    "/analyses/{}/report",
+    "/tasks/{}",
+    "/api/jobs/{}",
+    "/api/traces/{}",
+    "/api/analyses/{}",
+    "/api/analyses/{}/document",
+    "/api/tasks/{}",
+    "/static/{}",
+    "/perfetto/{}",
 ]
 FILE_ROUTES = ["/traces/{}/files/{}", "/traces/{}/perfetto/{}"]
 QUERY_ROUTES = ["/traces", "/analyses", "/trigger", "/api/jobs", "/api/traces", "/api/analyses"]
@@ -114,7 +165,11 @@ def _check(r, what: str) -> None:
 
 
 @settings(max_examples=200 * BUDGET, **FUZZ_SETTINGS)
-@given(route=st.sampled_from(ID_ROUTES), value=hostile_text | st.integers(-(2**70), 2**70).map(str), raw=st.booleans())
+@given(
+    route=st.sampled_from(ID_ROUTES),
+    value=hostile_text | st.integers(-(2**70), 2**70).map(str),
+    raw=st.booleans(),
+)
 def test_id_routes(app_client, route, value, raw):
     client, _ = app_client
     _check(client.get(route.format(_quote(value, raw)), follow_redirects=False), "id routes")
@@ -132,28 +187,65 @@ def test_file_routes_never_serve_outside_the_roots(app_client, route, trace_id, 
 
 
 @settings(max_examples=100 * BUDGET, **FUZZ_SETTINGS)
-@given(route=st.sampled_from(QUERY_ROUTES),
-       params=st.dictionaries(st.sampled_from(["limit", "job_id", "status", "trace_id", "x"]),
-                              hostile_text | st.integers(-(2**70), 2**70).map(str), max_size=4))
+@given(
+    route=st.sampled_from(QUERY_ROUTES),
+    params=st.dictionaries(
+        st.sampled_from(["limit", "job_id", "status", "trace_id", "x"]),
+        hostile_text | st.integers(-(2**70), 2**70).map(str),
+        max_size=4,
+    ),
+)
 def test_query_strings(app_client, route, params):
     client, _ = app_client
     _check(client.get(route, params=params), "query strings")
 
 
 json_value = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | hostile_text,
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | hostile_text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=15,
 )
 # daemon addresses: unreachable at once or invalid (a random name could wait on a DNS lookup)
-safe_hosts = st.lists(st.sampled_from(["127.0.0.1:9", "[::1]:9", "", ":", "[::1", "127.0.0.1:0", "127.0.0.1:99999",
-                                       "a:b:c", "127.0.0.1:9,127.0.0.1:9"]), max_size=3)
-trigger_fields = ["job_id", "pids", "all", "iterations", "iteration_roundup", "duration_ms", "record_shapes",
-                  "process_limit", "output_dir", "trace_id", "timeout_s", "analyze"]
+safe_hosts = st.lists(
+    st.sampled_from(
+        [
+            "127.0.0.1:9",
+            "[::1]:9",
+            "",
+            ":",
+            "[::1",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "a:b:c",
+            "127.0.0.1:9,127.0.0.1:9",
+        ]
+    ),
+    max_size=3,
+)
+trigger_fields = [
+    "job_id",
+    "pids",
+    "all",
+    "iterations",
+    "iteration_roundup",
+    "duration_ms",
+    "record_shapes",
+    "process_limit",
+    "output_dir",
+    "trace_id",
+    "timeout_s",
+    "analyze",
+]
 trigger_body = st.one_of(
     json_value,
-    st.fixed_dictionaries({"hosts": safe_hosts},
-                          optional={k: st.integers(-5, 5) | st.booleans() | json_value for k in trigger_fields}),
+    st.fixed_dictionaries(
+        {"hosts": safe_hosts},
+        optional={k: st.integers(-5, 5) | st.booleans() | json_value for k in trigger_fields},
+    ),
 )
 
 
@@ -166,16 +258,27 @@ def test_api_trigger_bodies(app_client, body):
     _check(client.post("/api/trigger", json=body), "POST /api/trigger")
 
 
-number_text = st.integers(-3, 10**20).map(str) | st.sampled_from(["1", "10", "0", "", "1.5", "1e3"]) | hostile_text
+number_text = (
+    st.integers(-3, 10**20).map(str) | st.sampled_from(["1", "10", "0", "", "1.5", "1e3"]) | hostile_text
+)
 trigger_form = st.fixed_dictionaries(
-    {"hosts": st.sampled_from(["127.0.0.1:9", "[::1]:9", "127.0.0.1:9,[::1]:9", "", " , ", "127.0.0.1:99999"])},
+    {
+        "hosts": st.sampled_from(
+            ["127.0.0.1:9", "[::1]:9", "127.0.0.1:9,[::1]:9", "", " , ", "127.0.0.1:99999"]
+        )
+    },
     optional={
         "target": st.sampled_from(["job", "pids", "all"]) | hostile_text,
-        "job_id": hostile_text, "pids": st.sampled_from(["1", "1,2", "-1", "abc", "1" * 30]) | hostile_text,
+        "job_id": hostile_text,
+        "pids": st.sampled_from(["1", "1,2", "-1", "abc", "1" * 30]) | hostile_text,
         "mode": st.sampled_from(["iterations", "duration"]) | hostile_text,
-        "iterations": number_text, "iteration_roundup": number_text, "duration_ms": number_text,
-        "process_limit": number_text, "output_dir": hostile_text,
-        "record_shapes": st.sampled_from(["true", "false", "on", "x"]), "analyze": st.sampled_from(["true", "x"]),
+        "iterations": number_text,
+        "iteration_roundup": number_text,
+        "duration_ms": number_text,
+        "process_limit": number_text,
+        "output_dir": hostile_text,
+        "record_shapes": st.sampled_from(["true", "false", "on", "x"]),
+        "analyze": st.sampled_from(["true", "x"]),
     },
 )
 

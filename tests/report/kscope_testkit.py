@@ -30,21 +30,44 @@ NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncc
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
 def _x(cat: str, name: str, pid: int, tid: int, ts_us: float, dur_us: float, **args: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": round(ts_us, 3),
-                          "dur": round(dur_us, 3)}
+    ev: dict[str, Any] = {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": round(ts_us, 3),
+        "dur": round(dur_us, 3),
+    }
     if args:
         ev["args"] = args
     return ev
 
 
-def rank_events(rank: int, world: int, steps: int, *, straggler: int, late_steps: Sequence[int], late_ms: float,
-                hostile: bool, t0_us: float, period_ms: float = 40.0) -> list[dict[str, Any]]:
+def rank_events(
+    rank: int,
+    world: int,
+    steps: int,
+    *,
+    straggler: int,
+    late_steps: Sequence[int],
+    late_ms: float,
+    hostile: bool,
+    t0_us: float,
+    period_ms: float = 40.0,
+) -> list[dict[str, Any]]:
     ev: list[dict[str, Any]] = []
     corr = 1
     pid, tid = 100 + rank, 200 + rank
@@ -54,21 +77,48 @@ def rank_events(rank: int, world: int, steps: int, *, straggler: int, late_steps
         step_us = (period_ms + (late_ms if s in late_steps else 0.0)) * 1000.0
         step_no = 100 + s
         ev.append(_x("cpu_op", f"ProfilerStep#{step_no}", pid, tid, base, step_us - 50))
-        ev.append(_x("user_annotation", "<b>forward</b>" if hostile else "forward", pid, tid, base + 10, 9000))
+        ev.append(
+            _x("user_annotation", "<b>forward</b>" if hostile else "forward", pid, tid, base + 10, 9000)
+        )
         # compute: 4 kernels of 4 ms, launched 0.5 ms before they run
         t = base + 200.0
         for k, name in enumerate(names):
             launch = t - 500.0 if k == 0 else t - 300.0
             ev.append(_x("cpu_op", "aten::mm" if k < 2 else "aten::add", pid, tid, launch - 20, 80))
             ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, tid, launch, 30, correlation=corr))
-            ev.append(_x("kernel", name, 0, 7, t, 4000.0, stream=7, correlation=corr, device=0,
-                         **{"External id": corr, "grid": [80, 1, 1], "block": [128, 1, 1]}))
+            ev.append(
+                _x(
+                    "kernel",
+                    name,
+                    0,
+                    7,
+                    t,
+                    4000.0,
+                    stream=7,
+                    correlation=corr,
+                    device=0,
+                    **{"External id": corr, "grid": [80, 1, 1], "block": [128, 1, 1]},
+                )
+            )
             corr += 1
             t += 4200.0
         # memcpy
         ev.append(_x("cuda_runtime", "cudaMemcpyAsync", pid, tid, t - 100, 20, correlation=corr))
-        ev.append(_x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 0, 7, t, 600.0, stream=7, correlation=corr,
-                     device=0, bytes=4 << 20, **{"memory bandwidth (GB/s)": 7.0}))
+        ev.append(
+            _x(
+                "gpu_memcpy",
+                "Memcpy HtoD (Pageable -> Device)",
+                0,
+                7,
+                t,
+                600.0,
+                stream=7,
+                correlation=corr,
+                device=0,
+                bytes=4 << 20,
+                **{"memory bandwidth (GB/s)": 7.0},
+            )
+        )
         corr += 1
         t += 800.0
         # all-reduce: arrival = t (+ straggler delay); everyone ends 2 ms after the last arrival
@@ -76,18 +126,46 @@ def rank_events(rank: int, world: int, steps: int, *, straggler: int, late_steps
         last = t + late
         arrival = t + (late if rank == straggler else 0.0)
         ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, tid, arrival - 200, 25, correlation=corr))
-        ev.append(_x("kernel", NCCL, 0, 20, arrival, last + 2000.0 - arrival, stream=20, correlation=corr, device=0,
-                     **{"Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 1 << 20,
-                        "Out msg nelems": 1 << 20, "dtype": "Float", "Group size": world}))
+        ev.append(
+            _x(
+                "kernel",
+                NCCL,
+                0,
+                20,
+                arrival,
+                last + 2000.0 - arrival,
+                stream=20,
+                correlation=corr,
+                device=0,
+                **{
+                    "Collective name": "allreduce",
+                    "Process Group Name": "0",
+                    "In msg nelems": 1 << 20,
+                    "Out msg nelems": 1 << 20,
+                    "dtype": "Float",
+                    "Group size": world,
+                },
+            )
+        )
         corr += 1
         ev.append(_x("cpu_op", "Optimizer.step#SGD.step", pid, tid, last + 2500.0, 300))
         base += step_us
     return ev
 
 
-def write_job(folder: Path, *, world: int = 2, steps: int = 8, straggler: int = 1,
-              late_steps: Sequence[int] = (2, 5, 6), late_ms: float = 25.0, hostile: bool = True,
-              trace_id: str = "kst-20261121-000000-test", job_id: str = "4242", gz: bool = False) -> list[Path]:
+def write_job(
+    folder: Path,
+    *,
+    world: int = 2,
+    steps: int = 8,
+    straggler: int = 1,
+    late_steps: Sequence[int] = (2, 5, 6),
+    late_ms: float = 25.0,
+    hostile: bool = True,
+    trace_id: str = "kst-20261121-000000-test",
+    job_id: str = "4242",
+    gz: bool = False,
+) -> list[Path]:
     """Write one Kineto JSON file per rank and a kscope ``manifest.json`` into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -97,11 +175,27 @@ def write_job(folder: Path, *, world: int = 2, steps: int = 8, straggler: int = 
         doc = {
             "schemaVersion": 1,
             "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world},
-            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85_000_000_000,
-                                  "computeMajor": 8, "computeMinor": 0, "numSms": 108}],
+            "deviceProperties": [
+                {
+                    "id": 0,
+                    "name": "NVIDIA A100-SXM4-80GB",
+                    "totalGlobalMem": 85_000_000_000,
+                    "computeMajor": 8,
+                    "computeMinor": 0,
+                    "numSms": 108,
+                }
+            ],
             "trace_id": trace_id,
-            "traceEvents": rank_events(r, world, steps, straggler=straggler, late_steps=late_steps, late_ms=late_ms,
-                                       hostile=hostile, t0_us=t0 + 37.0 * r),
+            "traceEvents": rank_events(
+                r,
+                world,
+                steps,
+                straggler=straggler,
+                late_steps=late_steps,
+                late_ms=late_ms,
+                hostile=hostile,
+                t0_us=t0 + 37.0 * r,
+            ),
             "traceName": f"rank-{r}.pt.trace.json",
         }
         name = f"rank-{r}_{5000 + r}.pt.trace.json" + (".gz" if gz else "")
@@ -109,12 +203,28 @@ def write_job(folder: Path, *, world: int = 2, steps: int = 8, straggler: int = 
         data = json.dumps(doc).encode()
         p.write_bytes(gzip.compress(data) if gz else data)
         paths.append(p)
-        entries.append({"file": name, "path": str(p), "host": "node-a", "pid": 5000 + r, "rank": r,
-                        "local_rank": r, "world_size": world, "job_id": job_id,
-                        "cmdline": HOSTILE_CMD if hostile else "python train.py", "bytes": p.stat().st_size,
-                        "complete": True})
-    manifest = {"kinetoscope_manifest": 1, "trace_id": trace_id, "created": "2026-11-21T00:00:00Z",
-                "config": "ACTIVITIES_ITERATIONS=8\nPROFILE_START_ITERATION_ROUNDUP=1", "files": entries}
+        entries.append(
+            {
+                "file": name,
+                "path": str(p),
+                "host": "node-a",
+                "pid": 5000 + r,
+                "rank": r,
+                "local_rank": r,
+                "world_size": world,
+                "job_id": job_id,
+                "cmdline": HOSTILE_CMD if hostile else "python train.py",
+                "bytes": p.stat().st_size,
+                "complete": True,
+            }
+        )
+    manifest = {
+        "kinetoscope_manifest": 1,
+        "trace_id": trace_id,
+        "created": "2026-11-21T00:00:00Z",
+        "config": "ACTIVITIES_ITERATIONS=8\nPROFILE_START_ITERATION_ROUNDUP=1",
+        "files": entries,
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return paths
 
@@ -124,8 +234,12 @@ def write_job(folder: Path, *, world: int = 2, steps: int = 8, straggler: int = 
 # ---------------------------------------------------------------------------------------
 def chromium_or_skip() -> str:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (scripts/setup-test-system.sh installs it)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install 'kinetoscope[test]')")
+        pytest.skip(
+            f"Debian chromium is not installed at {CHROMIUM} (scripts/setup-test-system.sh installs it)"
+        )
+    pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install 'kinetoscope[test]')"
+    )
     return CHROMIUM
 
 
@@ -140,8 +254,12 @@ def browser_context(**kwargs: Any) -> Iterator[Any]:
     ctx = None
     try:
         ctx = pw.chromium.launch_persistent_context(
-            user_data, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1280, "height": 860}, **kwargs,
+            user_data,
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1280, "height": 860},
+            **kwargs,
         )
         yield ctx
     finally:

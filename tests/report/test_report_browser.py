@@ -30,7 +30,10 @@ def test_report_renders_offline_and_hostile_names_are_text(tmp_path, hostile_doc
         page.goto(path.as_uri())
         page.wait_for_function("document.body.getAttribute('data-charts-rendered') !== null", timeout=60_000)
         n_charts = page.locator("div.chart").count()
-        assert page.evaluate("document.body.getAttribute('data-charts-rendered')") == str(n_charts) and n_charts >= 9
+        assert (
+            page.evaluate("document.body.getAttribute('data-charts-rendered')") == str(n_charts)
+            and n_charts >= 9
+        )
         assert page.locator("div.chart .main-svg").count() >= n_charts  # plotly drew every chart
         # the hostile kernel name is visible as text: in a table cell, in the inputs, and in chart labels
         assert page.locator("#table-kernels td", has_text=HOSTILE).count() >= 2
@@ -43,4 +46,6 @@ def test_report_renders_offline_and_hostile_names_are_text(tmp_path, hostile_doc
         assert external == []
         if os.environ.get("KSCOPE_TEST_SCREENSHOTS"):
             page.locator("#kernels").scroll_into_view_if_needed()
-            page.screenshot(path=os.path.join(os.environ["KSCOPE_TEST_SCREENSHOTS"], f"report-kernels-{csp}.png"))
+            page.screenshot(
+                path=os.path.join(os.environ["KSCOPE_TEST_SCREENSHOTS"], f"report-kernels-{csp}.png")
+            )

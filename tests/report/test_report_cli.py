@@ -16,19 +16,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def kscope(*args: str, cache: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-        timeout=timeout, check=False, env=env_with_repo({"KSCOPE_CACHE_DIR": str(cache)}),
+        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env_with_repo({"KSCOPE_CACHE_DIR": str(cache)}),
     )
 
 
 def test_report_of_a_vendored_gpu_trace(tmp_path, hta_traces):
     out = tmp_path / "r.html"
-    r = kscope("report", str(hta_traces / "trace_diff/control/control.json.gz"), "-o", str(out), cache=tmp_path / "c")
+    r = kscope(
+        "report", str(hta_traces / "trace_diff/control/control.json.gz"), "-o", str(out), cache=tmp_path / "c"
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"report: {out}" in " ".join(r.stdout.split())
     html = out.read_text()
     assert html.startswith("<!doctype html>") and "plotly.js v" in html
-    assert 'id="chart-top-kernels"' in html and "SINGLE PROCESS" in html  # one trace: the single-process headline (issue 10)
+    assert (
+        'id="chart-top-kernels"' in html and "SINGLE PROCESS" in html
+    )  # one trace: the single-process headline (issue 10)
     assert not (tmp_path / "r.html.tmp").exists() and len(list(tmp_path.glob(".r.html*"))) == 0
 
 
@@ -42,10 +51,19 @@ def test_report_by_trace_id_records_the_analysis(tmp_path, hostile_job, hostile_
     r = kscope("report", "kst-20261121-000000-test", "--catalog", cat, "-o", str(out), cache=tmp_path / "c")
     assert r.returncode == 0, r.stdout + r.stderr
     text = " ".join(r.stdout.split())
-    assert "INTERMITTENT STRAGGLERS" in text and "recorded analysis 1" in text and "kst-20261121-000000-test" in text
+    assert (
+        "INTERMITTENT STRAGGLERS" in text
+        and "recorded analysis 1" in text
+        and "kst-20261121-000000-test" in text
+    )
     with Catalog.open(cat) as c:
         a = c.latest_analysis("kst-20261121-000000-test")
-        assert a is not None and a.straggler_kind == "intermittent" and a.straggler_rank == 1 and a.world_size == 2
+        assert (
+            a is not None
+            and a.straggler_kind == "intermittent"
+            and a.straggler_rank == 1
+            and a.world_size == 2
+        )
         assert a.inputs == ["kst-20261121-000000-test"] and a.summary["report"] == str(out.resolve())
     # a document from `kscope analyze --json` renders as is, without touching the catalog
     import orjson
@@ -57,15 +75,26 @@ def test_report_by_trace_id_records_the_analysis(tmp_path, hostile_job, hostile_
     assert "&lt;img src=x onerror=alert(1)&gt;" in (tmp_path / "doc.html").read_text()
 
 
-@pytest.mark.parametrize(("args", "code", "message"), [
-    ([], 2, "give trace files"),
-    (["kst-unknown"], 1, "no trace with this id"),
-    (["/nonexistent/x.json"], 1, "no such file or folder"),
-    (["--document", "/nonexistent.json"], 2, "cannot read a JSON document"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        ([], 2, "give trace files"),
+        (["kst-unknown"], 1, "no trace with this id"),
+        (["/nonexistent/x.json"], 1, "no such file or folder"),
+        (["--document", "/nonexistent.json"], 2, "cannot read a JSON document"),
+    ],
+)
 def test_report_errors_are_one_line(tmp_path, args, code, message):
-    r = kscope("report", *args, "--catalog", str(tmp_path / "c.db"), "-o", str(tmp_path / "x.html"),
-               cache=tmp_path / "c", timeout=60)
+    r = kscope(
+        "report",
+        *args,
+        "--catalog",
+        str(tmp_path / "c.db"),
+        "-o",
+        str(tmp_path / "x.html"),
+        cache=tmp_path / "c",
+        timeout=60,
+    )
     assert r.returncode == code, r.stdout + r.stderr
     assert message in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
     assert not (tmp_path / "x.html").exists()
@@ -85,8 +114,13 @@ def test_demo_analyze_and_report_steps(tmp_path, hostile_job):
         output_dir=str(hostile_job),
     )
     console = Console(record=True, width=200, color_system=None)
-    ctx = DemoContext(options=DemoOptions(workdir=str(tmp_path)), console=console, workdir=tmp_path,
-                      deadline=time.monotonic() + 100, trace=trace)  # type: ignore[arg-type]
+    ctx = DemoContext(
+        options=DemoOptions(workdir=str(tmp_path)),
+        console=console,
+        workdir=tmp_path,
+        deadline=time.monotonic() + 100,
+        trace=trace,
+    )  # type: ignore[arg-type]
     ctx.extras["ground_truth"] = {"rank": 1, "steps": (2, 6), "sleeps": [(2, 25.0)]}
     step_analyze(ctx)
     step_report(ctx)

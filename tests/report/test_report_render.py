@@ -8,14 +8,27 @@ import re
 
 import pytest
 
+from kinetoscope.analysis.names import display_name as short_name
 from kinetoscope.pipeline import document_summary
 from kinetoscope.report import json_for_script, plotly_text, render_report
-from kinetoscope.analysis.names import display_name as short_name
 from kinetoscope.report.escape import js_for_script
 from tests.report.kscope_testkit import HOSTILE, HOSTILE_SCRIPT
 
-SECTION_IDS = ["verdict", "recommendations", "overview", "stragglers", "mfu", "temporal", "idle", "kernels",
-               "overlap", "launch", "job", "other", "traces"]
+SECTION_IDS = [
+    "verdict",
+    "recommendations",
+    "overview",
+    "stragglers",
+    "mfu",
+    "temporal",
+    "idle",
+    "kernels",
+    "overlap",
+    "launch",
+    "job",
+    "other",
+    "traces",
+]
 
 
 def script_bodies(html: str) -> list[tuple[str, str]]:
@@ -37,10 +50,19 @@ def embedded(html: str, element_id: str):
 # ---------------------------------------------------------------------------------------
 # Escaping primitives
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value", [
-    HOSTILE, HOSTILE_SCRIPT, "</script><script>alert(1)</script>", "<!-- x", "a & b", "\u2028\u2029",
-    {"k</script>": ["</SCRIPT >", 1.5, None]}, float("nan"),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        HOSTILE,
+        HOSTILE_SCRIPT,
+        "</script><script>alert(1)</script>",
+        "<!-- x",
+        "a & b",
+        "\u2028\u2029",
+        {"k</script>": ["</SCRIPT >", 1.5, None]},
+        float("nan"),
+    ],
+)
 def test_json_for_script_cannot_close_a_script_and_round_trips(value):
     text = json_for_script(value)
     assert "<" not in text and ">" not in text and "&" not in text
@@ -65,15 +87,24 @@ def test_plotly_text_is_drawn_literally():
     assert plotly_text(None) == ""
 
 
-@pytest.mark.parametrize(("name", "short"), [
-    ("void at::native::foo<float, 4>(int)", "at::native::foo"),
-    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long)", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
-    ("aten::mm", "aten::mm"),
-    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, 4>(int)", "at::native::CatArrayBatchedCopy"),
-    ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pageable -> Device)"),
-    (HOSTILE, HOSTILE),  # not a C++ signature: shown whole (escaped), never mangled
-    (HOSTILE_SCRIPT, HOSTILE_SCRIPT),
-])
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        ("void at::native::foo<float, 4>(int)", "at::native::foo"),
+        (
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long)",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        ),
+        ("aten::mm", "aten::mm"),
+        (
+            "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, 4>(int)",
+            "at::native::CatArrayBatchedCopy",
+        ),
+        ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pageable -> Device)"),
+        (HOSTILE, HOSTILE),  # not a C++ signature: shown whole (escaped), never mangled
+        (HOSTILE_SCRIPT, HOSTILE_SCRIPT),
+    ],
+)
 def test_short_name(name, short):
     assert short_name(name) == short
 
@@ -99,7 +130,9 @@ def test_hostile_names_are_escaped_everywhere(hostile_doc, hostile_html):
     # every <script> element ends where we meant it to: our scripts only
     scripts = script_bodies(html)
     assert len(scripts) == html.lower().count("<script") == html.lower().count("</script")
-    assert [t for t, _ in scripts if 'type="application/json"' not in t] == [t for t, _ in scripts if "nonce=" in t]
+    assert [t for t, _ in scripts if 'type="application/json"' not in t] == [
+        t for t, _ in scripts if "nonce=" in t
+    ]
     for tag, body in scripts:
         if 'type="application/json"' in tag:
             assert "<" not in body
@@ -118,13 +151,24 @@ def test_sections_in_order_with_the_diagnosis_first(hostile_html):
     assert pos == sorted(pos)
     assert "INTERMITTENT STRAGGLERS" in hostile_html
     charts = embedded(hostile_html, "kscope-charts")
-    for cid in ("chart-steps", "chart-ranks", "chart-rank-steps", "chart-straggler-heatmap", "chart-temporal",
-                "chart-idle", "chart-kernel-types", "chart-top-kernels", "chart-overlap"):
+    for cid in (
+        "chart-steps",
+        "chart-ranks",
+        "chart-rank-steps",
+        "chart-straggler-heatmap",
+        "chart-temporal",
+        "chart-idle",
+        "chart-kernel-types",
+        "chart-top-kernels",
+        "chart-overlap",
+    ):
         assert cid in charts and f'id="{cid}"' in hostile_html
     heat = charts["chart-straggler-heatmap"]["figure"]["data"][0]
     assert heat["y"] == ["rank 0", "rank 1"]
     late = dict(zip(heat["x"], heat["z"][1]))
-    assert late["102"] > 20 and late["105"] > 20 and late["106"] > 20 and late["101"] < 1  # rank 1 straggles there
+    assert (
+        late["102"] > 20 and late["105"] > 20 and late["106"] > 20 and late["101"] < 1
+    )  # rank 1 straggles there
 
 
 def test_step_breakdown_adds_up_to_the_step_time(hostile_doc):
@@ -139,7 +183,7 @@ def test_step_breakdown_adds_up_to_the_step_time(hostile_doc):
 def test_report_is_offline(hostile_html):
     assert hostile_html.count("plotly.js v") == 1  # the bundle, embedded once
     markup = re.sub(r"<script\b[^>]*>.*?</script", "", hostile_html, flags=re.S | re.I)  # (the browser test
-    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", markup)        # checks the scripts)
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", markup)  # checks the scripts)
     assert "@import" not in hostile_html and "fonts.googleapis" not in hostile_html
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', hostile_html).group(1)
     assert "connect-src 'none'" in csp and "default-src 'none'" in csp
@@ -158,20 +202,30 @@ def test_plotly_src_mode_links_the_bundle(hostile_doc):
 def test_cpu_only_trace_sections_say_why_they_are_empty(cpu_doc):
     html = render_report(cpu_doc)
     for sec in ("temporal", "idle", "kernels", "overlap"):
-        part = html[html.find(f'<section id="{sec}"'):]
+        part = html[html.find(f'<section id="{sec}"') :]
         part = part[: part.find("</section>")]
         assert "no GPU events in these traces (CPU-only)" in part, sec
     assert "CPU-only trace: MFU" in html  # the diagnosis' reason is shown
     assert 'id="chart-steps"' in html  # the step breakdown works from host ops
 
 
-@pytest.mark.parametrize("doc", [
-    {},
-    {"traces": [], "notes": {}, "errors": {"diagnosis": "RuntimeError: <boom>"}},
-    {"steps": "not a list", "stragglers": ["odd"], "mfu": 3, "recommendations": {"x": 1}, "job": None,
-     "kernel_breakdown": [{"name": None, "sum (us)": "x"}], "something_new": [{"a": HOSTILE}]},
-    {"steps": [], "step_durations": [{"rank": 0, "step": 1, "duration(us)": 1000.0}]},
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {},
+        {"traces": [], "notes": {}, "errors": {"diagnosis": "RuntimeError: <boom>"}},
+        {
+            "steps": "not a list",
+            "stragglers": ["odd"],
+            "mfu": 3,
+            "recommendations": {"x": 1},
+            "job": None,
+            "kernel_breakdown": [{"name": None, "sum (us)": "x"}],
+            "something_new": [{"a": HOSTILE}],
+        },
+        {"steps": [], "step_durations": [{"rank": 0, "step": 1, "duration(us)": 1000.0}]},
+    ],
+)
 def test_missing_or_odd_keys_render_with_a_reason(doc):
     html = render_report(doc)
     assert "Nothing to show:" in html

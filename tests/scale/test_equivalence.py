@@ -19,7 +19,9 @@ from kinetoscope.trace import load_traces
 from tests.scale.conftest import PAIR
 
 
-def analyze_paths(files: list[Path], names: list[str] | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
+def analyze_paths(
+    files: list[Path], names: list[str] | None = None, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The reference document (module docstring)."""
     traces = load_traces(files, cache=False)
     results = run_analyses(traces, names, options)
@@ -35,7 +37,9 @@ def assert_same_document(single: dict[str, Any], scaled: dict[str, Any]) -> None
 ALL = None  # default analyses
 
 
-@pytest.mark.parametrize(("backend", "workers"), [("single", None), ("local", 1), ("local", 2), ("auto", None)])
+@pytest.mark.parametrize(
+    ("backend", "workers"), [("single", None), ("local", 1), ("local", 2), ("auto", None)]
+)
 def test_local_pair_128gpu_job(backend: str, workers: int | None) -> None:
     single = analyze_paths(PAIR)
     assert single["kernel_distribution"] and single["stragglers"]
@@ -54,7 +58,9 @@ def test_local_mixed_8_ranks_every_analysis(mixed8: list[Path]) -> None:
 
 def test_local_control_8_ranks(control8: list[Path]) -> None:
     """The 8-rank set of benchmarks/bench_analyze.py --ranks 8 (copies of trace_diff/control)."""
-    assert_same_document(analyze_paths(control8), analyze_files(control8, backend="local", workers=2).document)
+    assert_same_document(
+        analyze_paths(control8), analyze_files(control8, backend="local", workers=2).document
+    )
 
 
 def test_input_order_is_kept(mixed8: list[Path]) -> None:

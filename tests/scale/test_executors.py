@@ -54,7 +54,9 @@ def test_a_worker_that_dies_fails_its_task_only() -> None:
     ("n", "env", "want"),
     [(1, {}, "single"), (4, {}, "single"), (5, {}, "local"), (5, {"RAY_ADDRESS": "10.0.0.1:6379"}, "ray")],
 )
-def test_auto_backend_says_which_and_why(n: int, env: dict[str, str], want: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_backend_says_which_and_why(
+    n: int, env: dict[str, str], want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -25,7 +25,9 @@ def test_every_builtin_declares_a_scalable_strategy() -> None:
 
 def test_reduce_without_reducer_is_refused() -> None:
     spec = registry.get("temporal_breakdown")
-    fake = registry.AnalysisSpec(name="_no_reducer", func=spec.func, description="x", combine="reduce", default=False)
+    fake = registry.AnalysisSpec(
+        name="_no_reducer", func=spec.func, description="x", combine="reduce", default=False
+    )
     registry.register(fake)
     try:
         with pytest.raises(ValueError, match="no reducer"):

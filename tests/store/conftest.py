@@ -34,8 +34,10 @@ def _free_port() -> int:
 
 
 def _pg_bindir() -> Path | None:
-    cands = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2])
-                   if p.split("/")[-2].isdigit() else 0)
+    cands = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda p: int(p.split("/")[-2]) if p.split("/")[-2].isdigit() else 0,
+    )
     for d in reversed(cands):
         if Path(d, "initdb").exists() and Path(d, "pg_ctl").exists():
             return Path(d)
@@ -54,8 +56,10 @@ def pg_server() -> Iterator[str]:
         return
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL server binaries not found: apt-get install postgresql "
-                    "(scripts/setup-test-system.sh) or set KSCOPE_TEST_POSTGRES_URL")
+        pytest.skip(
+            "PostgreSQL server binaries not found: apt-get install postgresql "
+            "(scripts/setup-test-system.sh) or set KSCOPE_TEST_POSTGRES_URL"
+        )
     run_as: list[str] = []
     owner = None
     if os.geteuid() == 0:
@@ -63,28 +67,48 @@ def pg_server() -> Iterator[str]:
             owner = pwd.getpwnam("postgres")
         except KeyError:
             pytest.skip("running as root and there is no 'postgres' user to run the PostgreSQL server as")
-        run_as = ["runuser", "-u", "postgres", "--"] if shutil.which("runuser") else \
-            ["su", "postgres", "-s", "/bin/sh", "-c"]
+        run_as = (
+            ["runuser", "-u", "postgres", "--"]
+            if shutil.which("runuser")
+            else ["su", "postgres", "-s", "/bin/sh", "-c"]
+        )
     tmp = Path(tempfile.mkdtemp(prefix="kscope-pg-"))
     if owner is not None:
         os.chown(tmp, owner.pw_uid, owner.pw_gid)
 
     def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-        full = [*run_as, *cmd] if run_as and run_as[0] == "runuser" else \
-            ([*run_as, " ".join(cmd)] if run_as else list(cmd))
+        full = (
+            [*run_as, *cmd]
+            if run_as and run_as[0] == "runuser"
+            else ([*run_as, " ".join(cmd)] if run_as else list(cmd))
+        )
         return subprocess.run(full, capture_output=True, text=True, timeout=120)
 
     data, log = tmp / "data", tmp / "server.log"
     port = _free_port()
     started = False
     try:
-        r = run(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                "--no-sync", "--no-instructions")
+        r = run(
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
         if r.returncode != 0:
             raise RuntimeError(f"initdb failed: {r.stderr.strip()[-2000:]}")
-        opts = (f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "
-                f"-c synchronous_commit=off -c max_connections=40 -c shared_buffers=16MB")
-        r = run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", opts, "start")
+        opts = (
+            f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "
+            f"-c synchronous_commit=off -c max_connections=40 -c shared_buffers=16MB"
+        )
+        r = run(
+            str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", opts, "start"
+        )
         started = True
         if r.returncode != 0:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else r.stderr
@@ -121,10 +145,16 @@ def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------- manifests
-def make_manifest(trace_id: str = "kst-20261121-053012-3f9a", *, job_id: str | None = "123",
-                  hosts: tuple[str, ...] = ("node07", "node08"), ranks_per_host: int = 2,
-                  created: str = "2026-11-21T05:30:12Z", complete: bool | None = True,
-                  out_dir: str = "/tmp/kinetoscope/traces") -> dict[str, Any]:
+def make_manifest(
+    trace_id: str = "kst-20261121-053012-3f9a",
+    *,
+    job_id: str | None = "123",
+    hosts: tuple[str, ...] = ("node07", "node08"),
+    ranks_per_host: int = 2,
+    created: str = "2026-11-21T05:30:12Z",
+    complete: bool | None = True,
+    out_dir: str = "/tmp/kinetoscope/traces",
+) -> dict[str, Any]:
     files = []
     world = len(hosts) * ranks_per_host
     for h, host in enumerate(hosts):
@@ -133,15 +163,27 @@ def make_manifest(trace_id: str = "kst-20261121-053012-3f9a", *, job_id: str | N
             pid = 4000 + rank
             name = f"rank-{rank}_{pid}.pt.trace.json"
             entry: dict[str, Any] = {
-                "file": name, "path": f"{out_dir}/{trace_id}/{name}", "host": host, "pid": pid,
-                "rank": rank, "local_rank": lr, "world_size": world, "job_id": job_id,
-                "cmdline": "python train.py --epochs 3", "bytes": 1000 + rank,
+                "file": name,
+                "path": f"{out_dir}/{trace_id}/{name}",
+                "host": host,
+                "pid": pid,
+                "rank": rank,
+                "local_rank": lr,
+                "world_size": world,
+                "job_id": job_id,
+                "cmdline": "python train.py --epochs 3",
+                "bytes": 1000 + rank,
             }
             if complete is not None:
                 entry["complete"] = complete
             files.append(entry)
-    return {"kinetoscope_manifest": 1, "trace_id": trace_id, "created": created,
-            "config": "ACTIVITIES_ITERATIONS=10\nPROFILE_START_ITERATION_ROUNDUP=1\n", "files": files}
+    return {
+        "kinetoscope_manifest": 1,
+        "trace_id": trace_id,
+        "created": created,
+        "config": "ACTIVITIES_ITERATIONS=10\nPROFILE_START_ITERATION_ROUNDUP=1\n",
+        "files": files,
+    }
 
 
 def write_trace_dir(root: Path, manifest: dict[str, Any], *, payload: bytes | None = None) -> Path:
@@ -151,8 +193,11 @@ def write_trace_dir(root: Path, manifest: dict[str, Any], *, payload: bytes | No
     d = root / manifest["trace_id"]
     d.mkdir(parents=True, exist_ok=True)
     for e in manifest["files"]:
-        body = payload if payload is not None else (
-            b'{"traceEvents": [], "distributedInfo": {"rank": %d}}' % (e.get("rank") or 0))
+        body = (
+            payload
+            if payload is not None
+            else (b'{"traceEvents": [], "distributedInfo": {"rank": %d}}' % (e.get("rank") or 0))
+        )
         (d / e["file"]).write_bytes(body)
         e["path"] = str(d / e["file"])
         e["bytes"] = len(body)

@@ -25,8 +25,10 @@ from typing import Any
 
 Action = Any  # "forward" | "reset" | "503" | ("cut", int)
 
-SLOWDOWN_XML = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-                b'<Message>Please reduce your request rate.</Message><RequestId>kscope-test</RequestId></Error>')
+SLOWDOWN_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>kscope-test</RequestId></Error>"
+)
 
 
 @dataclass
@@ -120,9 +122,12 @@ class FaultProxy:
                     if not expect:
                         buf = self._drain_body(client, headers, buf)
                     body = b"" if method == "HEAD" else SLOWDOWN_XML
-                    client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                                   + f"Content-Length: {len(SLOWDOWN_XML)}\r\n".encode()
-                                   + b"Connection: close\r\n\r\n" + body)
+                    client.sendall(
+                        b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                        + f"Content-Length: {len(SLOWDOWN_XML)}\r\n".encode()
+                        + b"Connection: close\r\n\r\n"
+                        + body
+                    )
                     _close(client)
                     return
                 if upstream is None:
@@ -156,8 +161,14 @@ class FaultProxy:
             buf += self._read_more(client)
         return buf[n:]
 
-    def _forward_body(self, client: socket.socket, upstream: socket.socket, headers: dict[str, str],
-                      buf: bytes, limit: int | None) -> tuple[bytes, bool]:
+    def _forward_body(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        headers: dict[str, str],
+        buf: bytes,
+        limit: int | None,
+    ) -> tuple[bytes, bool]:
         sent = 0
 
         def send(chunk: bytes) -> bool:

@@ -49,10 +49,22 @@ def test_record_and_list(catalog_url: str) -> None:
         assert f0.storage_url == "s3://bucket/traces/kst-a/rank-0_4000.pt.trace.json"
         assert rec.manifest["trace_id"] == "kst-a"
 
-        m2 = make_manifest("kst-b", job_id="123", hosts=("node09",), ranks_per_host=1,
-                           created="2026-11-22T01:00:00Z", complete=False)
-        m3 = make_manifest("kst-c", job_id="999", hosts=("gpu1",), ranks_per_host=1,
-                           created="2026-11-20T01:00:00Z", complete=None)
+        m2 = make_manifest(
+            "kst-b",
+            job_id="123",
+            hosts=("node09",),
+            ranks_per_host=1,
+            created="2026-11-22T01:00:00Z",
+            complete=False,
+        )
+        m3 = make_manifest(
+            "kst-c",
+            job_id="999",
+            hosts=("gpu1",),
+            ranks_per_host=1,
+            created="2026-11-20T01:00:00Z",
+            complete=None,
+        )
         assert cat.record_trace_request(m2).status == "incomplete"
         assert cat.record_trace_request(m3).status == "complete"
 
@@ -71,7 +83,12 @@ def test_record_and_list(catalog_url: str) -> None:
         assert cat.list_traces(limit=1)["trace_id"].to_list() == ["kst-b"]
         assert cat.list_traces(status="incomplete")["trace_id"].to_list() == ["kst-b"]
         files = cat.list_trace_files(job_id="123")
-        assert files.height == 5 and files.filter(pl.col("trace_id") == "kst-a")["rank"].to_list() == [0, 1, 2, 3]
+        assert files.height == 5 and files.filter(pl.col("trace_id") == "kst-a")["rank"].to_list() == [
+            0,
+            1,
+            2,
+            3,
+        ]
 
 
 def test_upsert_is_idempotent_and_fills_in(catalog_url: str) -> None:
@@ -89,9 +106,19 @@ def test_upsert_is_idempotent_and_fills_in(catalog_url: str) -> None:
         assert done.status == "complete" and done.complete_files == 4
         assert all(f.sha256 == "ab" * 32 and f.storage_url and f.cmdline for f in done.files)
         # a host manifest adds a file later
-        extra = {"kinetoscope_manifest": 1, "trace_id": "kst-u",
-                 "files": [{"file": "node09.pt.trace.json", "host": "node09", "pid": 7, "job_id": "123",
-                            "complete": True}]}
+        extra = {
+            "kinetoscope_manifest": 1,
+            "trace_id": "kst-u",
+            "files": [
+                {
+                    "file": "node09.pt.trace.json",
+                    "host": "node09",
+                    "pid": 7,
+                    "job_id": "123",
+                    "complete": True,
+                }
+            ],
+        }
         more = cat.record_trace_request(extra)
         assert more.file_count == 5 and "node09" in more.hosts
         assert more.created == first.created and more.config == first.config  # kept from before
@@ -119,9 +146,16 @@ def test_analyses(catalog_url: str, tmp_path: Path) -> None:
     d = write_trace_dir(tmp_path, make_manifest("kst-an"))
     with Catalog.open(catalog_url) as cat:
         cat.import_trace_dir(d)
-        doc = {"summary": {"step_time_ms": 123.5, "straggler_kind": "compute", "straggler_ranks": [3],
-                           "world_size": 4, "mfu": 0.41},
-               "temporal_breakdown": [{"rank": 0, "idle_time_pctg": 12.0, "x": math.nan}]}
+        doc = {
+            "summary": {
+                "step_time_ms": 123.5,
+                "straggler_kind": "compute",
+                "straggler_ranks": [3],
+                "world_size": 4,
+                "mfu": 0.41,
+            },
+            "temporal_breakdown": [{"rank": 0, "idle_time_pctg": 12.0, "x": math.nan}],
+        }
         a = cat.record_analysis([d], doc, name="analyze", version="0.1.0")
         assert a.trace_id == "kst-an" and a.inputs == [str(d)]
         assert (a.step_time_ms, a.straggler_kind, a.straggler_rank, a.world_size) == (123.5, "compute", 3, 4)
@@ -129,8 +163,7 @@ def test_analyses(catalog_url: str, tmp_path: Path) -> None:
         assert a.document["temporal_breakdown"][0]["x"] is None  # NaN stored as JSON null
         assert cat.record_analysis([d], doc, name="analyze", version="0.1.0").id == a.id  # idempotent
         b = cat.record_analysis("kst-an", {"other": 1}, name="kernel_breakdown", summary={"step_time_ms": 99})
-        c = cat.record_analysis([str(d / m["file"]) for m in make_manifest("kst-an")["files"][:2]],
-                                {"x": 1})
+        c = cat.record_analysis([str(d / m["file"]) for m in make_manifest("kst-an")["files"][:2]], {"x": 1})
         assert b.trace_id == "kst-an" and c.trace_id == "kst-an"
         lst = cat.list_analyses(trace_id="kst-an")
         assert lst.height == 3 and set(lst["id"].to_list()) == {a.id, b.id, c.id}

@@ -13,8 +13,14 @@ from .conftest import REPO_ROOT, make_manifest, write_trace_dir
 
 
 def kscope(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", *args], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -31,8 +37,10 @@ def test_import_then_list(tmp_path: Path, cli_env: dict[str, str]) -> None:
     m1 = make_manifest("kst-cli-1", job_id="4242", created="2026-11-21T05:30:12Z")
     m1["files"][-1]["complete"] = False
     d1 = write_trace_dir(tmp_path / "out", m1)
-    write_trace_dir(tmp_path / "out", make_manifest("kst-cli-2", job_id="77", hosts=("gpu9",),
-                                                    created="2026-11-22T00:00:00Z"))
+    write_trace_dir(
+        tmp_path / "out",
+        make_manifest("kst-cli-2", job_id="77", hosts=("gpu9",), created="2026-11-22T00:00:00Z"),
+    )
     r = kscope("catalog", "import", str(d1), "--catalog", catalog_url, "--json", env=cli_env)
     assert r.returncode == 0, r.stderr
     imported = orjson.loads(r.stdout)["imported"]
@@ -57,8 +65,20 @@ def test_import_then_list(tmp_path: Path, cli_env: dict[str, str]) -> None:
     assert r.returncode == 0, r.stderr
     traces = orjson.loads(r.stdout)["traces"]
     assert [t["trace_id"] for t in traces] == ["kst-cli-1"]
-    assert set(traces[0]) == {"trace_id", "created", "status", "requested_by", "job_ids", "hosts", "files",
-                              "complete_files", "bytes", "store_url", "recorded_at", "updated_at"}
+    assert set(traces[0]) == {
+        "trace_id",
+        "created",
+        "status",
+        "requested_by",
+        "job_ids",
+        "hosts",
+        "files",
+        "complete_files",
+        "bytes",
+        "store_url",
+        "recorded_at",
+        "updated_at",
+    }
     assert (traces[0]["files"], traces[0]["complete_files"]) == (4, 3)
 
     r = kscope("traces", "--catalog", catalog_url, env=cli_env)  # Rich table
@@ -128,14 +148,31 @@ def test_help(cli_env: dict[str, str]) -> None:
         assert cmd in r.stdout
 
 
-def test_import_with_store_option_to_s3(tmp_path: Path, cli_env: dict[str, str], s3_bucket: str,
-                                        moto_endpoint: str) -> None:
+def test_import_with_store_option_to_s3(
+    tmp_path: Path, cli_env: dict[str, str], s3_bucket: str, moto_endpoint: str
+) -> None:
     """The command `kscope trace --store` gives to retry a failed upload works as printed."""
     d = write_trace_dir(tmp_path / "out", make_manifest("kst-s3opt", hosts=("h",), ranks_per_host=1))
-    env = {**cli_env, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    env = {
+        **cli_env,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
     db = str(tmp_path / "c.db")
-    r = kscope("catalog", "import", str(d), "--catalog", db, "--store", f"s3://{s3_bucket}/p",
-               "--store-option", f"endpoint_url={moto_endpoint}", "--json", env=env)
+    r = kscope(
+        "catalog",
+        "import",
+        str(d),
+        "--catalog",
+        db,
+        "--store",
+        f"s3://{s3_bucket}/p",
+        "--store-option",
+        f"endpoint_url={moto_endpoint}",
+        "--json",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     (t,) = orjson.loads(r.stdout)["imported"]
     assert t["store_url"] == f"s3://{s3_bucket}/p"

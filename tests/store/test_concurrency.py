@@ -48,8 +48,16 @@ def test_two_processes_record_at_once(catalog_url: str, tmp_path: Path) -> None:
     n = 12
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, catalog_url, who, str(n), str(go)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for who in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, catalog_url, who, str(n), str(go)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for who in ("a", "b")
+    ]
     try:
         deadline = time.monotonic() + 120
         while not all(Path(f"{go}.{w}.ready").exists() for w in ("a", "b")):

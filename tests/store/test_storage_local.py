@@ -47,7 +47,9 @@ def test_put_get_list_exists_sha256(tmp_path: Path) -> None:
     assert store.list("kst-2") == []
     with store.open("kst-1/rank-0_1.pt.trace.json") as f:
         assert f.read() == data
-    out = store.get_file("kst-1/rank-0_1.pt.trace.json", tmp_path / "dl" / "x.json", expected_sha256=obj.sha256)
+    out = store.get_file(
+        "kst-1/rank-0_1.pt.trace.json", tmp_path / "dl" / "x.json", expected_sha256=obj.sha256
+    )
     assert out.read_bytes() == data
     assert _no_temp_files(tmp_path)
 

@@ -44,14 +44,17 @@ def _check_uploaded(store: TraceStore, d: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
-def test_upload_request_idempotent_and_download(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+def test_upload_request_idempotent_and_download(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     d = _request(tmp_path)
     if backend == "local":
         store = TraceStore(tmp_path / "store", retry=FAST)
     else:
         bucket = request.getfixturevalue("s3_bucket")
-        store = TraceStore(f"s3://{bucket}/fleet", storage_options=request.getfixturevalue("s3_options"),
-                           retry=FAST)
+        store = TraceStore(
+            f"s3://{bucket}/fleet", storage_options=request.getfixturevalue("s3_options"), retry=FAST
+        )
     objs = upload_trace_request(d, store)
     assert [o.key.rsplit("/", 1)[-1] for o in objs][-1] == "manifest.json"
     assert len(objs) == 4  # 3 complete files + manifest
@@ -79,8 +82,11 @@ def test_upload_request_idempotent_and_download(tmp_path: Path, backend: str, re
 def test_upload_with_host_manifests_and_store_url_string(tmp_path: Path) -> None:
     m = make_manifest(hosts=("a", "b"), ranks_per_host=1)
     d = write_trace_dir(tmp_path / "out", m)
-    host_b = {"kinetoscope_manifest": 1, "trace_id": m["trace_id"],
-              "files": [{"file": m["files"][1]["file"], "host": "b", "complete": True}]}
+    host_b = {
+        "kinetoscope_manifest": 1,
+        "trace_id": m["trace_id"],
+        "files": [{"file": m["files"][1]["file"], "host": "b", "complete": True}],
+    }
     (d / "manifest.b.json").write_bytes(orjson.dumps(host_b))
     objs = upload_trace_request(d, str(tmp_path / "store"), retry=FAST)
     names = [o.key.split("/", 1)[1] for o in objs]
@@ -102,8 +108,9 @@ def test_upload_refuses_bad_input(tmp_path: Path) -> None:
         download_trace_request(tmp_path / "store", "nope", tmp_path / "dl")
 
 
-def test_fetch_for_analyze(tmp_path: Path, s3_bucket: str, s3_options: dict, moto_endpoint: str,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_for_analyze(
+    tmp_path: Path, s3_bucket: str, s3_options: dict, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kinetoscope.store.upload import fetch
 
     d = _request(tmp_path)

@@ -25,7 +25,9 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     return d
 
 
-def write_doc(path: Path, doc: Any = None, *, raw: bytes | None = None, gz: bool = False, indent: bool = True) -> Path:
+def write_doc(
+    path: Path, doc: Any = None, *, raw: bytes | None = None, gz: bool = False, indent: bool = True
+) -> Path:
     """Write a trace document (or raw bytes) as .json or .json.gz."""
     if raw is None:
         raw = orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else 0)

@@ -45,7 +45,8 @@ def test_second_load_hits_cache(trace_copy, parses, _isolated_cache):
     e = entries(_isolated_cache)
     assert len(e) == 1
     assert sorted(f.name for f in e[0].iterdir()) == sorted(
-        [f"{n}.parquet" for n in ("events", "flows", "counters", "instants", "processes", "threads")] + ["meta.json"]
+        [f"{n}.parquet" for n in ("events", "flows", "counters", "instants", "processes", "threads")]
+        + ["meta.json"]
     )
 
 
@@ -166,7 +167,11 @@ def test_prune_removes_least_recently_used(tmp_path, hta_traces, monkeypatch):
     import time
 
     root = tmp_path / "c"
-    srcs = ["trace_compare/base/base.json.gz", "trace_compare/test/test.json.gz", "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"]
+    srcs = [
+        "trace_compare/base/base.json.gz",
+        "trace_compare/test/test.json.gz",
+        "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    ]
     paths = []
     for i, s in enumerate(srcs):
         p = tmp_path / f"f{i}.json.gz"

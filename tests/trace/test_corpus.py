@@ -125,12 +125,22 @@ def test_string_pids_become_labels(hta_traces):
 
 
 def test_u64_ids_above_int64_do_not_crash_or_wrap(tmp_path, hta_traces):
-    t = load_trace(hta_traces / "large_integer_trace" / "rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz", cache=False)
+    t = load_trace(
+        hta_traces / "large_integer_trace" / "rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz", cache=False
+    )
     assert len(t.events) == 2  # "Comms Id": 10159970886766084423 is not a table column
     doc = {
         "traceEvents": [
-            {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2,
-             "args": {"correlation": 10159970886766084423, "External id": 5, "stream": 7}},
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "k",
+                "pid": 0,
+                "tid": 7,
+                "ts": 1,
+                "dur": 2,
+                "args": {"correlation": 10159970886766084423, "External id": 5, "stream": 7},
+            },
         ]
     }
     from tests.trace.conftest import write_doc

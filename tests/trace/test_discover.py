@@ -43,20 +43,37 @@ def test_manifest_gives_rank_job_and_host(tmp_path, hta_traces):
     f = tmp_path / "node07_4242.pt.trace.json.gz"
     shutil.copyfile(hta_traces / NO_RANK, f)
     m = manifest(
-        [{"file": f.name, "host": "node07", "pid": 4242, "rank": 5, "local_rank": 1, "world_size": 8,
-          "job_id": "123", "cmdline": "python train.py"}],
+        [
+            {
+                "file": f.name,
+                "host": "node07",
+                "pid": 4242,
+                "rank": 5,
+                "local_rank": 1,
+                "world_size": 8,
+                "job_id": "123",
+                "cmdline": "python train.py",
+            }
+        ],
     )
     (tmp_path / "manifest.json").write_bytes(orjson.dumps(m))
     t = load_trace(f, cache=False)
     assert (t.meta.rank, t.meta.world_size, t.meta.rank_source) == (5, 8, "manifest")
-    assert (t.meta.hostname, t.meta.job_id, t.meta.pid, t.meta.cmdline) == ("node07", "123", 4242, "python train.py")
+    assert (t.meta.hostname, t.meta.job_id, t.meta.pid, t.meta.cmdline) == (
+        "node07",
+        "123",
+        4242,
+        "python train.py",
+    )
     assert t.meta.trace_id == "kst-1"
 
 
 def test_per_host_manifest(tmp_path, hta_traces):
     f = tmp_path / "node08.pt.trace.json.gz"
     shutil.copyfile(hta_traces / NO_RANK, f)
-    (tmp_path / "manifest.node07.json").write_bytes(orjson.dumps(manifest([{"file": "other.json", "rank": 1}])))
+    (tmp_path / "manifest.node07.json").write_bytes(
+        orjson.dumps(manifest([{"file": "other.json", "rank": 1}]))
+    )
     (tmp_path / "manifest.node08.json").write_bytes(
         orjson.dumps(manifest([{"path": f"/remote/dir/{f.name}", "rank": 6, "world_size": 8}]))
     )
@@ -142,7 +159,9 @@ def test_manifest_rank_for_on_demand_traces(tmp_path):
     files = []
     for r in range(3):
         name = f"node{r // 2}_{1000 + r}.pt.trace.json"
-        write_doc(tmp_path / name, {"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1000 + r}]})
+        write_doc(
+            tmp_path / name, {"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1000 + r}]}
+        )
         files.append({"file": name, "rank": r, "world_size": 3, "host": f"node{r // 2}"})
     (tmp_path / "manifest.json").write_bytes(orjson.dumps(manifest(files)))
     traces = load_traces(tmp_path)
@@ -174,7 +193,11 @@ def test_parallel_workers_match_serial(tmp_path, hta_traces, cache):
     assert [t.meta.path for t in par] == [str(f) for f in files]
     for a, b in zip(serial, par):
         assert a.events.equals(b.events) and a.flows.equals(b.flows)
-        assert (a.meta.rank, a.meta.rank_source, a.meta.warnings) == (b.meta.rank, b.meta.rank_source, b.meta.warnings)
+        assert (a.meta.rank, a.meta.rank_source, a.meta.warnings) == (
+            b.meta.rank,
+            b.meta.rank_source,
+            b.meta.warnings,
+        )
     assert [p.to_dict() for p in serial.problems] == [p.to_dict() for p in par.problems]
     assert (tmp_path / "c").exists() == cache
 

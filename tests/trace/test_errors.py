@@ -13,8 +13,16 @@ from tests.trace.conftest import assert_same_trace, write_doc
 
 
 def ev(i: int, **kw):
-    e = {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 1000 + i, "dur": 5,
-         "args": {"stream": 7, "correlation": i}}
+    e = {
+        "ph": "X",
+        "cat": "kernel",
+        "name": f"k{i}",
+        "pid": 0,
+        "tid": 7,
+        "ts": 1000 + i,
+        "dur": 5,
+        "args": {"stream": 7, "correlation": i},
+    }
     e.update(kw)
     return e
 
@@ -215,7 +223,9 @@ def test_complete_event_missing_field(tmp_path, missing):
 
 
 def test_number_out_of_range_in_args(tmp_path):
-    raw = orjson.dumps({"traceEvents": [ev(i) for i in range(10)]}).replace(b'"correlation":4', b'"correlation":1e400')
+    raw = orjson.dumps({"traceEvents": [ev(i) for i in range(10)]}).replace(
+        b'"correlation":4', b'"correlation":1e400'
+    )
     p = write_doc(tmp_path / "t.json", raw=raw)
     err = load_err(p)
     assert "out of range" in err.problem and err.event_index == 4
@@ -235,10 +245,10 @@ def test_errors_in_later_chunks_name_the_right_event(tmp_path):
 HOSTILE = [
     "<script>alert('x')</script>",
     "a\u0000b\u0001c\u001f",
-    "\"quoted\" \\ back\\slash },{ \"ph\": \"X\" }, {",
+    '"quoted" \\ back\\slash },{ "ph": "X" }, {',
     "名前 🚀 \u202e rtl",
     "x" * 300_000,
-    "}, {\"ph\": \"X\", \"name\": \"fake\", \"ts\": 1, \"dur\": 1}, {",
+    '}, {"ph": "X", "name": "fake", "ts": 1, "dur": 1}, {',
 ]
 
 
@@ -265,6 +275,8 @@ def test_a_phase_that_is_not_a_string_is_ignored(tmp_path, ph):
     from kinetoscope.trace import load_trace_reference, parse_trace
 
     p = tmp_path / "t.json"
-    p.write_bytes(orjson.dumps({"traceEvents": [{"ph": ph, "name": "a"}, {"ph": "X", "name": "b", "ts": 1, "dur": 1}]}))
+    p.write_bytes(
+        orjson.dumps({"traceEvents": [{"ph": ph, "name": "a"}, {"ph": "X", "name": "b", "ts": 1, "dur": 1}]})
+    )
     for t in (parse_trace(p), load_trace_reference(p)):
         assert t.events["name"].to_list() == ["b"] and t.meta.num_trace_events == 2

@@ -65,7 +65,9 @@ def _doc(texts: list[str], key: str = "ts") -> bytes:
             f'{{"ph": "X", "cat": "cpu_op", "name": "e{i}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}}}'
         )
         if key == "ts":
-            events.append(f'{{"ph": "f", "id": {i}, "pid": 1, "tid": 1, "ts": {t}, "cat": "ac2g", "name": "ac2g"}}')
+            events.append(
+                f'{{"ph": "f", "id": {i}, "pid": 1, "tid": 1, "ts": {t}, "cat": "ac2g", "name": "ac2g"}}'
+            )
             events.append(f'{{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": {t}}}')
             events.append(f'{{"ph": "C", "name": "q", "pid": 1, "ts": {t}, "args": {{"v": 1}}}}')
     return ('{"traceEvents": [\n' + ",\n".join(events) + "\n]}").encode()

@@ -34,7 +34,11 @@ def err_of(path, **kw) -> TraceError:
 
 # ---- sizes ---------------------------------------------------------------------------------
 def test_parse_size():
-    assert parse_size("8G", "x") == 8 << 30 and parse_size("512MiB", "x") == 512 << 20 and parse_size("100", "x") == 100
+    assert (
+        parse_size("8G", "x") == 8 << 30
+        and parse_size("512MiB", "x") == 512 << 20
+        and parse_size("100", "x") == 100
+    )
     for bad in ("", "abc", "-1", "0", "1.5G"):
         with pytest.raises(Exception, match="not a size"):
             parse_size(bad, "--max-trace-bytes")
@@ -49,7 +53,10 @@ def test_inflated_size_over_the_limit_is_refused(tmp_path, gz, monkeypatch):
     p = tmp_path / ("bomb.json.gz" if gz else "bomb.json")
     p.write_bytes(gzip.compress(raw, 9) if gz else raw)
     err = err_of(p, limits=Limits(max_trace_bytes=MIB))
-    assert "larger than the 1 MiB limit on decompressed JSON" in err.problem and "KSCOPE_MAX_TRACE_BYTES" in err.problem
+    assert (
+        "larger than the 1 MiB limit on decompressed JSON" in err.problem
+        and "KSCOPE_MAX_TRACE_BYTES" in err.problem
+    )
     assert err.offset == MIB
     monkeypatch.setenv("KSCOPE_MAX_TRACE_BYTES", "1M")
     assert "1 MiB limit" in err_of(p).problem
@@ -67,8 +74,11 @@ def test_whitespace_run_over_the_value_limit_is_refused(tmp_path):
 @pytest.mark.parametrize("where", ["after_brace", "after_comma", "inside_event"])
 def test_an_event_over_the_value_limit_is_refused(tmp_path, where):
     gap = b" " * (3 * MIB)
-    body = {"after_brace": EV + gap + b"," + EV, "after_comma": EV + b"," + gap + EV,
-            "inside_event": EV + b',{"ph":"X",' + gap + b'"name":"b","ts":1,"dur":2}'}[where]
+    body = {
+        "after_brace": EV + gap + b"," + EV,
+        "after_comma": EV + b"," + gap + EV,
+        "inside_event": EV + b',{"ph":"X",' + gap + b'"name":"b","ts":1,"dur":2}',
+    }[where]
     p = tmp_path / "t.json"
     p.write_bytes(doc(body))
     err = err_of(p, limits=Limits(max_value_bytes=MIB), chunk_bytes=4096, block_bytes=65536)
@@ -95,9 +105,12 @@ def test_whitespace_between_events_costs_linear_work(tmp_path, monkeypatch, wher
     bytes handed to the boundary search now stay within a small multiple of the file size
     (no timing: the count of bytes searched is deterministic)."""
     gap = b" " * (8 * MIB)
-    body = {"after_brace": EV + gap + b"," + EV, "after_comma": EV + b"," + gap + EV,
-            "inside_event": EV + b',{"ph":"X",' + gap + b'"name":"b","ts":1,"dur":2}',
-            "many_gaps": b",".join([EV + b" " * MIB] * 8)}[where]
+    body = {
+        "after_brace": EV + gap + b"," + EV,
+        "after_comma": EV + b"," + gap + EV,
+        "inside_event": EV + b',{"ph":"X",' + gap + b'"name":"b","ts":1,"dur":2}',
+        "many_gaps": b",".join([EV + b" " * MIB] * 8),
+    }[where]
     p = tmp_path / "t.json"
     p.write_bytes(doc(body))
     scanned = _count_boundary_scans(monkeypatch)
@@ -124,12 +137,15 @@ def test_leading_whitespace_is_dropped_from_memory(tmp_path, monkeypatch):
 
 
 # ---- large top-level values -------------------------------------------------------------
-@pytest.mark.parametrize("value", [
-    b'"' + b"x" * (2 * MIB) + b'"',
-    b'"' + b'\\"}]{[' * (MIB // 3) + b'"',
-    b'{"a": "' + b"y" * (2 * MIB) + b'", "b": [1, {"c": "}"}]}',
-    b"[" + b"1," * MIB + b"1]",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'"' + b"x" * (2 * MIB) + b'"',
+        b'"' + b'\\"}]{[' * (MIB // 3) + b'"',
+        b'{"a": "' + b"y" * (2 * MIB) + b'", "b": [1, {"c": "}"}]}',
+        b"[" + b"1," * MIB + b"1]",
+    ],
+)
 def test_a_top_level_value_over_the_decode_limit_is_streamed_past(tmp_path, monkeypatch, value):
     """Regression: a top-level value over 64 MiB before traceEvents gave "not a trace: no
     'traceEvents' key" (a skipped string swallowed the rest of the document). The limit is
@@ -154,9 +170,11 @@ def test_a_huge_top_level_key_is_refused(tmp_path):
 def test_deep_nesting_is_a_trace_error(tmp_path, depth, where):
     """Regression: JSON nested ~1,000 deep in args raised RecursionError from _decode_mv."""
     nest = b"[" * depth + b"]" * depth
-    text = {"args": b'{"traceEvents":[{"ph":"X","name":"a","ts":1,"dur":1,"args":{"x":%s}}]}' % nest,
-            "top": b'{"meta":%s,"traceEvents":[]}' % nest,
-            "legacy": b'[{"ph":"X","name":"a","ts":1,"dur":1,"args":{"x":%s}}]' % nest}[where]
+    text = {
+        "args": b'{"traceEvents":[{"ph":"X","name":"a","ts":1,"dur":1,"args":{"x":%s}}]}' % nest,
+        "top": b'{"meta":%s,"traceEvents":[]}' % nest,
+        "legacy": b'[{"ph":"X","name":"a","ts":1,"dur":1,"args":{"x":%s}}]' % nest,
+    }[where]
     p = tmp_path / "t.json"
     p.write_bytes(text)
     for load in (lambda: parse_trace(p, workers=0), lambda: load_trace_reference(p)):
@@ -169,11 +187,17 @@ def test_deep_nesting_is_a_trace_error(tmp_path, depth, where):
 
 def test_negative_dur_is_clamped_with_a_warning_naming_the_event(tmp_path):
     p = tmp_path / "t.json"
-    p.write_bytes(orjson.dumps({"traceEvents": [
-        {"ph": "X", "name": "ok", "ts": 1, "dur": 2},
-        {"ph": "X", "name": "backwards", "ts": 5, "dur": -3.5},
-        {"ph": "X", "name": "also", "ts": 9, "dur": -1},
-    ]}))
+    p.write_bytes(
+        orjson.dumps(
+            {
+                "traceEvents": [
+                    {"ph": "X", "name": "ok", "ts": 1, "dur": 2},
+                    {"ph": "X", "name": "backwards", "ts": 5, "dur": -3.5},
+                    {"ph": "X", "name": "also", "ts": 9, "dur": -1},
+                ]
+            }
+        )
+    )
     want = "2 complete event(s) have a negative dur and were given dur 0 (first: traceEvents[1] 'backwards', dur -3.5 us)"
     for t in (parse_trace(p), load_trace_reference(p)):
         assert t.events["dur"].to_list() == [2000, 0, 0]
@@ -186,11 +210,20 @@ def test_cli_max_trace_bytes(tmp_path):
     p.write_bytes(doc(b" " * 4096 + EV))
 
     def kscope(*args):
-        return subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", *args], cwd=REPO_ROOT,
-                              env=env_with_repo(), capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "kinetoscope.cli.main", *args],
+            cwd=REPO_ROOT,
+            env=env_with_repo(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     r = kscope("--max-trace-bytes", "1K", "analyze", str(p), "--no-cache")
-    assert r.returncode != 0 and "1 KiB limit on decompressed JSON" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode != 0 and "1 KiB limit on decompressed JSON" in r.stderr and "Traceback" not in r.stderr
+    )
     assert len(r.stderr.strip().splitlines()) <= 2
     r = kscope("--max-trace-bytes", "lots", "analyze", str(p))
     assert r.returncode == 2 and "not a size" in r.stderr and "Traceback" not in r.stderr

@@ -10,8 +10,7 @@ import random
 import orjson
 import pytest
 
-from kinetoscope.trace import TraceError, load_trace_reference, parse_trace
-from kinetoscope.trace import parallel
+from kinetoscope.trace import TraceError, load_trace_reference, parallel, parse_trace
 from tests.trace.conftest import assert_same_trace, write_doc
 from tests.trace.corpus import TRACES_DIR
 from tests.trace.test_stream import META_AFTER, doc
@@ -44,7 +43,12 @@ def assert_same(p, **kw):
     par, ser = both(p, **kw)
     if isinstance(ser, TraceError):
         assert isinstance(par, TraceError), f"serial failed ({ser}), parallel did not"
-        assert (str(par), par.offset, par.event_index, par.field) == (str(ser), ser.offset, ser.event_index, ser.field)
+        assert (str(par), par.offset, par.event_index, par.field) == (
+            str(ser),
+            ser.offset,
+            ser.event_index,
+            ser.field,
+        )
         return ser
     assert not isinstance(par, TraceError), par
     assert_same_trace(par, ser)
@@ -63,20 +67,54 @@ def big_doc(n=4000, seed=0):
             args = {"External id": i, "Input Dims": [[1, 2], []], "Input type": ["float", "}, {"]}
             if rnd.random() < 0.1:
                 args["nested"] = [{"x": 1}, {"y": [{}, {}]}]
-            events.append({"ph": "X", "cat": rnd.choice(["cpu_op", "kernel", "cuda_runtime"]),
-                           "name": rnd.choice(["aten::mm", "k }, { x", 'q"}, {\\']), "pid": pid, "tid": i % 7,
-                           "ts": 1000 + i, "dur": rnd.choice([1, 2.5, 0.001]), "args": args})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": rnd.choice(["cpu_op", "kernel", "cuda_runtime"]),
+                    "name": rnd.choice(["aten::mm", "k }, { x", 'q"}, {\\']),
+                    "pid": pid,
+                    "tid": i % 7,
+                    "ts": 1000 + i,
+                    "dur": rnd.choice([1, 2.5, 0.001]),
+                    "args": args,
+                }
+            )
         elif r < 0.75:
-            events.append({"ph": rnd.choice("sf"), "id": i, "pid": pid, "tid": 1, "ts": 1000 + i,
-                           "cat": "ac2g", "name": "ac2g"})
+            events.append(
+                {
+                    "ph": rnd.choice("sf"),
+                    "id": i,
+                    "pid": pid,
+                    "tid": 1,
+                    "ts": 1000 + i,
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                }
+            )
         elif r < 0.85:
-            events.append({"ph": "i", "s": "t", "name": "[memory]", "pid": pid, "tid": 1, "ts": 1000 + i,
-                           "args": {"Bytes": i, "Addr": 7}})
+            events.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": "[memory]",
+                    "pid": pid,
+                    "tid": 1,
+                    "ts": 1000 + i,
+                    "args": {"Bytes": i, "Addr": 7},
+                }
+            )
         elif r < 0.9:
             events.append({"ph": "C", "name": "q", "pid": pid, "ts": 1000 + i, "args": {"v": i}})
         else:
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": i % 7, "args": {"name": f"t{i}"}})
-    return {"schemaVersion": 1, "deviceProperties": [{"id": 0}, {"id": 1}], "traceEvents": events, **META_AFTER}
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": i % 7, "args": {"name": f"t{i}"}}
+            )
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0}, {"id": 1}],
+        "traceEvents": events,
+        **META_AFTER,
+    }
 
 
 @pytest.mark.parametrize("chunk", [64, 300, 4096, 50_000, None])

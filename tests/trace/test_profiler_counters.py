@@ -30,10 +30,26 @@ def test_cupti_trace_counters():
 def test_only_numbers_and_in_file_order(tmp_path):
     events = [
         {"ph": "C", "name": "Queue", "pid": 0, "ts": 1, "args": {"len": 3}},
-        {"ph": "X", "cat": "cuda_profiler_range", "name": "k", "pid": 0, "tid": 0, "ts": 2.5, "dur": 1,
-         "args": {FFMA: 10, "flag": True, "label": "x", "list": [1], "f": 0.5, "big": 2**60}},
-        {"ph": "X", "cat": "kernel", "name": "not a range", "pid": 0, "tid": 0, "ts": 3, "dur": 1,
-         "args": {FFMA: 99}},
+        {
+            "ph": "X",
+            "cat": "cuda_profiler_range",
+            "name": "k",
+            "pid": 0,
+            "tid": 0,
+            "ts": 2.5,
+            "dur": 1,
+            "args": {FFMA: 10, "flag": True, "label": "x", "list": [1], "f": 0.5, "big": 2**60},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "not a range",
+            "pid": 0,
+            "tid": 0,
+            "ts": 3,
+            "dur": 1,
+            "args": {FFMA: 99},
+        },
         {"ph": "C", "name": "Queue", "pid": 0, "ts": 4, "args": {"len": 4}},
     ]
     p = write_doc(tmp_path / "t.json", {"traceEvents": events})

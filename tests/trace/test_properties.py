@@ -47,12 +47,30 @@ usec = st.one_of(
     st.floats(0, 9e15, allow_nan=False, allow_infinity=False),
     st.integers(0, 10**6).map(lambda x: f"{x / 8}"),
 )
-scalar = st.one_of(st.none(), st.booleans(), small_int, u64, st.floats(allow_nan=False, allow_infinity=False), text)
+scalar = st.one_of(
+    st.none(), st.booleans(), small_int, u64, st.floats(allow_nan=False, allow_infinity=False), text
+)
 value = st.one_of(scalar, st.lists(st.one_of(small_int, text, st.lists(small_int, max_size=3)), max_size=4))
 arg_keys = st.sampled_from(list(ARG_COLUMNS) + ["cbid", "Call stack", "Comms Id"])
 args = st.dictionaries(arg_keys, value, max_size=6)
-cats = st.sampled_from(["kernel", "Kernel", "cpu_op", "cuda_runtime", "Runtime", "gpu_memcpy", "Memset",
-                        "user_annotation", "mtia_ccp_events", "python_function", "Trace"]) | text
+cats = (
+    st.sampled_from(
+        [
+            "kernel",
+            "Kernel",
+            "cpu_op",
+            "cuda_runtime",
+            "Runtime",
+            "gpu_memcpy",
+            "Memset",
+            "user_annotation",
+            "mtia_ccp_events",
+            "python_function",
+            "Trace",
+        ]
+    )
+    | text
+)
 
 
 @st.composite
@@ -68,14 +86,34 @@ def event(draw):
         if ph == "f":
             e["bp"] = "e"
     elif ph == "M":
-        e.update(name=draw(st.sampled_from(["process_name", "process_labels", "process_sort_index",
-                                             "thread_name", "thread_sort_index", "other"])),
-                 args={"name": draw(text), "labels": draw(text), "sort_index": draw(small_int)})
+        e.update(
+            name=draw(
+                st.sampled_from(
+                    [
+                        "process_name",
+                        "process_labels",
+                        "process_sort_index",
+                        "thread_name",
+                        "thread_sort_index",
+                        "other",
+                    ]
+                )
+            ),
+            args={"name": draw(text), "labels": draw(text), "sort_index": draw(small_int)},
+        )
     elif ph == "i":
-        e.update(name="[memory]", s="t", ts=draw(usec),
-                 args={"Bytes": draw(st.one_of(small_int, u64)), "Addr": draw(small_int)})
+        e.update(
+            name="[memory]",
+            s="t",
+            ts=draw(usec),
+            args={"Bytes": draw(st.one_of(small_int, u64)), "Addr": draw(small_int)},
+        )
     elif ph == "C":
-        e.update(name=draw(text), ts=draw(small_int), args=draw(st.dictionaries(text, st.one_of(small_int, text), max_size=3)))
+        e.update(
+            name=draw(text),
+            ts=draw(small_int),
+            args=draw(st.dictionaries(text, st.one_of(small_int, text), max_size=3)),
+        )
     else:
         e.update(name=draw(text), ts=draw(small_int))
     if draw(st.integers(0, 5)):
@@ -162,8 +200,14 @@ def test_out_of_range_pids_are_counted_once_per_event(tmp_path, pid, fallback_ts
 
 
 @SETTINGS
-@given(doc=document(), indent=st.booleans(), gz=st.booleans(), cut=st.floats(0, 1), salvage=st.booleans(),
-       chunk=st.sampled_from([None, 7, 300]))
+@given(
+    doc=document(),
+    indent=st.booleans(),
+    gz=st.booleans(),
+    cut=st.floats(0, 1),
+    salvage=st.booleans(),
+    chunk=st.sampled_from([None, 7, 300]),
+)
 def test_random_truncation_only_raises_trace_error(tmp_path_factory, doc, indent, gz, cut, salvage, chunk):
     raw = orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else 0)
     cut_raw = raw[: int(len(raw) * cut)]
@@ -188,7 +232,9 @@ def test_random_bytes_only_raise_trace_error(tmp_path, seed):
     import random
 
     rnd = random.Random(seed)
-    base = orjson.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": {"stream": 1}}] * 20})
+    base = orjson.dumps(
+        {"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": {"stream": 1}}] * 20}
+    )
     for _ in range(150):
         b = bytearray(base)
         for _ in range(rnd.randint(1, 4)):

@@ -13,29 +13,83 @@ from kinetoscope.trace import decode, load_trace, load_trace_reference, parse_tr
 from tests.trace.conftest import assert_same_trace, write_doc
 
 TRICKY = [
-    {"ph": "X", "cat": "cpu_op", "name": "a }, { b", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
-     "args": {"Input Dims": [[1, 2], []], "Input type": ["float", "}, {"], "External id": 1,
-              "nested": [{"x": 1}, {"y": {"z": [{}, {}]}}], "Concrete Inputs": ["", "{\"a\": 1}"]}},
-    {"ph": "X", "cat": "kernel", "name": "k\"}, {\\", "pid": 0, "tid": 7, "ts": 2.5, "dur": 0.001,
-     "args": {"stream": 7, "correlation": 9, "grid": [1, 2, 3], "block": [4, 1, 1], "blocks per SM": 0.5}},
+    {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "a }, { b",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1,
+        "dur": 2,
+        "args": {
+            "Input Dims": [[1, 2], []],
+            "Input type": ["float", "}, {"],
+            "External id": 1,
+            "nested": [{"x": 1}, {"y": {"z": [{}, {}]}}],
+            "Concrete Inputs": ["", '{"a": 1}'],
+        },
+    },
+    {
+        "ph": "X",
+        "cat": "kernel",
+        "name": 'k"}, {\\',
+        "pid": 0,
+        "tid": 7,
+        "ts": 2.5,
+        "dur": 0.001,
+        "args": {"stream": 7, "correlation": 9, "grid": [1, 2, 3], "block": [4, 1, 1], "blocks per SM": 0.5},
+    },
     {"ph": "s", "id": 9, "pid": 1, "tid": 1, "ts": 1, "cat": "ac2g", "name": "ac2g"},
     {"ph": "f", "id": 9, "pid": 0, "tid": 7, "ts": 2.5, "cat": "ac2g", "name": "ac2g", "bp": "e"},
     {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
     {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}},
     {"ph": "M", "name": "process_sort_index", "pid": 0, "args": {"sort_index": 5}},
-    {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3,
-     "args": {"Device Type": 1, "Device Id": 0, "Addr": 140000000000, "Bytes": -512,
-              "Total Allocated": 1024, "Total Reserved": 2048}},
+    {
+        "ph": "i",
+        "s": "t",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": 3,
+        "args": {
+            "Device Type": 1,
+            "Device Id": 0,
+            "Addr": 140000000000,
+            "Bytes": -512,
+            "Total Allocated": 1024,
+            "Total Reserved": 2048,
+        },
+    },
     {"ph": "C", "name": "Queue", "pid": 0, "ts": 4, "args": {"a": 1, "b": 2.5}},
     {"ph": "B", "name": "ignored", "pid": 0, "ts": 5},
     {"ph": "E", "pid": 0, "ts": 6},
-    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": "Spans", "tid": "PyTorch Profiler",
-     "ts": 1, "dur": 100, "args": {}},
+    {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": "ProfilerStep#3",
+        "pid": "Spans",
+        "tid": "PyTorch Profiler",
+        "ts": 1,
+        "dur": 100,
+        "args": {},
+    },
     {"name": "no phase", "pid": 3},
-    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1.5, "dur": 1,
-     "args": {"correlation": 9, "External id": 1, "cbid": 211}},
+    {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1.5,
+        "dur": 1,
+        "args": {"correlation": 9, "External id": 1, "cbid": 211},
+    },
 ]
-META_AFTER = {"traceName": "x }, { y", "log": ["}, {", {"a": [{"b": 1}, {"c": 2}]}], "baseTimeNanoseconds": 17}
+META_AFTER = {
+    "traceName": "x }, { y",
+    "log": ["}, {", {"a": [{"b": 1}, {"c": 2}]}],
+    "baseTimeNanoseconds": 17,
+}
 
 
 def doc(n_repeat: int = 30, legacy: bool = False):
@@ -48,7 +102,12 @@ def doc(n_repeat: int = 30, legacy: bool = False):
             events.append(e)
     if legacy:
         return events
-    return {"schemaVersion": 1, "distributedInfo": {"rank": 2, "world_size": 4}, "traceEvents": events, **META_AFTER}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": 2, "world_size": 4},
+        "traceEvents": events,
+        **META_AFTER,
+    }
 
 
 @pytest.mark.parametrize("chunk", [1, 17, 100, 1000, 5000, None])
@@ -92,7 +151,7 @@ def test_layouts(tmp_path, fmt):
 def test_tables_content(tmp_path):
     p = write_doc(tmp_path / "t.json", doc(n_repeat=1))
     t = parse_trace(p)
-    assert t.events["name"].to_list() == ["a }, { b", "k\"}, {\\", "ProfilerStep#3", "cudaLaunchKernel"]
+    assert t.events["name"].to_list() == ["a }, { b", 'k"}, {\\', "ProfilerStep#3", "cudaLaunchKernel"]
     k = t.events.row(1, named=True)
     assert (k["ts"], k["dur"], k["stream"], k["grid"], k["blocks_per_sm"]) == (2500, 1, 7, "[1,2,3]", 0.5)
     cpu = t.events.row(0, named=True)
@@ -107,7 +166,7 @@ def test_tables_content(tmp_path):
     assert t.instants.row(0, named=True)["bytes"] == -512
     assert t.counters.select("key", "value").rows() == [("a", 1.0), ("b", 2.5)]
     links = t.launch_links()
-    assert links.select("launch_name", "gpu_name").rows() == [("cudaLaunchKernel", "k\"}, {\\")]
+    assert links.select("launch_name", "gpu_name").rows() == [("cudaLaunchKernel", 'k"}, {\\')]
 
 
 def test_empty_events(tmp_path):

@@ -19,10 +19,21 @@ def wait_task(client, task_id: str, timeout: float = 120.0) -> dict:
     return client.get(f"/api/tasks/{task_id}").json()["task"]
 
 
-@pytest.mark.parametrize("path", [
-    "/", "/jobs", "/jobs/4242", "/traces", f"/traces/{TRACE_ID}", "/traces?job_id=4242", "/analyses",
-    "/trigger", "/trigger?job_id=4242", "/api",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/jobs",
+        "/jobs/4242",
+        "/traces",
+        f"/traces/{TRACE_ID}",
+        "/traces?job_id=4242",
+        "/analyses",
+        "/trigger",
+        "/trigger?job_id=4242",
+        "/api",
+    ],
+)
 def test_pages_render_and_escape(client, path):
     r = client.get(path)
     assert r.status_code == 200, r.text
@@ -41,7 +52,10 @@ def test_job_and_trace_pages_show_the_data(client, web_catalog):
     r = client.get(f"/traces/{TRACE_ID}").text
     for f in sorted(job.glob("rank-*.json")):
         assert f.name in r
-        assert f'href="/traces/{TRACE_ID}/files/{f.name}"' in r and f'href="/traces/{TRACE_ID}/perfetto/{f.name}"' in r
+        assert (
+            f'href="/traces/{TRACE_ID}/files/{f.name}"' in r
+            and f'href="/traces/{TRACE_ID}/perfetto/{f.name}"' in r
+        )
     assert re.search(r'class="sha" title="[0-9a-f]{64}"', r)
     assert f'action="/traces/{TRACE_ID}/analyze"' in r and 'method="post"' in r
     assert "ACTIVITIES_ITERATIONS=8" in r
@@ -67,9 +81,18 @@ def test_only_recorded_files_are_served(client, web_catalog):
     name = sorted(job.glob("rank-*.json"))[0].name
     r = client.get(f"/traces/{TRACE_ID}/files/{name}")
     assert r.status_code == 200 and r.content == (job / name).read_bytes()
-    assert r.headers["content-type"] == "application/json" and "sandbox" in r.headers["content-security-policy"]
-    for bad in ["manifest.json", "..%2Fmanifest.json", "..%2F..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd",
-                "rank-0_5000.pt.trace.json%00", "%2E%2E", "%2e%2e%2fmanifest.json"]:
+    assert (
+        r.headers["content-type"] == "application/json" and "sandbox" in r.headers["content-security-policy"]
+    )
+    for bad in [
+        "manifest.json",
+        "..%2Fmanifest.json",
+        "..%2F..%2F..%2Fetc%2Fpasswd",
+        "%2Fetc%2Fpasswd",
+        "rank-0_5000.pt.trace.json%00",
+        "%2E%2E",
+        "%2e%2e%2fmanifest.json",
+    ]:
         r = client.get(f"/traces/{TRACE_ID}/files/{bad}")
         assert r.status_code == 404, bad
     assert client.get(f"/traces/{TRACE_ID}/files/../../../../etc/passwd").status_code == 404
@@ -89,11 +112,23 @@ def test_a_hostile_manifest_cannot_expose_other_files(client, tmp_path):
     other = tmp_path / "other.json"
     other.write_text('{"secret": 1}')
     cat = client.app.state.catalog
-    cat.record_trace_request({
-        "kinetoscope_manifest": 1, "trace_id": "kst-hostile", "created": "2026-11-21T00:00:00Z",
-        "files": [{"file": "secret.txt", "path": str(secret), "host": "h", "pid": 1, "complete": True},
-                  {"file": "rank-0_1.pt.trace.json", "path": str(other), "host": "h", "pid": 2, "complete": True}],
-    })
+    cat.record_trace_request(
+        {
+            "kinetoscope_manifest": 1,
+            "trace_id": "kst-hostile",
+            "created": "2026-11-21T00:00:00Z",
+            "files": [
+                {"file": "secret.txt", "path": str(secret), "host": "h", "pid": 1, "complete": True},
+                {
+                    "file": "rank-0_1.pt.trace.json",
+                    "path": str(other),
+                    "host": "h",
+                    "pid": 2,
+                    "complete": True,
+                },
+            ],
+        }
+    )
     assert client.get("/traces/kst-hostile/files/secret.txt").status_code == 404
     assert client.get("/traces/kst-hostile/files/rank-0_1.pt.trace.json").status_code == 404
     page = client.get("/traces/kst-hostile").text
@@ -119,8 +154,10 @@ def test_json_api(client, web_catalog):
     t = client.get(f"/api/traces/{TRACE_ID}").json()
     files = t["trace"]["files"]
     assert sorted(f["rank"] for f in files) == [0, 1]
-    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 and f["url"].startswith(f"/traces/{TRACE_ID}/files/")
-               for f in files)
+    assert all(
+        len(f["sha256"]) == 64 and f["bytes"] > 0 and f["url"].startswith(f"/traces/{TRACE_ID}/files/")
+        for f in files
+    )
     assert t["analyses"][0]["id"] == aid
     a = client.get("/api/analyses").json()["analyses"]
     assert a[0]["links"]["report"] == f"/analyses/{aid}/report" and a[0]["straggler_kind"] == "intermittent"
@@ -131,8 +168,14 @@ def test_json_api(client, web_catalog):
     d = client.get("/api/daemons").json()["daemons"]
     assert d[0]["address"] == "127.0.0.1:9" and d[0]["ok"] is False and "127.0.0.1:9" in d[0]["error"]
     paths = client.get("/openapi.json").json()["paths"]
-    for p in ("/api/jobs", "/api/traces/{trace_id}", "/api/traces/{trace_id}/analyze", "/api/trigger",
-              "/api/tasks/{task_id}", "/api/analyses/{analysis_id}/document"):
+    for p in (
+        "/api/jobs",
+        "/api/traces/{trace_id}",
+        "/api/traces/{trace_id}/analyze",
+        "/api/trigger",
+        "/api/tasks/{task_id}",
+        "/api/analyses/{analysis_id}/document",
+    ):
         assert p in paths
     assert "/traces/{trace_id}" not in paths  # HTML pages are not part of the API schema
 
@@ -154,10 +197,14 @@ def test_analyze_action_runs_in_the_background_and_records(client):
 
 
 def test_trigger_validation_and_unreachable_daemon(client):
-    r = client.post("/trigger", data={"hosts": "127.0.0.1:9", "target": "job", "job_id": "", "mode": "iterations",
-                                      "iterations": "3"})
+    r = client.post(
+        "/trigger",
+        data={"hosts": "127.0.0.1:9", "target": "job", "job_id": "", "mode": "iterations", "iterations": "3"},
+    )
     assert r.status_code == 400 and "exactly one of job id, pids or all" in r.text
-    r = client.post("/trigger", data={"target": "job", "job_id": "12", "mode": "iterations", "iterations": "x"})
+    r = client.post(
+        "/trigger", data={"target": "job", "job_id": "12", "mode": "iterations", "iterations": "x"}
+    )
     assert r.status_code == 400 and "not a positive whole number" in r.text
     r = client.post("/api/trigger", json={"hosts": ["127.0.0.1:9"], "job_id": "12"})
     assert r.status_code == 400 and "either --duration-ms N or --iterations N" in r.json()["detail"]

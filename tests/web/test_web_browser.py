@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.kscope_testkit import HOSTILE, HOSTILE_CMD, PageWatch, browser_context, env_with_repo, injected_elements
+from tests.report.kscope_testkit import (
+    HOSTILE,
+    HOSTILE_CMD,
+    PageWatch,
+    browser_context,
+    env_with_repo,
+    injected_elements,
+)
 from tests.web.conftest import TRACE_ID
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.torch]
@@ -49,14 +56,35 @@ def live(web_catalog, tmp_path_factory):
         daemon.start()
         env = daemon.kineto_env()
         env["SLURM_JOB_ID"] = str(job_id)
-        job = TrainingJob(workdir, ranks=1, torchrun=False, steps=0, model="tiny", max_seconds=500, env=env,
-                          extra_args=["--step-sleep-ms", "20", "--quiet"]).start()
+        job = TrainingJob(
+            workdir,
+            ranks=1,
+            torchrun=False,
+            steps=0,
+            model="tiny",
+            max_seconds=500,
+            env=env,
+            extra_args=["--step-sleep-ms", "20", "--quiet"],
+        ).start()
         log = workdir / "serve.log"
         server = ManagedProcess(
             "serve",
-            [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "0", "--catalog", catalog_url,
-             "--daemon", str(daemon.address), "--serve-root", str(daemon.trace_root)],
-            log, env_with_repo({"KSCOPE_CACHE_DIR": os.environ["KSCOPE_CACHE_DIR"]}),
+            [
+                sys.executable,
+                "-m",
+                "kinetoscope.cli.main",
+                "serve",
+                "--port",
+                "0",
+                "--catalog",
+                catalog_url,
+                "--daemon",
+                str(daemon.address),
+                "--serve-root",
+                str(daemon.trace_root),
+            ],
+            log,
+            env_with_repo({"KSCOPE_CACHE_DIR": os.environ["KSCOPE_CACHE_DIR"]}),
         ).start()
         deadline = time.monotonic() + 60
         base = None
@@ -121,7 +149,9 @@ def test_click_through_report_trigger_and_perfetto(live):
 
         # trigger a trace of the live torch process by job id, follow the progress to the request
         page.goto(base + "/trigger")
-        assert page.locator(".daemon-processes td", has_text=str(job.pid)).count() >= 1  # registered process listed
+        assert (
+            page.locator(".daemon-processes td", has_text=str(job.pid)).count() >= 1
+        )  # registered process listed
         page.fill("#job_id", str(job_id))
         page.fill("#iterations", "3")
         page.check("#analyze")
@@ -154,4 +184,6 @@ def test_click_through_report_trigger_and_perfetto(live):
         shot(page, "web-perfetto")
         assert watch.dialogs == []
     # Perfetto probes a native accelerator on 127.0.0.1:9001 and a Google URL; both are refused
-    assert all(u.startswith(("http://127.0.0.1:9001", "https://storage.cloud.google.com")) for u in offsite), offsite
+    assert all(
+        u.startswith(("http://127.0.0.1:9001", "https://storage.cloud.google.com")) for u in offsite
+    ), offsite

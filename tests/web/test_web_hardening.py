@@ -38,16 +38,22 @@ def rooted(tmp_path):
     outside = tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
-    app = create_app(WebSettings(catalog_url=str(tmp_path / "c.db"), serve_roots=[str(root)], default_roots=False))
+    app = create_app(
+        WebSettings(catalog_url=str(tmp_path / "c.db"), serve_roots=[str(root)], default_roots=False)
+    )
     with _client(app) as c:
         yield c, root, outside
 
 
 def _record(client, trace_id: str, files: list[dict]) -> None:
-    client.app.state.catalog.record_trace_request({
-        "kinetoscope_manifest": 1, "trace_id": trace_id, "created": "2026-11-21T00:00:00Z",
-        "files": [{"host": "h", "pid": i + 1, "complete": True, **f} for i, f in enumerate(files)],
-    })
+    client.app.state.catalog.record_trace_request(
+        {
+            "kinetoscope_manifest": 1,
+            "trace_id": trace_id,
+            "created": "2026-11-21T00:00:00Z",
+            "files": [{"host": "h", "pid": i + 1, "complete": True, **f} for i, f in enumerate(files)],
+        }
+    )
 
 
 def test_a_manifest_naming_a_json_file_outside_the_roots_is_not_served(rooted):
@@ -58,12 +64,17 @@ def test_a_manifest_naming_a_json_file_outside_the_roots_is_not_served(rooted):
     secret.write_text('{"aws_secret_access_key": "x"}')
     inside = root / "rank-0.json"
     inside.write_text(TRACE_DOC)
-    _record(client, "kst-creds", [{"file": "credentials.json", "path": str(secret)},
-                                  {"file": "rank-0.json", "path": str(inside)}])
+    _record(
+        client,
+        "kst-creds",
+        [{"file": "credentials.json", "path": str(secret)}, {"file": "rank-0.json", "path": str(inside)}],
+    )
     r = client.get("/traces/kst-creds/files/credentials.json")
     assert r.status_code == 404 and "aws_secret" not in r.text and "serving roots" in r.text
     assert client.get("/traces/kst-creds/files/rank-0.json").text == TRACE_DOC
-    assert client.get("/traces/kst-creds/perfetto/credentials.json", follow_redirects=False).status_code == 404
+    assert (
+        client.get("/traces/kst-creds/perfetto/credentials.json", follow_redirects=False).status_code == 404
+    )
     page = client.get("/traces/kst-creds").text
     assert "/files/credentials.json" not in page and "/files/rank-0.json" in page
 
@@ -73,9 +84,15 @@ def test_a_symlink_inside_a_root_that_points_outside_is_not_followed(rooted):
     (outside / "secret.json").write_text('{"secret": 1}')
     (root / "link.json").symlink_to(outside / "secret.json")
     (root / "dirlink").symlink_to(outside)
-    _record(client, "kst-links", [{"file": "link.json", "path": str(root / "link.json")},
-                                  {"file": "secret.json", "path": str(root / "dirlink" / "secret.json")},
-                                  {"file": "up.json", "path": f"{root}/../outside/secret.json"}])
+    _record(
+        client,
+        "kst-links",
+        [
+            {"file": "link.json", "path": str(root / "link.json")},
+            {"file": "secret.json", "path": str(root / "dirlink" / "secret.json")},
+            {"file": "up.json", "path": f"{root}/../outside/secret.json"},
+        ],
+    )
     for name in ("link.json", "secret.json", "up.json"):
         assert client.get(f"/traces/kst-links/files/{name}").status_code == 404, name
 
@@ -85,11 +102,15 @@ def test_storage_urls_are_confined_too(rooted):
     root (never fetched otherwise)."""
     client, _root, outside = rooted
     (outside / "a.json").write_text('{"secret": 1}')
-    _record(client, "kst-urls", [
-        {"file": "a.json", "storage_url": str(outside / "a.json")},
-        {"file": "b.json", "storage_url": f"file://{outside / 'a.json'}"},
-        {"file": "c.json", "storage_url": "s3://someone-elses-bucket/kst-urls/c.json"},
-    ])
+    _record(
+        client,
+        "kst-urls",
+        [
+            {"file": "a.json", "storage_url": str(outside / "a.json")},
+            {"file": "b.json", "storage_url": f"file://{outside / 'a.json'}"},
+            {"file": "c.json", "storage_url": "s3://someone-elses-bucket/kst-urls/c.json"},
+        ],
+    )
     for name in ("a.json", "b.json", "c.json"):
         assert client.get(f"/traces/kst-urls/files/{name}").status_code == 404, name
 
@@ -106,11 +127,21 @@ def test_serve_roots_units(tmp_path):
     assert not roots.allows_url("s3://bucket/pre/../secret/f.json")
 
 
-@pytest.mark.parametrize(("header", "ok"), [
-    ("127.0.0.1:8000", True), ("[::1]:8000", True), ("10.1.2.3", True), ("localhost", True),
-    ("node7.cluster:8000", True), ("NODE7.cluster", True),
-    ("attacker.example", False), ("attacker.example:8000", False), ("", False), ("node7.cluster.evil.example", False),
-])
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        ("127.0.0.1:8000", True),
+        ("[::1]:8000", True),
+        ("10.1.2.3", True),
+        ("localhost", True),
+        ("node7.cluster:8000", True),
+        ("NODE7.cluster", True),
+        ("attacker.example", False),
+        ("attacker.example:8000", False),
+        ("", False),
+        ("node7.cluster.evil.example", False),
+    ],
+)
 def test_host_check(header, ok):
     assert HostCheck(["node7.cluster"]).allows(header) is ok
     assert HostCheck(None).allows(header) and HostCheck(["*"]).allows(header)
@@ -127,7 +158,9 @@ def test_rebinding_host_is_refused_on_the_api(tmp_path):
     GET /api/traces and 202 on POST /api/trigger."""
     from kinetoscope.web import WebSettings, create_app
 
-    app = create_app(WebSettings(catalog_url=str(tmp_path / "c.db"), allowed_hosts=allowed_hosts("0.0.0.0", False, [])))
+    app = create_app(
+        WebSettings(catalog_url=str(tmp_path / "c.db"), allowed_hosts=allowed_hosts("0.0.0.0", False, []))
+    )
     with _client(app, base_url="http://attacker.example:8000") as c:
         assert c.get("/api/traces").status_code == 400
         assert c.post("/api/trigger", json={"all": True}).status_code == 400
@@ -151,7 +184,9 @@ def test_oversized_bodies_get_413(tmp_path):
         assert r.status_code == 413
         r = c.post("/trigger", data={"hosts": "x" * 10_000})
         assert r.status_code == 413
-        r = c.post("/api/trigger", json={"hosts": ["127.0.0.1:9"], "all": True, "iterations": 1, "timeout_s": 1})
+        r = c.post(
+            "/api/trigger", json={"hosts": ["127.0.0.1:9"], "all": True, "iterations": 1, "timeout_s": 1}
+        )
         assert r.status_code == 202, r.text
 
 
@@ -159,8 +194,22 @@ def _start_serve(tmp_path, *args):
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "0", "--catalog", str(tmp_path / "c.db"),
-             *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env_with_repo(), start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "kinetoscope.cli.main",
+                "serve",
+                "--port",
+                "0",
+                "--catalog",
+                str(tmp_path / "c.db"),
+                *args,
+            ],
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env_with_repo(),
+            start_new_session=True,
         )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
@@ -180,10 +229,16 @@ def test_real_server_on_all_interfaces_keeps_the_host_check_and_body_limit(tmp_p
         assert httpx.get(base + "/api/traces", timeout=10).status_code == 200
         r = httpx.get(base + "/api/traces", headers={"Host": "rebind.attacker.example"}, timeout=10)
         assert r.status_code == 400
-        r = httpx.post(base + "/api/trigger", json={"all": True}, headers={"Host": "rebind.attacker.example"}, timeout=10)
+        r = httpx.post(
+            base + "/api/trigger", json={"all": True}, headers={"Host": "rebind.attacker.example"}, timeout=10
+        )
         assert r.status_code == 400
-        r = httpx.post(base + "/api/trigger", content=b"[" + b" " * 100_000 + b"]",
-                       headers={"Content-Type": "application/json"}, timeout=10)
+        r = httpx.post(
+            base + "/api/trigger",
+            content=b"[" + b" " * 100_000 + b"]",
+            headers={"Content-Type": "application/json"},
+            timeout=10,
+        )
         assert r.status_code == 413
         assert "host names accepted" in log.read_text()
     finally:
@@ -213,7 +268,11 @@ def test_the_analyze_action_refuses_files_outside_the_roots(rooted):
 def test_out_of_range_numbers_are_client_errors(rooted):
     """Found by tests/fuzz: ids and limits beyond int64 overflowed in SQLite (500)."""
     client, _root, _outside = rooted
-    for url in ("/analyses/9223372036854775808", "/api/analyses/99999999999999999999",
-                "/api/analyses/9223372036854775808/document", "/analyses/9223372036854775808/report"):
+    for url in (
+        "/analyses/9223372036854775808",
+        "/api/analyses/99999999999999999999",
+        "/api/analyses/9223372036854775808/document",
+        "/analyses/9223372036854775808/report",
+    ):
         assert client.get(url).status_code == 404, url
     assert client.get("/api/jobs?limit=99999999999999999999").status_code == 422

@@ -21,9 +21,23 @@ def test_serve_starts_answers_and_stops(tmp_path):
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "0", "--catalog", str(tmp_path / "c.db"),
-             "--daemon", "127.0.0.1:9"],
-            cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env_with_repo(), start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "kinetoscope.cli.main",
+                "serve",
+                "--port",
+                "0",
+                "--catalog",
+                str(tmp_path / "c.db"),
+                "--daemon",
+                "127.0.0.1:9",
+            ],
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env_with_repo(),
+            start_new_session=True,
         )
     try:
         base = None
@@ -38,9 +52,14 @@ def test_serve_starts_answers_and_stops(tmp_path):
         assert r.status_code == 200 and r.json()["daemons"] == ["127.0.0.1:9"]
         assert str(tmp_path / "c.db") in r.json()["catalog"]
         assert httpx.get(base + "/", timeout=10).status_code == 200
-        assert httpx.get(base + "/api/health", headers={"Host": "evil.example"}, timeout=10).status_code == 400
+        assert (
+            httpx.get(base + "/api/health", headers={"Host": "evil.example"}, timeout=10).status_code == 400
+        )
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful stop
+        assert proc.wait(timeout=20) in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises the signal after a graceful stop
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -48,14 +67,33 @@ def test_serve_starts_answers_and_stops(tmp_path):
 
 
 def test_serve_argument_errors(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "70000"], cwd=REPO_ROOT,
-                       env=env_with_repo(), capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 2 and "--port must be between 0 and 65535" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", "serve", "--port", "70000"],
+        cwd=REPO_ROOT,
+        env=env_with_repo(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (
+        r.returncode == 2 and "--port must be between 0 and 65535" in r.stderr and "Traceback" not in r.stderr
+    )
 
 
-@pytest.mark.parametrize(("host", "loop"), [
-    ("127.0.0.1", True), ("localhost", True), ("::1", True), ("[::1]", True), ("127.1.2.3", True),
-    ("0.0.0.0", False), ("10.1.2.3", False), ("example.org", False), ("::", False),
-])
+@pytest.mark.parametrize(
+    ("host", "loop"),
+    [
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("127.1.2.3", True),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("example.org", False),
+        ("::", False),
+    ],
+)
 def test_loopback_detection(host, loop):
     assert _is_loopback(host) is loop

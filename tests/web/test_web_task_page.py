@@ -27,8 +27,17 @@ def client(tmp_path: Path) -> Any:
 
 def _task(client: Any, *, errors: list[str], notes: list[str]) -> str:
     def work(task: Any) -> None:
-        task.files = [{"rank": 0, "host": "node01", "pid": 4242, "file": "rank-0_4242.pt.trace.json",
-                       "bytes": 3 * 1024 * 1024 + 200_000, "delivered": True, "complete": True}]
+        task.files = [
+            {
+                "rank": 0,
+                "host": "node01",
+                "pid": 4242,
+                "file": "rank-0_4242.pt.trace.json",
+                "bytes": 3 * 1024 * 1024 + 200_000,
+                "delivered": True,
+                "complete": True,
+            }
+        ]
         task.errors.extend(errors)
         task.notes.extend(notes)
 
@@ -49,6 +58,9 @@ def test_sizes_are_human_and_empty_lists_have_no_heading(client: Any) -> None:
 
 def test_errors_show_under_their_heading(client: Any) -> None:
     html = _task(client, errors=["node01:1778: connection refused"], notes=["one note"])
-    assert re.search(r'<div id="task-errors-box" >\s*<h2>Errors</h2><ul id="task-errors"><li>node01:1778: '
-                     r"connection refused</li>", html)
+    assert re.search(
+        r'<div id="task-errors-box" >\s*<h2>Errors</h2><ul id="task-errors"><li>node01:1778: '
+        r"connection refused</li>",
+        html,
+    )
     assert '<div id="task-notes-box" >' in html

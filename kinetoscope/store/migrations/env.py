@@ -32,8 +32,9 @@ def run_migrations_offline() -> None:
     url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
     if url is None:
         raise RuntimeError("offline migration: no database URL (pass -x url=... or set sqlalchemy.url)")
-    context.configure(url=url, target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=url.startswith("sqlite"))
+    context.configure(
+        url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=url.startswith("sqlite")
+    )
     with context.begin_transaction():
         context.run_migrations()
 

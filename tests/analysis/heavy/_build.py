@@ -28,47 +28,121 @@ class TraceBuilder:
         self._corr = 1000
 
     # ---- host side -----------------------------------------------------------------------
-    def op(self, ts: int, dur: int, name: str, *, cat: str = "cpu_op", tid: int = CPU_TID, pid: int = CPU_PID,
-           **args: Any) -> int:
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": _us(ts),
-                            "dur": _us(dur), "args": dict(args)})
+    def op(
+        self,
+        ts: int,
+        dur: int,
+        name: str,
+        *,
+        cat: str = "cpu_op",
+        tid: int = CPU_TID,
+        pid: int = CPU_PID,
+        **args: Any,
+    ) -> int:
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": pid,
+                "tid": tid,
+                "ts": _us(ts),
+                "dur": _us(dur),
+                "args": dict(args),
+            }
+        )
         return len(self.events) - 1
 
     def annotation(self, ts: int, dur: int, name: str, **kw: Any) -> int:
         return self.op(ts, dur, name, cat="user_annotation", **kw)
 
-    def runtime(self, ts: int, dur: int, name: str, *, correlation: int | None = None, tid: int = CPU_TID,
-                **args: Any) -> int:
+    def runtime(
+        self, ts: int, dur: int, name: str, *, correlation: int | None = None, tid: int = CPU_TID, **args: Any
+    ) -> int:
         a = dict(args)
         if correlation is not None:
             a["correlation"] = correlation
         return self.op(ts, dur, name, cat="cuda_runtime", tid=tid, **a)
 
     # ---- device side -----------------------------------------------------------------------
-    def gpu(self, ts: int, dur: int, name: str, *, correlation: int | None, stream: int = 7, cat: str = "kernel",
-            device: int = 0, **args: Any) -> int:
+    def gpu(
+        self,
+        ts: int,
+        dur: int,
+        name: str,
+        *,
+        correlation: int | None,
+        stream: int = 7,
+        cat: str = "kernel",
+        device: int = 0,
+        **args: Any,
+    ) -> int:
         a = {"device": device, "stream": stream, **args}
         if correlation is not None:
             a["correlation"] = correlation
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": _us(ts),
-                            "dur": _us(dur), "args": a})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": device,
+                "tid": stream,
+                "ts": _us(ts),
+                "dur": _us(dur),
+                "args": a,
+            }
+        )
         return len(self.events) - 1
 
-    def launch(self, ts: int, dur: int, k_ts: int, k_dur: int, kernel: str = "gemm_kernel", *, stream: int = 7,
-               launch_name: str = "cudaLaunchKernel", cat: str = "kernel", tid: int = CPU_TID) -> tuple[int, int]:
+    def launch(
+        self,
+        ts: int,
+        dur: int,
+        k_ts: int,
+        k_dur: int,
+        kernel: str = "gemm_kernel",
+        *,
+        stream: int = 7,
+        launch_name: str = "cudaLaunchKernel",
+        cat: str = "kernel",
+        tid: int = CPU_TID,
+    ) -> tuple[int, int]:
         """A launch call and the kernel it enqueues; returns (launch idx, kernel idx)."""
         self._corr += 1
         li = self.runtime(ts, dur, launch_name, correlation=self._corr, tid=tid)
         ki = self.gpu(k_ts, k_dur, kernel, correlation=self._corr, stream=stream, cat=cat)
         return li, ki
 
-    def memory(self, ts: int, nbytes: int, total_allocated: int, *, total_reserved: int = 0, device_type: int = 1,
-               device_id: int = 0, tid: int = CPU_TID) -> int:
-        self.events.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": CPU_PID, "tid": tid,
-                            "ts": _us(ts), "s": "t", "args": {"Device Type": device_type, "Device Id": device_id,
-                                                              "Addr": 1, "Bytes": nbytes,
-                                                              "Total Allocated": total_allocated,
-                                                              "Total Reserved": total_reserved}})
+    def memory(
+        self,
+        ts: int,
+        nbytes: int,
+        total_allocated: int,
+        *,
+        total_reserved: int = 0,
+        device_type: int = 1,
+        device_id: int = 0,
+        tid: int = CPU_TID,
+    ) -> int:
+        self.events.append(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": CPU_PID,
+                "tid": tid,
+                "ts": _us(ts),
+                "s": "t",
+                "args": {
+                    "Device Type": device_type,
+                    "Device Id": device_id,
+                    "Addr": 1,
+                    "Bytes": nbytes,
+                    "Total Allocated": total_allocated,
+                    "Total Reserved": total_reserved,
+                },
+            }
+        )
         return len(self.events) - 1
 
     # ---- output -----------------------------------------------------------------------

@@ -7,8 +7,8 @@ and always given copies of the vendored traces (it may write beside them).
 from __future__ import annotations
 
 import atexit
-import importlib
 import functools
+import importlib
 import logging
 import shutil
 import tempfile
@@ -39,7 +39,7 @@ _SCRATCH = Path(tempfile.mkdtemp(prefix="kscope-heavy-"))
 atexit.register(shutil.rmtree, _SCRATCH, True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def real(rel: str) -> Trace:
     """A vendored trace, loaded once per session (do not mutate it)."""
     return load_trace(str(HTA_DIR / rel))
@@ -64,7 +64,7 @@ def hta_available() -> bool:
 needs_hta = pytest.mark.skipif(not hta_available(), reason="HTA (traceinsight) is not installed")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hta_analysis(rel: str, rank: int):
     """A cached ``hta.trace_analysis.TraceAnalysis`` for one vendored trace."""
     logging.getLogger("hta").setLevel(logging.ERROR)
@@ -73,7 +73,7 @@ def hta_analysis(rel: str, rank: int):
     return TraceAnalysis(trace_files={rank: scratch_copy(rel)})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hta_critical_path(rel: str, annotation: str, instance, zero_weight_launch_edges: bool = True) -> dict:
     """HTA's critical path graph, reduced to plain data: nodes, edges, path, summary."""
     from hta.configs.env_options import HTAEnvOptions
@@ -114,16 +114,16 @@ def hta_like(trace: Trace) -> Trace:
     if steps["name"].n_unique() < 2:
         return trace
     last = steps["ts"].max()
-    gpu_side = (pl.col("stream").is_not_null() & (pl.col("stream") >= 0) & pl.col("correlation").is_not_null()) | pl.col(
-        "name"
-    ).is_in(["Event Sync", "Context Sync"])
+    gpu_side = (
+        pl.col("stream").is_not_null() & (pl.col("stream") >= 0) & pl.col("correlation").is_not_null()
+    ) | pl.col("name").is_in(["Event Sync", "Context Sync"])
     host = ev.filter(~gpu_side & (pl.col("ts") < last))
     keep = host.filter(pl.col("correlation").is_not_null())["correlation"].implode()
     gpu = ev.filter(gpu_side & pl.col("correlation").is_in(keep))
     return dataclasses.replace(trace, events=pl.concat([host, gpu]).sort("idx"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hta_frequent_sequences(rel: str, rank: int, operator_name: str) -> list[dict]:
     ta = hta_analysis(rel, rank)
     out = ta.get_frequent_cuda_kernel_sequences(operator_name, str(_SCRATCH), rank=rank, visualize=False)

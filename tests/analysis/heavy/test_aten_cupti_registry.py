@@ -9,14 +9,26 @@ from typer.testing import CliRunner
 
 from kinetoscope.analysis import registry, run_analyses
 from kinetoscope.analysis.aten_op_kernels import aten_op_kernels_and_delay, aten_op_launches
-from kinetoscope.analysis.cupti_counters import CUDA_SASS_INSTRUCTION_COUNTER_FLOPS, counter_data_with_operators
+from kinetoscope.analysis.cupti_counters import (
+    CUDA_SASS_INSTRUCTION_COUNTER_FLOPS,
+    counter_data_with_operators,
+)
 
-from .conftest import ALEXNET, CUPTI, HTA_DIR, hta_analysis, hta_like, needs_hta, real
 from ._build import TraceBuilder
+from .conftest import ALEXNET, CUPTI, HTA_DIR, hta_analysis, hta_like, needs_hta, real
 
 US = 1000
-HEAVY = ["call_graph", "frequent_kernel_sequences", "critical_path", "critical_path_breakdown", "memory_summary",
-         "memory_allocation_sites", "memory_timeline", "aten_op_kernels", "cupti_counters"]
+HEAVY = [
+    "call_graph",
+    "frequent_kernel_sequences",
+    "critical_path",
+    "critical_path_breakdown",
+    "memory_summary",
+    "memory_allocation_sites",
+    "memory_timeline",
+    "aten_op_kernels",
+    "cupti_counters",
+]
 
 
 # ---- ATen op kernels ---------------------------------------------------------------------
@@ -26,19 +38,29 @@ def test_aten_op_kernels_known_by_construction(tmp_path):
         t = i * 100 * US
         b.op(t, 50 * US, "aten::linear")
         b.op(t + 2 * US, 40 * US, "aten::addmm")
-        b.launch(t + 5 * US, 3 * US, t + 20 * US, 5 * US, "gemm")       # op delay 3, runtime 15
+        b.launch(t + 5 * US, 3 * US, t + 20 * US, 5 * US, "gemm")  # op delay 3, runtime 15
         b.launch(t + 10 * US, 3 * US, t + 30 * US, 5 * US, "bias")
     b.op(400 * US, 10 * US, "aten::relu")
     b.launch(401 * US, 2 * US, 410 * US, 1 * US, "relu_kernel")
-    b.launch(500 * US, 2 * US, 510 * US, 1 * US, "orphan")                # not inside an aten op
+    b.launch(500 * US, 2 * US, 510 * US, 1 * US, "orphan")  # not inside an aten op
     b.op(600 * US, 10 * US, "aten::other", tid=7)
-    b.launch(601 * US, 2 * US, 610 * US, 1 * US, "other_thread")          # aten op on another thread
+    b.launch(601 * US, 2 * US, 610 * US, 1 * US, "other_thread")  # aten op on another thread
     df = aten_op_kernels_and_delay(b.load(tmp_path))
     assert df.to_dicts() == [
-        {"aten_op_name": "aten::addmm", "kernel_sequence": "gemm -> bias", "occurrence_count": 3,
-         "avg_aten_op_launch_delay": 3.0, "avg_runtime_delay": 15.0},
-        {"aten_op_name": "aten::relu", "kernel_sequence": "relu_kernel", "occurrence_count": 1,
-         "avg_aten_op_launch_delay": 1.0, "avg_runtime_delay": 9.0},
+        {
+            "aten_op_name": "aten::addmm",
+            "kernel_sequence": "gemm -> bias",
+            "occurrence_count": 3,
+            "avg_aten_op_launch_delay": 3.0,
+            "avg_runtime_delay": 15.0,
+        },
+        {
+            "aten_op_name": "aten::relu",
+            "kernel_sequence": "relu_kernel",
+            "occurrence_count": 1,
+            "avg_aten_op_launch_delay": 1.0,
+            "avg_runtime_delay": 9.0,
+        },
     ]
 
 
@@ -54,8 +76,14 @@ def test_aten_op_kernels_match_hta():
     finally:
         go.Figure.show = show
     ours = aten_op_kernels_and_delay(hta_like(real(ALEXNET)))
-    hk = {(r.aten_op_name, r.kernel_sequence): (r.occurrence_count, r.avg_aten_op_launch_delay, r.avg_runtime_delay)
-          for r in h.itertuples()}
+    hk = {
+        (r.aten_op_name, r.kernel_sequence): (
+            r.occurrence_count,
+            r.avg_aten_op_launch_delay,
+            r.avg_runtime_delay,
+        )
+        for r in h.itertuples()
+    }
     mk = {(r[0], r[1]): (r[2], r[3], r[4]) for r in ours.iter_rows()}
     assert hk == mk
 
@@ -97,10 +125,30 @@ def test_cupti_count_mismatch_gives_no_rows(tmp_path):
     b = TraceBuilder()
     b.op(0, 10 * US, "aten::mm")
     b.runtime(1 * US, 2 * US, "cudaLaunchKernel", correlation=5)
-    b.events.append({"ph": "X", "cat": "cuda_profiler_range", "name": "k", "pid": 0, "tid": 0, "ts": 5, "dur": 1,
-                     "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 10}})
-    b.events.append({"ph": "X", "cat": "cuda_profiler_range", "name": "k2", "pid": 0, "tid": 0, "ts": 7, "dur": 1,
-                     "args": {}})
+    b.events.append(
+        {
+            "ph": "X",
+            "cat": "cuda_profiler_range",
+            "name": "k",
+            "pid": 0,
+            "tid": 0,
+            "ts": 5,
+            "dur": 1,
+            "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 10},
+        }
+    )
+    b.events.append(
+        {
+            "ph": "X",
+            "cat": "cuda_profiler_range",
+            "name": "k2",
+            "pid": 0,
+            "tid": 0,
+            "ts": 7,
+            "dur": 1,
+            "args": {},
+        }
+    )
     assert counter_data_with_operators(b.load(tmp_path)).is_empty()
     b.events.pop()
     df = counter_data_with_operators(b.load(tmp_path, "ok.json"))
@@ -119,7 +167,13 @@ def test_registered_and_not_default():
 def test_run_through_the_runner():
     res = run_analyses([real(ALEXNET)], HEAVY, {"operator_name": "aten::conv2d", "outermost": False})
     assert not res.errors, res.errors
-    for n in ("call_graph", "frequent_kernel_sequences", "critical_path", "critical_path_breakdown", "aten_op_kernels"):
+    for n in (
+        "call_graph",
+        "frequent_kernel_sequences",
+        "critical_path",
+        "critical_path_breakdown",
+        "aten_op_kernels",
+    ):
         assert res[n].height > 0 and "rank" in res[n].columns, n
     assert res["memory_summary"].is_empty() and "memory_summary" in res.notes
     cupti = run_analyses([real(CUPTI)], ["cupti_counters"])

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from kinetoscope.analysis.call_graph import build_call_graph, call_graph_summary
 
-from .conftest import NS_RESOLUTION, hta_analysis, needs_hta, real
 from ._build import TraceBuilder
+from .conftest import NS_RESOLUTION, hta_analysis, needs_hta, real
 
 US = 1000
 SAMPLED = "trace_filter/sampled_rank-1.json.gz"
@@ -56,14 +56,18 @@ def trees(draw):
     return nodes
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(tree=trees(), seed=st.integers(0, 10**6))
 def test_nesting_known_by_construction(tmp_path, tree, seed):
     b = TraceBuilder()
     # write in parent-before-child order (as Kineto does), with nodes at the same start shuffled
     # only among unrelated events: we keep the generated order, which is a pre-order
     idx_of = []
-    for parent, depth, ts, dur in tree:
+    for _parent, _depth, ts, dur in tree:
         idx_of.append(b.op(ts * US, dur * US, f"op{len(idx_of)}"))
     # shuffle the file order of top-level trees (any order must give the same answer)
     rnd = random.Random(seed)
@@ -91,13 +95,13 @@ def test_ties_and_zero_durations(tmp_path):
     does not break anything (HTA: ValueError: Unexpected case)."""
     b = TraceBuilder()
     a = b.op(0, 10 * US, "A")
-    a1 = b.op(0, 4 * US, "A.1")          # same start, shorter: child
-    a2 = b.op(4 * US, 6 * US, "A.2")     # touches A.1: sibling; ends with A
-    z1 = b.op(10 * US, 0, "Z1")          # zero length at A's end, written before B: in A (and A.2)
-    bb = b.op(10 * US, 5 * US, "B")      # touches A: top-level sibling
-    z2 = b.op(10 * US, 0, "Z2")          # written after B: inside B
+    a1 = b.op(0, 4 * US, "A.1")  # same start, shorter: child
+    a2 = b.op(4 * US, 6 * US, "A.2")  # touches A.1: sibling; ends with A
+    z1 = b.op(10 * US, 0, "Z1")  # zero length at A's end, written before B: in A (and A.2)
+    bb = b.op(10 * US, 5 * US, "B")  # touches A: top-level sibling
+    z2 = b.op(10 * US, 0, "Z2")  # written after B: inside B
     z3 = b.op(12 * US, 0, "Z3")
-    z4 = b.op(12 * US, 0, "Z4")          # same time as Z3: sibling
+    z4 = b.op(12 * US, 0, "Z4")  # same time as Z3: sibling
     neg = b.op(13 * US, -1 * US, "neg")  # malformed: treated as zero length
     cg = build_call_graph(b.load(tmp_path))
     got = {r["idx"]: (r["parent"], r["depth"]) for r in cg.nodes.iter_rows(named=True)}
@@ -117,7 +121,7 @@ def test_kernels_attached_and_summed(tmp_path):
     outer = b.op(1 * US, 50 * US, "aten::linear")
     inner = b.op(2 * US, 20 * US, "aten::addmm")
     l1, k1 = b.launch(3 * US, 2 * US, 30 * US, 10 * US, "gemm")
-    l2, k2 = b.launch(30 * US, 2 * US, 45 * US, 5 * US, "bias")   # under outer, not inner
+    l2, k2 = b.launch(30 * US, 2 * US, 45 * US, 5 * US, "bias")  # under outer, not inner
     l3, k3 = b.launch(60 * US, 2 * US, 70 * US, 1 * US, "other", stream=9)  # under the step only
     cg = build_call_graph(b.load(tmp_path))
     row = {r["idx"]: r for r in cg.nodes.iter_rows(named=True)}

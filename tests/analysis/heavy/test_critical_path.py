@@ -27,6 +27,7 @@ from kinetoscope.analysis.critical_path import (
     critical_path_summary,
 )
 
+from ._build import TraceBuilder
 from .conftest import (
     ALEXNET,
     CP_ANNOTATION,
@@ -40,7 +41,6 @@ from .conftest import (
     needs_hta,
     real,
 )
-from ._build import TraceBuilder
 
 US = 1000
 
@@ -58,8 +58,13 @@ def _ours(rel: str, annotation: str, instance, zero: bool = True):
 
 def _edge_dict(cp) -> dict:
     out = {}
-    for u, v, t, w, a in zip(cp.edge_src.tolist(), cp.edge_dst.tolist(), cp.edge_type.tolist(),
-                             cp.edge_weight.tolist(), cp.edge_attr.tolist()):
+    for u, v, t, w, a in zip(
+        cp.edge_src.tolist(),
+        cp.edge_dst.tolist(),
+        cp.edge_type.tolist(),
+        cp.edge_weight.tolist(),
+        cp.edge_attr.tolist(),
+    ):
         out[(u, v)] = (EDGE_TYPES[t], w // US, None if a < 0 else a)
     return out
 
@@ -77,8 +82,13 @@ def test_simple_add_expected_values():
     relu, clamp, launch = 286, 287, 1005
     (rs_, re_), (cs_, ce_), (ls_, le_) = (cp.nodes_for_event(e) for e in (relu, clamp, launch))
     assert rs_ < cs_ < ls_ < le_ < ce_ < re_
-    expect = [((rs_, cs_), 15, relu), ((cs_, ls_), 14, clamp), ((ls_, le_), 17, launch), ((le_, ce_), 15, clamp),
-              ((ce_, re_), 32, relu)]
+    expect = [
+        ((rs_, cs_), 15, relu),
+        ((cs_, ls_), 14, clamp),
+        ((ls_, le_), 17, launch),
+        ((le_, ce_), 15, clamp),
+        ((ce_, re_), 32, relu),
+    ]
     for (u, v), w_us, ev in expect:
         e = cp.edge(u, v)
         assert e["type"] == OPERATOR_KERNEL and e["weight"] == w_us * US and e["event_idx"] == ev
@@ -107,15 +117,25 @@ def test_alexnet_expected_values():
     # GPU->GPU sync from cudaStreamWaitEvent: fft kernel on stream 20 -> elementwise on stream 7
     _, src_end = cp.nodes_for_event(1109)
     dst_start, _ = cp.nodes_for_event(1161)
-    assert cp.edge(src_end, dst_start) == {"src": src_end, "dst": dst_start, "type": SYNC_DEPENDENCY,
-                                            "weight": 0, "event_idx": None}
+    assert cp.edge(src_end, dst_start) == {
+        "src": src_end,
+        "dst": dst_start,
+        "type": SYNC_DEPENDENCY,
+        "weight": 0,
+        "event_idx": None,
+    }
     summary = cp.summary()
     assert summary.height == 5
     bd = cp.breakdown()
     assert bd.height == len(cp.path_edges)
     assert bd["bound_by"].null_count() == 0
-    assert set(summary["bound_by"]) == {"", CPU_BOUND, GPU_COMPUTE_BOUND, GPU_KERNEL_KERNEL_OVERHEAD,
-                                        GPU_KERNEL_LAUNCH_OVERHEAD}
+    assert set(summary["bound_by"]) == {
+        "",
+        CPU_BOUND,
+        GPU_COMPUTE_BOUND,
+        GPU_KERNEL_KERNEL_OVERHEAD,
+        GPU_KERNEL_LAUNCH_OVERHEAD,
+    }
     assert summary["percentage"].sum() == pytest.approx(100.0)
 
 
@@ -171,14 +191,19 @@ def test_overlay_matches_hta_counts(tmp_path):
     marked = sum(e["args"].get("critical", 0) for e in events if "args" in e and e["ph"] == "X")
     assert marked == 159
     flows = Counter(e["cat"] for e in events if "critical_path" in e.get("cat", ""))
-    shown = [t for t, w in zip(cp.edge_type.tolist(), cp.edge_weight.tolist())
-             if not (EDGE_TYPES[t] == KERNEL_LAUNCH_DELAY and w == 0)]
+    shown = [
+        t
+        for t, w in zip(cp.edge_type.tolist(), cp.edge_weight.tolist())
+        if not (EDGE_TYPES[t] == KERNEL_LAUNCH_DELAY and w == 0)
+    ]
     assert flows["critical_path"] == 2 * len(shown)
     assert sum(e["args"].get("critical", 0) for e in events if "args" in e and e.get("ph") == "f") == 314
 
     out2 = cp.overlay(tmp_path / "only.json.gz", only_show_critical_events=True, show_all_edges=True)
     events = _read(out2)
-    checked = [e for e in events if e["ph"] == "X" and e.get("cat", "") not in ("user_annotation", "python_function")]
+    checked = [
+        e for e in events if e["ph"] == "X" and e.get("cat", "") not in ("user_annotation", "python_function")
+    ]
     assert len(checked) == 159 and all(e["args"].get("critical") == 1 for e in checked)
     flows = [e for e in events if e.get("cat") == "critical_path"]
     assert flows and all(e["args"]["critical"] for e in flows)
@@ -190,10 +215,14 @@ def test_overlay_identical_to_hta_output_file(tmp_path):
     expected = _read(HTA_DIR / SIMPLE_ADD_OVERLAY)
     hta_flows = [e for e in expected if e.get("cat") == "critical_path"]
     assert len(hta_flows) == 384
-    hta_critical = [i for i, e in enumerate(expected) if e.get("ph") == "X" and e.get("args", {}).get("critical") == 1]
+    hta_critical = [
+        i for i, e in enumerate(expected) if e.get("ph") == "X" and e.get("args", {}).get("critical") == 1
+    ]
     cp = critical_path(real(SIMPLE_ADD), "", None)
     events = _read(cp.overlay(tmp_path, only_show_critical_events=False))
-    critical = [i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("args", {}).get("critical") == 1]
+    critical = [
+        i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("args", {}).get("critical") == 1
+    ]
     assert critical == hta_critical
     flows = [e for e in events if e.get("cat") == "critical_path"]
     key = lambda e: (e["ph"], e["pid"], e["tid"], e["ts"], e["args"]["type"], e["args"]["weight"])  # noqa: E731
@@ -294,6 +323,7 @@ def test_longest_path_matches_networkx_on_random_dags():
         g = nx.DiGraph()
         for (a, b), ww in zip(pairs, w.tolist()):
             g.add_edge(a, b, weight=ww)
-        src = np.array([p[0] for p in pairs]); dst = np.array([p[1] for p in pairs])
+        src = np.array([p[0] for p in pairs])
+        dst = np.array([p[1] for p in pairs])
         ours = _dag_longest_path(n, src, dst, w.astype(np.int64)).tolist()
         assert ours == nx.dag_longest_path(g, weight="weight")

@@ -10,8 +10,8 @@ import pytest
 
 from kinetoscope.analysis.frequent_sequences import frequent_cuda_kernel_sequences, frequent_sequences
 
-from .conftest import CONTROL, NS_RESOLUTION, hta_frequent_sequences, hta_like, needs_hta, real
 from ._build import TraceBuilder
+from .conftest import CONTROL, NS_RESOLUTION, hta_frequent_sequences, hta_like, needs_hta, real
 
 US = 1000
 SAMPLED = "trace_filter/sampled_rank-1.json.gz"
@@ -65,8 +65,18 @@ def test_patterns_known_by_construction(tmp_path):
     tr = b.load(tmp_path)
     out = frequent_cuda_kernel_sequences(tr, "my::block", min_pattern_len=2)
     assert out.to_dicts() == [
-        {"pattern": "my::block|a|b|c", "count": 2, "GPU kernel duration (us)": 30.0, "CPU op duration (us)": 180.0},
-        {"pattern": "my::block|a|c", "count": 1, "GPU kernel duration (us)": 10.0, "CPU op duration (us)": 90.0},
+        {
+            "pattern": "my::block|a|b|c",
+            "count": 2,
+            "GPU kernel duration (us)": 30.0,
+            "CPU op duration (us)": 180.0,
+        },
+        {
+            "pattern": "my::block|a|c",
+            "count": 1,
+            "GPU kernel duration (us)": 10.0,
+            "CPU op duration (us)": 90.0,
+        },
     ]
     assert frequent_cuda_kernel_sequences(tr, "my::block", min_pattern_len=3)["count"].to_list() == [2]
     # HTA's rule: roots at the smallest depth among candidates ("module" is shallower)
@@ -114,8 +124,9 @@ def test_overlay(tmp_path):
     assert ev[other]["args"] == {} and ev[other]["name"].isdigit()
     assert doc["kinetoscopeSymbols"][ev[other]["name"]] == "aten::other"
     # gzip output by name
-    frequent_cuda_kernel_sequences(load_trace(str(src)), "my::block", output=tmp_path / "o.json.gz",
-                                   compress_other_kernels=False)
+    frequent_cuda_kernel_sequences(
+        load_trace(str(src)), "my::block", output=tmp_path / "o.json.gz", compress_other_kernels=False
+    )
     with gzip.open(tmp_path / "o.json.gz", "rt") as fh:
         ev2 = json.load(fh)["traceEvents"]
     assert ev2[other]["name"] == "aten::other"

@@ -20,8 +20,8 @@ from kinetoscope.analysis.memory_timeline import (
     memory_timeline_from_raw,
 )
 
-from .conftest import DF_INDEX, HTA_DIR, MEMORY_RAW, needs_hta, real
 from ._build import TraceBuilder
+from .conftest import DF_INDEX, HTA_DIR, MEMORY_RAW, needs_hta, real
 
 US = 1000
 
@@ -30,11 +30,11 @@ def test_summary_and_sites_known_by_construction(tmp_path):
     b = TraceBuilder(rank=2)
     b.op(0, 100 * US, "aten::linear")
     b.op(10 * US, 20 * US, "aten::empty")
-    b.memory(12 * US, 4096, 4096, total_reserved=1 << 20)          # in aten::empty
-    b.memory(40 * US, 1024, 5120, total_reserved=1 << 20)          # in aten::linear only
-    b.memory(50 * US, -4096, 1024, total_reserved=1 << 20)         # free
-    b.memory(150 * US, 512, 1536, total_reserved=2 << 20)          # outside every op
-    b.memory(160 * US, 64, 64, device_type=0, device_id=-1)         # CPU
+    b.memory(12 * US, 4096, 4096, total_reserved=1 << 20)  # in aten::empty
+    b.memory(40 * US, 1024, 5120, total_reserved=1 << 20)  # in aten::linear only
+    b.memory(50 * US, -4096, 1024, total_reserved=1 << 20)  # free
+    b.memory(150 * US, 512, 1536, total_reserved=2 << 20)  # outside every op
+    b.memory(160 * US, 64, 64, device_type=0, device_id=-1)  # CPU
     tr = b.load(tmp_path)
     tl = memory_timeline([tr])
     assert tl.height == 5 and tl["rank"].to_list() == [2] * 5
@@ -72,13 +72,23 @@ def test_real_trace_memory_events():
     assert sites.filter(pl.col("device") == "cuda:1").height == 5
     # every CUDA allocation is attributed to exactly one row of the full table
     full = allocation_sites(tr)
-    assert full.height == mem.filter(pl.col("bytes") > 0).height + tr.memory_events().filter(
-        (pl.col("device_type") == 0) & (pl.col("bytes") > 0)).height
+    assert (
+        full.height
+        == mem.filter(pl.col("bytes") > 0).height
+        + tr.memory_events().filter((pl.col("device_type") == 0) & (pl.col("bytes") > 0)).height
+    )
 
 
 def test_raw_timeline_known_by_construction(tmp_path):
-    rows = [[-1, 1, 100, 0], [-1, 1, 50, 7], [10, 2, 30, 3], [10, 2, 5, 4], [20, 4, -30, 3], [30, 3, -50, 7],
-            [30, 3, 50, 4]]
+    rows = [
+        [-1, 1, 100, 0],
+        [-1, 1, 50, 7],
+        [10, 2, 30, 3],
+        [10, 2, 5, 4],
+        [20, 4, -30, 3],
+        [30, 3, -50, 7],
+        [30, 3, 50, 4],
+    ]
     p = tmp_path / "m.raw.gz"
     with gzip.open(p, "wt") as fh:
         json.dump(rows, fh)

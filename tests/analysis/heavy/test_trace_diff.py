@@ -59,7 +59,9 @@ def test_device_and_short_names():
     assert set(gpu["device"]) == {"gpu"} and set(cpu["device"]) == {"cpu"}
     assert gpu.height + cpu.height == trace_diff(a, b).height
     short = trace_diff(a, b, use_short_name=True)
-    assert not any("(" in n for n in short.filter(pl.col("device") == "gpu")["name"].to_list() if not n.startswith("Mem"))
+    assert not any(
+        "(" in n for n in short.filter(pl.col("device") == "gpu")["name"].to_list() if not n.startswith("Mem")
+    )
     with pytest.raises(ValueError):
         trace_diff(a, b, device="tpu")
 
@@ -79,7 +81,9 @@ def test_steps():
 def _launched_only(trace):
     """Device events whose launch is in the trace (HTA gives the others iteration -1)."""
     ev = trace.events
-    corr = ev.filter(pl.col("kind").is_in(["cuda_runtime", "cuda_driver"]))["correlation"].drop_nulls().implode()
+    corr = (
+        ev.filter(pl.col("kind").is_in(["cuda_runtime", "cuda_driver"]))["correlation"].drop_nulls().implode()
+    )
     dev = pl.col("kind").is_in(["kernel", "gpu_memcpy", "gpu_memset"])
     return dataclasses.replace(trace, events=ev.filter(~dev | pl.col("correlation").is_in(corr)))
 
@@ -134,8 +138,17 @@ def test_kscope_diff_cli_control_test():
     doc = json.loads(res.output)
     assert doc["control"]["rank"] == 3 and doc["test"]["rank"] == 1
     rows = doc["trace_diff"]
-    assert rows and {"name", "device", "Control_counts", "Test_counts", "diff_duration", "count_change"} <= set(rows[0])
-    human = _cli("diff", str(HTA_DIR / COMPARE_BASE), str(HTA_DIR / COMPARE_TEST), "--top", "5", "--step", "first")
+    assert rows and {
+        "name",
+        "device",
+        "Control_counts",
+        "Test_counts",
+        "diff_duration",
+        "count_change",
+    } <= set(rows[0])
+    human = _cli(
+        "diff", str(HTA_DIR / COMPARE_BASE), str(HTA_DIR / COMPARE_TEST), "--top", "5", "--step", "first"
+    )
     assert human.exit_code == 0, human.output
     assert "Largest changes" in human.output and "added" in human.output
 

@@ -72,8 +72,12 @@ def upgrade() -> None:
         sa.Column("complete", sa.Boolean(), nullable=True),
         sa.Column("recorded_at", UTCDateTime(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
-        sa.ForeignKeyConstraint(["trace_id"], ["trace_requests.trace_id"], ondelete="CASCADE",
-                                name=op.f("fk_trace_files_trace_id_trace_requests")),
+        sa.ForeignKeyConstraint(
+            ["trace_id"],
+            ["trace_requests.trace_id"],
+            ondelete="CASCADE",
+            name=op.f("fk_trace_files_trace_id_trace_requests"),
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_trace_files")),
         sa.UniqueConstraint("trace_id", "file", name=op.f("uq_trace_files_trace_id_file")),
     )
@@ -95,11 +99,20 @@ def upgrade() -> None:
         sa.Column("straggler_kind", sa.String(64), nullable=True),
         sa.Column("straggler_rank", sa.Integer(), nullable=True),
         sa.Column("world_size", sa.Integer(), nullable=True),
-        sa.ForeignKeyConstraint(["trace_id"], ["trace_requests.trace_id"], ondelete="SET NULL",
-                                name=op.f("fk_analyses_trace_id_trace_requests")),
+        sa.ForeignKeyConstraint(
+            ["trace_id"],
+            ["trace_requests.trace_id"],
+            ondelete="SET NULL",
+            name=op.f("fk_analyses_trace_id_trace_requests"),
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_analyses")),
-        sa.UniqueConstraint("inputs_key", "name", "version", "document_sha256",
-                            name=op.f("uq_analyses_inputs_key_name_version_document_sha256")),
+        sa.UniqueConstraint(
+            "inputs_key",
+            "name",
+            "version",
+            "document_sha256",
+            name=op.f("uq_analyses_inputs_key_name_version_document_sha256"),
+        ),
     )
     op.create_index(op.f("ix_analyses_trace_id"), "analyses", ["trace_id"])
     op.create_index(op.f("ix_analyses_created"), "analyses", ["created"])
