@@ -45,7 +45,7 @@ $(VENV)/.lint-installed: $(VENV)/.test-installed
 	$(PIP) install -q -e '.[s3,postgres,ui,scale,test,lint]'
 	touch $@
 
-# ruff (rules and format), mypy (strict on protocol/, trace/, analysis/; config in pyproject.toml)
+# ruff (rules and format), mypy (strict on protocol/, trace/, analysis/, diagnosis/; config in pyproject.toml)
 # and the import layers (lint-imports, docs/architecture.md). The pre-commit hooks run the same.
 lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff check .

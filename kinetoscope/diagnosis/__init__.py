@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
@@ -28,7 +29,7 @@ from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
-from kinetoscope.diagnosis.report import DIAGNOSIS_KEYS, Diagnosis
+from kinetoscope.diagnosis.report import Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.trace.model import Trace

@@ -151,11 +151,11 @@ def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
     cols = [j for j, r in enumerate(mx.ranks) if r in fixed]
     free = [j for j in range(A.shape[1]) if j not in cols]
     if not cols or A.shape[0] == 0:
-        return A
+        return A  # type: ignore[no-any-return]  # numpy's astype().copy() is typed Any
     # every rank fixed: all arrive like the typical rank of the job (nobody waits)
     typ = np.sort(A[:, free], axis=1)[:, (len(free) - 1) // 2] if free else mx.m.astype(np.float64)
     A[:, cols] = np.minimum(A[:, cols], typ[:, None])
-    return A
+    return A  # type: ignore[no-any-return]  # (as above)
 
 
 def waiting_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:

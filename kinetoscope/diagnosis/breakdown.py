@@ -53,6 +53,7 @@ import polars as pl
 from kinetoscope.analysis.intervals import busy_span
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
+from kinetoscope.trace.model import Trace
 
 DATALOADER_PATTERN = r"(?i)enumerate\(DataLoader\)|DataLoader.*__next__|_DataLoaderIter.*__next__"
 
@@ -236,7 +237,7 @@ def _union_by(df: pl.DataFrame, keys: list[str], name: str) -> pl.DataFrame:
     return busy_span(df.filter(pl.col("end") > pl.col("ts")), keys).select(*keys, pl.col("busy").alias(name))
 
 
-def _launch_gaps(trace, dev: pl.DataFrame) -> pl.DataFrame:
+def _launch_gaps(trace: Trace, dev: pl.DataFrame) -> pl.DataFrame:
     """Per step: GPU idle time (all streams) before a device event launched after the GPU went
     idle (host-bound gap), by the step of the event after the gap."""
     if dev.is_empty():

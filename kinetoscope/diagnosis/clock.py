@@ -55,6 +55,7 @@ Offset (``align_clocks``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -119,7 +120,8 @@ def _candidate_diffs(e_ref: np.ndarray, e_r: np.ndarray) -> np.ndarray:
     if n == 0 or m == 0:
         return np.empty(0, dtype=np.int64)
     if n * m <= _MAX_PAIRS:
-        return (e_ref[:, None] - e_r[None, :]).ravel()
+        diffs: np.ndarray = (e_ref[:, None] - e_r[None, :]).ravel()
+        return diffs
     band = max(1, _MAX_PAIRS // max(n, m) // 2)  # only pairs at similar relative positions
     out = []
     for j in range(m):
@@ -489,7 +491,7 @@ def align_clocks(
     ref = colls[reference]
     width = _window(ref) if ref.height else _MAX_W
     res = ClockAlignment(reference=reference, window_ns=width)
-    est: dict[int, dict] = {}
+    est: dict[int, dict[str, Any]] = {}
     pair_rows: list[tuple[int, str, int, int]] = []
     methods = set()
     for r in ranks:

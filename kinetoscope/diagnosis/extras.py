@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
-from kinetoscope.analysis.runner import EXTRA_DIAGNOSIS_KEYS as EXTRA_KEYS
+from kinetoscope.analysis.runner import DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.report import Diagnosis
+
+EXTRA_KEYS = EXTRA_DIAGNOSIS_KEYS  # the document keys this diagnosis adds (null when not applicable)
 
 
 @dataclass

@@ -38,6 +38,7 @@ import orjson
 import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job
+from kinetoscope.trace.model import Trace
 
 TFLOPS = 1e12
 
@@ -145,7 +146,7 @@ def match_device(name: str | None, cus: int | None = None, vendor_amd: bool = Fa
     return None
 
 
-def _device_of(trace) -> tuple[str | None, int | None]:
+def _device_of(trace: Trace) -> tuple[str | None, int | None]:
     props = trace.meta.device_properties
     if not props:
         return None, None
@@ -155,7 +156,7 @@ def _device_of(trace) -> tuple[str | None, int | None]:
     return pick.get("name"), pick.get("numSms")
 
 
-def precision_time(trace) -> dict[str, int]:
+def precision_time(trace: Trace) -> dict[str, int]:
     """GEMM-kernel time (ns) of one trace per precision (kernel-name markers)."""
     acc = {p: 0 for p in PRECISIONS}
     k = trace.events.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(_GEMM_KERNEL))
@@ -178,7 +179,7 @@ def pick_precision(per_rank: Iterable[dict[str, int]]) -> str | None:
     return best if acc[best] > 0 else None
 
 
-def detect_precision(traces) -> str | None:
+def detect_precision(traces: Iterable[Trace]) -> str | None:
     """The precision of most GEMM-kernel time (kernel-name markers), or None."""
     return pick_precision(precision_time(t) for t in traces)
 
@@ -276,7 +277,7 @@ def estimate_op_flops(name: str, dims_s: str | None, concrete_s: str | None) -> 
     return None
 
 
-def trace_step_flops(trace, steps_r: pl.DataFrame, offset: int) -> pl.DataFrame:
+def trace_step_flops(trace: Trace, steps_r: pl.DataFrame, offset: int) -> pl.DataFrame:
     """FLOPs per step of one rank: ``step, flops, source`` (outermost counted ops only)."""
     ev = trace.events.filter(pl.col("kind") == "cpu_op")
     cand = ev.filter(pl.col("flops").is_not_null() | pl.col("name").str.contains(_FLOP_OPS.pattern))
@@ -308,9 +309,10 @@ def trace_step_flops(trace, steps_r: pl.DataFrame, offset: int) -> pl.DataFrame:
         (pl.col("start") - offset).alias("ts"), (pl.col("end") - offset).alias("_e"), pl.col("step")
     ).sort("ts")
     placed = df.sort("ts").join_asof(win, on="ts", strategy="backward").filter(pl.col("ts") < pl.col("_e"))
-    return placed.group_by("step").agg(
+    per_step: pl.DataFrame = placed.group_by("step").agg(
         pl.col("f").sum().alias("flops"), pl.col("src").mode().first().alias("source")
     )
+    return per_step
 
 
 @dataclass
