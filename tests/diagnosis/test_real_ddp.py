@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 
 import orjson
 import polars as pl
@@ -77,14 +79,22 @@ def test_clean_run_says_none(ddp_runs):
     # straggler of the size the injected runs have (70 %+ of the step).
     # When the host made one rank late in several steps (seen: rank 3 in 6 of 16 steps at load
     # average 15), the per-step evidence must be that rank's: at most one late step of another.
+    # The host can also make one rank late in a few steps at a cost under the verdict's floor
+    # (seen in a clean CI run: rank 1 in 5 of 16 steps): the verdict is then "none", its reason
+    # names the rank and its small cost, and the per-step evidence is still that one rank's.
     s = diag.stragglers
     found = _found(diag)
+    assert (s.lost_fraction or 0.0) < 0.10, diag.render_text()
     if s.kind != "none":
-        assert (s.lost_fraction or 0.0) < 0.10, diag.render_text()
         assert len([r for _, r in found if r not in s.ranks]) <= 1, diag.render_text()
     else:
         assert diag.summary()[0].startswith("NO STRAGGLER")
-        assert len(found) <= 1  # with no verdict, a single noise event at most ("isolated")
+        late_by_rank = Counter(r for _, r in found)
+        host_made = max(late_by_rank, key=late_by_rank.__getitem__, default=None)
+        assert sum(n for r, n in late_by_rank.items() if r != host_made) <= 1, diag.render_text()
+        if late_by_rank[host_made] > 1:  # a repeated late rank is named in the reason, with its cost
+            listed = re.match(r"rank\(s\) \[([\d, ]+)\]", s.reason)
+            assert listed and host_made in {int(r) for r in listed.group(1).split(",")}, s.reason
     # the first traced step is a whole step (the trace starts after an optimizer step): analysed
     assert diag.stragglers.steps_analysed >= 16
     # one host, one clock: the offsets measured from collective ends stay within the jitter
