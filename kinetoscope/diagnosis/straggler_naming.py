@@ -92,7 +92,7 @@ def name_ranks(
     named: list[Named] = []
     fixed: set[int] = set()
     rnd = r0
-    floor = max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
+    floor = late_floor(mx, th, total_T, sigma)
     quiet = np.ones(len(mx.steps), dtype=bool)
     # every rank may be named: with the others fixed the last free rank can only be named by
     # magnitude (it is last whenever it is not early, chance ~ its own rate), e.g. a 2-rank
@@ -112,6 +112,12 @@ def name_ranks(
     return named
 
 
+def late_floor(mx: Matrix, th: StragglerThresholds, total_T: float, sigma: float) -> float:
+    """The least imposed wait (ns) that makes a rank named for how often it is last *late in a
+    step*: the noise (sigma), 1 % of a mean step, and ``abs_floor_us``."""
+    return max(th.abs_floor_us * 1000.0, sigma, 0.01 * (total_T / max(len(mx.steps), 1)))
+
+
 def frequency(rnd: Round, j: int, qi: np.ndarray) -> tuple[int, float]:
     """Rank ``j``'s last count and binomial p-value over the instances ``qi`` (quiet steps)."""
     n = int(qi.sum())
@@ -121,12 +127,17 @@ def frequency(rnd: Round, j: int, qi: np.ndarray) -> tuple[int, float]:
     return k, binom_sf(k, n, min(p0, 1.0))
 
 
-def late_alone(mx: Matrix, named: list[Named], thr_p: np.ndarray, th: StragglerThresholds) -> None:
-    """Set each arrival-named rank's steps late beyond the persistent threshold once the other
-    named ranks are fixed (a pair: its partner is not fixed, and each member gets the pair's
-    joint late steps). Two stragglers with the same delay alternate as the last one: in the
-    round that names the first, it imposes only in the steps where it beat the other, so its
-    own late steps undercount it; with the other fixed it is late in every step it delays."""
+def late_alone(
+    mx: Matrix, named: list[Named], thr_p: np.ndarray, th: StragglerThresholds, floor: float
+) -> None:
+    """Set each arrival-named rank's late steps once the other named ranks are fixed (a pair:
+    its partner is not fixed, and each member gets the pair's joint late steps), by the bar it
+    was named with: ``floor`` (``late_floor``) for a rank named for how often it is last, the
+    persistent threshold for one named for its stalls. Two stragglers with the same delay
+    alternate as the last one: in the round that names the first, it imposes only in the steps
+    where it beat the other, so its own late steps undercount it; with the other fixed it is
+    late in every step it delays (a real 6-rank job: the second of two 30 ms sleepers imposed
+    ~30 ms per step with the first fixed, under a persistent threshold of 8 sigma = 35 ms)."""
     arrival = [nm for nm in named if not nm.by_link]
     if len(arrival) < 2:
         return
@@ -136,7 +147,8 @@ def late_alone(mx: Matrix, named: list[Named], thr_p: np.ndarray, th: StragglerT
         worst = rnd.step_imposed.max(axis=1)
         js = [mx.ranks.index(r) for r in keep if r is not None]
         imp = rnd.step_imposed[:, js]
-        nm.alone_late = ((imp >= thr_p[:, None]) & (imp >= th.rel_to_worst * worst[:, None])).any(axis=1)
+        bar = np.full(len(mx.steps), floor) if nm.freq else thr_p
+        nm.alone_late = ((imp >= bar[:, None]) & (imp >= th.rel_to_worst * worst[:, None])).any(axis=1)
         nm.alone_imposed = imp.sum(axis=1)  # a pair: the two alternate, their waits add up per step
     for nm in arrival:  # a pair is judged jointly: either member late
         if nm.partner is not None and nm.alone_late is not None:

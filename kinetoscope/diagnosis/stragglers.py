@@ -91,6 +91,7 @@ from kinetoscope.diagnosis.straggler_naming import (
     Named,
     is_persistent,
     late_alone,
+    late_floor,
     name_ranks,
     noise_thresholds,
     pattern_of,
@@ -166,7 +167,7 @@ def analyze_stragglers(
     rep.lost_fraction = float(excess.sum()) / total_T if total_T > 0 else None
     rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
     rep.est_step_time_us = float((T_ns - excess).mean()) / 1000.0
-    late_alone(mx, named, thr_p, th)
+    late_alone(mx, named, thr_p, th, late_floor(mx, th, total_T, sigma))
     persistent, intermittent, skew_spikes = _roles(mx, named, th, len(steps) >= th.min_steps_confident)
     final = attribution_round(mx, fixed, th.tie_us * 1000.0)
     rep.per_step = per_step_table(mx, r0, T_ns, excess, thr_i, thr_p, su.bd, per_step_late)
