@@ -18,6 +18,7 @@ class StragglerThresholds:
     k_sigma: float = 8.0
     rel_step: float = 0.05
     rel_step_intermittent: float = 0.15
+    rel_step_candidate: float = 0.25
     first_step_factor: float = 2.0
     persistent_noise_cap: float = 1.0
     rel_to_worst: float = 0.5

@@ -131,7 +131,7 @@ def per_rank_table(
         base = waiting_fixed(mx, set()).sum()
         for j, r in enumerate(mx.ranks):
             rnd = named[r].rnd if r in named else final
-            late = named[r].late if r in named else np.zeros(len(mx.steps), bool)
+            late = named[r].late_steps if r in named else np.zeros(len(mx.steps), bool)
             k = int(rnd.last[:, j].sum())
             tot = float(rnd.imposed.sum())
             extra["rank"].append(r)

@@ -401,7 +401,7 @@ def _verdict(
         rep.ranks = [nm.rank for nm in named]
         rep.intermittent_ranks = list(rep.ranks)
     rep.pattern = pattern_of(persistent, skew_spikes, mx, th)
-    counts = {nm.rank: int(nm.late.sum()) for nm in intermittent}
+    counts = {nm.rank: int(nm.late_steps.sum()) for nm in intermittent}
     rep.recurrent_ranks = sorted(
         r
         for r, c in counts.items()
@@ -409,7 +409,7 @@ def _verdict(
     )
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
     rep.reason = _reason(rep, named, mx.ranks)
-    late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late)] for nm in named}
+    late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late_steps)] for nm in named}
     link_of = {nm.rank: nm.link for nm in named if nm.link is not None}
     rep.causes = {
         r: link_cause(link_of[r], len(su.steps), su.total_T)
@@ -450,10 +450,10 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
             parts.append(
                 f"rank {nm.rank}'s collectives end late after its peers' at {nm.link.late}/{nm.link.instances} "
                 f"collectives ({nm.link.late} of the {nm.link.events} late ends, chance 1/{nm.link.world}, "
-                f"p={nm.p:.2g}), late in {int(nm.late.sum())}/{rep.steps_analysed} steps"
+                f"p={nm.p:.2g}), late in {int(nm.late_steps.sum())}/{rep.steps_analysed} steps"
             )
             continue
-        late = f"late in {int(nm.late.sum())}/{rep.steps_analysed} steps"
+        late = f"late in {int(nm.late_steps.sum())}/{rep.steps_analysed} steps"
         last = (
             f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "
             f"p={nm.p:.2g}), "

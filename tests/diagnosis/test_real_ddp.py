@@ -95,8 +95,9 @@ def test_clean_run_says_none(ddp_runs):
         if late_by_rank[host_made] > 1:  # a repeated late rank is named in the reason, with its cost
             listed = re.match(r"rank\(s\) \[([\d, ]+)\]", s.reason)
             assert listed and host_made in {int(r) for r in listed.group(1).split(",")}, s.reason
-    # the first traced step is a whole step (the trace starts after an optimizer step): analysed
-    assert diag.stragglers.steps_analysed >= 16
+    # 16 traced steps: the first is analysed when every rank's window began at its start (after
+    # an optimizer step); on a loaded host a rank's window can begin inside it, and it is left out
+    assert diag.stragglers.steps_analysed >= 15
     # one host, one clock: the offsets measured from collective ends stay within the jitter
     t = diag.clock.table
     assert set(t["method"].to_list()) == {"reference", "same_host"}
