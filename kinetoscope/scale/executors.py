@@ -233,7 +233,7 @@ class RayExecutor:
     def __init__(self, address: str | None = None, workers: int | None = None) -> None:
         self.ray = _import_ray()
         self._started = False
-        self.notes: list[str] = []  # where the tasks went and what was resubmitted (ScaleRun.notes)
+        self.notes: list[str] = []  # tasks resubmitted after they were lost (ScaleRun.notes)
         self._slots: list[str] | None = None
         if not self.ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
@@ -270,8 +270,10 @@ class RayExecutor:
         slots = self.slots()
         here = self.ray.get_runtime_context().get_node_id()
         names = {nid: nid[:8] + (" (this node)" if nid == here else "") for nid in slots}
-        if len(set(slots)) < 2:
-            return f"on 1 Ray node: {', '.join(names.values()) or '?'}"
+        if not slots:
+            return "no alive Ray node has a CPU yet: Ray places the tasks"
+        if len(names) == 1:
+            return f"on 1 Ray node: {next(iter(names.values()))}"
         count = Counter(slots[i % len(slots)] for i in range(n_tasks))
         placed = ", ".join(f"{names[nid]} {count[nid]}" for nid in dict.fromkeys(slots))
         return f"{n_tasks} tasks round-robin over {len(names)} Ray nodes: {placed}"
@@ -308,9 +310,8 @@ class RayExecutor:
                         resubmitted.append(type(exc).__name__)
         if resubmitted:
             why = ", ".join(f"{k} x{v}" for k, v in Counter(resubmitted).items())
-            self.notes.append(
-                f"{len(resubmitted)} Ray task(s) resubmitted on another node after they were lost ({why})"
-            )
+            where = " on another alive node" if placed else ""
+            self.notes.append(f"{len(resubmitted)} Ray task(s) lost ({why}) and resubmitted{where}")
 
     def _resubmit(self, remote: Any, attempt: _Attempt[T], exc: BaseException, placed: bool) -> Any:
         """Resubmit a lost task on an alive node it was not lost on (any alive node when it was
