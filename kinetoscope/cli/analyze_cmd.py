@@ -253,8 +253,10 @@ def _run(request: Any, catalog_url: str | None) -> Any:
         task = bar.add_task("map", total=None, failed=0)
 
         def on_backend(backend: str, why: str, n_files: int) -> None:
-            # what --backend auto chose: a pool or Ray always, this process only on a terminal
-            if request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal)):
+            # what --backend auto chose: a pool or Ray always, this process only on a terminal;
+            # Ray (chosen or asked for) also says which nodes the tasks go to
+            auto = request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal))
+            if auto or backend == "ray":
                 err.print(f"[dim]backend {backend}: {escape(why)}[/]", soft_wrap=True)
 
         run = analyze(
@@ -262,6 +264,8 @@ def _run(request: Any, catalog_url: str | None) -> Any:
             progress=lambda done, failed, total: bar.update(task, completed=done, total=total, failed=failed),
             on_backend=on_backend,
         )
+    for note in run.scale.notes:  # e.g. Ray tasks resubmitted after their node was lost
+        err.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
     for why in run.scale.load_errors.values():
         err.print(f"[red]error:[/] not analysed: {escape(str(why))}", soft_wrap=True)
     return run

@@ -12,17 +12,24 @@ an ``Outcome`` with ``error`` set: one failed rank, not a failed job.
   ``workers=1`` runs in this process (no pool, easiest to debug).
 * ``RayExecutor(address)``: one Ray task per rank. ``address`` (``--ray-address``, else
   ``$RAY_ADDRESS``) joins an existing cluster; without one a local Ray is started with
-  ``num_cpus=workers`` and stopped at the end. Ray is imported only here.
+  ``num_cpus=workers`` and stopped at the end. Ray is imported only here. On two or more nodes
+  the tasks are placed round-robin over the nodes' CPUs; a task lost with its node is rerun
+  elsewhere (``RayExecutor``).
+
+``describe(n_tasks)`` says where the tasks will run (Ray: which nodes); ``notes`` what happened
+worth saying (Ray: tasks resubmitted after their node was lost).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from kinetoscope.errors import KinetoscopeError, UsageError
@@ -33,7 +40,8 @@ R = TypeVar("R")
 # --backend auto: up to this many rank files run in this process (a pool costs ~1 s per worker
 # to start and pickles every result; below this the pool's parallelism does not pay for it).
 AUTO_SINGLE_MAX = 4
-RAY_TASK_RETRIES = 3  # a task on a node that dies is rerun elsewhere this many times
+RAY_TASK_RETRIES = 3  # Ray reruns a task whose worker or node died this many times (max_retries)
+RAY_RESUBMITS = 2  # then the driver resubmits a lost task on another alive node this many times
 
 
 @dataclass
@@ -50,7 +58,10 @@ _WORKER_ENV = {"KSCOPE_LOAD_WORKERS": "0"}
 
 
 class Executor(Protocol):
+    notes: list[str]  # what happened worth saying (e.g. tasks resubmitted), filled by map_unordered
+
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]: ...
+    def describe(self, n_tasks: int) -> str: ...  # where the tasks will run; "" when nothing to add
     def close(self) -> None: ...
 
 
@@ -84,6 +95,12 @@ def _failure(exc: BaseException) -> str:
 class InProcessExecutor:
     """This process, one task after the other."""
 
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def describe(self, n_tasks: int) -> str:
+        return ""
+
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
         for it in items:
             yield Outcome(it, fn(it))
@@ -102,6 +119,10 @@ class LocalExecutor:
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or default_workers()
         self._pool: ProcessPoolExecutor | None = None
+        self.notes: list[str] = []
+
+    def describe(self, n_tasks: int) -> str:
+        return ""
 
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
         """Tasks on the pool as they finish. A worker that dies (OOM kill, crash) breaks the
@@ -181,12 +202,39 @@ def _import_ray() -> Any:
     return ray
 
 
+@dataclass
+class _Attempt(Generic[T]):
+    """One Ray task in flight: its item, the node it was placed on (``None``: Ray's choice) and
+    the nodes it was already lost on (kinetoscope resubmits it elsewhere, ``RAY_RESUBMITS`` times)."""
+
+    item: T
+    node: str | None
+    lost_on: list[str] = field(default_factory=list)
+
+
 class RayExecutor:
-    """One Ray task per rank, on a cluster (``address``) or a local Ray started for the run."""
+    """One Ray task per rank, on a cluster (``address``) or a local Ray started for the run.
+
+    **Placement.** With two or more alive nodes that have a CPU, task ``i`` goes to CPU slot
+    ``i mod slots`` (``cpu_slots``: the nodes, the driver's first, each once per CPU, interleaved)
+    with a *soft* node affinity: it waits for that node while the node is alive, and only a dead
+    node sends it elsewhere. Ray's ``SPREAD`` is best effort (every task of a clean two-node run
+    once landed on the head); this is deterministic. One node: Ray's own scheduling, as before.
+
+    **Lost tasks.** Ray reruns a task whose worker or node died (``max_retries``); a task lost
+    in a way Ray does not rerun, or still lost after those retries (``lost``: its node, worker
+    or result object, never an error of the function itself) is resubmitted by the driver on
+    another alive node, ``RAY_RESUBMITS`` times; only then is it that task's error. The driver
+    submits every task, so it owns every result (no result is owned by a worker of a node that
+    can die), and fetches each to its own node as it finishes (``ray.wait``'s ``fetch_local``),
+    then drops the reference so the object stores stay small.
+    """
 
     def __init__(self, address: str | None = None, workers: int | None = None) -> None:
         self.ray = _import_ray()
         self._started = False
+        self.notes: list[str] = []  # tasks resubmitted after they were lost (ScaleRun.notes)
+        self._slots: list[str] | None = None
         if not self.ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
             try:
@@ -204,28 +252,124 @@ class RayExecutor:
                 ) from exc
             self._started = True
 
+    def _cpu_nodes(self) -> list[dict[str, Any]]:
+        """The alive nodes with at least one CPU (a map task needs one), the driver's first."""
+        here = self.ray.get_runtime_context().get_node_id()
+        nodes = [n for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1]
+        return sorted(nodes, key=lambda n: (n["NodeID"] != here, n["NodeID"]))
+
+    def slots(self) -> list[str]:
+        """The placement (``cpu_slots`` of the alive CPU nodes), fixed at the first call."""
+        if self._slots is None:
+            self._slots = cpu_slots(self._cpu_nodes())
+        return self._slots
+
+    def describe(self, n_tasks: int) -> str:
+        """Which nodes the tasks go to, e.g. ``12 tasks round-robin over 2 Ray nodes: 2c828a09
+        (this node) 6, 7f3e01bc 6``; one node: ``on 1 Ray node: 2c828a09``."""
+        slots = self.slots()
+        here = self.ray.get_runtime_context().get_node_id()
+        names = {nid: nid[:8] + (" (this node)" if nid == here else "") for nid in slots}
+        if not slots:
+            return "no alive Ray node has a CPU yet: Ray places the tasks"
+        if len(names) == 1:
+            return f"on 1 Ray node: {next(iter(names.values()))}"
+        count = Counter(slots[i % len(slots)] for i in range(n_tasks))
+        placed = ", ".join(f"{names[nid]} {count[nid]}" for nid in dict.fromkeys(slots))
+        return f"{n_tasks} tasks round-robin over {len(names)} Ray nodes: {placed}"
+
+    def _submit(self, remote: Any, attempt: _Attempt[T]) -> Any:
+        if attempt.node is None:  # one node: Ray's scheduling, as before placement existed
+            return remote.options(scheduling_strategy="SPREAD").remote(attempt.item)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy = NodeAffinitySchedulingStrategy(attempt.node, soft=True)
+        return remote.options(scheduling_strategy=strategy).remote(attempt.item)
+
     def map_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
-        # SPREAD: map tasks are independent and alike; spread them over the nodes rather than
-        # packing the driver's node first (the default), so every node parses from the start
-        remote = self.ray.remote(
-            num_cpus=1, max_retries=RAY_TASK_RETRIES, retry_exceptions=False, scheduling_strategy="SPREAD"
-        )(fn)
-        refs = {remote.remote(it): it for it in items}
-        pending = list(refs)
+        remote = self.ray.remote(num_cpus=1, max_retries=RAY_TASK_RETRIES, retry_exceptions=False)(fn)
+        slots = self.slots()
+        placed = len(set(slots)) > 1
+        pending = {}
+        for i, it in enumerate(items):
+            attempt = _Attempt(it, slots[i % len(slots)] if placed else None)
+            pending[self._submit(remote, attempt)] = attempt
+        resubmitted: list[str] = []
         while pending:
-            done, pending = self.ray.wait(pending, num_returns=1)
+            done, _ = self.ray.wait(list(pending), num_returns=1)
             for ref in done:
+                attempt = pending.pop(ref)  # the driver's copy is all that is kept: free the store's
                 try:
-                    yield Outcome(refs[ref], self.ray.get(ref))
-                except (
-                    self.ray.exceptions.RayError
-                ) as exc:  # its node died past the retries, or a worker crashed
-                    yield Outcome(refs[ref], error=f"Ray task failed: {_failure(exc).splitlines()[0]}")
+                    yield Outcome(attempt.item, self.ray.get(ref))
+                except self.ray.exceptions.RayError as exc:
+                    retry = self._resubmit(remote, attempt, exc, placed)
+                    if retry is None:
+                        yield Outcome(attempt.item, error=f"Ray task failed: {ray_failure(self.ray, exc)}")
+                    else:
+                        pending[retry] = attempt
+                        resubmitted.append(type(exc).__name__)
+        if resubmitted:
+            why = ", ".join(f"{k} x{v}" for k, v in Counter(resubmitted).items())
+            where = " on another alive node" if placed else ""
+            self.notes.append(f"{len(resubmitted)} Ray task(s) lost ({why}) and resubmitted{where}")
+
+    def _resubmit(self, remote: Any, attempt: _Attempt[T], exc: BaseException, placed: bool) -> Any:
+        """Resubmit a lost task on an alive node it was not lost on (any alive node when it was
+        lost on all), or ``None`` when it is not lost (its function failed), was resubmitted
+        ``RAY_RESUBMITS`` times already, or no node with a CPU is left."""
+        if not lost(self.ray, exc) or len(attempt.lost_on) >= RAY_RESUBMITS:
+            return None
+        attempt.lost_on.append(attempt.node or "?")
+        if placed:
+            try:
+                alive = list(dict.fromkeys(cpu_slots(self._cpu_nodes())))
+            except Exception:  # noqa: BLE001 - the cluster is gone: this task's error is the loss itself
+                return None
+            if not alive:
+                return None
+            others = [nid for nid in alive if nid not in attempt.lost_on] or alive
+            attempt.node = others[len(attempt.lost_on) % len(others)]
+        return self._submit(remote, attempt)
 
     def close(self) -> None:
         if self._started:
             self.ray.shutdown()
             self._started = False
+
+
+def cpu_slots(nodes: Sequence[dict[str, Any]]) -> list[str]:
+    """Node ids, each once per CPU it has, interleaved (``[a, b, a]`` for ``a`` with 2 CPUs and
+    ``b`` with 1): round-robin over these slots is round-robin over the nodes, weighted by CPUs."""
+    cpus = {n["NodeID"]: int(n.get("Resources", {}).get("CPU", 0)) for n in nodes}
+    return [nid for k in range(max(cpus.values(), default=0)) for nid, c in cpus.items() if c > k]
+
+
+def ray_failure(ray: Any, exc: BaseException) -> str:
+    """One line for a failed Ray task: the function's own error when it raised one (a
+    ``RayTaskError``'s first line is only the task's name and pid), else Ray's."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+    line = _failure(cause if isinstance(cause, BaseException) else exc).splitlines()[0]
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)  # Ray colours the task name
+
+
+def lost(ray: Any, exc: BaseException) -> bool:
+    """Whether a Ray task failed with its worker, node or result object (worth rerunning
+    elsewhere), not with an error of its own function (``RayTaskError`` of an ordinary exception,
+    which would fail again)."""
+    ex = ray.exceptions
+    infra = (
+        ex.WorkerCrashedError,
+        ex.NodeDiedError,
+        ex.ObjectLostError,  # OwnerDiedError, ObjectReconstructionFailedError, ObjectFetchTimedOutError
+        ex.LocalRayletDiedError,
+        ex.RaySystemError,
+        ex.TaskUnschedulableError,
+        ex.OutOfMemoryError,
+        ex.RpcError,
+    )
+    if isinstance(exc, ex.RayTaskError):
+        return isinstance(exc.cause, infra)
+    return isinstance(exc, infra)
 
 
 def make_executor(backend: str, *, workers: int | None = None, ray_address: str | None = None) -> Executor:

@@ -5,7 +5,8 @@
 build the document with the same code. Steps:
 
 1. ``make_plan``: which analyses run per rank, which are reduced across ranks;
-2. ``choose_backend``: where the map runs (``--backend auto`` says which and why);
+2. ``choose_backend``: where the map runs (``--backend auto`` says which and why; on Ray, the
+   executor adds which nodes the tasks go to);
 3. the map (``mapper.map_rank``, one task per rank file), streamed: each rank's small result is
    kept as it arrives and ``progress`` is told; a failed rank is an ``errors`` entry;
 4. the reduce (``reduce.reduce_document``): cross-rank results, the job diagnosis, the document.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
-from kinetoscope.scale.executors import Outcome, choose_backend, make_executor
+from kinetoscope.scale.executors import Executor, Outcome, choose_backend, make_executor
 from kinetoscope.scale.mapper import RankResult, RankTask, map_rank
 from kinetoscope.scale.plan import Plan, make_plan
 from kinetoscope.scale.reduce import ScaleRun, reduce_document
@@ -65,31 +66,34 @@ def run_analysis(
     backend, why = choose_backend(
         request.backend, len(paths), workers=request.workers, ray_address=request.ray_address
     )
-    if on_backend is not None:
-        on_backend(backend, why, len(paths))
-    ranks = _map(_tasks(paths, plan, request, backend), request, backend, progress)
+    executor = make_executor(backend, workers=request.workers, ray_address=request.ray_address)
+    try:
+        where = executor.describe(len(paths))  # Ray: which nodes the tasks go to
+        why = f"{why}; {where}" if where else why
+        if on_backend is not None:
+            on_backend(backend, why, len(paths))
+        ranks = _map(executor, _tasks(paths, plan, request, backend), backend, progress)
+    finally:
+        executor.close()
     if all(r.error is not None for r in ranks):
         raise InputError("no trace file could be loaded: " + "; ".join(str(r.error) for r in ranks[:5]))
     run = reduce_document(ranks, request, plan.names)
     run.backend, run.why = backend, why
+    run.notes.extend(executor.notes)
     return run
 
 
 def _map(
-    tasks: list[RankTask], request: AnalyzeRequest, backend: str, progress: Progress | None
+    executor: Executor, tasks: list[RankTask], backend: str, progress: Progress | None
 ) -> list[RankResult]:
-    executor = make_executor(backend, workers=request.workers, ray_address=request.ray_address)
     ranks: list[RankResult] = []
     failed = 0
-    try:
-        for out in executor.map_unordered(map_rank, tasks):
-            res = _result(out, backend)
-            failed += res.error is not None
-            ranks.append(res)
-            if progress is not None:
-                progress(len(ranks), failed, len(tasks))
-    finally:
-        executor.close()
+    for out in executor.map_unordered(map_rank, tasks):
+        res = _result(out, backend)
+        failed += res.error is not None
+        ranks.append(res)
+        if progress is not None:
+            progress(len(ranks), failed, len(tasks))
     return ranks
 
 

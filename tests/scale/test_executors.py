@@ -7,7 +7,14 @@ import os
 import pytest
 
 from kinetoscope.errors import KinetoscopeError, UsageError
-from kinetoscope.scale.executors import LocalExecutor, choose_backend, make_executor
+from kinetoscope.scale.executors import (
+    LocalExecutor,
+    choose_backend,
+    cpu_slots,
+    lost,
+    make_executor,
+    ray_failure,
+)
 
 
 def test_unknown_backend_is_a_usage_error() -> None:
@@ -63,3 +70,34 @@ def test_auto_backend_says_which_and_why(
     backend, why = choose_backend("auto", n, workers=2)
     assert backend == want and why
     assert choose_backend("local", n) == ("local", "--backend local")
+
+
+def test_cpu_slots_interleave_the_nodes_by_their_cpus() -> None:
+    """Round-robin over the slots is round-robin over the nodes, weighted by CPUs; a node
+    without a CPU (a head started with --num-cpus 0) gets no task."""
+    nodes = [
+        {"NodeID": "a", "Resources": {"CPU": 2.0}},
+        {"NodeID": "b", "Resources": {"CPU": 1.0}},
+        {"NodeID": "c", "Resources": {}},
+    ]
+    assert cpu_slots(nodes) == ["a", "b", "a"]
+    assert cpu_slots([]) == []
+
+
+def test_only_a_lost_ray_task_is_resubmitted() -> None:
+    """A task lost with its worker, node or result is rerun elsewhere; an error of the function
+    itself is not (it would fail again) and says the function's error, not Ray's task line."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kinetoscope[scale]')")
+    exc = ray.exceptions
+    for lost_one in (
+        exc.WorkerCrashedError(),
+        exc.NodeDiedError("node 1fad... died"),
+        exc.OwnerDiedError("ab" * 14, None, "map_unordered"),
+        exc.ObjectReconstructionFailedError("ab" * 14, None, "map_unordered"),
+        exc.RayTaskError("map_rank", "tb", exc.ObjectLostError("ab" * 14, None, "map_rank")),
+    ):
+        assert lost(ray, lost_one), lost_one
+    own = exc.RayTaskError("map_rank", "\x1b[36mray::map_rank()\x1b[39m (pid=1)", ValueError("bad rank"))
+    assert not lost(ray, own) and not lost(ray, exc.TaskCancelledError())
+    assert ray_failure(ray, own) == "ValueError: bad rank"
+    assert ray_failure(ray, exc.NodeDiedError("node gone")) == "NodeDiedError: node gone"

@@ -1,8 +1,11 @@
 """A real multi-node Ray cluster on this machine: a head and one more node, each a separate
 ``ray start`` (own raylet, own object store, ``--num-cpus 1``, a small store), the driver joining
 by address as it would join a cluster on other hosts. The analysis runs there and equals the
-reference document; tasks land on both nodes; a node killed mid-run costs retries, not the
-document.
+reference document; tasks land on both nodes (six each: the executor places them round-robin
+with a soft node affinity, ``RayExecutor``); a task lost with its worker is resubmitted on the
+other node; a node killed while it runs a task costs retries, not the document. The kill is
+deterministic: a watcher kills the second node as soon as a map task runs there (its worker's
+process title is ``ray::map_rank``), never after a sleep.
 
 Slow (two Ray nodes start in 20-200 s on a loaded 2-core box): generous timeouts, and a cluster
 that cannot start here is a skip that says why. Teardown ends the processes of this cluster
@@ -18,30 +21,22 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from kinetoscope.scale import AnalyzeRequest, run_analysis
 from tests.scale.conftest import PAIR, write_ranks
 from tests.scale.test_equivalence import analyze_paths, assert_same_document
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(1800),
-    # Opt-in until Ray's placement is deterministic here: in a clean CI run the second node was
-    # registered but every task went to the head (SPREAD is best effort), and a node killed
-    # mid-run once lost a result (OwnerDiedError) instead of retrying it. Run with
-    # KSCOPE_RAY_CLUSTER=1 (docs/scale.md, "Multi-node test").
-    pytest.mark.skipif(
-        os.environ.get("KSCOPE_RAY_CLUSTER") != "1",
-        reason="two-node Ray cluster tests are opt-in: KSCOPE_RAY_CLUSTER=1 (placement not yet deterministic)",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kinetoscope[scale]')")
 
 START_TIMEOUT_S = 420
@@ -110,15 +105,23 @@ class Cluster:
         return [n for n in ray.nodes() if n["Alive"]]
 
     def kill_node(self, p: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        """``sig`` to the node's process group and to every process below it (a worker may
+        have left the group), as a lost host would end them all at once."""
+        tree = _tree(p.pid)
         try:
             os.killpg(p.pid, sig)
         except ProcessLookupError:
             pass
+        for proc in tree:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
 
     def stop(self) -> None:
         for p in self.nodes:
             self.kill_node(p, signal.SIGTERM)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 10  # then SIGKILL (a SIGTERMed head takes ~30 s to stop)
         for p in self.nodes:
             try:
                 p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -129,6 +132,37 @@ class Cluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         for i in range(len(self.nodes)):
             self.temp_dir.with_suffix(f".{i}.log").unlink(missing_ok=True)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def node_id(p: subprocess.Popen[bytes]) -> str:
+    """The Ray node id of the node ``ray start`` process ``p`` runs (its raylet's ``--node_id``)."""
+    for proc in _tree(p.pid):
+        try:
+            args = proc.cmdline()
+        except psutil.Error:
+            continue
+        for a in args:
+            if a.startswith("--node_id="):
+                return a.partition("=")[2]
+    raise AssertionError(f"no raylet below ray start pid {p.pid}")
+
+
+def running_task(p: subprocess.Popen[bytes], name: str) -> bool:
+    """A worker of node ``p`` is running task ``name`` (Ray titles it ``ray::<name>`` meanwhile)."""
+    for proc in _tree(p.pid):
+        try:
+            if " ".join(proc.cmdline()).startswith(f"ray::{name}"):
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def _kill_naming(marker: str) -> None:
@@ -229,33 +263,113 @@ def ranks12(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return write_ranks(tmp_path_factory.mktemp("ranks12"), PAIR, 12)
 
 
-def _node_ids(run: Any) -> set[str]:
-    return {w.rpartition("@")[2] for w in run.workers.values() if "@" in w}
+@pytest.fixture(scope="module")
+def reference(ranks12: list[Path]) -> dict[str, Any]:
+    """The single-process document of the 12 ranks (module docstring of test_equivalence)."""
+    return analyze_paths(ranks12)
+
+
+def _nodes_used(run: Any) -> Counter[str]:
+    """Ranks per Ray node id, from where each rank's map task ran (``host:pid@node``)."""
+    return Counter(w.rpartition("@")[2] for w in run.workers.values())
 
 
 def test_tasks_land_on_both_nodes_and_the_document_is_the_reference(
-    cluster: Cluster, ranks12: list[Path]
+    cluster: Cluster, ranks12: list[Path], reference: dict[str, Any]
 ) -> None:
+    assert cluster.head is not None and cluster.worker is not None
+    head, second = node_id(cluster.head), node_id(cluster.worker)
     req = AnalyzeRequest(backend="auto", ray_address=cluster.address, cache=False)
     said: list[str] = []
     run = run_analysis(req, ranks12, on_backend=lambda b, why, n: said.append(f"{b}: {why}"))
-    assert said == [f"ray: a Ray cluster is given (--ray-address {cluster.address})"]
-    assert len(_node_ids(run)) == 2, run.workers
-    assert_same_document(analyze_paths(ranks12), run.document)
+    assert said == [
+        f"ray: a Ray cluster is given (--ray-address {cluster.address}); 12 tasks round-robin over "
+        f"2 Ray nodes: {head[:8]} (this node) 6, {second[:8]} 6"
+    ]
+    # soft node affinity: a task waits for its node while that node is alive, so the placement
+    # is exact (SPREAD once put all twelve on the head)
+    assert _nodes_used(run) == {head: 6, second: 6}, run.workers
+    assert run.notes == [] and run.load_errors == {}
+    assert_same_document(reference, run.document)
 
 
-def test_a_node_killed_mid_run_costs_retries_not_the_document(cluster: Cluster, ranks12: list[Path]) -> None:
+def _calls(folder: Path) -> list[str]:
+    """The node ids of the calls ``ray_tasks`` recorded in ``folder``, in call order."""
+    return [
+        f.name.partition("-")[2]
+        for f in sorted(folder.iterdir(), key=lambda f: int(f.name.partition("-")[0]))
+    ]
+
+
+def test_a_task_lost_with_its_worker_is_resubmitted_on_the_other_node(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's own retries are turned off so that the first crash is kinetoscope's to handle: the
+    task goes to the other node; one lost on every try is an error after ``RAY_RESUBMITS``; an
+    error of the function itself is not rerun at all."""
+    from kinetoscope.scale import executors
+    from tests.scale import ray_tasks
+
+    assert cluster.head is not None and cluster.worker is not None
+    head, second = node_id(cluster.head), node_id(cluster.worker)
+    monkeypatch.setattr(executors, "RAY_TASK_RETRIES", 0)
+    once, always, bad = (tmp_path / n for n in ("once", "always", "bad"))
+    for d in (once, always, bad):
+        d.mkdir()
+    ex = executors.RayExecutor(cluster.address)
+    try:
+        (out,) = ex.map_unordered(ray_tasks.crash_first, [(str(once), 1)])
+        (lost,) = ex.map_unordered(ray_tasks.crash_first, [(str(always), 99)])
+        (failed,) = ex.map_unordered(ray_tasks.fail, [str(bad)])
+    finally:
+        ex.close()
+    assert out.error is None and out.value == second
+    assert _calls(once) == [head, second]  # placed on the head (slot 0), resubmitted on the other
+    assert lost.value is None and "WorkerCrashedError" in str(lost.error)
+    assert len(_calls(always)) == 1 + executors.RAY_RESUBMITS
+    assert failed.value is None and "ValueError: a bad input" in str(failed.error)
+    assert len(_calls(bad)) == 1
+    assert ex.notes == [
+        "1 Ray task(s) lost (WorkerCrashedError x1) and resubmitted on another alive node",
+        f"{executors.RAY_RESUBMITS} Ray task(s) lost (WorkerCrashedError x{executors.RAY_RESUBMITS}) "
+        "and resubmitted on another alive node",
+    ]
+
+
+def _kill_when_running(
+    cluster: Cluster, node: subprocess.Popen[bytes], stop: threading.Event, killed: list[str]
+) -> None:
+    """Kill ``node`` as soon as one of its workers runs a map task (polled every 0.1 s)."""
+    while not stop.wait(0.1):
+        if running_task(node, "map_rank"):
+            cluster.kill_node(node)
+            killed.append("killed while running map_rank")
+            return
+
+
+def test_a_node_killed_mid_run_costs_retries_not_the_document(
+    cluster: Cluster, ranks12: list[Path], reference: dict[str, Any]
+) -> None:
+    assert cluster.head is not None and cluster.worker is not None
+    head, second = node_id(cluster.head), node_id(cluster.worker)
     worker_node = cluster.worker
-    assert worker_node is not None
-    killed: list[int] = []
-
-    def progress(done: int, failed: int, total: int) -> None:
-        if done >= 2 and not killed:  # tasks are still queued on both nodes
-            cluster.kill_node(worker_node)
-            killed.append(done)
-
-    req = AnalyzeRequest(backend="ray", ray_address=cluster.address, cache=False)
-    run = run_analysis(req, ranks12, progress=progress)
+    stop = threading.Event()
+    killed: list[str] = []
+    watcher = threading.Thread(
+        target=_kill_when_running, args=(cluster, worker_node, stop, killed), daemon=True
+    )
+    watcher.start()
+    try:
+        req = AnalyzeRequest(backend="ray", ray_address=cluster.address, cache=False)
+        run = run_analysis(req, ranks12)
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
     assert killed and worker_node.wait(timeout=120) is not None
+    used = _nodes_used(run)
+    # six tasks were placed on the second node; it died running its first: that one and the
+    # ones queued behind it ran again on the head
+    assert set(used) <= {head, second} and sum(used.values()) == 12, run.workers
+    assert used[head] > 6, run.workers
     assert run.load_errors == {}
-    assert_same_document(analyze_paths(ranks12), run.document)
+    assert_same_document(reference, run.document)
