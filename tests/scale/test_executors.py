@@ -7,7 +7,7 @@ import os
 import pytest
 
 from kinetoscope.errors import KinetoscopeError, UsageError
-from kinetoscope.scale.executors import LocalExecutor, choose_backend, make_executor
+from kinetoscope.scale.executors import AUTO_SINGLE_JSON_BYTES, LocalExecutor, choose_backend, make_executor
 
 
 def test_unknown_backend_is_a_usage_error() -> None:
@@ -63,3 +63,21 @@ def test_auto_backend_says_which_and_why(
     backend, why = choose_backend("auto", n, workers=2)
     assert backend == want and why
     assert choose_backend("local", n) == ("local", "--backend local")
+
+
+@pytest.mark.parametrize(
+    ("json_bytes", "want"),
+    [(7 << 20, "single"), (AUTO_SINGLE_JSON_BYTES, "single"), (AUTO_SINGLE_JSON_BYTES + 1, "local")],
+)
+def test_auto_backend_keeps_small_sets_of_files_in_this_process(
+    json_bytes: int, want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight small rank files (the DLRM job: 7 MB of JSON) parse here faster than a pool's workers
+    start; a larger set still goes to the pool, and so do explicit backends."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    backend, why = choose_backend("auto", 8, workers=2, json_bytes=json_bytes)
+    assert backend == want
+    assert ("MB of JSON" in why) == (want == "single")
+    assert choose_backend("local", 8, json_bytes=json_bytes)[0] == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert choose_backend("auto", 8, json_bytes=json_bytes)[0] == "ray"
