@@ -32,7 +32,9 @@ interleaved, medians; ratios are within the same run, so a loaded box moves both
                 HTA + TraceAnalysis + the four analyses) on the 54 MB and 87 MB traces
                 (``--only`` picks others) and on the multi-rank sets (the real 8-rank DLRM job
                 of /work/shared/traces/param_dlrm8 when present, and ``--ranks`` copies of
-                control); peak RSS of each process (``wait4``)
+                control); peak RSS of each process (``wait4``). ``--other DIR`` also times
+                another checkout's kscope (``PYTHONPATH=DIR``; e.g. ``git archive`` of the commit
+                before a change, with its built ``_decoder*.so`` copied in) in the same rounds
 
 Times are wall seconds of the measured work only (imports excluded), best of ``--repeat``;
 ``cpu`` columns are the process CPU seconds of the same run. Peak RSS is the child's
@@ -317,8 +319,9 @@ def print_engine(rows: list[dict]) -> None:
         )
 
 
-def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MB) of one fresh process running ``cmd`` (must succeed)."""
+def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MB, CPU seconds) of one fresh process running ``cmd`` (must
+    succeed); CPU is user + system of the process and the workers it waited for (``wait4``)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=str(REPO))
     _, status, usage = os.wait4(proc.pid, 0)
@@ -327,16 +330,19 @@ def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.returncode:
         raise RuntimeError(f"{cmd} failed (rc {proc.returncode}): {err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024.0
+    return wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime
 
 
 FOUR = ["--only", "temporal_breakdown", "--only", "idle_time_breakdown", "--only", "kernel_breakdown",
         "--only", "comm_comp_overlap"]  # fmt: skip
 
 
-def run_whole(target: str, rank_extra: str, repeat: int, skip_hta: bool, multi: bool) -> dict:
+def run_whole(
+    target: str, rank_extra: str, repeat: int, skip_hta: bool, multi: bool, other: Path | None = None
+) -> dict:
     """Median wall and peak RSS of kscope analyze (native, Python) and HTA on ``target``,
-    interleaved round-robin."""
+    interleaved round-robin; with ``other`` (a checkout, e.g. ``git archive`` of an older commit)
+    also its native kscope, importing that code first (``PYTHONPATH``), in the same rounds."""
     import statistics
 
     kscope = Path(sys.executable).with_name("kscope")
@@ -347,10 +353,13 @@ def run_whole(target: str, rank_extra: str, repeat: int, skip_hta: bool, multi: 
         "ks native": (ks + ["analyze", "--no-cache", *FOUR, target], {**base_env, "KSCOPE_NATIVE": "1"}),
         "ks python": (ks + ["analyze", "--no-cache", *FOUR, target], {**base_env, "KSCOPE_NATIVE": "0"}),
     }
+    if other is not None:
+        env = {**base_env, "KSCOPE_NATIVE": "1", "PYTHONPATH": str(other)}
+        cases["other native"] = (ks + ["analyze", "--no-cache", *FOUR, target], env)
     if not skip_hta:
         mode = "hta-multi" if multi else "hta"
         cases["hta"] = ([sys.executable, __file__, "--child", mode, target, rank_extra], base_env)
-    got: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
+    got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in cases}
     for _ in range(repeat):
         for name, (cmd, env) in cases.items():
             got[name].append(whole_process(cmd, env))
@@ -358,6 +367,7 @@ def run_whole(target: str, rank_extra: str, repeat: int, skip_hta: bool, multi: 
         name: {
             "wall": statistics.median(r[0] for r in rs),
             "rss": max(r[1] for r in rs),
+            "cpu": statistics.median(r[2] for r in rs),
             "runs": [r[0] for r in rs],
         }
         for name, rs in got.items()
@@ -374,6 +384,10 @@ def print_whole(results: list[tuple[str, dict]]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name, r in results:
         hta, kn, kp = r.get("hta"), r["ks native"], r["ks python"]
+        if "other native" in r:  # --other: the other checkout's native kscope, same rounds
+            o = r["other native"]
+            ratio = f", HTA ÷ other {hta['wall'] / o['wall']:.1f}x" if hta else ""
+            name = f"{name} (--other native: {o['wall']:.2f} s{ratio}, {o['rss']:.0f} MB)"
         h = f"{hta['wall']:.2f}" if hta else "-"
         rn = f"{hta['wall'] / kn['wall']:.1f}x" if hta else "-"
         rp = f"{hta['wall'] / kp['wall']:.1f}x" if hta else "-"
@@ -381,6 +395,17 @@ def print_whole(results: list[tuple[str, dict]]) -> None:
         print(
             f"| {name} | {h} | {kn['wall']:.2f} | {kp['wall']:.2f} | {rn} | {rp} | {kp['wall'] / kn['wall']:.2f}x "
             f"| {hr} / {kn['rss']:.0f} / {kp['rss']:.0f} |"
+        )
+    print("\nCPU seconds of the same processes (user + system, workers included; medians):")
+    print("| input | HTA | KS native | KS Python | other native | HTA ÷ KS native |")
+    print("|---|---|---|---|---|---|")
+    for name, r in results:
+        cpu = {k: v.get("cpu") for k, v in r.items()}
+        cell = {k: f"{v:.2f}" if v is not None else "-" for k, v in cpu.items()}
+        ratio = f"{cpu['hta'] / cpu['ks native']:.1f}x" if cpu.get("hta") and cpu.get("ks native") else "-"
+        print(
+            f"| {name} | {cell.get('hta', '-')} | {cell['ks native']} | {cell['ks python']} "
+            f"| {cell.get('other native', '-')} | {ratio} |"
         )
 
 
@@ -398,7 +423,14 @@ def main_native(args: argparse.Namespace) -> None:
                 rank = run_child("ks-cold", str(p), "0").get("rank") or 0
                 name = str(p.relative_to(TRACES / "hta"))
                 print(f"... {name}", file=sys.stderr)
-                results.append((name, run_whole(str(p), str(rank), args.repeat, args.skip_hta, multi=False)))
+                results.append(
+                    (
+                        name,
+                        run_whole(
+                            str(p), str(rank), args.repeat, args.skip_hta, multi=False, other=args.other
+                        ),
+                    )
+                )
         dlrm = Path("/work/shared/traces/param_dlrm8")
         if dlrm.is_dir():
             print("... param_dlrm8", file=sys.stderr)
@@ -406,7 +438,7 @@ def main_native(args: argparse.Namespace) -> None:
             results.append(
                 (
                     f"param_dlrm8 ({n} ranks)",
-                    run_whole(str(dlrm), str(n), args.repeat, args.skip_hta, multi=True),
+                    run_whole(str(dlrm), str(n), args.repeat, args.skip_hta, multi=True, other=args.other),
                 )
             )
         if args.ranks:
@@ -417,7 +449,7 @@ def main_native(args: argparse.Namespace) -> None:
             results.append(
                 (
                     f"{args.ranks} x control",
-                    run_whole(d, str(args.ranks), args.repeat, args.skip_hta, multi=True),
+                    run_whole(d, str(args.ranks), args.repeat, args.skip_hta, multi=True, other=args.other),
                 )
             )
         for name, r in results:
@@ -549,6 +581,12 @@ def main() -> None:
     ap.add_argument("--table-only", type=Path, default=None, help="print the tables of a --json file")
     ap.add_argument("--engine", action="store_true", help="only: in-process JSON -> tables, native vs Python")
     ap.add_argument("--whole", action="store_true", help="only: whole kscope analyze processes vs HTA")
+    ap.add_argument(
+        "--other",
+        type=Path,
+        default=None,
+        help="with --whole: also time this checkout's kscope (e.g. git archive of an older commit), same rounds",
+    )
     args = ap.parse_args()
 
     if args.child:

@@ -7,6 +7,10 @@ Traces and returns one Polars DataFrame with a ``rank`` column (durations in µs
 diagnosis's keys come from the layer above (``kinetoscope.diagnosis.document``).
 """
 
-from kinetoscope.analysis.runner import AnalysisResults, build_document, run_analyses
+# Lazy (PEP 562): ``from kinetoscope.analysis import registry`` must not import Polars and the
+# trace loader, so that listing the analyses stays cheap (issue 14).
+from kinetoscope.lazy import lazy_exports
 
-__all__ = ["AnalysisResults", "build_document", "run_analyses"]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__, {"AnalysisResults": "runner", "build_document": "runner", "run_analyses": "runner"}
+)

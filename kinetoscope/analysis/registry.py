@@ -4,6 +4,12 @@ Each entry produces **one** DataFrame under **one** key (the key of ``kscope ana
 A module with several outputs (e.g. kernel breakdown -> ``kernel_type_breakdown`` and
 ``kernel_breakdown``) registers several entries.
 
+The built-in analyses are known without importing them: ``kinetoscope.analysis.builtins`` lists
+each one's metadata and ``"module:function"``, and the registry holds a *lazy* spec for it whose
+``func`` (a :class:`LazyFunc`) imports the module on its first call. Listing, validating
+``--only`` and planning therefore import no analysis module; running one imports its module,
+whose own registration then replaces the lazy spec (the registry checks they agree).
+
 Adding an analysis (other modules do this at import time, see ``_BUILTIN_MODULES``)::
 
     from kinetoscope.analysis.registry import AnalysisSpec, register
@@ -41,13 +47,49 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+if TYPE_CHECKING:  # Polars only names the return type: listing analyses must not import it
+    import polars as pl
 
-AnalysisFunc = Callable[..., pl.DataFrame]
+AnalysisFunc = Callable[..., "pl.DataFrame"]
 COMBINE_STRATEGIES = ("concat", "concat_by_rank", "reduce", "driver")
+
+
+class LazyFunc:
+    """An analysis function named by ``"module:function"``; the module is imported on the first
+    call (or :meth:`resolve`). Picklable (it holds only the name), and it answers
+    ``__module__`` / ``__name__`` like the function it stands for."""
+
+    def __init__(self, target: str) -> None:
+        module, sep, name = target.partition(":")
+        if not sep or not module or not name:
+            raise ValueError(f"analysis target {target!r}: expected 'module:function'")
+        self.target = target
+        self.__module__ = module
+        self.__name__ = self.__qualname__ = name
+
+    def resolve(self) -> AnalysisFunc:
+        """The real function (imports its module, which registers its analyses)."""
+        func: AnalysisFunc = getattr(importlib.import_module(self.__module__), self.__name__)
+        return func
+
+    def __call__(self, *args: Any, **kwargs: Any) -> pl.DataFrame:
+        return self.resolve()(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[type[LazyFunc], tuple[str]]:
+        return (LazyFunc, (self.target,))
+
+    def __repr__(self) -> str:
+        return f"LazyFunc({self.target!r})"
+
+
+def func_target(func: AnalysisFunc) -> str:
+    """``"module:function"`` of an analysis function (or of a :class:`LazyFunc`)."""
+    if isinstance(func, LazyFunc):
+        return func.target
+    return f"{func.__module__}:{getattr(func, '__qualname__', getattr(func, '__name__', '?'))}"
 
 
 @dataclass(frozen=True)
@@ -77,10 +119,27 @@ class AnalysisSpec:
     def call(self, traces: list[Any], options: Mapping[str, Any] | None = None) -> pl.DataFrame:
         return self.func(traces, **self.resolve_options(options))
 
+    @property
+    def is_lazy(self) -> bool:
+        """True while the analysis's module has not been imported (``func`` is a LazyFunc)."""
+        return isinstance(self.func, LazyFunc)
+
+
+def metadata(spec: AnalysisSpec) -> dict[str, Any]:
+    """Every field of ``spec`` but ``func``, plus ``target`` (``"module:function"``): what the
+    static table of ``kinetoscope.analysis.builtins`` must match."""
+    out = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "func"}
+    out["options"] = dict(spec.options)
+    out["target"] = func_target(spec.func)
+    return out
+
 
 _REGISTRY: dict[str, AnalysisSpec] = {}
 
-# Modules whose import registers built-in analyses. Another helper's module adds itself here.
+# Modules whose import registers built-in analyses. Their analyses are listed, without importing
+# them, in kinetoscope.analysis.builtins; a module listed here but absent from that table is
+# imported on the first look-up (correct, only slower; tests/analysis/test_registry_table.py fails
+# until its entries are added). Another helper's module adds itself here.
 _BUILTIN_MODULES: tuple[str, ...] = (
     "kinetoscope.analysis.temporal",
     "kinetoscope.analysis.idle_time",
@@ -102,24 +161,69 @@ _BUILTIN_MODULES: tuple[str, ...] = (
 _loaded = False
 
 
+class RegistryMismatch(ValueError):
+    """A module registered a built-in analysis differently from its entry in
+    ``kinetoscope.analysis.builtins`` (a programming error: update the table)."""
+
+
+def _check_same(table: AnalysisSpec, real: AnalysisSpec) -> None:
+    want, got = metadata(table), metadata(real)
+    diff = [k for k in want if want[k] != got[k]]
+    if diff:
+        k = diff[0]
+        raise RegistryMismatch(
+            f"analysis {real.name!r}: {k} is {got[k]!r} in {func_target(real.func)} but "
+            f"{want[k]!r} in kinetoscope/analysis/builtins.py; update the table"
+        )
+
+
 def register(spec: AnalysisSpec, *, replace: bool = False) -> AnalysisSpec:
-    """Add an analysis. Registering the same name twice is an error unless ``replace``."""
+    """Add an analysis. Registering the same name twice is an error unless ``replace``; a
+    module's registration of a built-in analysis replaces its lazy spec once checked against it."""
     if spec.combine not in COMBINE_STRATEGIES:
         raise ValueError(
             f"analysis {spec.name!r}: combine must be one of {COMBINE_STRATEGIES}, got {spec.combine!r}"
         )
-    if spec.name in _REGISTRY and not replace and _REGISTRY[spec.name].func is not spec.func:
+    old = _REGISTRY.get(spec.name)
+    if (
+        old is not None
+        and old.is_lazy
+        and not spec.is_lazy
+        and func_target(old.func) == func_target(spec.func)
+    ):
+        _check_same(old, spec)
+    elif old is not None and not replace and old.func is not spec.func:
         raise ValueError(f"analysis {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec
     return spec
 
 
+def builtin_specs() -> list[AnalysisSpec]:
+    """The lazy specs of the static table (``kinetoscope.analysis.builtins``), in table order."""
+    from kinetoscope.analysis.builtins import BUILTIN_ANALYSES
+
+    return [AnalysisSpec(func=LazyFunc(target), **meta) for target, meta in BUILTIN_ANALYSES]
+
+
 def _load_builtins() -> None:
+    """Make every built-in analysis known: a lazy spec for each entry of the table (a module
+    imported already has registered its real one: checked against the entry), then the
+    modules of ``_BUILTIN_MODULES`` that the table does not cover."""
     global _loaded
     if _loaded:
         return
     _loaded = True
+    tabled = set()
+    for spec in builtin_specs():
+        tabled.add(spec.func.__module__)
+        real = _REGISTRY.get(spec.name)
+        if real is None:
+            _REGISTRY[spec.name] = spec
+        elif not real.is_lazy and func_target(real.func) == func_target(spec.func):
+            _check_same(spec, real)
     for mod in _BUILTIN_MODULES:
+        if mod in tabled:
+            continue
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:  # a module not written yet must not break the rest
@@ -128,6 +232,7 @@ def _load_builtins() -> None:
 
 
 def get(name: str) -> AnalysisSpec:
+    """The spec of ``name``: lazy (its module not imported) until the analysis first runs."""
     _load_builtins()
     try:
         return _REGISTRY[name]
@@ -136,7 +241,7 @@ def get(name: str) -> AnalysisSpec:
 
 
 def all_specs() -> list[AnalysisSpec]:
-    """Every registered analysis in display order."""
+    """Every registered analysis in display order (imports no analysis module)."""
     _load_builtins()
     return sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
 

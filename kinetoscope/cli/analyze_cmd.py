@@ -348,7 +348,7 @@ def register(app: typer.Typer) -> None:
             "--backend",
             help="Where the per-rank work runs: 'single' (this process), 'local' (process pool, "
             "one rank per worker), 'ray', or 'auto': Ray when --ray-address or $RAY_ADDRESS is given, this process "
-            "for up to 4 rank files, else the local pool (it says which and why). See docs/scale.md.",
+            "for up to 4 rank files or 128 MiB of JSON, else the local pool (it says which and why). See docs/scale.md.",
         ),
         workers: int | None = typer.Option(
             None,

@@ -40,6 +40,11 @@ R = TypeVar("R")
 # --backend auto: up to this many rank files run in this process (a pool costs ~1 s per worker
 # to start and pickles every result; below this the pool's parallelism does not pay for it).
 AUTO_SINGLE_MAX = 4
+# ... and so does any number of files holding at most this much JSON in all: each worker is a
+# fresh interpreter importing Polars and the loader (~0.5-1 s), more than this process takes to
+# parse that much (~0.6 s at the native decoder's ~200 MB/s; issue 14: the 8-rank DLRM job, 7 MB,
+# took 1.3 s with a pool of 2 vs 0.7 s here; docs/performance.md).
+AUTO_SINGLE_JSON_BYTES = 128 << 20
 RAY_TASK_RETRIES = 3  # Ray reruns a task whose worker or node died this many times (max_retries)
 RAY_RESUBMITS = 2  # then the driver resubmits a lost task on another alive node this many times
 
@@ -70,11 +75,17 @@ def default_workers() -> int:
 
 
 def choose_backend(
-    backend: str, n_files: int, *, workers: int | None = None, ray_address: str | None = None
+    backend: str,
+    n_files: int,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    json_bytes: int | None = None,
 ) -> tuple[str, str]:
     """``(backend, why)``: ``auto`` is Ray when a cluster address is given (``--ray-address``
-    or ``$RAY_ADDRESS``), this process for up to ``AUTO_SINGLE_MAX`` files (or one worker),
-    else the local pool."""
+    or ``$RAY_ADDRESS``), this process for up to ``AUTO_SINGLE_MAX`` files, for files holding at
+    most ``AUTO_SINGLE_JSON_BYTES`` of JSON in all (``json_bytes``, when known) or for one
+    worker, else the local pool."""
     if backend != "auto":
         return backend, f"--backend {backend}"
     address = ray_address or os.environ.get("RAY_ADDRESS")
@@ -82,9 +93,13 @@ def choose_backend(
         src = "--ray-address" if ray_address else "$RAY_ADDRESS"
         return "ray", f"a Ray cluster is given ({src} {address})"
     n = workers or default_workers()
-    if n_files <= AUTO_SINGLE_MAX or n <= 1:
-        why = f"{n_files} rank file(s) (<= {AUTO_SINGLE_MAX})" if n_files <= AUTO_SINGLE_MAX else "one worker"
-        return "single", f"{why}: one process is quickest"
+    if n_files <= AUTO_SINGLE_MAX:
+        return "single", f"{n_files} rank file(s) (<= {AUTO_SINGLE_MAX}): one process is quickest"
+    if json_bytes is not None and json_bytes <= AUTO_SINGLE_JSON_BYTES:
+        mb, cap = json_bytes / 1e6, AUTO_SINGLE_JSON_BYTES >> 20
+        return "single", f"{n_files} rank files, {mb:.1f} MB of JSON (<= {cap} MiB): one process is quickest"
+    if n <= 1:
+        return "single", "one worker: one process is quickest"
     return "local", f"{n_files} rank files: a pool of {min(n, n_files)} worker processes"
 
 

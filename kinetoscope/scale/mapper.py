@@ -115,6 +115,8 @@ def _analyse(trace: Trace, task: RankTask, out: RankResult) -> bool:
 def _for_driver(trace: Trace, diagnosis: bool) -> Trace:
     """The diagnosis's figures of the rank (``diagnosis.extract``: O(steps + collectives), not
     O(events)), or only the metadata when no diagnosis is wanted."""
+    if not diagnosis:  # no import of the diagnosis (~20 modules) for a run that wants none
+        return Trace(meta=trace.meta)
     from kinetoscope.diagnosis.extract import digest_trace
 
-    return digest_trace(trace) if diagnosis else Trace(meta=trace.meta)
+    return digest_trace(trace)

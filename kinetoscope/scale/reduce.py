@@ -28,7 +28,6 @@ from kinetoscope.analysis.runner import (
     build_document,
     collect_results,
 )
-from kinetoscope.diagnosis.document import run_diagnosis
 from kinetoscope.errors import UsageError
 from kinetoscope.scale.mapper import RankResult
 from kinetoscope.scale.reducers import REDUCERS
@@ -121,6 +120,9 @@ def reduce_document(ranks: Sequence[RankResult], request: AnalyzeRequest, names:
     results.errors.update(errors)
     diag: dict[str, Any] = {}
     if request.diagnosis and traces:
+        # imported here: a run without the diagnosis (--only analyses) skips its ~20 modules
+        from kinetoscope.diagnosis.document import run_diagnosis
+
         diag = run_diagnosis(traces, results, **request.diagnosis_options())
         if request.only_diagnosis:
             diag = {k: v for k, v in diag.items() if k in request.only_diagnosis or k == "summary"}

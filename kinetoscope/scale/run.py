@@ -64,7 +64,11 @@ def run_analysis(
         raise InputError("no trace files to analyse")
     plan = make_plan(request.names or None) if request.analyses else Plan()
     backend, why = choose_backend(
-        request.backend, len(paths), workers=request.workers, ray_address=request.ray_address
+        request.backend,
+        len(paths),
+        workers=request.workers,
+        ray_address=request.ray_address,
+        json_bytes=_json_total(paths) if request.backend == "auto" else None,
     )
     executor = make_executor(backend, workers=request.workers, ray_address=request.ray_address)
     try:
@@ -81,6 +85,17 @@ def run_analysis(
     run.backend, run.why = backend, why
     run.notes.extend(executor.notes)
     return run
+
+
+def _json_total(paths: Sequence[str]) -> int | None:
+    """The JSON bytes of all the files (gzip: from each trailer), or None when one cannot be read
+    (the backend is then chosen by the number of files only)."""
+    from kinetoscope.scale.memory import json_bytes
+
+    try:
+        return sum(json_bytes(p) for p in paths)
+    except OSError:
+        return None
 
 
 def _map(

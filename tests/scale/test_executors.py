@@ -8,6 +8,7 @@ import pytest
 
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.scale.executors import (
+    AUTO_SINGLE_JSON_BYTES,
     LocalExecutor,
     choose_backend,
     cpu_slots,
@@ -101,3 +102,21 @@ def test_only_a_lost_ray_task_is_resubmitted() -> None:
     assert not lost(ray, own) and not lost(ray, exc.TaskCancelledError())
     assert ray_failure(ray, own) == "ValueError: bad rank"
     assert ray_failure(ray, exc.NodeDiedError("node gone")) == "NodeDiedError: node gone"
+
+
+@pytest.mark.parametrize(
+    ("json_bytes", "want"),
+    [(7 << 20, "single"), (AUTO_SINGLE_JSON_BYTES, "single"), (AUTO_SINGLE_JSON_BYTES + 1, "local")],
+)
+def test_auto_backend_keeps_small_sets_of_files_in_this_process(
+    json_bytes: int, want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight small rank files (the DLRM job: 7 MB of JSON) parse here faster than a pool's workers
+    start; a larger set still goes to the pool, and so do explicit backends."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    backend, why = choose_backend("auto", 8, workers=2, json_bytes=json_bytes)
+    assert backend == want
+    assert ("MB of JSON" in why) == (want == "single")
+    assert choose_backend("local", 8, json_bytes=json_bytes)[0] == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert choose_backend("auto", 8, json_bytes=json_bytes)[0] == "ray"
