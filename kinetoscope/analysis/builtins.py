@@ -21,6 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 # ("module:function", AnalysisSpec fields other than ``func``), in display order.
+# the options of the two critical-path analyses (one graph, two views of it)
+_CRITICAL_PATH_OPTIONS: dict[str, Any] = {
+    "annotation": None,
+    "instance_id": 0,
+    "data_load_events": None,
+    "add_zero_weight_launch_edges": False,
+}
+
 BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
     (
         "kinetoscope.analysis.steps:step_durations",
@@ -261,12 +269,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "name": "critical_path",
             "description": "Lightweight critical path of a step (or the whole trace): share bound by CPU, GPU compute, communication, launch and kernel-kernel overhead.",
             "default": False,
-            "options": {
-                "annotation": None,
-                "instance_id": 0,
-                "data_load_events": None,
-                "add_zero_weight_launch_edges": False,
-            },
+            "options": dict(_CRITICAL_PATH_OPTIONS),
             "order": 82,
             "group": "heavy",
             "empty_note": "no critical path (no events in the window)",
@@ -279,12 +282,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "name": "critical_path_breakdown",
             "description": "Every edge on the critical path with the event it is attributed to and what it is bound by.",
             "default": False,
-            "options": {
-                "annotation": None,
-                "instance_id": 0,
-                "data_load_events": None,
-                "add_zero_weight_launch_edges": False,
-            },
+            "options": dict(_CRITICAL_PATH_OPTIONS),
             "order": 83,
             "group": "heavy",
             "empty_note": "no critical path (no events in the window)",
