@@ -25,6 +25,7 @@ from msgspec import UNSET
 from msgspec.structs import astuple
 
 from kinetoscope.trace import decode as D
+from kinetoscope.trace.compact import contiguous
 from kinetoscope.trace.metadata import apply_location, infer_device_type
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.rules import (
@@ -642,7 +643,9 @@ class TableBuilder:
 def _concat(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Per-chunk frames -> one table in ``schema`` order. Each frame is first given the full
     schema (missing columns as nulls), so the concatenation only links the chunks' buffers
-    instead of copying them: peak memory stays at one copy of the tables."""
+    instead of copying them; then the columns are made contiguous one at a time
+    (:func:`~kinetoscope.trace.compact.contiguous`): peak memory stays at one copy of the tables
+    plus one column, and later eager filters do not copy the whole table."""
     if not frames:
         return pl.DataFrame(schema=schema)
     full = []
@@ -659,7 +662,11 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
         ]
         full.append(df.select(cols))
     frames.clear()
-    return full[0] if len(full) == 1 else pl.concat(full, how="vertical", rechunk=False)
+    if len(full) == 1:
+        return full[0]
+    linked = [pl.concat(full, how="vertical", rechunk=False)]
+    full.clear()  # the chunks' buffers are now held by the linked frame alone,
+    return contiguous(linked.pop())  # which ``contiguous`` owns (its old columns are freed)
 
 
 def processes_and_threads_polars(meta_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
