@@ -71,8 +71,19 @@ def memo(trace: Trace, key: str, build: Callable[[], _T]) -> _T:
     return value
 
 
+def forget_memos(trace: Trace) -> None:
+    """Drop the derived tables :func:`memo` keeps on ``trace`` (the device frame, launch pairs,
+    ...: ~0.25x the events table on a GPU trace), e.g. once the analyses that share them are done."""
+    trace.__dict__.pop("_kscope_memo", None)
+
+
 # Columns the analyses read from device events (the rest of the 40+ columns are not copied).
 DEVICE_COLUMNS = ("idx", "kind", "name", "pid", "tid", "ts", "dur", "stream", "correlation", "memory_bw_gbps")
+# ``AnalysisSpec.reads`` of the core analyses (steps, temporal, idle time, kernel breakdowns,
+# overlap, user annotations, launch statistics, queue and memory-bandwidth counters): the
+# events columns of the device frame, the launch links and the step detection, no other table.
+# ``tests/analysis/test_reads.py`` checks each result is the same on a trace loaded with only these.
+CORE_READS: dict[str, tuple[str, ...]] = {"events": DEVICE_COLUMNS}
 
 
 def device_frame(trace: Trace) -> pl.DataFrame:

@@ -61,3 +61,25 @@ def test_a_cached_trace_is_contiguous(tmp_path: Path) -> None:
     assert hit is not None
     assert set(hit.events.n_chunks("all")) == {1}
     assert hit.events.equals(first.events)
+
+
+def test_shared_strings_keeps_values_and_shares_bytes() -> None:
+    """Repeated long names: the same values (nulls included), contiguous; a column of mostly
+    distinct values is only made contiguous."""
+    from kinetoscope.trace.compact import shared_strings
+
+    names = [
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+        None,
+        "short",
+    ]
+    a = pl.Series("name", names * 300, dtype=pl.String)
+    b = pl.Series("name", [names[0], "x" * 40] * 200, dtype=pl.String)
+    s = pl.concat([a, b], rechunk=False)
+    assert s.n_chunks() == 2
+    got = shared_strings(s)
+    assert got.name == "name" and got.dtype == pl.String and got.n_chunks() == 1
+    assert got.equals(s, null_equal=True)
+    distinct = pl.Series("d", [f"a distinct value number {i:06d}" for i in range(1000)])
+    kept = shared_strings(pl.concat([distinct[:500], distinct[500:]], rechunk=False))
+    assert kept.n_chunks() == 1 and kept.equals(distinct)
