@@ -72,7 +72,9 @@ def map_rank(task: RankTask) -> RankResult:
     req = task.request
     out = RankResult(task.index, task.path, worker=_where())
     try:
-        out.error = check_fits(task.path)  # before loading: a clear error, never an OOM kill
+        columns = task_reads(task)
+        # before loading: a clear error, never an OOM kill
+        out.error = check_fits(task.path, whole=columns is None)
         if out.error is not None:
             return out
         trace = load_trace(
@@ -81,7 +83,7 @@ def map_rank(task: RankTask) -> RankResult:
             salvage=req.salvage,
             cache_dir=req.cache_dir,
             workers=task.load_workers,
-            columns=task_reads(task),
+            columns=columns,
         )
     except Exception as exc:  # noqa: BLE001 - one bad rank file must not stop the other ranks
         out.error = _load_error(task.path, exc)
