@@ -155,7 +155,13 @@ class TraceCache:
         try:
             for name in TABLE_SCHEMAS:
                 df: pl.DataFrame = getattr(trace, name)
-                df.write_parquet(tmp / f"{name}.parquet", compression=PARQUET_COMPRESSION, statistics=False)
+                # one row group: a hit reads back one chunk per column (trace.compact)
+                df.write_parquet(
+                    tmp / f"{name}.parquet",
+                    compression=PARQUET_COMPRESSION,
+                    statistics=False,
+                    row_group_size=max(df.height, 1),
+                )
             (tmp / "meta.json").write_bytes(_meta_to_json(trace.meta))
             try:
                 os.rename(tmp, final)

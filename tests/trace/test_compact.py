@@ -83,3 +83,22 @@ def test_shared_strings_keeps_values_and_shares_bytes() -> None:
     distinct = pl.Series("d", [f"a distinct value number {i:06d}" for i in range(1000)])
     kept = shared_strings(pl.concat([distinct[:500], distinct[500:]], rechunk=False))
     assert kept.n_chunks() == 1 and kept.equals(distinct)
+
+
+def test_the_cache_writes_one_row_group_per_table(tmp_path: Path) -> None:
+    """More rows than Polars' default row group (512^2): still one chunk when read back."""
+    import dataclasses
+
+    from kinetoscope.trace import load_trace
+    from kinetoscope.trace.cache import TraceCache
+
+    small = load_trace(_a_trace(), cache=False)
+    reps = 300_000 // small.events.height + 1
+    big = dataclasses.replace(small, events=pl.concat([small.events] * reps))
+    assert big.events.height > 512**2
+    store = TraceCache(tmp_path)
+    entry = store.put("v1-x-n-abcdef", big)
+    assert entry is not None
+    assert set(pl.read_parquet(entry / "events.parquet").n_chunks("all")) == {1}
+    hit = store.get("v1-x-n-abcdef")
+    assert hit is not None and hit.events.equals(big.events)
