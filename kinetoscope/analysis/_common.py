@@ -19,6 +19,8 @@ import polars as pl
 
 from kinetoscope.analysis.intervals import ENGINE
 from kinetoscope.analysis.kernel_types import kernel_type_expr
+from kinetoscope.analysis.reads import CORE_READS as CORE_READS
+from kinetoscope.analysis.reads import DEVICE_COLUMNS as DEVICE_COLUMNS
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.schema import DEVICE_KINDS, RUNTIME_KINDS
 
@@ -71,8 +73,10 @@ def memo(trace: Trace, key: str, build: Callable[[], _T]) -> _T:
     return value
 
 
-# Columns the analyses read from device events (the rest of the 40+ columns are not copied).
-DEVICE_COLUMNS = ("idx", "kind", "name", "pid", "tid", "ts", "dur", "stream", "correlation", "memory_bw_gbps")
+def forget_memos(trace: Trace) -> None:
+    """Drop the derived tables :func:`memo` keeps on ``trace`` (the device frame, launch pairs,
+    ...: ~0.25x the events table on a GPU trace), e.g. once the analyses that share them are done."""
+    trace.__dict__.pop("_kscope_memo", None)
 
 
 def device_frame(trace: Trace) -> pl.DataFrame:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kinetoscope.analysis.reads import CORE_READS
+
 # ("module:function", AnalysisSpec fields other than ``func``), in display order.
 # the options of the two critical-path analyses (one graph, two views of it)
 _CRITICAL_PATH_OPTIONS: dict[str, Any] = {
@@ -40,6 +42,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "steps",
             "empty_note": "no steps found (no ProfilerStep#N or Optimizer.step annotations)",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -49,6 +52,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "description": "GPU time per rank split into idle, compute and non-compute (HTA temporal breakdown).",
             "order": 10,
             "combine": "concat",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -60,6 +64,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "steps",
             "empty_note": "no steps found (no ProfilerStep#N or Optimizer.step annotations)",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -70,6 +75,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "options": {"consecutive_kernel_delay_us": 30.0, "streams": None},
             "order": 20,
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -81,6 +87,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "options": {"consecutive_kernel_delay_us": 30.0, "streams": None},
             "order": 21,
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -91,6 +98,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "options": {"include_memory_kernels": True},
             "order": 30,
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -101,6 +109,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "options": {"num_kernels": 10, "duration_ratio": 0.8, "include_memory_kernels": True},
             "order": 31,
             "combine": "concat",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -111,6 +120,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "options": {"num_kernels": 10, "duration_ratio": 0.8, "include_memory_kernels": True},
             "order": 32,
             "combine": "reduce",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -120,6 +130,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "description": "Share of communication-kernel time overlapped by computation kernels, per rank.",
             "order": 40,
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -137,6 +148,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "annotations",
             "empty_note": "no gpu_user_annotation events",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -149,6 +161,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "annotations",
             "empty_note": "no gpu_user_annotation events",
             "combine": "concat",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -165,6 +178,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "launch",
             "empty_note": "no kernel launches with a matching device event",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -178,6 +192,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "launch",
             "empty_note": "no kernel launches with a matching device event",
             "combine": "concat",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -189,6 +204,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "counters",
             "empty_note": "no kernel launches with a matching device event",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -201,6 +217,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "counters",
             "empty_note": "no kernel launches with a matching device event",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -213,6 +230,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "counters",
             "empty_note": "no kernel launches with a matching device event",
             "combine": "concat",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -224,6 +242,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "counters",
             "empty_note": "no memcpy/memset events with a bandwidth",
             "combine": "concat_by_rank",
+            "reads": CORE_READS,
         },
     ),
     (
@@ -236,6 +255,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "counters",
             "empty_note": "no memcpy/memset events with a bandwidth",
             "combine": "concat",
+            "reads": CORE_READS,
         },
     ),
     (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, device_frame, per_rank
+from kinetoscope.analysis._common import CORE_READS, TraceInput, device_frame, per_rank
 from kinetoscope.analysis.kernel_breakdown import kernel_type_time
 from kinetoscope.analysis.kernel_types import COMMUNICATION, COMPUTATION
 from kinetoscope.analysis.registry import AnalysisSpec, register
@@ -66,6 +66,7 @@ register(
         name="comm_comp_overlap",
         func=comm_comp_overlap,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Share of communication-kernel time overlapped by computation kernels, per rank.",
         order=40,
     )

@@ -41,6 +41,7 @@ from __future__ import annotations
 import polars as pl
 
 from kinetoscope.analysis._common import (
+    CORE_READS,
     TraceInput,
     describe_aggs,
     describe_schema,
@@ -295,6 +296,7 @@ register(
         name="queue_length_summary",
         func=queue_length_summary,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Launch-queue length per rank and stream (operations launched but not yet started).",
         order=70,
         group="counters",
@@ -306,6 +308,7 @@ register(
         name="time_blocked_on_full_queue",
         func=time_blocked_on_full_queue,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Time each stream's launch queue is full (>= max_queue_length, default 1024).",
         options={"max_queue_length": CUDA_MAX_LAUNCH_QUEUE_PER_STREAM},
         order=71,
@@ -318,6 +321,7 @@ register(
         name="queue_length_time_series",
         func=queue_length_time_series,
         combine="concat",
+        reads=CORE_READS,
         description="Launch-queue length per stream at every change (one row per launch and per kernel start).",
         default=False,
         order=72,
@@ -330,6 +334,7 @@ register(
         name="memory_bw_summary",
         func=memory_bw_summary,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Memory copy/set bandwidth (GB/s) per rank and kind: statistics over time.",
         order=73,
         group="counters",
@@ -341,6 +346,7 @@ register(
         name="memory_bw_time_series",
         func=memory_bw_time_series,
         combine="concat",
+        reads=CORE_READS,
         description="Aggregate memory copy/set bandwidth (GB/s) per kind at every change.",
         default=False,
         order=74,

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from kinetoscope.analysis._common import (
+    CORE_READS,
     TraceInput,
     describe_aggs,
     describe_schema,
@@ -168,6 +169,7 @@ register(
         name="idle_time_breakdown",
         func=idle_time_breakdown,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="GPU idle time per rank and stream: host wait, kernel wait (< 30 µs gaps), other.",
         options=_OPTS,
         order=20,
@@ -178,6 +180,7 @@ register(
         name="idle_time_interval_stats",
         func=idle_time_interval_stats,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Statistics of the idle gaps per rank, stream and idle category.",
         options=_OPTS,
         default=False,

@@ -33,7 +33,14 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, concat_or_empty, device_frame, per_rank, rank_lit
+from kinetoscope.analysis._common import (
+    CORE_READS,
+    TraceInput,
+    concat_or_empty,
+    device_frame,
+    per_rank,
+    rank_lit,
+)
 from kinetoscope.analysis.intervals import ENGINE, covered_pieces, sweep_states
 from kinetoscope.analysis.kernel_types import COMMUNICATION, COMPUTATION, MEMORY
 from kinetoscope.analysis.registry import AnalysisSpec, register
@@ -194,6 +201,7 @@ register(
         name="kernel_type_breakdown",
         func=kernel_type_breakdown,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="GPU busy time per rank by kernel type, exclusive and overlapping (compute/comm/memory).",
         options={"include_memory_kernels": True},
         order=30,
@@ -204,6 +212,7 @@ register(
         name="kernel_breakdown",
         func=kernel_breakdown,
         combine="concat",
+        reads=CORE_READS,
         description="Top kernels per rank and kernel type with per-call duration statistics.",
         options=_OPTS,
         order=31,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, as_traces, device_frame, per_rank, rank_lit
+from kinetoscope.analysis._common import CORE_READS, TraceInput, as_traces, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.kernel_breakdown import OTHERS, analysed_types, kernel_breakdown
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -92,6 +92,7 @@ register(
         name="kernel_distribution",
         func=kernel_distribution,
         combine="reduce",
+        reads=CORE_READS,
         description="Per top kernel and rank: call count and duration distribution (mean, min, max, std, p50/p90/p99).",
         options={"num_kernels": 10, "duration_ratio": 0.8, "include_memory_kernels": True},
         order=32,

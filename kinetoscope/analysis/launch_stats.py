@@ -32,6 +32,7 @@ from typing import cast
 import polars as pl
 
 from kinetoscope.analysis._common import (
+    CORE_READS,
     TraceInput,
     as_traces,
     concat_or_empty,
@@ -179,6 +180,7 @@ register(
         name="kernel_launch_summary",
         func=kernel_launch_summary,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Kernel launches per rank: short kernels, runtime and launch-delay outliers, duration stats.",
         options={"runtime_cutoff_us": 50.0, "launch_delay_cutoff_us": 100.0, "include_memory_events": True},
         order=60,
@@ -191,6 +193,7 @@ register(
         name="kernel_launch_stats",
         func=kernel_launch_stats,
         combine="concat",
+        reads=CORE_READS,
         description="Every kernel launch: CPU duration, GPU duration and launch delay (one row per launch).",
         options={"include_memory_events": True},
         default=False,

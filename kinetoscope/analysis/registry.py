@@ -46,7 +46,7 @@ analysis splits over ranks (see docs/scale.md):
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +108,10 @@ class AnalysisSpec:
     empty_note: str | None = None
     # How the map/reduce path splits it over ranks: one of COMBINE_STRATEGIES (see above).
     combine: str = "driver"
+    # The tables and columns it reads, as ``kinetoscope.trace.compact.Columns`` (table name ->
+    # columns; a table not named is not read). None: not declared, every table and column is
+    # kept. A map task loads only the union of what its analyses read (see ``reads_of``).
+    reads: Mapping[str, tuple[str, ...]] | None = None
 
     def resolve_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The declared options with the caller's values for the keys this analysis takes."""
@@ -252,3 +256,16 @@ def names(*, default_only: bool = False) -> list[str]:
 
 def default_names() -> list[str]:
     return names(default_only=True)
+
+
+def reads_of(analyses: Iterable[str]) -> dict[str, set[str]] | None:
+    """The union of what the named analyses read (``AnalysisSpec.reads``), or None when one of
+    them does not declare it (then everything must be loaded)."""
+    out: dict[str, set[str]] = {}
+    for name in analyses:
+        reads = get(name).reads
+        if reads is None:
+            return None
+        for table, cols in reads.items():
+            out.setdefault(table, set()).update(cols)
+    return out

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, launch_times, memo, per_rank, rank_lit, to_us
+from kinetoscope.analysis._common import CORE_READS, TraceInput, launch_times, memo, per_rank, rank_lit, to_us
 from kinetoscope.analysis.intervals import ENGINE
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -204,6 +204,7 @@ register(
         name="step_durations",
         func=step_durations,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Training steps per rank (ProfilerStep#N, else optimizer steps) and their durations.",
         needs_gpu=False,
         order=5,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, device_frame, per_rank, rank_lit
+from kinetoscope.analysis._common import CORE_READS, TraceInput, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.intervals import busy_span
 from kinetoscope.analysis.kernel_types import COMPUTATION
 from kinetoscope.analysis.registry import AnalysisSpec, register
@@ -114,6 +114,7 @@ register(
         name="temporal_breakdown",
         func=temporal_breakdown,
         combine="concat",
+        reads=CORE_READS,
         description="GPU time per rank split into idle, compute and non-compute (HTA temporal breakdown).",
         order=10,
     )
@@ -123,6 +124,7 @@ register(
         name="temporal_breakdown_by_step",
         func=temporal_breakdown_by_step,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Temporal breakdown per training step (kernels assigned to the step that launched them).",
         order=11,
         group="steps",

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from kinetoscope.analysis._common import TraceInput, device_frame, per_rank, rank_lit
+from kinetoscope.analysis._common import CORE_READS, TraceInput, device_frame, per_rank, rank_lit
 from kinetoscope.analysis.kernel_breakdown import top_durations
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
@@ -139,6 +139,7 @@ register(
         name="gpu_user_annotation_breakdown",
         func=gpu_user_annotation_breakdown,
         combine="concat_by_rank",
+        reads=CORE_READS,
         description="Time per GPU user annotation (record_function ranges on the GPU timeline), per rank.",
         options={
             "use_gpu_annotation": True,
@@ -156,6 +157,7 @@ register(
         name="gpu_kernels_with_user_annotations",
         func=gpu_kernels_with_user_annotations,
         combine="concat",
+        reads=CORE_READS,
         description="Every GPU kernel with the innermost GPU user annotation it runs under (one row per kernel).",
         default=False,
         order=51,

@@ -29,6 +29,7 @@ import polars as pl
 
 from kinetoscope.analysis.intervals import busy_span
 from kinetoscope.trace.model import Trace
+from kinetoscope.trace.schema import RUNTIME_KINDS
 
 MATH_SDPA = r"^aten::_scaled_dot_product_attention_math"
 FUSED_SDPA = (
@@ -105,7 +106,8 @@ def _attention_shapes(
 def detect_attention(trace: Trace) -> AttentionFinding:
     ev = trace.events
     f = AttentionFinding()
-    ops = ev.filter(pl.col("kind") == "cpu_op")
+    # the CPU ops' columns read below only (not a copy of every column of half the events)
+    ops = ev.select("kind", "tid", "ts", "dur", "name", "input_dims").filter(pl.col("kind") == "cpu_op")
     math = ops.filter(pl.col("name").str.contains(MATH_SDPA))
     f.math_sdpa_ops = math.height
     f.math_time_us = float(math["dur"].sum() or 0) / 1000.0
@@ -209,11 +211,13 @@ def detect_launch_gaps(trace: Trace) -> LaunchGaps:
 
 def _host_gaps_ns(trace: Trace, dev: pl.DataFrame) -> pl.Series:
     """The host-bound gaps before ``dev`` events (``LaunchGaps``), ns, in device time order."""
-    launches = (
-        trace.runtime()
-        .filter(pl.col("correlation").is_not_null())
+    launches = (  # ``trace.runtime()``'s rows, the two columns read (not a copy of every column)
+        trace.events.lazy()
+        .select("kind", "correlation", "ts")
+        .filter(pl.col("kind").is_in(list(RUNTIME_KINDS)) & pl.col("correlation").is_not_null())
         .group_by("correlation")
         .agg(pl.col("ts").min().alias("_lts"))
+        .collect()
     )
     d = (
         dev.select("ts", (pl.col("ts") + pl.col("dur")).alias("end"), "correlation")

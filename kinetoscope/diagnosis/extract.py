@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from kinetoscope.analysis._common import CORE_READS
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.schema import DEVICE_KINDS
 
@@ -76,6 +77,24 @@ class RankFigures:
         when the job is assembled, after the map extracted its figures)."""
         return self.collectives.with_columns(pl.lit(rank, dtype=pl.Int64).alias("rank"))
 
+
+# What ``rank_figures`` reads of a trace (``kinetoscope.trace.compact.Columns``): the events
+# columns of the core analyses' helpers plus the collectives' args, the step FLOPs' inputs and
+# the device; no other table. ``tests/scale/test_projection.py`` checks the figures are the same
+# on a trace loaded with only these.
+READS: dict[str, tuple[str, ...]] = {
+    "events": (
+        *CORE_READS["events"],
+        "device",
+        "input_dims",
+        "concrete_inputs",
+        "flops",
+        "seq",
+        "collective_name",
+        "in_msg_nelems",
+        "pg_name",
+    )
+}
 
 _TABLES = ("events", "flows", "counters", "instants", "processes", "threads")
 _EMPTY: dict[str, pl.DataFrame] = {}
@@ -269,4 +288,12 @@ def _sweep(comp: pl.DataFrame, comm: pl.DataFrame, other: pl.DataFrame) -> pl.Da
     )
 
 
-__all__ = ["STEP_FIGURES_SCHEMA", "DigestTrace", "RankFigures", "digest_trace", "figures_of", "rank_figures"]
+__all__ = [
+    "READS",
+    "STEP_FIGURES_SCHEMA",
+    "DigestTrace",
+    "RankFigures",
+    "digest_trace",
+    "figures_of",
+    "rank_figures",
+]

@@ -279,8 +279,11 @@ def estimate_op_flops(name: str, dims_s: str | None, concrete_s: str | None) -> 
 
 def trace_step_flops(trace: Trace, steps_r: pl.DataFrame, offset: int) -> pl.DataFrame:
     """FLOPs per step of one rank: ``step, flops, source`` (outermost counted ops only)."""
-    ev = trace.events.filter(pl.col("kind") == "cpu_op")
-    cand = ev.filter(pl.col("flops").is_not_null() | pl.col("name").str.contains(_FLOP_OPS.pattern))
+    # one filter, the candidates only (not a copy of every CPU op first: a huge trace's events)
+    cand = trace.events.filter(
+        (pl.col("kind") == "cpu_op")
+        & (pl.col("flops").is_not_null() | pl.col("name").str.contains(_FLOP_OPS.pattern))
+    )
     if cand.is_empty() or steps_r.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "flops": pl.Float64, "source": pl.String})
     rows = cand.select("tid", "ts", "dur", "name", "flops", "input_dims", "concrete_inputs").to_dicts()

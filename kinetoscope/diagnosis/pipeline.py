@@ -149,8 +149,13 @@ def placed(cut: StepCut, rank: int, step: int, offset: int) -> StepCut:
 
 
 def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
-    ev = trace.events.filter(pl.col("dur").is_not_null()).with_columns(
-        (pl.col("ts") + offset).alias("ts"), (pl.col("ts") + offset + pl.col("dur")).alias("end")
+    # the columns read below only: not a copy of every column of the whole events table
+    ev = (
+        trace.events.select("kind", "name", "ts", "dur")
+        .filter(pl.col("dur").is_not_null())
+        .with_columns(
+            (pl.col("ts") + offset).alias("ts"), (pl.col("ts") + offset + pl.col("dur")).alias("end")
+        )
     )
     kinds = ev["kind"].cast(pl.String)
     ev = ev.with_columns(kinds.alias("k"))

@@ -28,6 +28,7 @@ class RankTask:
     names: tuple[str, ...]  # the analyses to run (the plan's, resolved)
     request: AnalyzeRequest
     load_workers: int | None = None  # chunk workers for a large file (0: none; pools pass 0)
+    project: bool = True  # load only what the analyses read (``task_reads``); False: everything
 
 
 @dataclass
@@ -71,7 +72,9 @@ def map_rank(task: RankTask) -> RankResult:
     req = task.request
     out = RankResult(task.index, task.path, worker=_where())
     try:
-        out.error = check_fits(task.path)  # before loading: a clear error, never an OOM kill
+        columns = task_reads(task)
+        # before loading: a clear error, never an OOM kill
+        out.error = check_fits(task.path, whole=columns is None)
         if out.error is not None:
             return out
         trace = load_trace(
@@ -80,13 +83,45 @@ def map_rank(task: RankTask) -> RankResult:
             salvage=req.salvage,
             cache_dir=req.cache_dir,
             workers=task.load_workers,
+            columns=columns,
         )
     except Exception as exc:  # noqa: BLE001 - one bad rank file must not stop the other ranks
         out.error = _load_error(task.path, exc)
         return out
     full = _analyse(trace, task, out)
+    if not full:
+        _release(trace)  # the analyses' shared intermediates, before the diagnosis makes its own
     out.trace = trace if full else _for_driver(trace, req.diagnosis)
     return out
+
+
+def _release(trace: Trace) -> None:
+    from kinetoscope.analysis._common import forget_memos
+    from kinetoscope.trace.compact import release_free_memory
+
+    forget_memos(trace)
+    release_free_memory()
+
+
+def task_reads(task: RankTask) -> dict[str, set[str]] | None:
+    """What the task's analyses and the diagnosis read of the trace (``AnalysisSpec.reads``,
+    ``diagnosis.extract.READS``): only that is loaded, so a huge trace's unread columns and
+    tables never take memory. None (load everything) when an analysis does not declare it or
+    is a ``driver`` analysis (the whole trace goes to the driver), or ``task.project`` is off."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.diagnosis.extract import READS
+
+    if not task.project:
+        return None
+    if any(registry.get(name).combine == "driver" for name in task.names):
+        return None
+    reads = registry.reads_of(task.names)
+    if reads is None:
+        return None
+    if task.request.diagnosis:
+        for table, cols in READS.items():
+            reads.setdefault(table, set()).update(cols)
+    return reads
 
 
 def _analyse(trace: Trace, task: RankTask, out: RankResult) -> bool:

@@ -3,12 +3,15 @@ for the memory that is free is a clear error naming the figures, never an OOM ki
 
 Terms: *JSON bytes* is the uncompressed size of the trace (a ``.json.gz`` file's gzip trailer
 holds it, modulo 4 GiB); the *load estimate* is what loading and analysing it takes at peak:
-``LOAD_BASE_BYTES + LOAD_FACTOR x JSON bytes``. The factor is the measured peak of loading and
-analysing one trace in one process (2.09x the JSON for a 2 GB trace, docs/performance.md "One
-huge trace"; the loader alone peaks at 0.92x), rounded up; the base covers the interpreter and
-Polars. *Available* is ``psutil.virtual_memory().available``,
-or ``$KSCOPE_MEMORY_AVAILABLE`` (bytes, or with a K/M/G suffix) where the host's figure is not
-this process's to use (a container limit, a box shared with others).
+``LOAD_BASE_BYTES + factor x JSON bytes``. The factor is the measured peak of loading and
+analysing one trace in one process, rounded up (docs/performance.md "One huge trace"):
+``LOAD_FACTOR`` when the map loads only what its analyses declare they read (the default
+document: 0.81x for a 2 GB trace, parse workers included), ``LOAD_FACTOR_WHOLE`` when it loads
+every table and column (an analysis that does not declare its reads, e.g. ``--all``: 2.66x above
+the interpreter for every analysis of a 407 MB trace); the base covers the interpreter and Polars.
+*Available* is ``psutil.virtual_memory().available``, or ``$KSCOPE_MEMORY_AVAILABLE`` (bytes, or
+with a K/M/G suffix) where the host's figure is not this process's to use (a container limit, a
+box shared with others).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import struct
 
 from kinetoscope.errors import UsageError
 
-LOAD_FACTOR = 2.2
+LOAD_FACTOR = 1.0
+LOAD_FACTOR_WHOLE = 2.9
 LOAD_BASE_BYTES = 300 << 20
 GIB = float(1 << 30)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -56,10 +60,11 @@ def size_text(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB" if n < (1 << 30) else f"{n / GIB:.2f} GiB"
 
 
-def check_fits(path: str) -> str | None:
-    """``None`` when loading ``path`` fits the available memory, else why not (one line)."""
+def check_fits(path: str, *, whole: bool = False) -> str | None:
+    """``None`` when loading ``path`` fits the available memory, else why not (one line).
+    ``whole``: every table and column is loaded (``LOAD_FACTOR_WHOLE``, module docstring)."""
     raw = json_bytes(path)
-    need = LOAD_BASE_BYTES + int(LOAD_FACTOR * raw)
+    need = LOAD_BASE_BYTES + int((LOAD_FACTOR_WHOLE if whole else LOAD_FACTOR) * raw)
     have = available_bytes()
     if need <= have:
         return None

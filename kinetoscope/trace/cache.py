@@ -31,6 +31,7 @@ from typing import Any, Final
 import msgspec
 import polars as pl
 
+from kinetoscope.trace.compact import contiguous
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.schema import TABLE_SCHEMAS
 
@@ -124,7 +125,8 @@ class TraceCache:
             meta = _meta_from_json((d / "meta.json").read_bytes())
             tables: dict[str, pl.DataFrame] = {}
             for name, schema in TABLE_SCHEMAS.items():
-                df = pl.read_parquet(d / f"{name}.parquet")
+                # row groups come back as chunks: one buffer per column (trace.compact)
+                df = contiguous(pl.read_parquet(d / f"{name}.parquet"))
                 if list(df.columns) != list(schema):
                     raise ValueError(f"{name}: unexpected columns")
                 if dict(df.schema) != schema:
@@ -153,7 +155,13 @@ class TraceCache:
         try:
             for name in TABLE_SCHEMAS:
                 df: pl.DataFrame = getattr(trace, name)
-                df.write_parquet(tmp / f"{name}.parquet", compression=PARQUET_COMPRESSION, statistics=False)
+                # one row group: a hit reads back one chunk per column (trace.compact)
+                df.write_parquet(
+                    tmp / f"{name}.parquet",
+                    compression=PARQUET_COMPRESSION,
+                    statistics=False,
+                    row_group_size=max(df.height, 1),
+                )
             (tmp / "meta.json").write_bytes(_meta_to_json(trace.meta))
             try:
                 os.rename(tmp, final)

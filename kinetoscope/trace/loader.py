@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kinetoscope.trace import _native
 from kinetoscope.trace import cache as _cache
+from kinetoscope.trace.compact import Columns, project
 from kinetoscope.trace.decode import CHUNK_BYTES, EventStream
 from kinetoscope.trace.discover import TraceList, check_ranks, expand_paths
 from kinetoscope.trace.errors import TraceError
@@ -132,6 +133,7 @@ def parse_trace(
     block_bytes: int | None = None,
     workers: int | None = None,
     limits: Limits | None = None,
+    columns: Columns | None = None,
 ) -> Trace:
     """Parse one file (no cache). ``salvage=True`` keeps the complete events of a truncated or
     damaged file and says what was lost in ``meta.warnings``. ``chunk_bytes``/``block_bytes``
@@ -139,11 +141,13 @@ def parse_trace(
     worker processes that decode chunks in parallel (0: none; None: automatic, for files of
     ``PARALLEL_FILE_MIN_BYTES`` of JSON or more; results are identical either way). ``limits``:
     the resource limits (:class:`~kinetoscope.trace.limits.Limits`; default: from the
-    environment), exceeding one raises TraceError naming it."""
+    environment), exceeding one raises TraceError naming it. ``columns``: build only these
+    tables and columns (:data:`~kinetoscope.trace.compact.Columns`; None: all): what is not
+    kept is dropped chunk by chunk, so it never takes memory."""
     spath = os.fspath(path)
     pool = _pool_for(spath, workers, salvage)
     try:
-        return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits)
+        return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits, columns)
     finally:
         if pool is not None:
             from kinetoscope.trace.parallel import release_pool
@@ -159,6 +163,7 @@ def _parse(
     block_bytes: int | None,
     pool: ChunkPool | None,
     limits: Limits | None,
+    columns: Columns | None = None,
 ) -> Trace:
     with (
         _gc_paused(),
@@ -169,7 +174,7 @@ def _parse(
         stream = EventStream(
             spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES, pool=pool
         )
-        builder = TableBuilder(spath)
+        builder = TableBuilder(spath, columns)
         for chunk in stream.chunks():
             builder.add(chunk)
         tables = builder.finish()
@@ -201,12 +206,15 @@ def load_trace(
     salvage: bool = False,
     cache_dir: PathLike | None = None,
     workers: int | None = None,
+    columns: Columns | None = None,
 ) -> Trace:
     """Load one Kineto / PyTorch Profiler trace (``.json`` or ``.json.gz``) into typed tables.
 
     ``cache=False`` forces a cold parse (and does not write the cache). ``salvage=True``
     recovers every complete event of a truncated file instead of raising. ``workers``: worker
-    processes for a large file (see :func:`parse_trace`; None: automatic). Raises
+    processes for a large file (see :func:`parse_trace`; None: automatic). ``columns``: keep
+    only these tables and columns (:data:`~kinetoscope.trace.compact.Columns`); without the
+    cache they are never built, with it the whole trace is loaded (and cached) first. Raises
     :class:`~kinetoscope.trace.errors.TraceError` naming the file and the byte offset or event
     index for anything that is not a readable trace.
     """
@@ -219,10 +227,13 @@ def load_trace(
             hit = store.get(key)
             if hit is not None:
                 apply_location(hit.meta, spath)
-                return hit
-    trace = parse_trace(spath, salvage=salvage, locate=False, workers=workers)
-    if store is not None and key is not None:
+                return project(hit, columns)
+    if store is None or key is None:
+        trace = parse_trace(spath, salvage=salvage, locate=False, workers=workers, columns=columns)
+    else:  # the cache holds whole traces
+        trace = parse_trace(spath, salvage=salvage, locate=False, workers=workers)
         store.put(key, trace)
+        project(trace, columns)
     apply_location(trace.meta, spath)
     return trace
 

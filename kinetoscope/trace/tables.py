@@ -25,6 +25,7 @@ from msgspec import UNSET
 from msgspec.structs import astuple
 
 from kinetoscope.trace import decode as D
+from kinetoscope.trace.compact import PROJECTED_TABLES, Columns, contiguous, kept_columns
 from kinetoscope.trace.metadata import apply_location, infer_device_type
 from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.rules import (
@@ -53,6 +54,7 @@ from kinetoscope.trace.schema import (
     KIND,
     PROCESSES_SCHEMA,
     RUNTIME_KINDS,
+    TABLE_SCHEMAS,
     THREADS_SCHEMA,
 )
 
@@ -223,8 +225,9 @@ def _opt_str_col(vals: Any) -> pl.Series:
 class TableBuilder:
     """Accumulates per-chunk frames for one file; :meth:`finish` concatenates them."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, columns: Columns | None = None) -> None:
         self.path = path
+        self.columns = columns  # trace.compact.Columns: keep only these (None: everything)
         self.ids = IdMap()
         self.warn: Counter[str] = Counter()
         self.events: list[pl.DataFrame] = []
@@ -240,7 +243,23 @@ class TableBuilder:
 
     # ---- public -------------------------------------------------------------------------
     def add(self, chunk: Any) -> None:
-        """One chunk of events: decoded here (DecodedChunk) or built by a worker (BuiltChunk)."""
+        """One chunk of events: decoded here (DecodedChunk) or built by a worker (BuiltChunk).
+        With ``columns``, the chunk's frames keep only those columns from the start."""
+        if self.columns is None:
+            self._add(chunk)
+            return
+        before = {name: len(getattr(self, name)) for name in PROJECTED_TABLES}
+        self._add(chunk)
+        for name, n in before.items():
+            frames: list[pl.DataFrame] = getattr(self, name)
+            keep = kept_columns(name, self.columns)
+            if keep is None:
+                del frames[n:]
+                continue
+            for i in range(n, len(frames)):
+                frames[i] = _project_chunk(frames[i], keep)
+
+    def _add(self, chunk: Any) -> None:
         if not isinstance(chunk, D.DecodedChunk):
             return self.add_built(chunk)
         self.n_events = chunk.first_index + len(chunk.events)
@@ -626,23 +645,26 @@ class TableBuilder:
 
     # ---- finish -------------------------------------------------------------------------
     def finish(self) -> dict[str, pl.DataFrame]:
-        events = _concat(self.events, EVENTS_SCHEMA)
         meta_rows = _concat(self.meta_rows, META_ROWS_SCHEMA)
         procs, thrs = processes_and_threads_polars(meta_rows)
-        return {
-            "events": events,
-            "flows": _concat(self.flows, FLOWS_SCHEMA),
-            "counters": _concat(self.counters, COUNTERS_SCHEMA),
-            "instants": _concat(self.instants, INSTANTS_SCHEMA),
-            "processes": procs,
-            "threads": thrs,
-        }
+        out = {name: self._table(name) for name in PROJECTED_TABLES}
+        return {**out, "processes": procs, "threads": thrs}
+
+    def _table(self, name: str) -> pl.DataFrame:
+        """One table from its chunks (a dropped table: no columns, see ``trace.compact``)."""
+        keep = kept_columns(name, self.columns)
+        if keep is None:
+            return pl.DataFrame()
+        schema = TABLE_SCHEMAS[name]
+        return _concat(getattr(self, name), {c: schema[c] for c in keep})
 
 
 def _concat(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Per-chunk frames -> one table in ``schema`` order. Each frame is first given the full
     schema (missing columns as nulls), so the concatenation only links the chunks' buffers
-    instead of copying them: peak memory stays at one copy of the tables."""
+    instead of copying them; then the columns are made contiguous one at a time
+    (:func:`~kinetoscope.trace.compact.contiguous`): peak memory stays at one copy of the tables
+    plus one column, and later eager filters do not copy the whole table."""
     if not frames:
         return pl.DataFrame(schema=schema)
     full = []
@@ -650,7 +672,7 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
         cols = [
             (
                 _KIND_EXPR
-                if c == "kind"
+                if c == "kind" and "cat" in df.columns
                 else pl.col(c).cast(t)
                 if c in df.columns
                 else pl.lit(None, dtype=t).alias(c)
@@ -659,7 +681,19 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
         ]
         full.append(df.select(cols))
     frames.clear()
-    return full[0] if len(full) == 1 else pl.concat(full, how="vertical", rechunk=False)
+    if len(full) == 1:
+        return full[0]
+    linked = [pl.concat(full, how="vertical", rechunk=False)]
+    full.clear()  # the chunks' buffers are now held by the linked frame alone,
+    return contiguous(linked.pop())  # which ``contiguous`` owns (its old columns are freed)
+
+
+def _project_chunk(df: pl.DataFrame, keep: list[str]) -> pl.DataFrame:
+    """One chunk's frame with only the ``keep`` columns it has; an events frame gets its
+    ``kind`` from ``cat`` first (``cat`` itself may not be kept)."""
+    if "kind" in keep and "kind" not in df.columns and "cat" in df.columns:
+        df = df.with_columns(_KIND_EXPR)
+    return df.select([c for c in df.columns if c in keep])
 
 
 def processes_and_threads_polars(meta_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

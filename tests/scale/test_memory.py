@@ -73,3 +73,23 @@ def test_the_other_ranks_are_still_analysed(monkeypatch: pytest.MonkeyPatch) -> 
     run = run_analysis(AnalyzeRequest(backend="single", cache=False), [str(p) for p in PAIR])
     assert list(run.load_errors) == [str(needs[1][1])]
     assert [t.meta.path for t in run.traces] == [str(needs[0][1])]
+
+
+def test_a_rank_loaded_whole_needs_the_larger_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An analysis that does not declare its reads loads every table and column: the check uses
+    ``LOAD_FACTOR_WHOLE``; the default document (declared reads) uses ``LOAD_FACTOR``."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.scale.mapper import RankTask, map_rank
+    from kinetoscope.scale.memory import LOAD_FACTOR_WHOLE
+
+    raw = json_bytes(str(PAIR[0]))
+    assert LOAD_FACTOR_WHOLE > LOAD_FACTOR
+    between = LOAD_BASE_BYTES + int((LOAD_FACTOR + LOAD_FACTOR_WHOLE) / 2 * raw)
+    monkeypatch.setenv("KSCOPE_MEMORY_AVAILABLE", str(between))
+    assert check_fits(str(PAIR[0])) is None
+    why = check_fits(str(PAIR[0]), whole=True)
+    assert why is not None and "needs about" in why
+    req = AnalyzeRequest(cache=False)
+    undeclared = next(s.name for s in registry.all_specs() if s.reads is None)
+    assert map_rank(RankTask(0, str(PAIR[0]), tuple(registry.default_names()), req)).error is None
+    assert map_rank(RankTask(0, str(PAIR[0]), (undeclared,), req)).error == why

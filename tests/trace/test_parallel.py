@@ -230,3 +230,13 @@ def test_salvage_is_serial(tmp_path):
     a = parse_trace(p, salvage=True, workers=W, chunk_bytes=3000)
     b = parse_trace(p, salvage=True, workers=0, chunk_bytes=3000)
     assert_same_trace(a, b)
+
+
+def test_columns_are_dropped_the_same_way():
+    """``columns`` (trace.compact): the workers' chunks are projected in the parent as its own."""
+    path = TRACES_DIR / "hta/cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz"
+    cols = {"events": ("ts", "correlation", "input_dims"), "counters": ("value",)}
+    par, ser = both(path, chunk_bytes=1 << 15, columns=cols)
+    assert_same_trace(par, ser)
+    assert par.flows.width == 0 and par.counters.columns == ["value"]
+    assert par.events.columns == ["idx", "kind", "name", "ts", "dur", "correlation", "input_dims"]
