@@ -109,7 +109,6 @@ def task_reads(task: RankTask) -> dict[str, set[str]] | None:
     tables never take memory. None (load everything) when an analysis does not declare it or
     is a ``driver`` analysis (the whole trace goes to the driver), or ``task.project`` is off."""
     from kinetoscope.analysis import registry
-    from kinetoscope.diagnosis.extract import READS
 
     if not task.project:
         return None
@@ -118,7 +117,9 @@ def task_reads(task: RankTask) -> dict[str, set[str]] | None:
     reads = registry.reads_of(task.names)
     if reads is None:
         return None
-    if task.request.diagnosis:
+    if task.request.diagnosis:  # the diagnosis is imported only when it runs
+        from kinetoscope.diagnosis.extract import READS
+
         for table, cols in READS.items():
             reads.setdefault(table, set()).update(cols)
     return reads
