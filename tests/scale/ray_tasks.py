@@ -32,3 +32,10 @@ def fail(folder: str) -> str:
     """An error of the function itself: Ray and kinetoscope must not rerun it."""
     _record(folder)
     raise ValueError(f"a bad input ({folder})")
+
+
+def node_of(_: object = None) -> str:
+    """The node this task ran on (the fixture's probe that the scheduler sees a node)."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())

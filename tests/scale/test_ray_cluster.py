@@ -217,7 +217,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ]
         c.head = _start_with_retries(c, head, "head")
         c.worker = _start_with_retries(c, ["--address", c.address], "second node")
-        _wait_for(lambda: _two_nodes(c), "both nodes registered", c)
+        _wait_for(lambda: _two_nodes(c), "both nodes registered and schedulable", c)
         yield c
     finally:
         if ray.is_initialized():
@@ -246,14 +246,28 @@ def _start_with_retries(c: Cluster, args: list[str], what: str, attempts: int = 
 
 
 def _two_nodes(c: Cluster) -> bool:
-    """Join, count the alive nodes, leave (the test joins again through the executor)."""
+    """Join, check both nodes are alive *and schedulable*, leave (the test joins again through
+    the executor). A node is listed alive before the head's scheduler holds its resources; a task
+    placed there with a soft affinity meanwhile runs elsewhere (a clean CI run: all twelve on the
+    head), so a task pinned to the second node (hard affinity) must run there first."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from tests.scale.ray_tasks import node_of
+
     try:
         ray.init(address=c.address, log_to_driver=False)
     except Exception:  # noqa: BLE001 - not ready yet: the caller polls until its deadline
         ray.shutdown()
         return False
     try:
-        return len(c.alive_nodes()) >= 2
+        if len(c.alive_nodes()) < 2 or c.worker is None:
+            return False
+        second = node_id(c.worker)
+        pinned = NodeAffinitySchedulingStrategy(second, soft=False)
+        probe = ray.remote(num_cpus=1)(node_of).options(scheduling_strategy=pinned)
+        return bool(ray.get(probe.remote(), timeout=120) == second)
+    except Exception:  # noqa: BLE001 - not schedulable yet (unschedulable, timeout): poll again
+        return False
     finally:
         ray.shutdown()
 
