@@ -383,11 +383,14 @@ def run_whole(
 
 def _pycache_dir() -> Path:
     """A bytecode cache private to this benchmark run (``PYTHONPYCACHEPREFIX``)."""
+    import atexit
+    import shutil
     import tempfile
 
     global _PYCACHE
     if _PYCACHE is None:
         _PYCACHE = Path(tempfile.mkdtemp(prefix="kbench-pycache-"))
+        atexit.register(shutil.rmtree, _PYCACHE, True)
     return _PYCACHE
 
 
