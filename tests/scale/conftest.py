@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import orjson
@@ -48,12 +49,17 @@ def ray_session():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kinetoscope[scale]')")
     from kinetoscope.scale.executors import local_ray_options
 
+    saved = dict(os.environ)  # ray.init sets RAY_AUTH_MODE and more: later tests must not inherit them
     try:
         ray.init(**local_ray_options(2))
     except Exception as exc:  # noqa: BLE001 - as with PostgreSQL: no server here, say why and skip
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
         pytest.skip(f"a local Ray could not start on this machine ({type(exc).__name__}: {exc})")
     try:
         yield ray
     finally:
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
