@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from collections import Counter
 
 import orjson
 import polars as pl
@@ -77,11 +76,10 @@ def test_clean_run_says_none(ddp_runs):
     # rank really late in most steps (seen: 25/32 collectives, 5.8 % of the step under an extra
     # CPU burner), which the diagnosis rightly reports. What a clean job must never get is a
     # straggler of the size the injected runs have (70 %+ of the step).
-    # When the host made one rank late in several steps (seen: rank 3 in 6 of 16 steps at load
-    # average 15), the per-step evidence must be that rank's: at most one late step of another.
-    # The host can also make one rank late in a few steps at a cost under the verdict's floor
-    # (seen in a clean CI run: rank 1 in 5 of 16 steps): the verdict is then "none", its reason
-    # names the rank and its small cost, and the per-step evidence is still that one rank's.
+    # On a clean job the host alone can make ranks late in some steps, at a cost under the
+    # verdict's floor (seen in clean CI runs: rank 1 late in 5 of 16 steps; ranks 0 and 3 in 8
+    # each, 2 % of step time). The verdict is then "none", and it must say so honestly: every
+    # rank the per-step evidence marks late is named in the reason, with a cost under the floor.
     s = diag.stragglers
     found = _found(diag)
     assert (s.lost_fraction or 0.0) < 0.10, diag.render_text()
@@ -89,12 +87,13 @@ def test_clean_run_says_none(ddp_runs):
         assert len([r for _, r in found if r not in s.ranks]) <= 1, diag.render_text()
     else:
         assert diag.summary()[0].startswith("NO STRAGGLER")
-        late_by_rank = Counter(r for _, r in found)
-        host_made = max(late_by_rank, key=late_by_rank.__getitem__, default=None)
-        assert sum(n for r, n in late_by_rank.items() if r != host_made) <= 1, diag.render_text()
-        if late_by_rank[host_made] > 1:  # a repeated late rank is named in the reason, with its cost
+        evidence_ranks = {r for _, r in found}
+        if evidence_ranks:
             listed = re.match(r"rank\(s\) \[([\d, ]+)\]", s.reason)
-            assert listed and host_made in {int(r) for r in listed.group(1).split(",")}, s.reason
+            assert listed, s.reason
+            assert evidence_ranks <= {int(r) for r in listed.group(1).split(",")}, diag.render_text()
+            cost = re.search(r"(?:costing|save only) ([\d.]+)% of step time \(< ([\d.]+)%\)", s.reason)
+            assert cost and float(cost.group(1)) < float(cost.group(2)), s.reason
     # 16 traced steps: the first is analysed when every rank's window began at its start (after
     # an optimizer step); on a loaded host a rank's window can begin inside it, and it is left out
     assert diag.stragglers.steps_analysed >= 15
