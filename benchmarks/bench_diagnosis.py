@@ -325,6 +325,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small GPU set, no CPU job unless --cpu-jobs")
     p.add_argument("--gpu-per-type", type=int, default=None, help="GPU scenarios per type (quick 6, full 40)")
     p.add_argument("--cpu-jobs", type=int, default=None, help="real CPU DDP jobs (quick 0, full 8)")
+    p.add_argument(
+        "--cpu-seed",
+        type=int,
+        default=0,
+        help="draw of the CPU jobs' straggler ranks and world sizes (0: the set earlier rounds used)",
+    )
     p.add_argument("--bases", nargs="*", default=None, choices=sorted(gpu.BASES), help="GPU bases to use")
     p.add_argument(
         "--types", nargs="*", default=None, choices=gpu.TYPES, help="GPU scenario types (default all)"
@@ -399,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             if per_type
             else []
         )
-        cpu_out = run_all(cpu.scenarios(cpu_jobs), run_cpu, workdir, a.keep, part) if cpu_jobs else []
+        cpu_out = (
+            run_all(cpu.scenarios(cpu_jobs, a.cpu_seed), run_cpu, workdir, a.keep, part) if cpu_jobs else []
+        )
     outcomes = gpu_out + cpu_out
     summary = {
         "gpu": summary_by_type(gpu_out, gpu.TYPES),

@@ -77,18 +77,20 @@ WORLDS = (2, 3, 4, 5, 6, 8)
 
 
 def scenarios(n: int, seed: int = 0) -> list[CpuScenario]:
-    """``n`` scenarios: the types in order, then again, with world sizes cycling over 2..8."""
+    """``n`` scenarios: the types in order, then again, with world sizes cycling over 2..8.
+    ``seed`` 0 is the set earlier rounds were scored on; another seed draws other straggler ranks,
+    intermittent draws and world sizes (jobs the thresholds were not tuned on)."""
     out = []
     types = list(CPU_TYPES)
     for k in range(n):
         t = types[k % len(types)]
-        world = WORLDS[(k + k // len(types)) % len(WORLDS)]
+        world = WORLDS[(k + k // len(types) + seed) % len(WORLDS)]
         mode, nhit, ms, kind = CPU_TYPES[t]
         rng = random.Random(f"cpu/{t}/{k}/{seed}")
         hit = sorted(rng.sample(range(world), min(nhit, world)))
-        out.append(
-            CpuScenario(f"cpu-{t}-w{world}-{k}", t, world, mode, hit, ms, kind, {"seed": k, "prob": 0.3})
-        )
+        name = f"cpu-{t}-w{world}-{k}" + (f"-s{seed}" if seed else "")
+        extra = {"seed": k + 1000 * seed, "prob": 0.3}
+        out.append(CpuScenario(name, t, world, mode, hit, ms, kind, extra))
     return out
 
 

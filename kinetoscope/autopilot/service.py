@@ -25,6 +25,7 @@ from typing import Any
 from kinetoscope.autopilot import alerts as alerting
 from kinetoscope.autopilot.anomaly import AnomalyDetector
 from kinetoscope.autopilot.discovery import SweepResult, sweep
+from kinetoscope.autopilot.lease import LeaseKeeper
 from kinetoscope.autopilot.metrics import AutopilotMetrics
 from kinetoscope.autopilot.policy import Policy
 from kinetoscope.autopilot.summary import summarize
@@ -311,9 +312,13 @@ class Autopilot:
 
     # -- one sample ------------------------------------------------------------------------------
     def run_sample(self, sample: SampleRow) -> tuple[str, str]:
-        """Trigger (or find) the trace, wait, store, analyse, record; never raises."""
+        """Trigger (or find) the trace, wait, store, analyse, record; never raises. The job's lease
+        is renewed while the sample runs; a sample whose lease another instance took (this one
+        stopped renewing, e.g. cut off from the catalog) is left to that instance to record."""
+        keeper = LeaseKeeper(self.store, sample.job_key, self.config.instance, self.policy.lease_s)
         try:
-            state, reason, error, summary, analysis_id = self._sample_pipeline(sample)
+            with keeper:
+                state, reason, error, summary, analysis_id = self._sample_pipeline(sample)
         except Exception as exc:
             log.exception("sample %s failed", sample.sample_id)
             state, reason, error, summary, analysis_id = (
@@ -323,6 +328,11 @@ class Autopilot:
                 None,
                 None,
             )
+        if keeper.lost.is_set():
+            log.warning(
+                "sample %s of %s: lease lost, left to its new owner", sample.sample_id, sample.job_key
+            )
+            return sample.sample_id, "handed_over"
         self.store.finish(
             sample.sample_id, state, summary=summary, analysis_id=analysis_id, reason=reason, error=error
         )

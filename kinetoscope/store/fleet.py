@@ -435,13 +435,17 @@ class FleetStore:
             )
         return True
 
-    def renew_lease(self, job_key: str, owner: str, lease_s: float) -> None:
+    def renew_lease(self, job_key: str, owner: str, lease_s: float, now: datetime | None = None) -> bool:
+        """Extend ``owner``'s lease on the job to ``lease_s`` from now; False when it no longer holds
+        it (another instance took the job over after the lease expired)."""
+        now = now or utcnow()
         with self.cat._write() as conn:
-            conn.execute(
+            res = conn.execute(
                 fleet_jobs.update()
                 .where(fleet_jobs.c.job_key == job_key, fleet_jobs.c.lease_owner == owner)
-                .values(lease_expires=utcnow() + timedelta(seconds=lease_s))
+                .values(lease_expires=now + timedelta(seconds=lease_s))
             )
+        return res.rowcount == 1
 
     def mark_triggered(self, requests: Mapping[str, Mapping[str, Any]]) -> None:
         """Samples the daemons took (sample id -> request with its files), in one transaction."""
