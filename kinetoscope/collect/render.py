@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
+from types import TracebackType
 
 from rich import box
+from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kinetoscope.collect.trigger import TraceResult
+from kinetoscope.collect.trigger import HostReply, TraceResult
 from kinetoscope.units import fmt_bytes
 
 _STATE_LABELS = {
@@ -96,3 +100,63 @@ def stored_table(result: TraceResult, *, compact: bool = False) -> Table:
     for o in result.stored:
         table.add_row(escape(o.url), str(o.bytes), o.sha256)
     return table
+
+
+_PHASES = {"list": "listing processes (alignment)", "trace": "triggering"}
+
+
+class FanoutProgress:
+    """A live "hosts answered / failed / total" bar of a fan-out, for ``trigger_trace(on_answer=...)``.
+
+    ``on_answer`` runs in the pool's threads and only bumps counters; Rich redraws from its own
+    thread a few times a second, so 1,000 answers cost 1,000 counter updates, not 1,000 redraws.
+    ``transient``: the bar disappears when done (the result is printed after it)."""
+
+    def __init__(self, console: Console, hosts: int) -> None:
+        self.hosts = hosts
+        self.lock = threading.Lock()
+        self.counts: dict[str, list[int]] = {}  # phase -> [answered, failed]
+        self.tasks: dict[str, TaskID] = {}
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[answered]} answered, {task.fields[failed]} failed / {task.total} hosts"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            refresh_per_second=8,
+        )
+
+    def __enter__(self) -> FanoutProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.progress.stop()
+
+    def on_answer(self, phase: str, reply: HostReply) -> None:
+        with self.lock:
+            if phase not in self.tasks:
+                self.counts[phase] = [0, 0]
+                self.tasks[phase] = self.progress.add_task(
+                    _PHASES.get(phase, phase), total=self.hosts, answered=0, failed=0
+                )
+            counts = self.counts[phase]
+            counts[reply.error is not None] += 1
+            self.progress.update(
+                self.tasks[phase], completed=sum(counts), answered=counts[0], failed=counts[1]
+            )
+
+
+def fanout_summary(result: TraceResult) -> str:
+    """One line: how many hosts answered, failed, and when (``kscope trace`` to many hosts)."""
+    f = result.fanout
+    line = f"{f.answered} of {f.hosts} hosts answered, {f.failed} failed"
+    if f.first_answer_s is not None and f.all_answered_s is not None:
+        line += f"; first answer after {f.first_answer_s:.3f} s, all after {f.all_answered_s:.2f} s"
+    if f.listing_s is not None:
+        line += f" (after a {f.listing_s:.2f} s listing to align the iteration windows)"
+    return f"{line}; {len(result.triggered)} processes triggered"
