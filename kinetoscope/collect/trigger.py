@@ -32,7 +32,14 @@ from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
 from kinetoscope.protocol import rpc
 from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
-from kinetoscope.protocol.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
+from kinetoscope.protocol.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestFile,
+    dumps_manifest,
+    utc_now_iso,
+    write_bytes_atomic,
+)
 
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject
@@ -876,13 +883,17 @@ def build_manifest(result: TraceResult) -> Manifest:
 
 
 def save_manifest(result: TraceResult) -> list[str]:
-    """Write ``manifest.json`` into every request folder; a failure becomes a note (not fatal)."""
-    manifest = build_manifest(result)
+    """Write ``manifest.json`` into every request folder; a failure becomes a note (not fatal).
+
+    The bytes are encoded once: with per-host trace roots visible from this machine there is one
+    folder per host, and encoding the whole request's manifest for each was O(hosts x files)."""
+    data = dumps_manifest(build_manifest(result))
     dirs = result.output_dirs or sorted({os.path.dirname(f.path) for f in result.files})
     written: list[str] = []
     for d in dirs:
         try:
-            written.append(str(write_manifest(manifest, d)))
+            Path(d).mkdir(parents=True, exist_ok=True)
+            written.append(str(write_bytes_atomic(Path(d) / MANIFEST_NAME, data)))
         except OSError as exc:
             # Not fatal: the traces exist, and each daemon writes manifest.<host>.json beside them.
             note = (

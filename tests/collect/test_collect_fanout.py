@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from kinetoscope.collect.client import read_hosts_file
+from kinetoscope.collect.trigger import save_manifest
 from kinetoscope.errors import UsageError
 from tests.collect.conftest import REPO_ROOT, kscope_env
 
@@ -195,3 +196,24 @@ def test_read_hosts_file_normalises_and_drops_duplicates(tmp_path):
     p.write_text("node1:0\n", encoding="utf-8")
     with pytest.raises(UsageError, match=r"hosts file .* line 1: bad host"):
         read_hosts_file(str(p))
+
+
+def test_per_host_trace_roots_each_get_the_whole_manifest(tmp_path):
+    """save_manifest encodes once and writes the same manifest into every request folder."""
+    from kinetoscope.collect.trigger import MatchedProcess, Target, TraceFile, TraceOptions, TraceResult
+    from kinetoscope.protocol.manifest import read_manifest
+
+    res = TraceResult("kst-roots", [], Target(all=True), TraceOptions(iterations=3))
+    for i in range(3):
+        folder = tmp_path / f"host{i}" / "kst-roots"
+        res.output_dirs.append(str(folder))
+        path = str(folder / f"rank-{i}_{100 + i}.pt.trace.json")
+        res.matched.append(
+            MatchedProcess(f"h{i}:1778", f"h{i}", 100 + i, i, i, 3, "0", "python x", path, True, False)
+        )
+        res.files.append(TraceFile(host=f"h{i}:1778", pid=100 + i, rank=i, path=path))
+    written = save_manifest(res)
+    assert written == [str(tmp_path / f"host{i}" / "kst-roots" / "manifest.json") for i in range(3)]
+    for folder in res.output_dirs:
+        m = read_manifest(folder)
+        assert m.trace_id == "kst-roots" and [f.rank for f in m.files] == [0, 1, 2]
