@@ -192,7 +192,11 @@ def manifests(hosts: int, procs: int) -> dict[str, Any]:
     from kinetoscope.collect.trigger import build_manifest, save_manifest
     from kinetoscope.protocol.manifest import write_manifest
 
-    out: dict[str, Any] = {"hosts": hosts, "files": hosts * procs, "load_avg_start": round(os.getloadavg()[0], 2)}
+    out: dict[str, Any] = {
+        "hosts": hosts,
+        "files": hosts * procs,
+        "load_avg_start": round(os.getloadavg()[0], 2),
+    }
     with tempfile.TemporaryDirectory(prefix="kscope-manifests-") as tmp:
         res = _request_result(hosts, procs, os.path.join(tmp, "new"))
         start = time.perf_counter()
