@@ -14,6 +14,10 @@ here. Printed per run:
            subprocess: wall seconds including interpreter start-up, its exit status and the
            ``timing`` of its JSON document.
 
+``--wait S`` adds a row: ``wait_for_trace`` after one trigger, for S seconds (the simulated
+processes pick up the config but never write a file, so it polls every host until the timeout):
+status rounds done and seconds per round, against its 0.5 s poll interval.
+
 ``--manifests N`` instead measures ``save_manifest`` for a request of N hosts x ``--procs`` files
 whose hosts each have their own trace root visible here (N request folders, each gets the whole
 request's ``manifest.json``): as the trigger does it (encoded once) against encoding it per folder
@@ -101,6 +105,40 @@ def trigger_once(addresses: list[str]) -> dict[str, float]:
     }
 
 
+def wait_once(fleet: FleetProcess, seconds: float) -> dict[str, Any]:
+    """Trigger, let the processes pick the config up, then ``wait_for_trace`` for ``seconds``:
+    how many kscopeTraceStatus rounds over every host it managed (the simulated processes never
+    write their files)."""
+    from kinetoscope.collect import trigger as trig
+    from kinetoscope.collect.client import parse_host
+
+    request = trig.TraceRequest(
+        hosts=tuple(parse_host(a) for a in fleet.addresses),
+        target=trig.Target(all=True),
+        options=trig.TraceOptions(iterations=5, align=False),
+    )
+    res = trig.trigger_trace(request, write_manifest_file=False)
+    fleet.poll_all()
+    rounds: list[float] = []
+    start = time.perf_counter()
+    trig.wait_for_trace(
+        res,
+        timeout=seconds,
+        write_manifest_file=False,
+        on_progress=lambda r: rounds.append(time.perf_counter()),
+    )
+    wall = time.perf_counter() - start
+    timeouts = sum(1 for e in res.errors if e.kind == "timeout")
+    per_round = (rounds[-1] - start) / len(rounds) if rounds else None
+    return {
+        "wait_s": seconds,
+        "wall_s": round(wall, 2),
+        "rounds": len(rounds),
+        "s_per_round": per_round,
+        "timeouts": timeouts,
+    }
+
+
 def cli_once(addresses: list[str]) -> dict[str, Any]:
     """`kscope trace --hosts-file` over the fleet as a subprocess."""
     from sim_fleet import write_hosts_file
@@ -144,8 +182,10 @@ def _run_cli(hosts_file: str, env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
-def run(hosts: int = 1000, procs: int = 4, repeat: int = 3, cli: bool = True) -> dict[str, Any]:
-    libs, clis = [], []
+def run(
+    hosts: int = 1000, procs: int = 4, repeat: int = 3, cli: bool = True, wait: float = 0.0
+) -> dict[str, Any]:
+    libs, clis, waits = [], [], []
     load_start = round(os.getloadavg()[0], 2)
     with FleetProcess(hosts, procs) as fleet:
         for _ in range(repeat):
@@ -153,6 +193,9 @@ def run(hosts: int = 1000, procs: int = 4, repeat: int = 3, cli: bool = True) ->
             fleet.poll_all()
         if cli:
             clis.append(cli_once(fleet.addresses))
+            fleet.poll_all()
+        if wait:
+            waits.append(wait_once(fleet, wait))
     best = min(libs, key=lambda r: r["all_s"])
     return {
         "hosts": hosts,
@@ -164,6 +207,7 @@ def run(hosts: int = 1000, procs: int = 4, repeat: int = 3, cli: bool = True) ->
         "lib": libs,
         "lib_best": best,
         "cli": clis,
+        "wait": waits,
     }
 
 
@@ -241,6 +285,12 @@ def report(out: dict[str, Any]) -> None:
             f"exit {c['rc']}, {c['triggered']} processes triggered; its timing: first answer "
             f"{t.get('first_answer_s')} s, all answered {t.get('all_answered_s')} s"
         )
+    for w in out.get("wait", []):
+        per = "-" if w["s_per_round"] is None else f"{w['s_per_round']:.2f}"
+        print(
+            f"wait_for_trace over {n} hosts for {w['wait_s']:g} s: {w['rounds']} status rounds, {per} s per round "
+            f"(each = one status call per host + the 0.5 s sleep), {w['timeouts']} files reported missing, {w['wall_s']:.2f} s wall"
+        )
     print(json.dumps(out))
 
 
@@ -250,12 +300,13 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="registered processes per host")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-cli", action="store_true")
+    ap.add_argument("--wait", type=float, default=0.0, metavar="S", help="also: wait_for_trace for S seconds")
     ap.add_argument("--manifests", type=int, default=0, metavar="HOSTS", help="instead: save_manifest cost")
     args = ap.parse_args()
     if args.manifests:
         print(json.dumps(manifests(args.manifests, args.procs)))
         return
-    report(run(args.hosts, args.procs, args.repeat, cli=not args.no_cli))
+    report(run(args.hosts, args.procs, args.repeat, cli=not args.no_cli, wait=args.wait))
 
 
 if __name__ == "__main__":

@@ -957,8 +957,9 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             elif f.delivered_mono is None:
                 f.delivered_mono = now
     if check_local:
+        address_of = {str(h): h for h in result.hosts}
         for f in result.files:
-            addr = next((h for h in result.hosts if str(h) == f.host), None)
+            addr = address_of.get(f.host)
             if f.complete or addr is None or not is_local_host(addr):
                 continue
             st = file_status(f.path)
@@ -1143,6 +1144,13 @@ def _list_processes_by_host(
     return out
 
 
+def _files_by_host(result: TraceResult) -> dict[str, list[TraceFile]]:
+    out: dict[str, list[TraceFile]] = {}
+    for f in result.files:
+        out.setdefault(f.host, []).append(f)
+    return out
+
+
 def wait_for_trace(
     result: TraceResult,
     *,
@@ -1161,13 +1169,12 @@ def wait_for_trace(
     and the likely cause. A host that stops answering is reported only if it still had files
     missing at the end."""
     deadline = time.monotonic() + timeout
-    hosts_with_files = [h for h in result.hosts if any(f.host == str(h) for f in result.files)]
+    files_of = _files_by_host(result)  # per host, once: a scan of every file per host is O(hosts x files)
+    hosts_with_files = [h for h in result.hosts if str(h) in files_of]
     last_host_problems: list[TraceProblem] = []
     settled: dict[int, TraceProblem] = {}
     while True:
-        pending_hosts = [
-            h for h in hosts_with_files if any(f.host == str(h) and not f.complete for f in result.files)
-        ]
+        pending_hosts = [h for h in hosts_with_files if any(not f.complete for f in files_of[str(h)])]
         if pending_hosts:
             replies = _ask_all(pending_hosts, token, rpc_timeout, lambda c: c.trace_status(result.trace_id))
             last_host_problems = _merge_status(result, replies, check_local)
@@ -1181,16 +1188,13 @@ def wait_for_trace(
     result.waited = True
     failed_hosts = {p.host for p in last_host_problems}
     for p in last_host_problems:
-        if any(f.host == p.host and not f.complete for f in result.files):
+        if any(not f.complete for f in files_of.get(p.host or "", ())):
             result.errors.append(p)
     undelivered_hosts = [
         h
-        for h in result.hosts
+        for h in hosts_with_files
         if str(h) not in failed_hosts
-        and any(
-            f.host == str(h) and not f.complete and not f.delivered and id(f) not in settled
-            for f in result.files
-        )
+        and any(not f.complete and not f.delivered and id(f) not in settled for f in files_of[str(h)])
     ]
     listing = _list_processes_by_host(undelivered_hosts, token, rpc_timeout) if undelivered_hosts else {}
     for f in result.files:

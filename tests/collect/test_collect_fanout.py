@@ -90,6 +90,26 @@ def test_hosts_file_fanout_lists_down_hosts_and_triggers_the_others(kscope_main,
     assert timing["listing_s"] is None  # --no-align: no listing before the trigger
 
 
+def test_wait_over_many_hosts_reports_each_missing_file_once(kscope_main, fleet, hosts_file):
+    """--wait polls only the hosts that answered; the simulated processes never write their
+    files, so each triggered file is one ``timeout`` error, and each down host one ``unreachable``."""
+    down, up = _split(fleet)
+    code, out, _err = kscope_main(
+        "trace", "--hosts-file", str(hosts_file), "--all", "--iterations", "3", "--no-align",
+        "--no-catalog", "--wait", "--timeout", "1", "--json",
+    )  # fmt: skip
+    _poll(fleet)
+    doc = orjson.loads(out)
+    assert code == 1 and doc["waited"]
+    by_kind: dict[str, list[dict[str, object]]] = {}
+    for e in doc["errors"]:
+        by_kind.setdefault(str(e["kind"]), []).append(e)
+    assert sorted(by_kind) == ["timeout", "unreachable"]
+    assert {e["host"] for e in by_kind["unreachable"]} == down
+    timeouts = {(e["host"], e["pid"]) for e in by_kind["timeout"]}
+    assert timeouts == {(f["host"], f["pid"]) for f in doc["files"]} and len(timeouts) == len(up) * PROCS
+
+
 def test_aligned_fanout_times_the_listing_too(kscope_main, fleet, hosts_file):
     code, out, _err = kscope_main(
         "trace", "--hosts-file", str(hosts_file), "--all", "--iterations", "3", "--no-catalog", "--json"
