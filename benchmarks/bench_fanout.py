@@ -139,18 +139,20 @@ def wait_once(fleet: FleetProcess, seconds: float) -> dict[str, Any]:
     }
 
 
-def cli_once(addresses: list[str]) -> dict[str, Any]:
-    """`kscope trace --hosts-file` over the fleet as a subprocess."""
+def cli_once(addresses: list[str], json_out: bool = True) -> dict[str, Any]:
+    """`kscope trace --hosts-file` over the fleet as a subprocess (``json_out``: with ``--json``;
+    else the human output, stdout and stderr pipes, so no progress bar)."""
     from sim_fleet import write_hosts_file
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory(prefix="kscope-fanout-hosts-") as tmp:
         hosts_file = write_hosts_file(Path(tmp) / "hosts.txt", addresses)
         start = time.perf_counter()
-        out = _run_cli(str(hosts_file), env)
+        out = _run_cli(str(hosts_file), env, json_out)
         wall = time.perf_counter() - start
     doc = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {}
     return {
+        "json": json_out,
         "wall_s": round(wall, 3),
         "rc": out.returncode,
         "triggered": sum(1 for m in doc.get("matched", []) if m.get("triggered")),
@@ -158,7 +160,7 @@ def cli_once(addresses: list[str]) -> dict[str, Any]:
     }
 
 
-def _run_cli(hosts_file: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_cli(hosts_file: str, env: dict[str, str], json_out: bool) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -172,7 +174,7 @@ def _run_cli(hosts_file: str, env: dict[str, str]) -> subprocess.CompletedProces
             "5",
             "--no-align",
             "--no-catalog",
-            "--json",
+            *(["--json"] if json_out else []),
         ],
         capture_output=True,
         text=True,
@@ -192,8 +194,9 @@ def run(
             libs.append(trigger_once(fleet.addresses))
             fleet.poll_all()
         if cli:
-            clis.append(cli_once(fleet.addresses))
-            fleet.poll_all()
+            for json_out in (True, False):
+                clis.append(cli_once(fleet.addresses, json_out))
+                fleet.poll_all()
         if wait:
             waits.append(wait_once(fleet, wait))
     best = min(libs, key=lambda r: r["all_s"])
@@ -279,9 +282,15 @@ def report(out: dict[str, Any]) -> None:
         f"{out['repeat']}); target < {TARGET_S:g} s: {verdict}"
     )
     for c in out["cli"]:
+        if not c.get("json", True):
+            print(
+                f"kscope trace --hosts-file <{n} hosts> --all (human output): {c['wall_s']:.2f} s wall incl. "
+                f"start-up, exit {c['rc']}"
+            )
+            continue
         t = c.get("timing") or {}
         print(
-            f"kscope trace --hosts-file <{n} hosts> --all: {c['wall_s']:.2f} s wall incl. start-up, "
+            f"kscope trace --hosts-file <{n} hosts> --all --json: {c['wall_s']:.2f} s wall incl. start-up, "
             f"exit {c['rc']}, {c['triggered']} processes triggered; its timing: first answer "
             f"{t.get('first_answer_s')} s, all answered {t.get('all_answered_s')} s"
         )

@@ -26,9 +26,12 @@ from kinetoscope.collect.deliver import (
     waiter_info,
 )
 from kinetoscope.collect.render import (
+    TABLE_MAX_ROWS,
     FanoutProgress,
     fanout_summary,
     files_table,
+    large_files,
+    large_matched,
     matched_table,
     stored_table,
 )
@@ -69,12 +72,22 @@ def _trigger(err: Console, request: TraceRequest, token: str | None, json_out: b
 
 
 def render_matched(console: Console, result: TraceResult) -> None:
-    if result.matched:
+    if len(result.matched) > TABLE_MAX_ROWS:  # a summary and the processes not traced
+        line, table = large_matched(result, TABLE_MAX_ROWS)
+        console.print(escape(line))
+        if table is not None:
+            console.print(table)
+    elif result.matched:
         console.print(matched_table(result))
 
 
 def render_files(console: Console, result: TraceResult) -> None:
-    if result.files:
+    if len(result.files) > TABLE_MAX_ROWS:  # a summary and the incomplete files
+        line, table = large_files(result, TABLE_MAX_ROWS)
+        console.print(escape(line))
+        if table is not None:
+            console.print(table)
+    elif result.files:
         console.print(files_table(result))
 
 

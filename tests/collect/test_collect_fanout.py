@@ -110,6 +110,35 @@ def test_wait_over_many_hosts_reports_each_missing_file_once(kscope_main, fleet,
     assert timeouts == {(f["host"], f["pid"]) for f in doc["files"]} and len(timeouts) == len(up) * PROCS
 
 
+def test_large_requests_print_a_summary_not_every_row(kscope_main, fleet, hosts_file, monkeypatch):
+    """Above TABLE_MAX_ROWS processes the human output is a summary plus the rows that need a look."""
+    import kinetoscope.cli.trace_cmd as trace_cmd
+
+    monkeypatch.setattr(trace_cmd, "TABLE_MAX_ROWS", 10)
+    args = (
+        "trace",
+        "--hosts-file",
+        str(hosts_file),
+        "--all",
+        "--iterations",
+        "3",
+        "--no-align",
+        "--no-catalog",
+    )
+    code, out, _err = kscope_main(*args)
+    _poll(fleet)
+    flat = " ".join(out.split())
+    assert code == 1
+    assert "90 processes matched on 45 hosts: 90 traced (--json lists every process)" in flat
+    assert "90 trace files: 90 pending" in flat and ".pt.trace.json" not in out  # no table of 90 rows
+
+    code, out, _err = kscope_main(*args, "--wait", "--timeout", "1")
+    _poll(fleet)
+    flat = " ".join(out.split())
+    assert code == 1 and "90 trace files: 90 incomplete" in flat
+    assert "90 incomplete file(s) (first 10)" in flat and flat.count(".pt.trace.json") == 10
+
+
 def test_aligned_fanout_times_the_listing_too(kscope_main, fleet, hosts_file):
     code, out, _err = kscope_main(
         "trace", "--hosts-file", str(hosts_file), "--all", "--iterations", "3", "--no-catalog", "--json"
