@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/bench_scale.py [--ranks 8 64 256 1024] [--source dlrm|control]
         [--workdir DIR] [--backends single local ray] [--no-ray] [--workers N] [--repeat 1]
     .venv/bin/python benchmarks/bench_scale.py --huge 2 [--rss-cap-mb 5800]
+    .venv/bin/python benchmarks/bench_scale.py --fanout 1000
+
+``--fanout HOSTS`` is the fan-out benchmark of ``bench_fanout.py`` (its code, its output):
+``kscope trace`` to HOSTS simulated daemons, time to the first answer and to all triggered.
 
 Rank sets (written once to ``--workdir``, then reused):
 
@@ -299,11 +303,11 @@ def main() -> None:
         help="kscope trace to HOSTS simulated daemons (benchmarks/bench_fanout.py) instead",
     )
     args = ap.parse_args()
-    if args.fanout:
+    if args.fanout:  # the fan-out benchmark's own code (benchmarks/bench_fanout.py)
         sys.path.insert(0, str(HERE))
-        from bench_fanout import run as fanout
+        from bench_fanout import report, run
 
-        print(json.dumps(fanout(args.fanout), indent=1))
+        report(run(args.fanout))
         return
     if args.child:
         mode, folder, workers = args.child

@@ -17,7 +17,6 @@ from typing import Any
 
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host
 from kinetoscope.collect.trigger import poll_interval_of
-from kinetoscope.errors import UsageError
 from kinetoscope.store.fleet import SeenJob
 
 
@@ -30,25 +29,6 @@ class SweepResult:
     failed: dict[str, str] = field(default_factory=dict)  # address -> why
     skipped: list[str] = field(default_factory=list)  # in back-off, not asked
     seconds: float = 0.0
-
-
-def read_hosts_file(path: str) -> list[str]:
-    """Daemon addresses from a file: one ``host[:port]`` per line, ``#`` comments, blank lines ignored."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise UsageError(f"cannot read hosts file {path}: {exc.strerror or exc}") from exc
-    out = []
-    for n, line in enumerate(lines, 1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            out.append(str(parse_host(text)))
-        except UsageError as exc:
-            raise UsageError(f"hosts file {path} line {n}: {exc}") from exc
-    return out
 
 
 def job_key(proc: dict[str, Any], hostname: str) -> str:

@@ -95,7 +95,6 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Trace and diagnose every job of the fleet automatically, on a schedule."""
-        from kinetoscope.autopilot.discovery import read_hosts_file
         from kinetoscope.autopilot.policy import load_policy
         from kinetoscope.autopilot.service import (
             AnalyzeSettings,
@@ -103,7 +102,7 @@ def register(app: typer.Typer) -> None:
             AutopilotConfig,
             default_instance,
         )
-        from kinetoscope.collect.client import parse_hosts
+        from kinetoscope.collect.client import parse_hosts, read_hosts_file
         from kinetoscope.daemon.logsetup import configure_logging
         from kinetoscope.errors import UsageError
 
@@ -111,7 +110,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--log-level {log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
         addresses = [str(a) for a in parse_hosts(host)] if host else []
         if hosts_file:
-            addresses += [a for a in read_hosts_file(hosts_file) if a not in addresses]
+            addresses = list(dict.fromkeys(addresses + read_hosts_file(hosts_file)))
         if not addresses and not announced:
             raise UsageError(
                 "no daemons to watch: give --host HOST[:PORT] (repeatable), --hosts-file FILE, "

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.collect.deliver import (
     job_step_rate,
     mark_abandoned_requests,
@@ -24,9 +25,19 @@ from kinetoscope.collect.deliver import (
     store_trace_result,
     waiter_info,
 )
-from kinetoscope.collect.render import files_table, matched_table, stored_table
+from kinetoscope.collect.render import (
+    TABLE_MAX_ROWS,
+    FanoutProgress,
+    fanout_summary,
+    files_table,
+    large_files,
+    large_matched,
+    matched_table,
+    stored_table,
+)
 from kinetoscope.collect.trigger import (
     TraceOptions,
+    TraceRequest,
     TraceResult,
     parse_trace_request,
     trigger_trace,
@@ -38,20 +49,45 @@ from kinetoscope.protocol.defaults import DEFAULT_PORT
 EXAMPLES = examples(
     ("kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait", "one job, 10 steps"),
     ("kscope trace -H node01 -H node02 -p 4242 --duration-ms 2000 -w", "by pid, 2 s"),
-    ("kscope trace --all --iterations 5 --store s3://bucket/traces", "upload when done"),
+    ("kscope trace --hosts-file fleet.txt --all --iterations 5 --store s3://b/t", "a fleet, uploaded"),
 )
 
 
 DEFAULT_WAIT_TIMEOUT_S = 120.0
+FANOUT_MIN_HOSTS = 8  # from this many hosts: a progress bar (TTY) and a one-line fan-out summary
+
+
+def _trigger(err: Console, request: TraceRequest, token: str | None, json_out: bool) -> TraceResult:
+    """``trigger_trace``, with a hosts answered/failed bar on a terminal's stderr for many hosts
+    (never with --json, so stdout stays one JSON document) and a summary line after it."""
+    many = len(request.hosts) >= FANOUT_MIN_HOSTS
+    if not many or json_out or not err.is_terminal:
+        result = trigger_trace(request, token=token)
+    else:
+        with FanoutProgress(err, len(request.hosts)) as bar:
+            result = trigger_trace(request, token=token, on_answer=bar.on_answer)
+    if many and not json_out:
+        err.print(escape(fanout_summary(result)))
+    return result
 
 
 def render_matched(console: Console, result: TraceResult) -> None:
-    if result.matched:
+    if len(result.matched) > TABLE_MAX_ROWS:  # a summary and the processes not traced
+        line, table = large_matched(result, TABLE_MAX_ROWS)
+        console.print(escape(line))
+        if table is not None:
+            console.print(table)
+    elif result.matched:
         console.print(matched_table(result))
 
 
 def render_files(console: Console, result: TraceResult) -> None:
-    if result.files:
+    if len(result.files) > TABLE_MAX_ROWS:  # a summary and the incomplete files
+        line, table = large_files(result, TABLE_MAX_ROWS)
+        console.print(escape(line))
+        if table is not None:
+            console.print(table)
+    elif result.files:
         console.print(files_table(result))
 
 
@@ -113,6 +149,12 @@ def register(app: typer.Typer) -> None:
             "-H",
             metavar="HOST[:PORT]",
             help=f"Daemon to ask (repeatable or comma-separated; default localhost:{DEFAULT_PORT}).",
+        ),
+        hosts_file: str | None = typer.Option(
+            None,
+            "--hosts-file",
+            metavar="FILE",
+            help="Daemons to ask, one HOST[:PORT] per line (# comments); merged with --host.",
         ),
         job_id: str | None = typer.Option(
             None,
@@ -222,6 +264,11 @@ def register(app: typer.Typer) -> None:
             include_launchers=include_launchers,
             align=not no_align,
         )
+        if hosts_file is not None:
+            listed = read_hosts_file(hosts_file)
+            if not listed:
+                raise UsageError(f"hosts file {hosts_file}: no host listed (one HOST[:PORT] per line)")
+            host = [*(host or []), *listed]
         request, notes = parse_trace_request(
             hosts=host,
             job_id=job_id,
@@ -285,7 +332,7 @@ def register(app: typer.Typer) -> None:
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}")
 
-        result = trigger_trace(request, token=token)
+        result = _trigger(err, request, token, json_out)
         result.notes[:0] = notes
         for note in result.notes[len(notes) :]:
             err.print(f"[yellow]note:[/] {escape(note)}")

@@ -36,45 +36,68 @@ class HostAddress:
         return f"{host}:{self.port}"
 
 
-def parse_host(text: str, default_port: int = DEFAULT_PORT) -> HostAddress:
-    """``node7``, ``node7:1779``, ``10.0.0.3:1779``, ``[::1]:1779`` or ``::1`` -> HostAddress."""
+def parse_host(text: str, default_port: int = DEFAULT_PORT, *, what: str = "--host") -> HostAddress:
+    """``node7``, ``node7:1779``, ``10.0.0.3:1779``, ``[::1]:1779`` or ``::1`` -> HostAddress.
+
+    ``what`` names the value in error messages (``--host``, or ``host`` for a hosts file line)."""
     raw = text.strip()
     if not raw:
-        raise UsageError("empty --host value")
+        raise UsageError(f"empty {what} value")
     host, port_text = raw, ""
     if raw.startswith("["):
         end = raw.find("]")
         if end < 0:
-            raise UsageError(f"bad --host {text!r}: missing ']' after an IPv6 address")
+            raise UsageError(f"bad {what} {text!r}: missing ']' after an IPv6 address")
         host = raw[1:end]
         rest = raw[end + 1 :]
         if rest:
             if not rest.startswith(":"):
-                raise UsageError(f"bad --host {text!r}: expected ':PORT' after ']'")
+                raise UsageError(f"bad {what} {text!r}: expected ':PORT' after ']'")
             port_text = rest[1:]
     elif raw.count(":") == 1:
         host, port_text = raw.split(":")
     # more than one ':' without brackets: a bare IPv6 address, default port
     if not host:
-        raise UsageError(f"bad --host {text!r}: no host name")
+        raise UsageError(f"bad {what} {text!r}: no host name")
     port = default_port
     if port_text:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise UsageError(f"bad --host {text!r}: port must be a number from 1 to 65535")
+            raise UsageError(f"bad {what} {text!r}: port must be a number from 1 to 65535")
         port = int(port_text)
     return HostAddress(host, port)
 
 
 def parse_hosts(values: list[str] | None, default_port: int = DEFAULT_PORT) -> list[HostAddress]:
     """Repeated and/or comma-separated ``--host`` values, de-duplicated in order; default localhost."""
-    out: list[HostAddress] = []
+    out: dict[HostAddress, None] = {}  # ordered and O(1) per host (hosts files list thousands)
     for value in values or []:
         for part in value.split(","):
             if part.strip():
-                addr = parse_host(part, default_port)
-                if addr not in out:
-                    out.append(addr)
-    return out or [HostAddress(DEFAULT_HOST, default_port)]
+                out[parse_host(part, default_port)] = None
+    return list(out) or [HostAddress(DEFAULT_HOST, default_port)]
+
+
+def read_hosts_file(path: str) -> list[str]:
+    """Daemon addresses (``host:port``) from a file: one ``host[:port]`` per line, ``#`` comments and
+    blank lines ignored, duplicates dropped. Shared by ``kscope trace --hosts-file`` and
+    ``kscope autopilot --hosts-file``; a bad file is one UsageError naming the file and the line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read hosts file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"hosts file {path}: not UTF-8 text (byte {exc.start})") from exc
+    out: dict[str, None] = {}  # ordered, de-duplicated
+    for n, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            out[str(parse_host(text, what="host"))] = None
+        except UsageError as exc:
+            raise UsageError(f"hosts file {path} line {n}: {exc}") from exc
+    return list(out)
 
 
 class DaemonError(KinetoscopeError):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
+from types import TracebackType
 
 from rich import box
+from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kinetoscope.collect.trigger import TraceResult
+from kinetoscope.collect.trigger import HostReply, MatchedProcess, TraceFile, TraceResult
 from kinetoscope.units import fmt_bytes
 
 _STATE_LABELS = {
@@ -41,20 +45,29 @@ def _table(title: str, compact: bool) -> Table:
     )
 
 
-def matched_table(result: TraceResult, *, compact: bool = False, show_host: bool | None = None) -> Table:
+def matched_table(
+    result: TraceResult,
+    *,
+    compact: bool = False,
+    show_host: bool | None = None,
+    rows: list[MatchedProcess] | None = None,
+    title: str | None = None,
+) -> Table:
+    """The matched processes (``rows``: only these, e.g. the ones not traced of a large request)."""
+    matched = result.matched if rows is None else rows
     if show_host is None:
-        show_host = len({m.hostname for m in result.matched}) > 1 or not compact
-    table = _table(f"trace {result.trace_id}: {len(result.matched)} process(es) matched", compact)
+        show_host = len({m.hostname for m in matched}) > 1 or not compact
+    table = _table(title or f"trace {result.trace_id}: {len(result.matched)} process(es) matched", compact)
     if show_host:
         table.add_column("host", no_wrap=True, min_width=4)
     table.add_column("pid", no_wrap=True, min_width=7)
     table.add_column("rank", no_wrap=True, min_width=4)
     if not compact:
         table.add_column("job", no_wrap=True, min_width=3)
-    labels = [_STATE_LABELS.get(m.state, m.state) for m in result.matched]
+    labels = [_STATE_LABELS.get(m.state, m.state) for m in matched]
     table.add_column("state", no_wrap=True, min_width=max([5, *map(len, labels)]))
     table.add_column("command", no_wrap=True, overflow="ellipsis", ratio=1)
-    for m in result.matched:
+    for m in matched:
         rank = "-" if m.rank is None else (f"{m.rank}/{m.world_size}" if m.world_size else str(m.rank))
         row = [str(m.pid), rank] + ([escape(m.job_id or "-")] if not compact else [])
         row += [_STATE_LABELS.get(m.state, m.state), escape(short_command(m.cmdline))]
@@ -62,8 +75,16 @@ def matched_table(result: TraceResult, *, compact: bool = False, show_host: bool
     return table
 
 
-def files_table(result: TraceResult, *, compact: bool = False) -> Table:
-    table = _table("trace files", compact)
+def files_table(
+    result: TraceResult,
+    *,
+    compact: bool = False,
+    rows: list[TraceFile] | None = None,
+    title: str | None = None,
+) -> Table:
+    """The trace files (``rows``: only these, e.g. the incomplete ones of a large request)."""
+    files = result.files if rows is None else rows
+    table = _table(title or "trace files", compact)
     hosts = {m.host: m.hostname for m in result.matched}
     show_host = len({f.host for f in result.files}) > 1
     if show_host:
@@ -73,7 +94,7 @@ def files_table(result: TraceResult, *, compact: bool = False) -> Table:
     table.add_column("file", overflow="fold", ratio=1)
     table.add_column("size", no_wrap=True, min_width=9)
     table.add_column("complete", no_wrap=True, min_width=8)
-    for f in sorted(result.files, key=lambda f: (f.host, f.rank is None, f.rank, f.pid)):
+    for f in sorted(files, key=lambda f: (f.host, f.rank is None, f.rank, f.pid)):
         name = os.path.basename(f.path) if os.path.dirname(f.path) == result.output_dir else f.path
         done = "yes" if f.complete else ("no" if result.waited else "pending")
         row = [
@@ -96,3 +117,112 @@ def stored_table(result: TraceResult, *, compact: bool = False) -> Table:
     for o in result.stored:
         table.add_row(escape(o.url), str(o.bytes), o.sha256)
     return table
+
+
+_PHASES = {"list": "listing processes (alignment)", "trace": "triggering"}
+
+
+class FanoutProgress:
+    """A live "hosts answered / failed / total" bar of a fan-out, for ``trigger_trace(on_answer=...)``.
+
+    ``on_answer`` runs in the pool's threads and only bumps counters; Rich redraws from its own
+    thread a few times a second, so 1,000 answers cost 1,000 counter updates, not 1,000 redraws.
+    ``transient``: the bar disappears when done (the result is printed after it)."""
+
+    def __init__(self, console: Console, hosts: int) -> None:
+        self.hosts = hosts
+        self.lock = threading.Lock()
+        self.counts: dict[str, list[int]] = {}  # phase -> [answered, failed]
+        self.tasks: dict[str, TaskID] = {}
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[answered]} answered, {task.fields[failed]} failed / {task.total} hosts"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            refresh_per_second=8,
+        )
+
+    def __enter__(self) -> FanoutProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.progress.stop()
+
+    def on_answer(self, phase: str, reply: HostReply) -> None:
+        with self.lock:
+            if phase not in self.tasks:
+                self.counts[phase] = [0, 0]
+                self.tasks[phase] = self.progress.add_task(
+                    _PHASES.get(phase, phase), total=self.hosts, answered=0, failed=0
+                )
+            counts = self.counts[phase]
+            counts[reply.error is not None] += 1
+            self.progress.update(
+                self.tasks[phase], completed=sum(counts), answered=counts[0], failed=counts[1]
+            )
+
+
+def fanout_summary(result: TraceResult) -> str:
+    """One line: how many hosts answered, failed, and when (``kscope trace`` to many hosts)."""
+    f = result.fanout
+    line = f"{f.answered} of {f.hosts} hosts answered, {f.failed} failed"
+    if f.first_answer_s is not None and f.all_answered_s is not None:
+        line += f"; first answer after {f.first_answer_s:.3f} s, all after {f.all_answered_s:.2f} s"
+    if f.listing_s is not None:
+        line += f" (after a {f.listing_s:.2f} s listing to align the iteration windows)"
+    return f"{line}; {len(result.triggered)} processes triggered"
+
+
+# Above this many processes (or files) ``kscope trace`` prints a summary and only the rows that
+# need a look: Rich lays out every cell of a table, ~25 s for 4,000 processes on a loaded 2-core
+# box, and nobody reads 4,000 rows (``--json`` lists them all).
+TABLE_MAX_ROWS = 128
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {label}" for label, n in counts.items() if n)
+
+
+def large_matched(result: TraceResult, limit: int = TABLE_MAX_ROWS) -> tuple[str, Table | None]:
+    """A summary line of a large request's processes, and a table of those not traced (capped)."""
+    states: dict[str, int] = {}
+    for m in result.matched:
+        label = _STATE_LABELS.get(m.state, m.state)
+        states[label] = states.get(label, 0) + 1
+    hosts = len({m.host for m in result.matched})
+    line = (
+        f"trace {result.trace_id}: {len(result.matched)} processes matched on {hosts} hosts: "
+        f"{_counted(states)} (--json lists every process)"
+    )
+    odd = [m for m in result.matched if m.state != "triggered"]
+    if not odd:
+        return line, None
+    shown = odd[:limit]
+    more = f" (first {len(shown)})" if len(odd) > len(shown) else ""
+    return line, matched_table(result, rows=shown, title=f"{len(odd)} process(es) not traced{more}")
+
+
+def large_files(result: TraceResult, limit: int = TABLE_MAX_ROWS) -> tuple[str, Table | None]:
+    """A summary line of a large request's files, and a table of the incomplete ones after --wait."""
+    complete = [f for f in result.files if f.complete]
+    total = sum(f.bytes or 0 for f in complete)
+    missing = sorted(
+        (f for f in result.files if not f.complete), key=lambda f: (f.host, f.rank is None, f.rank, f.pid)
+    )
+    label = "incomplete" if result.waited else "pending"
+    line = (
+        f"{len(result.files)} trace files: "
+        + _counted({"complete": len(complete), label: len(missing)})
+        + (f", {fmt_bytes(total)}" if complete else "")
+    )
+    if not result.waited or not missing:
+        return line, None
+    shown = missing[:limit]
+    more = f" (first {len(shown)})" if len(missing) > len(shown) else ""
+    return line, files_table(result, rows=shown, title=f"{len(missing)} incomplete file(s){more}")

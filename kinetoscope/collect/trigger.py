@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,14 @@ from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
 from kinetoscope.protocol import rpc
 from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
-from kinetoscope.protocol.manifest import Manifest, ManifestFile, utc_now_iso, write_manifest
+from kinetoscope.protocol.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestFile,
+    dumps_manifest,
+    utc_now_iso,
+    write_bytes_atomic,
+)
 
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject
@@ -379,6 +387,41 @@ class HostReply:
 
 
 @dataclass
+class FanoutTiming:
+    """How the hosts of one request answered its ``kscopeTrace`` (``--json``: ``timing`` and
+    ``hosts``). Seconds from the start of that fan-out (``time.monotonic``): ``first_answer_s``
+    when the first daemon answered (None if none did), ``all_answered_s`` when the last host had
+    answered or failed. ``listing_s``: the ``kscopeListProcesses`` fan-out that chose the aligned
+    iteration roundup before it (None when none was needed)."""
+
+    hosts: int = 0
+    answered: int = 0
+    failed: int = 0
+    first_answer_s: float | None = None
+    all_answered_s: float | None = None
+    listing_s: float | None = None
+
+    def timing_json(self) -> dict[str, float | None]:
+        return {
+            "first_answer_s": _round_s(self.first_answer_s),
+            "all_answered_s": _round_s(self.all_answered_s),
+            "listing_s": _round_s(self.listing_s),
+        }
+
+    def hosts_json(self) -> dict[str, int]:
+        return {"total": self.hosts, "answered": self.answered, "failed": self.failed}
+
+
+def _round_s(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+# Called from the fan-out's worker threads as each host answers or fails: (phase, reply), phase
+# "list" (the alignment listing) or "trace". Keep it cheap: it runs once per host.
+OnAnswer = Callable[[str, "HostReply"], None]
+
+
+@dataclass
 class TraceResult:
     trace_id: str
     hosts: list[HostAddress]
@@ -401,6 +444,7 @@ class TraceResult:
     # Who waits for the files (deliver.waiter_info: host, pid, process start time), recorded with
     # the "requested" catalog row so a later run can tell the waiter was killed (status "abandoned").
     waiter: dict[str, Any] | None = None
+    fanout: FanoutTiming = field(default_factory=FanoutTiming)
 
     @property
     def ok(self) -> bool:
@@ -439,6 +483,8 @@ class TraceResult:
                 for o in self.stored
             ],
             "catalog": self.catalog,
+            "timing": self.fanout.timing_json(),
+            "hosts": self.fanout.hosts_json(),
         }
 
 
@@ -501,12 +547,19 @@ def _ask_all(
     token: str | None,
     timeout: float,
     call: Callable[[DaemonClient], dict[str, Any]],
+    on_done: Callable[[HostReply], None] | None = None,
 ) -> list[HostReply]:
+    """``call`` every host's daemon through the bounded pool; replies in ``hosts`` order.
+    ``on_done`` sees each reply (in a worker thread) as soon as it is there."""
+
     def one(addr: HostAddress) -> HostReply:
         try:
-            return HostReply(addr, reply=call(DaemonClient(addr, token=token, timeout=timeout)))
+            hr = HostReply(addr, reply=call(DaemonClient(addr, token=token, timeout=timeout)))
         except DaemonError as exc:
-            return HostReply(addr, error=exc)
+            hr = HostReply(addr, error=exc)
+        if on_done is not None:
+            on_done(hr)
+        return hr
 
     with _pool(len(hosts)) as pool:
         return list(pool.map(one, hosts))
@@ -567,16 +620,26 @@ def _targets(target: Target, procs: list[dict[str, Any]], include_launchers: boo
     return out
 
 
+def needs_alignment(options: TraceOptions) -> bool:
+    """Iteration traces without ``--iteration-roundup`` or ``--no-align``: the hosts are listed first."""
+    return options.iterations is not None and options.iteration_roundup is None and options.align
+
+
 def aligned_options(
-    hosts: list[HostAddress], target: Target, options: TraceOptions, token: str | None, rpc_timeout: float
+    hosts: list[HostAddress],
+    target: Target,
+    options: TraceOptions,
+    token: str | None,
+    rpc_timeout: float,
+    on_done: Callable[[HostReply], None] | None = None,
 ) -> tuple[TraceOptions, str | None]:
     """``options`` with the roundup that aligns the ranks' iteration windows, and a note saying so.
 
-    Only for iteration traces without ``--iteration-roundup`` or ``--no-align`` that match more
-    than one process (a listing of every host first): one process needs no alignment."""
-    if options.iterations is None or options.iteration_roundup is not None or not options.align:
+    Only when :func:`needs_alignment` and more than one process matches (a listing of every host
+    first; ``on_done`` sees each host's answer): one process needs no alignment."""
+    if not needs_alignment(options):
         return options, None
-    listing = _list_processes_by_host(hosts, token, rpc_timeout)
+    listing = _list_processes_by_host(hosts, token, rpc_timeout, on_done)
     procs = [p for by_pid in listing.values() for p in by_pid.values()]
     matched = _targets(target, procs, options.include_launchers)
     if len(matched) < 2:
@@ -597,18 +660,45 @@ def aligned_options(
 # ---------------------------------------------------------------------------------------
 # Trigger
 # ---------------------------------------------------------------------------------------
+class _FanoutClock:
+    """Counts and times the answers of one fan-out as they arrive (from the pool's threads)."""
+
+    def __init__(self, timing: FanoutTiming, phase: str, on_answer: OnAnswer | None) -> None:
+        self.timing, self.phase, self.on_answer = timing, phase, on_answer
+        self.lock = threading.Lock()
+        self.start = time.monotonic()
+
+    def done(self, hr: HostReply) -> None:
+        if self.phase == "trace":
+            with self.lock:
+                if hr.error is not None:
+                    self.timing.failed += 1
+                else:
+                    self.timing.answered += 1
+                    if self.timing.first_answer_s is None:
+                        self.timing.first_answer_s = time.monotonic() - self.start
+        if self.on_answer is not None:
+            self.on_answer(self.phase, hr)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
 def trigger_trace(
     request: TraceRequest,
     *,
     token: str | None = None,
     rpc_timeout: float = DEFAULT_TIMEOUT_S,
     write_manifest_file: bool = True,
+    on_answer: OnAnswer | None = None,
 ) -> TraceResult:
     """Ask every host's daemon of ``request`` to trace its target processes; returns at once
     (no waiting).
 
-    The manifest is written into each request folder reported by the daemons (created locally if
-    needed)."""
+    Hosts are asked through a bounded thread pool; ``on_answer(phase, reply)`` is called as each
+    answers or fails (a progress display), and ``result.fanout`` times the fan-out. A host's
+    failure is its own ``errors`` entry, never the others'. The manifest is written into each
+    request folder reported by the daemons (created locally if needed)."""
     hosts = list(dict.fromkeys(request.hosts))
     target, options, output_dir = request.target, request.options, request.output_dir
     target.validate()
@@ -622,7 +712,13 @@ def trigger_trace(
                 "(kinetoscope.collect.deliver.store_trace_result)"
             )
         output_dir = str(output_dir)[len("file://") :]
-    options, align_note = aligned_options(hosts, target, options, token, rpc_timeout)
+    timing = FanoutTiming(hosts=len(hosts))
+    if needs_alignment(options):
+        listing = _FanoutClock(timing, "list", on_answer)
+        options, align_note = aligned_options(hosts, target, options, token, rpc_timeout, listing.done)
+        timing.listing_s = listing.elapsed()
+    else:
+        align_note = None
     result = TraceResult(
         trace_id=trace_id,
         hosts=hosts,
@@ -630,6 +726,7 @@ def trigger_trace(
         options=options,
         created=utc_now_iso(),
         requested_by=requested_by(),
+        fanout=timing,
     )
     if align_note:
         result.notes.append(align_note)
@@ -639,7 +736,9 @@ def trigger_trace(
         **target.rpc_fields(),
         **options.rpc_fields(),
     )
-    replies = _ask_all(hosts, token, rpc_timeout, lambda c: c.trace(call))
+    clock = _FanoutClock(timing, "trace", on_answer)
+    replies = _ask_all(hosts, token, rpc_timeout, lambda c: c.trace(call), clock.done)
+    timing.all_answered_s = clock.elapsed()
     no_match: list[str] = []
     for hr in replies:
         if hr.error is not None:
@@ -784,13 +883,17 @@ def build_manifest(result: TraceResult) -> Manifest:
 
 
 def save_manifest(result: TraceResult) -> list[str]:
-    """Write ``manifest.json`` into every request folder; a failure becomes a note (not fatal)."""
-    manifest = build_manifest(result)
+    """Write ``manifest.json`` into every request folder; a failure becomes a note (not fatal).
+
+    The bytes are encoded once: with per-host trace roots visible from this machine there is one
+    folder per host, and encoding the whole request's manifest for each was O(hosts x files)."""
+    data = dumps_manifest(build_manifest(result))
     dirs = result.output_dirs or sorted({os.path.dirname(f.path) for f in result.files})
     written: list[str] = []
     for d in dirs:
         try:
-            written.append(str(write_manifest(manifest, d)))
+            Path(d).mkdir(parents=True, exist_ok=True)
+            written.append(str(write_bytes_atomic(Path(d) / MANIFEST_NAME, data)))
         except OSError as exc:
             # Not fatal: the traces exist, and each daemon writes manifest.<host>.json beside them.
             note = (
@@ -854,8 +957,9 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             elif f.delivered_mono is None:
                 f.delivered_mono = now
     if check_local:
+        address_of = {str(h): h for h in result.hosts}
         for f in result.files:
-            addr = next((h for h in result.hosts if str(h) == f.host), None)
+            addr = address_of.get(f.host)
             if f.complete or addr is None or not is_local_host(addr):
                 continue
             st = file_status(f.path)
@@ -1024,16 +1128,26 @@ def settled_problem(f: TraceFile, result: TraceResult, now: float) -> TraceProbl
 
 
 def _list_processes_by_host(
-    hosts: list[HostAddress], token: str | None, rpc_timeout: float
+    hosts: list[HostAddress],
+    token: str | None,
+    rpc_timeout: float,
+    on_done: Callable[[HostReply], None] | None = None,
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """host -> pid -> kscopeListProcesses entry (hosts that did not answer are left out)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for hr in _ask_all(hosts, token, rpc_timeout, lambda c: c.list_processes()):
+    for hr in _ask_all(hosts, token, rpc_timeout, lambda c: c.list_processes(), on_done):
         if hr.error is None and hr.reply is not None:
             procs = hr.reply.get("processes") or []
             out[str(hr.address)] = {
                 p["pid"]: p for p in procs if isinstance(p, dict) and _as_int(p.get("pid")) is not None
             }
+    return out
+
+
+def _files_by_host(result: TraceResult) -> dict[str, list[TraceFile]]:
+    out: dict[str, list[TraceFile]] = {}
+    for f in result.files:
+        out.setdefault(f.host, []).append(f)
     return out
 
 
@@ -1055,13 +1169,12 @@ def wait_for_trace(
     and the likely cause. A host that stops answering is reported only if it still had files
     missing at the end."""
     deadline = time.monotonic() + timeout
-    hosts_with_files = [h for h in result.hosts if any(f.host == str(h) for f in result.files)]
+    files_of = _files_by_host(result)  # per host, once: a scan of every file per host is O(hosts x files)
+    hosts_with_files = [h for h in result.hosts if str(h) in files_of]
     last_host_problems: list[TraceProblem] = []
     settled: dict[int, TraceProblem] = {}
     while True:
-        pending_hosts = [
-            h for h in hosts_with_files if any(f.host == str(h) and not f.complete for f in result.files)
-        ]
+        pending_hosts = [h for h in hosts_with_files if any(not f.complete for f in files_of[str(h)])]
         if pending_hosts:
             replies = _ask_all(pending_hosts, token, rpc_timeout, lambda c: c.trace_status(result.trace_id))
             last_host_problems = _merge_status(result, replies, check_local)
@@ -1075,16 +1188,13 @@ def wait_for_trace(
     result.waited = True
     failed_hosts = {p.host for p in last_host_problems}
     for p in last_host_problems:
-        if any(f.host == p.host and not f.complete for f in result.files):
+        if any(not f.complete for f in files_of.get(p.host or "", ())):
             result.errors.append(p)
     undelivered_hosts = [
         h
-        for h in result.hosts
+        for h in hosts_with_files
         if str(h) not in failed_hosts
-        and any(
-            f.host == str(h) and not f.complete and not f.delivered and id(f) not in settled
-            for f in result.files
-        )
+        and any(not f.complete and not f.delivered and id(f) not in settled for f in files_of[str(h)])
     ]
     listing = _list_processes_by_host(undelivered_hosts, token, rpc_timeout) if undelivered_hosts else {}
     for f in result.files:

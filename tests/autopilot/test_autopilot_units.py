@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kinetoscope.autopilot.discovery import group_jobs, job_key, read_hosts_file
+from kinetoscope.autopilot.discovery import group_jobs, job_key
 from kinetoscope.autopilot.fleetview import parse_where
 from kinetoscope.autopilot.policy import Policy, load_policy
 from kinetoscope.autopilot.summary import summarize
+from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.errors import UsageError
 
 DLRM = Path("/work/shared/traces/param_dlrm8")
