@@ -94,6 +94,19 @@ def run_gpu(sc: gpu.Scenario, workdir: Path, keep: bool) -> Outcome:
     return o
 
 
+def check_cpu_truth(o: Outcome, paths: list[Path]) -> None:
+    """Set ``o.truth_ok`` from the arrival-order truth of a CPU job's rank files: False when a rank
+    outside the label imposes 5 % of a step or more per step (a straggler the loaded host made),
+    listed in ``o.params["host_made"]`` (rank -> imposed share of a step per step)."""
+    files = [f for p in paths for f in (sorted(p.glob("rank-*.json")) if p.is_dir() else [p])]
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    if not gt.n_instances or step <= 0:
+        return
+    made = truth.host_made(gt, step, n_steps, o.expected_ranks)
+    o.truth_ok = not made
+    o.params = o.params | {"host_made": made}
+
+
 def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
     t0 = time.monotonic()
     params = {"world": sc.world, "mode": sc.mode, "hit": sc.hit, "ms": sc.ms}
@@ -103,6 +116,7 @@ def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
         o.expected_ranks, o.params = expected, params | facts
         if sc.type == "intermittent" and not expected:
             o.expected_kind = "none"  # nobody slept in the traced window
+        check_cpu_truth(o, [Path(p) for p in paths])
         v = verdict(paths)
         o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
     except Exception as exc:
@@ -153,6 +167,8 @@ def rediagnose(o: Outcome, workdir: Path) -> Outcome:
     try:
         if not paths:
             raise FileNotFoundError(f"{root}: no kept traces (run with --keep --workdir)")
+        if o.generator == "cpu":
+            check_cpu_truth(o, paths)
         v = verdict(paths)
         o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
     except Exception as exc:
@@ -233,6 +249,22 @@ def report(doc: dict[str, Any]) -> str:
             "all": "Both generators",
         }[gen]
         lines += ["", f"{title}:", "", table(s)]
+        t = doc["summary"].get("cpu_truth")
+        if gen == "cpu" and t and t["overall"]["n"] < s["overall"]["n"]:
+            made = [
+                f"`{o['sid']}` {o['params'].get('host_made')}"
+                for o in doc["scenarios"]
+                if o.get("truth_ok") is False and o["generator"] == "cpu"
+            ]
+            lines += [
+                "",
+                "The same jobs without those whose label the arrival-order truth contradicts (a rank outside "
+                "the label imposing >= 5 % of a step per step, made by the loaded host: "
+                + ", ".join(made)
+                + "):",
+                "",
+                table(t),
+            ]
     if doc.get("seeds"):
         rows = [f"| {k} | {v['n']} | {v['ok']} |" for k, v in doc["seeds"]["score"].items()]
         lines += [
@@ -412,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "gpu": summary_by_type(gpu_out, gpu.TYPES),
         "cpu": summary_by_type(cpu_out, cpu.CPU_TYPES),
+        "cpu_truth": summary_by_type([o for o in cpu_out if o.truth_ok is not False], cpu.CPU_TYPES),
         "all": summary_by_type(outcomes, dict.fromkeys([*gpu.TYPES, *cpu.CPU_TYPES])),
     }
     runs = [saved_run(Path(p)) for p in a.from_json or []]

@@ -162,3 +162,79 @@ def ground_truth(paths: list[str | Path], cover: float = 0.8) -> GroundTruth:
         doc = load_json(p)
         docs[rank_of(doc, i)] = doc
     return ground_truth_from_docs(docs, cover)
+
+
+# -- CPU (gloo) jobs -------------------------------------------------------------------------------
+#
+# A CPU job's labels say what was injected; a loaded host can make a straggler of its own (a rank
+# descheduled for 100 ms in a few steps makes every peer wait as long as an injected sleep would).
+# The check below finds such ranks from arrival order alone, independently of the product:
+#
+# * *arrival*: the start of the rank's k-th ``c10d::<collective>_`` host op (the training thread
+#   issues the collective once its gradients are ready); the k-th op of one name is the same
+#   instance on every rank (the ranks' trace windows start at the same iteration; instances not
+#   present on every rank are left out, as for GPU jobs);
+# * *imposed wait*, as above: ``last - second-to-last`` at each instance, summed per rank;
+# * *step*: the median spacing of rank 0's ``Optimizer.step`` ops;
+# * *host-made straggler*: a rank outside the label whose imposed wait is at least ``floor``
+#   (5 %, the share of a step below which issue 9 calls a loss not worth naming) of a step per
+#   step.
+
+_C10D = re.compile(r"^c10d::([a-z_]+?)_$")
+_RANK_FILE = re.compile(r"rank-(\d+)_")
+
+
+def issue_ops(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's collective issue ops (``c10d::allreduce_`` ...), by start."""
+    out = [
+        e
+        for e in doc["traceEvents"]
+        if isinstance(e, dict) and e.get("ph") == "X" and _C10D.match(str(e.get("name", "")))
+    ]
+    return sorted(out, key=lambda e: float(e["ts"]))
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2 if s else 0.0
+
+
+def step_us(doc: dict[str, Any]) -> float:
+    """Median spacing of the document's ``Optimizer.step`` ops (0 with fewer than two)."""
+    ts = sorted(
+        float(e["ts"])
+        for e in doc["traceEvents"]
+        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("name", "")).startswith("Optimizer.step")
+    )
+    return _median([b - a for a, b in zip(ts, ts[1:])])
+
+
+def cpu_ground_truth(paths: list[str | Path], cover: float = 0.8) -> tuple[GroundTruth, float, int]:
+    """Arrival-order truth of a CPU job from its rank files (``rank-<R>_<pid>...``): the truth,
+    the median step (µs) and the number of steps (optimizer steps of rank 0)."""
+    docs = {int(m.group(1)): load_json(p) for p in paths if (m := _RANK_FILE.search(Path(p).name))}
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for r, d in docs.items():  # the issue ops as pseudo-kernels: one "stream", family = collective
+        per_rank[r] = [{**e, "args": {"stream": "host"}} for e in issue_ops(d)]
+    insts = instances(per_rank)
+    imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
+    last: dict[int, int] = dict.fromkeys(docs, 0)
+    for inst in insts:
+        r, w = inst.last_two()
+        imposed[r] += w
+        last[r] += w > 0
+    gt = GroundTruth(sorted(docs), imposed, last, len(insts), 0.0)
+    gt.stragglers = fewest_covering(imposed, cover)
+    first = docs[min(docs)] if docs else {"traceEvents": []}
+    n_steps = sum(1 for e in first["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step"))
+    return gt, step_us(first), n_steps
+
+
+def host_made(
+    gt: GroundTruth, step: float, n_steps: int, labelled: list[int], floor: float = 0.05
+) -> dict[int, float]:
+    """Ranks outside the label imposing at least ``floor`` of a step per step: rank -> share."""
+    if step <= 0 or n_steps <= 0:
+        return {}
+    share = {r: w / n_steps / step for r, w in gt.imposed_us.items()}
+    return {r: round(v, 3) for r, v in share.items() if r not in labelled and v >= floor}
