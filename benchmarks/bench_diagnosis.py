@@ -24,7 +24,10 @@ Each scenario is diagnosed through the public API, ``diagnose(paths).to_dict()["
 (``diag_scenarios/score.py``): per type and overall, rank precision/recall (micro-averaged),
 kind accuracy (for clean jobs: the clean -> none rate) and exact verdicts. For GPU scenarios the
 arrival-order ground truth is recomputed from the written files with the standard library
-(``truth.py``) as a sanity check of the label ("truth agrees").
+(``truth.py``) as a sanity check of the label ("truth agrees"). For CPU jobs the same truth
+(arrival = a rank's ``c10d::<collective>_`` op) checks that the loaded host made no straggler of
+its own (no rank outside the label imposing >= 5 % of a step per step); the CPU results are also
+given without the jobs whose label it contradicts.
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
 (a minute or two). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
