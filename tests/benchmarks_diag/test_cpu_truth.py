@@ -1,0 +1,57 @@
+"""The CPU jobs' arrival-order ground truth (benchmarks/diag_scenarios/truth.py) that checks the
+accuracy benchmark's labels: hand-built gloo-like rank files with known arrivals, so every figure
+below is computed by hand, not by the product."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.diag_scenarios import truth
+
+STEP_US = 50_000.0
+
+
+def _rank_file(tmp_path: Path, rank: int, delays_us: list[float]) -> Path:
+    """Two all-reduces per 50 ms step, issued at 20 ms and 40 ms into the step plus this rank's
+    delay; one optimizer step at the end of each step; a trailing op of another name."""
+    events = []
+    for k, d in enumerate(delays_us):
+        t0 = k * STEP_US
+        for off in (20_000.0, 40_000.0):
+            events.append(
+                {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": t0 + off + d, "dur": 100}
+            )
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": "Optimizer.step#SGD.step", "ts": t0 + 45_000.0, "dur": 500}
+        )
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add_", "ts": 1.0, "dur": 5})
+    p = tmp_path / f"rank-{rank}_{1000 + rank}.pt.trace.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    return p
+
+
+def test_a_late_rank_imposes_its_margin_over_the_next_latest(tmp_path: Path) -> None:
+    steps = 4
+    files = [
+        _rank_file(tmp_path, 0, [0.0] * steps),
+        _rank_file(tmp_path, 1, [1_000.0] * steps),  # 1 ms behind rank 0 at every instance
+        _rank_file(tmp_path, 2, [0.0, 6_000.0, 0.0, 0.0]),  # 6 ms late in step 1 only
+    ]
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert (gt.n_instances, step, n_steps) == (8, STEP_US, steps)
+    # rank 2 is last at step 1's two instances by 6 - 1 = 5 ms; rank 1 at the other six by 1 ms
+    assert gt.imposed_us == pytest.approx({0: 0.0, 1: 6 * 1_000.0, 2: 2 * 5_000.0})
+    assert gt.last_count == {0: 0, 1: 6, 2: 2}
+    # per step: rank 2 imposes 10 ms / 4 steps / 50 ms = 5 %, rank 1 6 ms / 4 / 50 = 3 %
+    assert truth.host_made(gt, step, n_steps, labelled=[]) == {2: 0.05}
+    assert truth.host_made(gt, step, n_steps, labelled=[2]) == {}
+    assert truth.host_made(gt, step, n_steps, labelled=[], floor=0.03) == {1: 0.03, 2: 0.05}
+
+
+def test_instances_missing_on_a_rank_are_left_out(tmp_path: Path) -> None:
+    files = [_rank_file(tmp_path, 0, [0.0] * 3), _rank_file(tmp_path, 1, [2_000.0] * 2)]
+    gt, _step, _n = truth.cpu_ground_truth(files)
+    assert gt.n_instances == 4 and gt.imposed_us == pytest.approx({0: 0.0, 1: 4 * 2_000.0})
