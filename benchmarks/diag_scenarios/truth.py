@@ -19,6 +19,7 @@ are (within a few tens of µs on one host clock).
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -174,8 +175,12 @@ def ground_truth(paths: list[str | Path], cover: float = 0.8) -> GroundTruth:
 #   issues the collective once its gradients are ready); the k-th op of one name is the same
 #   instance on every rank (the ranks' trace windows start at the same iteration; instances not
 #   present on every rank are left out, as for GPU jobs);
-# * *imposed wait*, as above: ``last - second-to-last`` at each instance, summed per rank;
-# * *step*: the median spacing of rank 0's ``Optimizer.step`` ops;
+# * *imposed wait*, as above: ``last - second-to-last`` at each instance; gloo collectives are
+#   issued asynchronously (DDP issues every bucket during backward, then waits), so one delay of
+#   a rank shows at each instance of its step: per step a rank imposes the largest of its
+#   margins there (not their sum), summed over steps;
+# * *step*: the median spacing of rank 0's ``Optimizer.step`` ops; an instance belongs to the
+#   step of its arrival on the lowest rank (one host, one clock);
 # * *host-made straggler*: a rank outside the label whose imposed wait is at least ``floor``
 #   (5 %, the share of a step below which issue 9 calls a loss not worth naming) of a step per
 #   step.
@@ -199,13 +204,18 @@ def _median(xs: list[float]) -> float:
     return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2 if s else 0.0
 
 
-def step_us(doc: dict[str, Any]) -> float:
-    """Median spacing of the document's ``Optimizer.step`` ops (0 with fewer than two)."""
-    ts = sorted(
+def optimizer_steps(doc: dict[str, Any]) -> list[float]:
+    """Start times of the document's ``Optimizer.step`` ops, in order."""
+    return sorted(
         float(e["ts"])
         for e in doc["traceEvents"]
         if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("name", "")).startswith("Optimizer.step")
     )
+
+
+def step_us(doc: dict[str, Any]) -> float:
+    """Median spacing of the document's ``Optimizer.step`` ops (0 with fewer than two)."""
+    ts = optimizer_steps(doc)
     return _median([b - a for a, b in zip(ts, ts[1:])])
 
 
@@ -217,17 +227,21 @@ def cpu_ground_truth(paths: list[str | Path], cover: float = 0.8) -> tuple[Groun
     for r, d in docs.items():  # the issue ops as pseudo-kernels: one "stream", family = collective
         per_rank[r] = [{**e, "args": {"stream": "host"}} for e in issue_ops(d)]
     insts = instances(per_rank)
-    imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
+    first = docs[min(docs)] if docs else {"traceEvents": []}
+    opt = optimizer_steps(first)
+    per_step: dict[tuple[int, int], float] = defaultdict(float)  # (rank, step) -> largest margin
     last: dict[int, int] = dict.fromkeys(docs, 0)
     for inst in insts:
         r, w = inst.last_two()
-        imposed[r] += w
+        k = bisect.bisect_right(opt, inst.arrival[min(docs)])
+        per_step[(r, k)] = max(per_step[(r, k)], w)
         last[r] += w > 0
+    imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
+    for (r, _k), w in per_step.items():
+        imposed[r] += w
     gt = GroundTruth(sorted(docs), imposed, last, len(insts), 0.0)
     gt.stragglers = fewest_covering(imposed, cover)
-    first = docs[min(docs)] if docs else {"traceEvents": []}
-    n_steps = sum(1 for e in first["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step"))
-    return gt, step_us(first), n_steps
+    return gt, step_us(first), len(opt)
 
 
 def host_made(

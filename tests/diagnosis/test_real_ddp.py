@@ -18,6 +18,7 @@ import orjson
 import polars as pl
 import pytest
 
+from benchmarks.diag_scenarios import truth
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.protocol.manifest import read_manifest
 from kinetoscope.trace import load_trace
@@ -34,6 +35,15 @@ def _found(diag) -> set[tuple[int, int]]:
         for st, lr in zip(s.per_step["step"].to_list(), s.per_step["late_ranks"].to_list(), strict=True)
         for r in lr
     }
+
+
+def _truth_shares(trace_dir) -> dict[int, float]:
+    """Each rank's imposed wait per step as a share of a step, from arrival order (the k-th
+    ``c10d::allreduce_`` of every rank is one instance; the last rank imposes last − second-to-last),
+    computed from the raw JSON by the accuracy benchmark's standard-library truth."""
+    gt, step, n_steps = truth.cpu_ground_truth(sorted(trace_dir.glob("rank-*.pt.trace.json")))
+    assert gt.n_instances >= 16 and step > 0 and n_steps >= 16
+    return {r: w / n_steps / step for r, w in gt.imposed_us.items()}
 
 
 def test_traces_are_on_demand_traces_from_the_daemon(ddp_runs):
@@ -72,21 +82,26 @@ def test_clean_run_says_none(ddp_runs):
     assert job["ranks_found"] == [0, 1, 2, 3] and job["missing_ranks"] == [] and job["world_size"] == 4
     assert job["step_source"] == "optimizer" and job["steps_found"] >= 16
     assert job["collective_signal"] == ["backend_annotation"]
-    # 4 ranks on a 2-core box: when other work shares the cores, the scheduler can make one
-    # rank really late in most steps (seen: 25/32 collectives, 5.8 % of the step under an extra
-    # CPU burner), which the diagnosis rightly reports. What a clean job must never get is a
-    # straggler of the size the injected runs have (70 %+ of the step).
-    # On a clean job the host alone can make ranks late in some steps, at a cost under the
-    # verdict's floor (seen in clean CI runs: rank 1 late in 5 of 16 steps; ranks 0 and 3 in 8
-    # each, 2 % of step time). The verdict is then "none", and it must say so honestly: every
-    # rank the per-step evidence marks late is named in the reason, with a cost under the floor.
+    # 4 ranks on a 2-core box: the host alone can make a rank late — a few ms in many steps (seen
+    # in clean CI runs: rank 1 late in 5 of 16 steps, 2 % of step time), or descheduled 85 ms in
+    # two steps (seen at load average 7: 15 % of step time, which every peer really waited). So
+    # the verdict is checked against what happened, computed from arrival order with the
+    # standard library (benchmarks/diag_scenarios/truth.py), not against "nothing was injected".
     s = diag.stragglers
     found = _found(diag)
-    assert (s.lost_fraction or 0.0) < 0.10, diag.render_text()
+    share = _truth_shares(run.trace_dir)  # rank -> wait it imposed per step, as a share of a step
+    host_made = {r for r, v in share.items() if v >= 0.05}
     if s.kind != "none":
+        # never a rank the truth says made nobody wait; a cost of 10 % or more only when the
+        # host made a straggler, and then the verdict names it
+        assert all(share[r] >= 0.01 for r in s.ranks), (share, diag.render_text())
+        if (s.lost_fraction or 0.0) >= 0.10:
+            assert host_made & set(s.ranks), (share, diag.render_text())
         assert len([r for _, r in found if r not in s.ranks]) <= 1, diag.render_text()
     else:
         assert diag.summary()[0].startswith("NO STRAGGLER")
+        assert max(share.values()) < 0.15, (share, diag.render_text())  # no big straggler hidden
+        # every rank the per-step evidence marks late is named in the reason, with a cost under the floor
         evidence_ranks = {r for _, r in found}
         if evidence_ranks:
             listed = re.match(r"rank\(s\) \[([\d, ]+)\]", s.reason)
