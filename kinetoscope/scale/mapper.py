@@ -48,6 +48,19 @@ class RankResult:
         return self.trace.meta if self.trace is not None else None
 
 
+def preload(names: tuple[str, ...], diagnosis: bool) -> list[str]:
+    """The modules a map task imports to run ``names`` (and the diagnosis's figures): what a
+    local pool's fork server imports once for all its workers (``scale.stealing``)."""
+    from kinetoscope.analysis import registry
+
+    mods = ["kinetoscope.scale.mapper", "kinetoscope.trace", "kinetoscope.scale.memory"]
+    mods += ["kinetoscope.scale.reducers", "kinetoscope.analysis._common", "kinetoscope.trace.compact"]
+    mods += [registry.func_target(registry.get(n).func).partition(":")[0] for n in names]
+    if diagnosis:
+        mods.append("kinetoscope.diagnosis.extract")
+    return list(dict.fromkeys(mods))
+
+
 def _where() -> str:
     """``host:pid`` of this worker, with ``@<ray node id>`` inside a Ray task."""
     import socket
@@ -109,6 +122,7 @@ def task_reads(task: RankTask) -> dict[str, set[str]] | None:
     tables never take memory. None (load everything) when an analysis does not declare it or
     is a ``driver`` analysis (the whole trace goes to the driver), or ``task.project`` is off."""
     from kinetoscope.analysis import registry
+    from kinetoscope.analysis.reads import DEVICE_COLUMNS
 
     if not task.project:
         return None
@@ -117,6 +131,8 @@ def task_reads(task: RankTask) -> dict[str, set[str]] | None:
     reads = registry.reads_of(task.names)
     if reads is None:
         return None
+    # the map's own GPU check (``_analyse``: ``device_frame``), whatever the analyses read
+    reads.setdefault("events", set()).update(DEVICE_COLUMNS)
     if task.request.diagnosis:  # the diagnosis is imported only when it runs
         from kinetoscope.diagnosis.extract import READS
 
