@@ -87,7 +87,7 @@ def map_rank(task: RankTask) -> RankResult:
     try:
         columns = task_reads(task)
         # before loading: a clear error, never an OOM kill
-        out.error = check_fits(task.path, whole=columns is None)
+        out.error = check_fits(task.path, whole=columns is None or not _core_only(task.names))
         if out.error is not None:
             return out
         trace = load_trace(
@@ -106,6 +106,16 @@ def map_rank(task: RankTask) -> RankResult:
         _release(trace)  # the analyses' shared intermediates, before the diagnosis makes its own
     out.trace = trace if full else _for_driver(trace, req.diagnosis)
     return out
+
+
+def _core_only(names: tuple[str, ...]) -> bool:
+    """Whether every analysis reads only ``CORE_READS``: the set ``LOAD_FACTOR`` was measured
+    with. A heavier one (call graph, critical path, ...) builds structures of its own, measured
+    only within ``--all``'s whole-trace figure, so its memory check keeps that factor."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.analysis.reads import CORE_READS
+
+    return all(registry.get(n).reads == CORE_READS for n in names)
 
 
 def _release(trace: Trace) -> None:

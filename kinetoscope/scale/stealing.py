@@ -32,7 +32,7 @@ import pickle
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
@@ -185,19 +185,12 @@ def _collect(
     """The pool's finished tasks not yet seen (all of them when ``block``); a task the driver
     claimed comes back ``Taken`` (or broken, when the pool broke) and is skipped."""
     pending = [f for f in futures if futures[f] not in seen]
-    while pending:
-        done = [f for f in pending if f.done()]
-        if not done:
-            if not block:
-                return
-            done = list(wait(pending, return_when=FIRST_COMPLETED).done)
-        for f in done:
-            i = futures[f]
-            seen.add(i)
-            out = None if board.claims[i] == DRIVER else _outcome(f, items[i])
-            if out is not None:
-                yield out
-        pending = [f for f in pending if futures[f] not in seen]
+    for f in as_completed(pending) if block else [f for f in pending if f.done()]:
+        i = futures[f]
+        seen.add(i)
+        out = None if board.claims[i] == DRIVER else _outcome(f, items[i])
+        if out is not None:
+            yield out
 
 
 def _outcome(fut: Future[Any], item: T) -> Done[T, Any] | None:

@@ -15,11 +15,12 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from kinetoscope.analysis import registry
+from kinetoscope.analysis.reads import CORE_READS
 from kinetoscope.analysis.runner import build_document, run_analyses
 from kinetoscope.scale import AnalyzeRequest, analyze_files
 from kinetoscope.scale.mapper import RankTask, task_reads
 from kinetoscope.trace import Trace, load_trace, load_traces, parse_trace
-from kinetoscope.trace.compact import kept_columns, project
+from kinetoscope.trace.compact import LOADER_COLUMNS, kept_columns, project
 from tests.conftest import HTA_TRACES as HTA
 from tests.scale.test_equivalence import analyze_paths, assert_same_document
 
@@ -127,7 +128,9 @@ def test_task_reads_falls_back_to_everything(monkeypatch: pytest.MonkeyPatch) ->
     req = AnalyzeRequest(cache=False)
     spec = registry.get("temporal_breakdown")
     monkeypatch.setitem(
-        registry._REGISTRY, "undeclared", dataclasses.replace(spec, name="undeclared", reads=None)
+        registry._REGISTRY,
+        "undeclared",
+        dataclasses.replace(spec, name="undeclared", reads=None, default=False),
     )
     assert task_reads(RankTask(0, "x", ("undeclared",), req)) is None
     assert task_reads(RankTask(0, "x", ("temporal_breakdown",), req, project=False)) is None
@@ -169,3 +172,30 @@ def test_load_with_columns_keeps_exactly_those(tmp_path: Path, cache: bool) -> N
 def test_an_unknown_column_is_refused() -> None:
     with pytest.raises(ValueError, match="no column"):
         kept_columns("events", {"events": ("nope",)})
+
+
+def _same_without(spec: registry.AnalysisSpec, fulls: list[Trace], reads: dict[str, tuple[str, ...]]) -> bool:
+    """Whether ``spec`` gives the whole trace's result on every trace with only ``reads``."""
+    for full in fulls:
+        try:
+            got = spec.call([_projected(full, reads)])
+            assert_frame_equal(got, spec.call([dataclasses.replace(full)]), check_exact=True)
+        except Exception:  # noqa: BLE001 - a missing column raises: the column is needed
+            return False
+    return True
+
+
+def test_the_heavy_analyses_declare_no_column_they_do_not_need() -> None:
+    """Exact declarations: for each analysis with its own reads (not the core analyses' shared
+    set), dropping any one declared column changes a result or fails on some trace here."""
+    fulls = [load_trace(p, cache=False) for p in PATHS]
+    for spec in registry.all_specs():
+        if spec.reads is None or spec.reads == CORE_READS:
+            continue
+        reads = {t: tuple(c) for t, c in spec.reads.items()}
+        for table, cols in reads.items():
+            for col in cols:
+                if table == "events" and col in LOADER_COLUMNS:
+                    continue  # always kept by the loader
+                fewer = {**reads, table: tuple(c for c in cols if c != col)}
+                assert not _same_without(spec, fulls, fewer), f"{spec.name}: {table}.{col} is not needed"
