@@ -35,8 +35,8 @@ interleaved, medians; ratios are within the same run, so a loaded box moves both
                 control); peak RSS of each process (``wait4``). ``--other DIR`` also times
                 another checkout's kscope (``PYTHONPATH=DIR``; e.g. ``git archive`` of the commit
                 before a change, with its built ``_decoder*.so`` copied in) in the same rounds;
-                ``--all-analyses`` runs ``kscope analyze --all`` (every analysis, the heavy ones
-                with their declared reads) instead of the four
+                ``--all-analyses`` runs every analysis (``--only`` each, the heavy ones with their
+                declared reads) instead of the four
 
 Times are wall seconds of the measured work only (imports excluded), best of ``--repeat``;
 ``cpu`` columns are the process CPU seconds of the same run. Peak RSS is the child's
@@ -337,7 +337,7 @@ def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float, fl
 
 FOUR = ["--only", "temporal_breakdown", "--only", "idle_time_breakdown", "--only", "kernel_breakdown",
         "--only", "comm_comp_overlap"]  # fmt: skip
-ANALYSES = FOUR  # what --whole runs: the four, or ["--all"] with --all-analyses
+ANALYSES = FOUR  # what --whole runs: the four, or every analysis with --all-analyses
 
 
 def run_whole(
@@ -402,7 +402,7 @@ _PYCACHE: Path | None = None
 
 def print_whole(results: list[tuple[str, dict]]) -> None:
     print(
-        f"Whole processes, start-up included (kscope analyze --no-cache {' '.join(ANALYSES) if ANALYSES != FOUR else '+ the four analyses'} vs HTA; medians):"
+        f"Whole processes, start-up included (kscope analyze --no-cache + {'every analysis' if ANALYSES != FOUR else 'the four analyses'} vs HTA; medians):"
     )
     print(
         "| input | HTA s | KS native s | KS Python s (KSCOPE_NATIVE=0) | HTA ÷ KS native | HTA ÷ KS Python | KS Python ÷ KS native | peak RSS MB: HTA / KS native / KS Python |"
@@ -450,7 +450,9 @@ def main_native(args: argparse.Namespace) -> None:
     global ANALYSES
     print(f"CPUs: {os.cpu_count()}, load average at start: {os.getloadavg()}", file=sys.stderr)
     if args.all_analyses:
-        ANALYSES = ["--all"]
+        from kinetoscope.analysis import registry
+
+        ANALYSES = [a for name in registry.names() for a in ("--only", name)]
     if args.engine:
         print_engine(run_engine(args.repeat, args.only))
         print()
@@ -629,7 +631,7 @@ def main() -> None:
     ap.add_argument(
         "--all-analyses",
         action="store_true",
-        help="with --whole: kscope analyze --all (every analysis, the heavy ones included) instead of the four",
+        help="with --whole: every analysis (--only each, the heavy ones included) instead of the four",
     )
     args = ap.parse_args()
 

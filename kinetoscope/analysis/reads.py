@@ -13,7 +13,7 @@ DEVICE_COLUMNS = ("idx", "kind", "name", "pid", "tid", "ts", "dur", "stream", "c
 # ``tests/analysis/test_reads.py`` checks each result is the same on a trace loaded with only these.
 CORE_READS: dict[str, tuple[str, ...]] = {"events": DEVICE_COLUMNS}
 
-# The heavier analyses (``default=False``; ``kscope analyze --all``), each checked the same way.
+# The heavier analyses (``default=False``: run with ``--only``), each checked the same way.
 # The call graph (host call stacks + the device events under their launches): the host events'
 # kind, name, thread and times, the launch links (``correlation``) and the device events
 # (``stream``). Call graph, kernel sequences and ATen op -> kernel rows read nothing else.

@@ -111,7 +111,7 @@ def map_rank(task: RankTask) -> RankResult:
 def _core_only(names: tuple[str, ...]) -> bool:
     """Whether every analysis reads only ``CORE_READS``: the set ``LOAD_FACTOR`` was measured
     with. A heavier one (call graph, critical path, ...) builds structures of its own, measured
-    only within ``--all``'s whole-trace figure, so its memory check keeps that factor."""
+    only within the every-analysis, whole-trace figure, so its memory check keeps that factor."""
     from kinetoscope.analysis import registry
     from kinetoscope.analysis.reads import CORE_READS
 

@@ -8,9 +8,8 @@ analysing one trace in one process, rounded up (docs/performance.md "One huge tr
 ``LOAD_FACTOR`` when the map loads only what its analyses declare they read (the default
 document: 0.81x for a 2 GB trace, parse workers included), ``LOAD_FACTOR_WHOLE`` when it loads
 every table and column (an analysis that does not declare its reads), or runs a heavy analysis
-(call graph, critical path, memory, ...: measured only as part of ``--all`` over the whole trace,
-2.66x above the interpreter for every analysis of a 407 MB trace); the base covers the
-interpreter and Polars.
+(call graph, critical path, memory, ...: measured only with every analysis over the whole trace,
+2.66x above the interpreter for a 407 MB trace); the base covers the interpreter and Polars.
 *Available* is ``psutil.virtual_memory().available``, or ``$KSCOPE_MEMORY_AVAILABLE`` (bytes, or
 with a K/M/G suffix) where the host's figure is not this process's to use (a container limit, a
 box shared with others).

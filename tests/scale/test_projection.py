@@ -101,7 +101,7 @@ def test_analyses_with_other_options_are_the_same_on_their_reads(path: Path) -> 
 
 
 def test_every_analysis_declares_its_reads() -> None:
-    """So ``kscope analyze --all`` loads only what its analyses read, not every column (each
+    """So running every analysis (``--only`` each) loads only what its analyses read, not every column (each
     declaration is checked above: a column read but not declared fails there)."""
     undeclared = [s.name for s in registry.all_specs() if s.reads is None]
     assert undeclared == [], f"declare AnalysisSpec.reads (kinetoscope/analysis/reads.py) for {undeclared}"
