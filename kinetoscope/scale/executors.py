@@ -189,7 +189,7 @@ class LocalExecutor:
         ctx = _context()
         if self.preload and ctx.get_start_method() == "forkserver":
             preload_modules(self.preload)
-        board = Board(ctx.Array("b", len(items)), ctx.Value("i", 0))
+        board = Board(ctx.Array("b", len(items)), ctx.Value("i", 0), ctx.Value("i", 0))
         self._pool = ProcessPoolExecutor(
             max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(board, _WORKER_ENV)
         )

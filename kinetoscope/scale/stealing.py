@@ -9,7 +9,9 @@ single ÷ workers). Two changes, both here:
   the driver takes tasks from the other end, one at a time, for as long as some worker has not
   begun its first task. A task is done once: whoever claims it first on a shared board
   (``Board``, one byte per task, under its lock) runs it; a worker that finds its task taken
-  skips it (``Taken``). Once every worker runs, the driver only collects. A result the driver
+  skips it (``Taken``). Once every worker runs, the driver collects, and at the end, when fewer
+  ranks are left unclaimed than there are workers, takes one of those too (``_tail``: the last
+  round is then shared instead of run by one worker while the others idle). A result the driver
   computed goes through pickle, as a worker's does, so it shares no buffer with the rank's
   tables (the driver keeps only small things).
 * **One import for all workers.** The modules the task needs (``preload``) are imported once by
@@ -20,7 +22,7 @@ single ÷ workers). Two changes, both here:
 
 A task the driver runs is run in the driver's process: one that kills its process (a crash, not
 an exception) kills the run there, as with ``--backend single``; only the few tasks taken during
-the start-up run there (``StealStats``), and memory is checked before a rank loads
+the start-up and the last round run there (``StealStats``), and memory is checked before a rank loads
 (``scale.memory.check_fits``).
 """
 
@@ -49,6 +51,7 @@ class Board:
 
     claims: Any  # multiprocessing Array of bytes: FREE / POOL / DRIVER per task
     started: Any  # multiprocessing Value: workers that have begun a task
+    claimed: Any  # multiprocessing Value: tasks claimed so far (by anyone)
 
 
 class Taken:
@@ -61,6 +64,7 @@ def claim(board: Board, index: int, who: int) -> bool:
         if board.claims[index] != FREE:
             return False
         board.claims[index] = who
+        board.claimed.value += 1  # under the claims' lock: the one lock every claim takes
         return True
 
 
@@ -103,6 +107,7 @@ class StealStats:
     """What the driver did in the last run (``LocalExecutor.stolen``)."""
 
     by_driver: int = 0  # tasks the driver ran itself
+    in_tail: int = 0  # of those, taken at the end, while every worker was busy
 
 
 @dataclass
@@ -169,7 +174,24 @@ def map_stealing(
             if claim(board, i, DRIVER):
                 stats.by_driver += 1
                 yield _here(fn, items[i])
-    yield from _collect(sub.futures, items, board, seen, block=True)
+    finished: Iterator[Done[T, R]] = _collect(sub.futures, items, board, seen, block=True)
+    for done in finished:
+        yield done
+        yield from _tail(board, workers, fn, items, steal, stats)
+
+
+def _tail(
+    board: Board, workers: int, fn: Callable[[T], R], items: Sequence[T], steal: deque[int], stats: StealStats
+) -> Iterator[Done[T, R]]:
+    """At the end, fewer unclaimed tasks than workers: every worker is busy or about to be, and
+    the driver would only wait. It takes one (from the end) rather than leave the last round to
+    one worker while the others idle."""
+    while steal and 0 < len(items) - board.claimed.value < workers:
+        i = steal.popleft()
+        if claim(board, i, DRIVER):
+            stats.by_driver += 1
+            stats.in_tail += 1
+            yield _here(fn, items[i])
 
 
 def _here(fn: Callable[[T], R], item: T) -> Done[T, R]:

@@ -45,7 +45,7 @@ def gated_pool(marker: Path, workers: int, n_tasks: int) -> tuple[Any, Board]:
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("forkserver")
-    board = Board(ctx.Array("b", n_tasks), ctx.Value("i", 0))
+    board = Board(ctx.Array("b", n_tasks), ctx.Value("i", 0), ctx.Value("i", 0))
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=ctx,
