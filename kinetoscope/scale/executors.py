@@ -139,9 +139,9 @@ def _context() -> Any:
 class LocalExecutor:
     """A process pool on this machine (``workers=1``: this process).
 
-    ``steal``: the driver runs tasks itself while the pool's workers start, and the fork server
-    imports ``preload`` once for all of them (``kinetoscope.scale.stealing``); ``stolen`` says
-    how many tasks the driver ran. Off by default: a task the driver runs cannot kill its worker
+    ``preload``: modules the fork server imports once for all the workers (not once per
+    worker). ``steal``: the driver runs tasks itself while the workers start and in the last
+    round (``kinetoscope.scale.stealing``); ``stolen`` says how many tasks the driver ran. Off by default: a task the driver runs cannot kill its worker
     without killing the driver (``kscope analyze``'s map task never raises, and checks memory
     before it loads)."""
 
@@ -165,6 +165,8 @@ class LocalExecutor:
         if self.workers <= 1 or len(items) <= 1:
             yield from InProcessExecutor().map_unordered(fn, items)
             return
+        if self.preload and _context().get_start_method() == "forkserver":
+            preload_modules(self.preload)
         if self.steal:
             yield from self._map_stealing(fn, items)
             return
@@ -187,8 +189,6 @@ class LocalExecutor:
         (``stealing.map_stealing``); a worker that dies is handled as without stealing."""
         n = min(self.workers, len(items))
         ctx = _context()
-        if self.preload and ctx.get_start_method() == "forkserver":
-            preload_modules(self.preload)
         board = Board(ctx.Array("b", len(items)), ctx.Value("i", 0), ctx.Value("i", 0))
         self._pool = ProcessPoolExecutor(
             max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(board, _WORKER_ENV)
