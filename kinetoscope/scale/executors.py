@@ -141,9 +141,9 @@ class LocalExecutor:
 
     ``preload``: modules the fork server imports once for all the workers (not once per
     worker). ``steal``: the driver runs tasks itself while the workers start and in the last
-    round (``kinetoscope.scale.stealing``); ``stolen`` says how many tasks the driver ran. Off by default: a task the driver runs cannot kill its worker
-    without killing the driver (``kscope analyze``'s map task never raises, and checks memory
-    before it loads)."""
+    round (``kinetoscope.scale.stealing``); ``stolen`` says how many tasks the driver ran. Off
+    by default: a task the driver runs cannot kill its worker without killing the driver
+    (``kscope analyze``'s map task never raises, and checks memory before it loads)."""
 
     def __init__(
         self, workers: int | None = None, *, steal: bool = False, preload: Sequence[str] = ()
