@@ -34,7 +34,9 @@ interleaved, medians; ratios are within the same run, so a loaded box moves both
                 of /work/shared/traces/param_dlrm8 when present, and ``--ranks`` copies of
                 control); peak RSS of each process (``wait4``). ``--other DIR`` also times
                 another checkout's kscope (``PYTHONPATH=DIR``; e.g. ``git archive`` of the commit
-                before a change, with its built ``_decoder*.so`` copied in) in the same rounds
+                before a change, with its built ``_decoder*.so`` copied in) in the same rounds;
+                ``--all-analyses`` runs every analysis (``--only`` each, the heavy ones with their
+                declared reads) instead of the four
 
 Times are wall seconds of the measured work only (imports excluded), best of ``--repeat``;
 ``cpu`` columns are the process CPU seconds of the same run. Peak RSS is the child's
@@ -335,6 +337,7 @@ def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float, fl
 
 FOUR = ["--only", "temporal_breakdown", "--only", "idle_time_breakdown", "--only", "kernel_breakdown",
         "--only", "comm_comp_overlap"]  # fmt: skip
+ANALYSES = FOUR  # what --whole runs: the four, or every analysis with --all-analyses
 
 
 def run_whole(
@@ -350,18 +353,18 @@ def run_whole(
     base_env = {**os.environ, "COLUMNS": "100"}
     base_env.pop("KSCOPE_NATIVE", None)
     cases = {
-        "ks native": (ks + ["analyze", "--no-cache", *FOUR, target], {**base_env, "KSCOPE_NATIVE": "1"}),
-        "ks python": (ks + ["analyze", "--no-cache", *FOUR, target], {**base_env, "KSCOPE_NATIVE": "0"}),
+        "ks native": (ks + ["analyze", "--no-cache", *ANALYSES, target], {**base_env, "KSCOPE_NATIVE": "1"}),
+        "ks python": (ks + ["analyze", "--no-cache", *ANALYSES, target], {**base_env, "KSCOPE_NATIVE": "0"}),
     }
     if other is not None:
         env = {**base_env, "KSCOPE_NATIVE": "1", "PYTHONPATH": str(other)}
-        cases["other native"] = (ks + ["analyze", "--no-cache", *FOUR, target], env)
+        cases["other native"] = (ks + ["analyze", "--no-cache", *ANALYSES, target], env)
     # as installed: `pip install` compiles every module's bytecode, HTA's included; an editable
     # checkout under PYTHONDONTWRITEBYTECODE=1 (this box) compiles kinetoscope's from source in
     # every process. A private bytecode cache, written by one warm-up run, gives the installed case.
     cached = {**base_env, "KSCOPE_NATIVE": "1", "PYTHONPYCACHEPREFIX": str(_pycache_dir())}
     cached.pop("PYTHONDONTWRITEBYTECODE", None)
-    cases["ks native bytecode"] = (ks + ["analyze", "--no-cache", *FOUR, target], cached)
+    cases["ks native bytecode"] = (ks + ["analyze", "--no-cache", *ANALYSES, target], cached)
     whole_process(*cases["ks native bytecode"])  # warm-up: writes the bytecode
     if not skip_hta:
         mode = "hta-multi" if multi else "hta"
@@ -399,7 +402,7 @@ _PYCACHE: Path | None = None
 
 def print_whole(results: list[tuple[str, dict]]) -> None:
     print(
-        "Whole processes, start-up included (kscope analyze --no-cache + the four analyses vs HTA; medians):"
+        f"Whole processes, start-up included (kscope analyze --no-cache + {'every analysis' if ANALYSES != FOUR else 'the four analyses'} vs HTA; medians):"
     )
     print(
         "| input | HTA s | KS native s | KS Python s (KSCOPE_NATIVE=0) | HTA ÷ KS native | HTA ÷ KS Python | KS Python ÷ KS native | peak RSS MB: HTA / KS native / KS Python |"
@@ -444,7 +447,12 @@ def print_whole(results: list[tuple[str, dict]]) -> None:
 
 def main_native(args: argparse.Namespace) -> None:
     """``--engine`` / ``--whole``: the native decoder's figures (issue 14)."""
+    global ANALYSES
     print(f"CPUs: {os.cpu_count()}, load average at start: {os.getloadavg()}", file=sys.stderr)
+    if args.all_analyses:
+        from kinetoscope.analysis import registry
+
+        ANALYSES = [a for name in registry.names() for a in ("--only", name)]
     if args.engine:
         print_engine(run_engine(args.repeat, args.only))
         print()
@@ -619,6 +627,11 @@ def main() -> None:
         type=Path,
         default=None,
         help="with --whole: also time this checkout's kscope (e.g. git archive of an older commit), same rounds",
+    )
+    ap.add_argument(
+        "--all-analyses",
+        action="store_true",
+        help="with --whole: every analysis (--only each, the heavy ones included) instead of the four",
     )
     args = ap.parse_args()
 

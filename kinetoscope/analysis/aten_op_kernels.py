@@ -26,6 +26,7 @@ import polars as pl
 
 from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
+from kinetoscope.analysis.reads import CALL_GRAPH_READS
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
@@ -145,6 +146,7 @@ register(
         name="aten_op_kernels",
         func=aten_op_kernels,
         combine="concat",
+        reads=CALL_GRAPH_READS,
         description="Kernels each ATen op launches, how often, and its mean op-to-launch and launch-to-kernel delays.",
         default=False,
         order=87,

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analysis.reads import CORE_READS
+from kinetoscope.analysis.reads import (
+    CALL_GRAPH_READS,
+    CORE_READS,
+    CRITICAL_PATH_READS,
+    CUPTI_READS,
+    MEMORY_READS,
+    MEMORY_SITES_READS,
+)
 
 # ("module:function", AnalysisSpec fields other than ``func``), in display order.
 # the options of the two critical-path analyses (one graph, two views of it)
@@ -268,6 +275,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "heavy",
             "empty_note": "no CPU op launched a kernel",
             "combine": "concat",
+            "reads": CALL_GRAPH_READS,
         },
     ),
     (
@@ -281,6 +289,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "heavy",
             "empty_note": "no op matching operator_name launched at least min_pattern_len kernels",
             "combine": "concat",
+            "reads": CALL_GRAPH_READS,
         },
     ),
     (
@@ -294,6 +303,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "heavy",
             "empty_note": "no critical path (no events in the window)",
             "combine": "concat",
+            "reads": CRITICAL_PATH_READS,
         },
     ),
     (
@@ -307,6 +317,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "heavy",
             "empty_note": "no critical path (no events in the window)",
             "combine": "concat",
+            "reads": CRITICAL_PATH_READS,
         },
     ),
     (
@@ -320,6 +331,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "memory",
             "empty_note": "no memory events (record with profile_memory=True)",
             "combine": "concat",
+            "reads": MEMORY_READS,
         },
     ),
     (
@@ -334,6 +346,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "memory",
             "empty_note": "no memory events (record with profile_memory=True)",
             "combine": "concat",
+            "reads": MEMORY_SITES_READS,
         },
     ),
     (
@@ -347,6 +360,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "memory",
             "empty_note": "no memory events (record with profile_memory=True)",
             "combine": "concat",
+            "reads": MEMORY_READS,
         },
     ),
     (
@@ -359,6 +373,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "launch",
             "empty_note": "no kernel launch inside an aten:: op",
             "combine": "concat",
+            "reads": CALL_GRAPH_READS,
         },
     ),
     (
@@ -372,6 +387,7 @@ BUILTIN_ANALYSES: tuple[tuple[str, dict[str, Any]], ...] = (
             "group": "counters",
             "empty_note": "no cuda_profiler_range events, or their count differs from the kernel launches",
             "combine": "concat",
+            "reads": CUPTI_READS,
         },
     ),
 )

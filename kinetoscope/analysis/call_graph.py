@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
+from kinetoscope.analysis.reads import CALL_GRAPH_READS
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.schema import DEVICE_KINDS
@@ -486,6 +487,7 @@ register(
         name="call_graph",
         func=call_graph_summary,
         combine="concat",
+        reads=CALL_GRAPH_READS,
         description="CPU ops with the GPU work they launch (call stacks + kernels): count, depth, CPU and kernel time per op name.",
         default=False,
         order=80,

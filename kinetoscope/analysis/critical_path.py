@@ -46,6 +46,7 @@ from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis._raw import output_path, read_raw_trace, write_raw_trace
 from kinetoscope.analysis.kernel_types import COMMUNICATION_PATTERN
 from kinetoscope.analysis.names import shorten_name
+from kinetoscope.analysis.reads import CRITICAL_PATH_READS
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
@@ -1176,6 +1177,7 @@ register(
         name="critical_path",
         func=critical_path_summary,
         combine="concat",
+        reads=CRITICAL_PATH_READS,
         description="Lightweight critical path of a step (or the whole trace): share bound by CPU, GPU compute, communication, launch and kernel-kernel overhead.",
         default=False,
         options=_CP_OPTIONS,
@@ -1189,6 +1191,7 @@ register(
         name="critical_path_breakdown",
         func=critical_path_breakdown,
         combine="concat",
+        reads=CRITICAL_PATH_READS,
         description="Every edge on the critical path with the event it is attributed to and what it is bound by.",
         default=False,
         options=_CP_OPTIONS,

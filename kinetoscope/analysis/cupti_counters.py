@@ -29,6 +29,7 @@ import polars as pl
 
 from kinetoscope.analysis._common import TraceInput, per_rank_frames, rank_lit
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
+from kinetoscope.analysis.reads import CUPTI_READS
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
@@ -156,6 +157,7 @@ register(
         name="cupti_counters",
         func=cupti_counters,
         combine="concat",
+        reads=CUPTI_READS,
         description="CUPTI profiler counters per kernel (cuda_profiler_range events) with the ops that launched it.",
         default=False,
         needs_gpu=False,

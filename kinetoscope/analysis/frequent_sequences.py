@@ -35,6 +35,7 @@ import polars as pl
 from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis._raw import output_path, read_raw_trace, write_raw_trace
 from kinetoscope.analysis.call_graph import CallGraph, build_call_graph
+from kinetoscope.analysis.reads import CALL_GRAPH_READS
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
@@ -205,6 +206,7 @@ register(
         name="frequent_kernel_sequences",
         func=frequent_sequences,
         combine="concat",
+        reads=CALL_GRAPH_READS,
         description="Most frequent GPU kernel sequences launched by CPU ops whose name contains operator_name.",
         default=False,
         options={"operator_name": "aten::", "min_pattern_len": 3, "outermost": True},

@@ -33,6 +33,7 @@ import polars as pl
 from kinetoscope.analysis._common import TraceInput, per_rank, rank_lit
 from kinetoscope.analysis._raw import read_raw_bytes
 from kinetoscope.analysis.call_graph import build_call_graph
+from kinetoscope.analysis.reads import MEMORY_READS, MEMORY_SITES_READS
 from kinetoscope.analysis.registry import AnalysisSpec, register
 from kinetoscope.trace.model import Trace
 
@@ -308,6 +309,7 @@ register(
         name="memory_summary",
         func=memory_summary,
         combine="concat",
+        reads=MEMORY_READS,
         description="Memory per device from the memory events: allocations, frees, peak allocated/reserved and when.",
         default=False,
         needs_gpu=False,
@@ -321,6 +323,7 @@ register(
         name="memory_allocation_sites",
         func=memory_allocation_sites,
         combine="concat",
+        reads=MEMORY_SITES_READS,
         description="Ops that allocate the most memory (innermost op enclosing each allocation).",
         default=False,
         needs_gpu=False,
@@ -335,6 +338,7 @@ register(
         name="memory_timeline",
         func=memory_timeline,
         combine="concat",
+        reads=MEMORY_READS,
         description="Every memory event: bytes, total allocated and reserved over time, per device.",
         default=False,
         needs_gpu=False,

@@ -30,10 +30,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.scale.request import BACKENDS
+from kinetoscope.scale.stealing import Board, StealStats, init_worker, map_stealing, preload_modules
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -128,13 +129,31 @@ def _init_worker() -> None:
     os.environ.update(_WORKER_ENV)
 
 
-class LocalExecutor:
-    """A process pool on this machine (``workers=1``: this process)."""
+def _context() -> Any:
+    """The pool's start method: ``forkserver`` (no fork of a driver holding threads), else
+    ``spawn``."""
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    return multiprocessing.get_context(method)
 
-    def __init__(self, workers: int | None = None) -> None:
+
+class LocalExecutor:
+    """A process pool on this machine (``workers=1``: this process).
+
+    ``preload``: modules the fork server imports once for all the workers (not once per
+    worker). ``steal``: the driver runs tasks itself while the workers start and in the last
+    round (``kinetoscope.scale.stealing``); ``stolen`` says how many tasks the driver ran. Off
+    by default: a task the driver runs cannot kill its worker without killing the driver
+    (``kscope analyze``'s map task never raises, and checks memory before it loads)."""
+
+    def __init__(
+        self, workers: int | None = None, *, steal: bool = False, preload: Sequence[str] = ()
+    ) -> None:
         self.workers = workers or default_workers()
         self._pool: ProcessPoolExecutor | None = None
         self.notes: list[str] = []
+        self.steal = steal
+        self.preload = tuple(preload)
+        self.stolen = StealStats()
 
     def describe(self, n_tasks: int) -> str:
         return ""
@@ -145,6 +164,11 @@ class LocalExecutor:
         fresh one-worker pool, so only the task that kills its worker fails."""
         if self.workers <= 1 or len(items) <= 1:
             yield from InProcessExecutor().map_unordered(fn, items)
+            return
+        if self.preload and _context().get_start_method() == "forkserver":
+            preload_modules(self.preload)
+        if self.steal:
+            yield from self._map_stealing(fn, items)
             return
         self._pool = self._new_pool(min(self.workers, len(items)))
         futures = {self._pool.submit(fn, it): it for it in items}
@@ -160,11 +184,30 @@ class LocalExecutor:
         for it in suspects:
             yield self._alone(fn, it)
 
-    def _new_pool(self, workers: int) -> ProcessPoolExecutor:
-        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        return ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker
+    def _map_stealing(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[Outcome[T, R]]:
+        """``map_unordered`` with the driver taking tasks while the workers start
+        (``stealing.map_stealing``); a worker that dies is handled as without stealing."""
+        n = min(self.workers, len(items))
+        ctx = _context()
+        board = Board(ctx.Array("b", len(items)), ctx.Value("i", 0), ctx.Value("i", 0))
+        self._pool = ProcessPoolExecutor(
+            max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(board, _WORKER_ENV)
         )
+        self.stolen = StealStats()
+        suspects: list[T] = []
+        for done in map_stealing(self._pool, board, n, fn, items, self.stolen):
+            if done.broken:
+                suspects.append(done.item)
+            elif done.exc is not None:
+                yield Outcome(done.item, error=f"worker process failed: {_failure(done.exc)}")
+            else:
+                yield Outcome(done.item, cast(R, done.value))
+        self.close()
+        for it in suspects:
+            yield self._alone(fn, it)
+
+    def _new_pool(self, workers: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_init_worker)
 
     def _alone(self, fn: Callable[[T], R], item: T) -> Outcome[T, R]:
         self._pool = self._new_pool(1)
@@ -387,12 +430,20 @@ def lost(ray: Any, exc: BaseException) -> bool:
     return isinstance(exc, infra)
 
 
-def make_executor(backend: str, *, workers: int | None = None, ray_address: str | None = None) -> Executor:
-    """The executor for a chosen backend (``choose_backend`` first for ``auto``)."""
+def make_executor(
+    backend: str,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    steal: bool = False,
+    preload: Sequence[str] = (),
+) -> Executor:
+    """The executor for a chosen backend (``choose_backend`` first for ``auto``); ``steal`` and
+    ``preload``: ``LocalExecutor``'s."""
     if backend == "single":
         return InProcessExecutor()
     if backend == "local":
-        return LocalExecutor(workers)
+        return LocalExecutor(workers, steal=steal, preload=preload)
     if backend == "ray":
         return RayExecutor(ray_address, workers)
     raise UsageError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")

@@ -48,6 +48,19 @@ class RankResult:
         return self.trace.meta if self.trace is not None else None
 
 
+def preload(names: tuple[str, ...], diagnosis: bool) -> list[str]:
+    """The modules a map task imports to run ``names`` (and the diagnosis's figures): what a
+    local pool's fork server imports once for all its workers (``scale.stealing``)."""
+    from kinetoscope.analysis import registry
+
+    mods = ["kinetoscope.scale.mapper", "kinetoscope.trace", "kinetoscope.scale.memory"]
+    mods += ["kinetoscope.scale.reducers", "kinetoscope.analysis._common", "kinetoscope.trace.compact"]
+    mods += [registry.func_target(registry.get(n).func).partition(":")[0] for n in names]
+    if diagnosis:
+        mods.append("kinetoscope.diagnosis.extract")
+    return list(dict.fromkeys(mods))
+
+
 def _where() -> str:
     """``host:pid`` of this worker, with ``@<ray node id>`` inside a Ray task."""
     import socket
@@ -74,7 +87,7 @@ def map_rank(task: RankTask) -> RankResult:
     try:
         columns = task_reads(task)
         # before loading: a clear error, never an OOM kill
-        out.error = check_fits(task.path, whole=columns is None)
+        out.error = check_fits(task.path, whole=columns is None or not _core_only(task.names))
         if out.error is not None:
             return out
         trace = load_trace(
@@ -95,6 +108,16 @@ def map_rank(task: RankTask) -> RankResult:
     return out
 
 
+def _core_only(names: tuple[str, ...]) -> bool:
+    """Whether every analysis reads only ``CORE_READS``: the set ``LOAD_FACTOR`` was measured
+    with. A heavier one (call graph, critical path, ...) builds structures of its own, measured
+    only within the every-analysis, whole-trace figure, so its memory check keeps that factor."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.analysis.reads import CORE_READS
+
+    return all(registry.get(n).reads == CORE_READS for n in names)
+
+
 def _release(trace: Trace) -> None:
     from kinetoscope.analysis._common import forget_memos
     from kinetoscope.trace.compact import release_free_memory
@@ -109,6 +132,7 @@ def task_reads(task: RankTask) -> dict[str, set[str]] | None:
     tables never take memory. None (load everything) when an analysis does not declare it or
     is a ``driver`` analysis (the whole trace goes to the driver), or ``task.project`` is off."""
     from kinetoscope.analysis import registry
+    from kinetoscope.analysis.reads import DEVICE_COLUMNS
 
     if not task.project:
         return None
@@ -117,6 +141,8 @@ def task_reads(task: RankTask) -> dict[str, set[str]] | None:
     reads = registry.reads_of(task.names)
     if reads is None:
         return None
+    # the map's own GPU check (``_analyse``: ``device_frame``), whatever the analyses read
+    reads.setdefault("events", set()).update(DEVICE_COLUMNS)
     if task.request.diagnosis:  # the diagnosis is imported only when it runs
         from kinetoscope.diagnosis.extract import READS
 

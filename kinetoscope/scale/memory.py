@@ -7,8 +7,9 @@ holds it, modulo 4 GiB); the *load estimate* is what loading and analysing it ta
 analysing one trace in one process, rounded up (docs/performance.md "One huge trace"):
 ``LOAD_FACTOR`` when the map loads only what its analyses declare they read (the default
 document: 0.81x for a 2 GB trace, parse workers included), ``LOAD_FACTOR_WHOLE`` when it loads
-every table and column (an analysis that does not declare its reads, e.g. ``--all``: 2.66x above
-the interpreter for every analysis of a 407 MB trace); the base covers the interpreter and Polars.
+every table and column (an analysis that does not declare its reads), or runs a heavy analysis
+(call graph, critical path, memory, ...: measured only with every analysis over the whole trace,
+2.66x above the interpreter for a 407 MB trace); the base covers the interpreter and Polars.
 *Available* is ``psutil.virtual_memory().available``, or ``$KSCOPE_MEMORY_AVAILABLE`` (bytes, or
 with a K/M/G suffix) where the host's figure is not this process's to use (a container limit, a
 box shared with others).
@@ -62,7 +63,8 @@ def size_text(n: int) -> str:
 
 def check_fits(path: str, *, whole: bool = False) -> str | None:
     """``None`` when loading ``path`` fits the available memory, else why not (one line).
-    ``whole``: every table and column is loaded (``LOAD_FACTOR_WHOLE``, module docstring)."""
+    ``whole``: every table and column is loaded, or a heavy analysis runs (``LOAD_FACTOR_WHOLE``,
+    module docstring)."""
     raw = json_bytes(path)
     need = LOAD_BASE_BYTES + int((LOAD_FACTOR_WHOLE if whole else LOAD_FACTOR) * raw)
     have = available_bytes()

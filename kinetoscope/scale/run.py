@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import cast
 
 from kinetoscope.scale.executors import Executor, Outcome, choose_backend, make_executor
-from kinetoscope.scale.mapper import RankResult, RankTask, map_rank
+from kinetoscope.scale.mapper import RankResult, RankTask, map_rank, preload
 from kinetoscope.scale.plan import Plan, make_plan
 from kinetoscope.scale.reduce import ScaleRun, reduce_document
 from kinetoscope.scale.request import AnalyzeRequest
@@ -70,7 +70,13 @@ def run_analysis(
         ray_address=request.ray_address,
         json_bytes=_json_total(paths) if request.backend == "auto" else None,
     )
-    executor = make_executor(backend, workers=request.workers, ray_address=request.ray_address)
+    executor = make_executor(
+        backend,
+        workers=request.workers,
+        ray_address=request.ray_address,
+        steal=True,  # map_rank never raises and checks memory first: the driver may run a rank
+        preload=preload(tuple(plan.names), request.diagnosis),
+    )
     try:
         where = executor.describe(len(paths))  # Ray: which nodes the tasks go to
         why = f"{why}; {where}" if where else why

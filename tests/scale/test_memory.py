@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import subprocess
@@ -76,8 +77,9 @@ def test_the_other_ranks_are_still_analysed(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_rank_loaded_whole_needs_the_larger_factor(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An analysis that does not declare its reads loads every table and column: the check uses
-    ``LOAD_FACTOR_WHOLE``; the default document (declared reads) uses ``LOAD_FACTOR``."""
+    """An analysis that does not declare its reads loads every table and column, and a heavy one
+    (call graph, critical path, ...) builds structures the smaller factor was not measured with:
+    the check uses ``LOAD_FACTOR_WHOLE`` for both; the default document uses ``LOAD_FACTOR``."""
     from kinetoscope.analysis import registry
     from kinetoscope.scale.mapper import RankTask, map_rank
     from kinetoscope.scale.memory import LOAD_FACTOR_WHOLE
@@ -90,6 +92,12 @@ def test_a_rank_loaded_whole_needs_the_larger_factor(monkeypatch: pytest.MonkeyP
     why = check_fits(str(PAIR[0]), whole=True)
     assert why is not None and "needs about" in why
     req = AnalyzeRequest(cache=False)
-    undeclared = next(s.name for s in registry.all_specs() if s.reads is None)
+    spec = registry.get("temporal_breakdown")
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "undeclared",
+        dataclasses.replace(spec, name="undeclared", reads=None, default=False),
+    )
     assert map_rank(RankTask(0, str(PAIR[0]), tuple(registry.default_names()), req)).error is None
-    assert map_rank(RankTask(0, str(PAIR[0]), (undeclared,), req)).error == why
+    assert map_rank(RankTask(0, str(PAIR[0]), ("undeclared",), req)).error == why
+    assert map_rank(RankTask(0, str(PAIR[0]), ("temporal_breakdown", "critical_path"), req)).error == why
