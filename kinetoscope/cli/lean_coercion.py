@@ -68,4 +68,4 @@ def lean_runtime_param(descriptor: TypeDescriptor) -> RuntimeParam:
 
 def install() -> None:
     """Make every Typer parameter of this process coerce through :class:`LeanRuntimeParam`."""
-    core.build_runtime_param = lean_runtime_param  # type: ignore[assignment]
+    core.build_runtime_param = lean_runtime_param
