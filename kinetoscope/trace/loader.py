@@ -86,8 +86,8 @@ def estimated_json_bytes(path: str) -> int:
 
 
 # A file with at least this much JSON, parsed in this process by the native decoder, has its
-# chunks decoded by threads (kinetoscope.trace.threads) when there are two CPUs or more: they
-# cost nothing to start, so they pay off from a few chunks of CHUNK_BYTES.
+# chunks decoded by threads (kinetoscope.trace.threads) when $KSCOPE_LOAD_THREADS asks for them
+# and there are two CPUs or more: threads cost nothing to start, so a few chunks are enough.
 THREAD_FILE_MIN_BYTES = 12 << 20
 
 

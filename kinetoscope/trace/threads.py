@@ -11,7 +11,8 @@ or a nested value, anything the Python rules must judge) is decoded by the seria
 its start, the chunks after it dropped. A thread's result is the very ``NativeChunk`` the
 serial path would build from the same bytes, so tables, metadata and warnings are identical
 (tests/trace/test_threads.py). Unlike worker processes, threads cost nothing to start, so
-they pay off from a few chunks (:data:`kinetoscope.trace.loader.THREAD_FILE_MIN_BYTES`).
+they can pay off from a few chunks (:data:`kinetoscope.trace.loader.THREAD_FILE_MIN_BYTES`);
+they are used only when ``$KSCOPE_LOAD_THREADS`` asks for them (see :func:`default_threads`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ STATS: Counter[str] = Counter()  # chunks taken from the threads: "built", "fail
 
 
 def default_threads() -> int:
-    """Decoding threads: one per CPU beyond this thread's, at least one, at most 4 (``$KSCOPE_LOAD_THREADS``)."""
+    """Decoding threads: ``$KSCOPE_LOAD_THREADS`` (at most 4), else none. Off by default: on
+    the shared 2-core box, under the other sessions' load, threads cost 10-15 % more CPU (the
+    copies, the hand-offs) and no wall-clock gain could be shown (docs/performance.md)."""
     text = os.environ.get("KSCOPE_LOAD_THREADS", "").strip()
-    if text.isdigit():
-        return int(text)
-    return max(1, min(MAX_THREADS, (os.cpu_count() or 1) - 1))
+    return min(MAX_THREADS, int(text)) if text.isdigit() else 0
 
 
 def _decode(data: bytearray) -> _native.NativeChunk | None:
@@ -142,8 +143,8 @@ _LOCK = threading.Lock()
 
 
 def get_pool() -> ThreadChunkPool | None:
-    """The process's decoding threads (made on first use), or None when they are turned off
-    (``KSCOPE_LOAD_THREADS=0``) or another parse is using them (it then runs serially)."""
+    """The process's decoding threads (made on first use), or None when there are none
+    (``$KSCOPE_LOAD_THREADS`` unset or 0) or another parse is using them (it then runs serially)."""
     global _POOL
     n = default_threads()
     if n <= 0:

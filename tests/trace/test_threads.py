@@ -144,10 +144,14 @@ def test_two_parses_at_once_share_nothing(tmp_path):
         assert_same_trace(g, want)
 
 
-def test_off_switch(tmp_path, monkeypatch):
-    monkeypatch.setenv("KSCOPE_LOAD_THREADS", "0")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_off_by_default_and_with_zero(tmp_path, monkeypatch, setting):
+    if setting is None:
+        monkeypatch.delenv("KSCOPE_LOAD_THREADS")
+    else:
+        monkeypatch.setenv("KSCOPE_LOAD_THREADS", setting)
     assert threads.get_pool() is None
     p = write_doc(tmp_path / "t.json", big_doc(500))
-    before = threads.STATS["built"]
+    before = dict(threads.STATS)
     parse_trace(p, chunk_bytes=3000)
-    assert threads.STATS["built"] == before
+    assert threads.STATS == before
