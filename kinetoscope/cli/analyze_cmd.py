@@ -237,33 +237,38 @@ def _run(request: Any, catalog_url: str | None) -> Any:
     """Resolve and analyse (``kinetoscope.pipeline.analyze``: the one orchestration, whatever the
     backend), saying on stderr which backend ran and why, with a progress bar of ranks done /
     failed when there are several; each rank that failed is an error line, not a failed command."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from kinetoscope.pipeline import analyze
 
     err = Console(stderr=True, highlight=False)
-    columns = (
-        TextColumn("ranks"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[failed]} failed"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("map", total=None, failed=0)
 
-        def on_backend(backend: str, why: str, n_files: int) -> None:
-            # what --backend auto chose: a pool or Ray always, this process only on a terminal;
-            # Ray (chosen or asked for) also says which nodes the tasks go to
-            auto = request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal))
-            if auto or backend == "ray":
-                err.print(f"[dim]backend {backend}: {escape(why)}[/]", soft_wrap=True)
+    def on_backend(backend: str, why: str, n_files: int) -> None:
+        # what --backend auto chose: a pool or Ray always, this process only on a terminal;
+        # Ray (chosen or asked for) also says which nodes the tasks go to
+        auto = request.backend == "auto" and (backend != "single" or (n_files > 1 and err.is_terminal))
+        if auto or backend == "ray":
+            err.print(f"[dim]backend {backend}: {escape(why)}[/]", soft_wrap=True)
 
-        run = analyze(
-            request,
-            progress=lambda done, failed, total: bar.update(task, completed=done, total=total, failed=failed),
-            on_backend=on_backend,
+    if not err.is_terminal:  # no progress bar to draw: not even its import (start-up time)
+        run = analyze(request, on_backend=on_backend)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (
+            TextColumn("ranks"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"),
+            TimeElapsedColumn(),
         )
+        with Progress(*columns, console=err, transient=True) as bar:
+            task = bar.add_task("map", total=None, failed=0)
+            run = analyze(
+                request,
+                progress=lambda done, failed, total: bar.update(
+                    task, completed=done, total=total, failed=failed
+                ),
+                on_backend=on_backend,
+            )
     for note in run.scale.notes:  # e.g. Ray tasks resubmitted after their node was lost
         err.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
     for why in run.scale.load_errors.values():

@@ -17,6 +17,7 @@ from typer import _click
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from kinetoscope import __version__
+from kinetoscope.cli import lean_coercion
 from kinetoscope.errors import KinetoscopeError
 
 # name -> (module exposing ``register(app)``, one-line help shown by `kscope --help`).
@@ -76,6 +77,7 @@ def _flag_type_rich(self: TyperOption, ctx: _click.Context) -> str | None:
 
 _typed_option_type_rich = TyperOption.display_type_rich
 TyperOption.display_type_rich = _flag_type_rich  # type: ignore[method-assign]
+lean_coercion.install()  # no Pydantic TypeAdapters for values already of their type (~0.1 s)
 
 
 def load_commands(module: str) -> dict[str, _click.Command]:

@@ -33,6 +33,7 @@ from kinetoscope.trace.tables import TableBuilder, assemble_trace
 
 if TYPE_CHECKING:
     from kinetoscope.trace.parallel import ChunkPool
+    from kinetoscope.trace.threads import ThreadChunkPool
 
 PathLike = str | os.PathLike[str]
 
@@ -84,7 +85,33 @@ def estimated_json_bytes(path: str) -> int:
     return isize
 
 
-def _pool_for(path: str, workers: int | None, salvage: bool) -> ChunkPool | None:
+# A file with at least this much JSON, parsed in this process by the native decoder, has its
+# chunks decoded by threads (kinetoscope.trace.threads) when $KSCOPE_LOAD_THREADS asks for them
+# and there are two CPUs or more: threads cost nothing to start, so a few chunks are enough.
+THREAD_FILE_MIN_BYTES = 12 << 20
+
+
+def _pool_for(path: str, workers: int | None, salvage: bool) -> ChunkPool | ThreadChunkPool | None:
+    """The worker processes or decoding threads to parse ``path`` with, or None (all here)."""
+    pool = _process_pool_for(path, workers, salvage)
+    if pool is None and workers is None and not salvage and _native.enabled():
+        return _thread_pool_for(path)
+    return pool
+
+
+def _thread_pool_for(path: str) -> ThreadChunkPool | None:
+    if (os.cpu_count() or 1) < 2 or estimated_json_bytes(path) < THREAD_FILE_MIN_BYTES:
+        return None
+    from kinetoscope.trace import threads
+
+    return threads.get_pool()
+
+
+def _release(pool: ChunkPool | ThreadChunkPool) -> None:
+    pool.busy = False  # (what parallel.release_pool does, without importing the worker machinery)
+
+
+def _process_pool_for(path: str, workers: int | None, salvage: bool) -> ChunkPool | None:
     """The worker pool to parse ``path`` with, or None (parse in this process)."""
     if salvage or workers == 0:
         return None
@@ -150,9 +177,7 @@ def parse_trace(
         return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits, columns)
     finally:
         if pool is not None:
-            from kinetoscope.trace.parallel import release_pool
-
-            release_pool(pool)
+            _release(pool)
 
 
 def _parse(
@@ -161,7 +186,7 @@ def _parse(
     locate: bool,
     chunk_bytes: int | None,
     block_bytes: int | None,
-    pool: ChunkPool | None,
+    pool: ChunkPool | ThreadChunkPool | None,
     limits: Limits | None,
     columns: Columns | None = None,
 ) -> Trace:

@@ -45,6 +45,13 @@ def enabled() -> bool:
     )
 
 
+def configure() -> None:
+    """Configure the extension now, if not done yet (before threads decode: ``configure``
+    rewrites the keys table that a running ``decode_chunk`` reads)."""
+    if not _configured:
+        _configure()
+
+
 def _configure() -> None:
     """Give the extension the args keys -> columns map of the schema (one source of truth)."""
     global _configured, _ARG_NAMES
