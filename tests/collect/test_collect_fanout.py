@@ -110,12 +110,9 @@ def test_wait_over_many_hosts_reports_each_missing_file_once(kscope_main, fleet,
     assert timeouts == {(f["host"], f["pid"]) for f in doc["files"]} and len(timeouts) == len(up) * PROCS
 
 
-def test_large_requests_print_a_summary_not_every_row(kscope_main, fleet, hosts_file, monkeypatch):
-    """Above TABLE_MAX_ROWS processes the human output is a summary plus the rows that need a look."""
-    import kinetoscope.cli.trace_cmd as trace_cmd
-
-    monkeypatch.setattr(trace_cmd, "TABLE_MAX_ROWS", 10)
-    args = (
+def _trace_all_args(hosts_file) -> tuple[str, ...]:
+    """``kscope trace`` of every process of the hosts in ``hosts_file``, 3 iterations, unaligned."""
+    return (
         "trace",
         "--hosts-file",
         str(hosts_file),
@@ -125,6 +122,14 @@ def test_large_requests_print_a_summary_not_every_row(kscope_main, fleet, hosts_
         "--no-align",
         "--no-catalog",
     )
+
+
+def test_large_requests_print_a_summary_not_every_row(kscope_main, fleet, hosts_file, monkeypatch):
+    """Above TABLE_MAX_ROWS processes the human output is a summary plus the rows that need a look."""
+    import kinetoscope.cli.trace_cmd as trace_cmd
+
+    monkeypatch.setattr(trace_cmd, "TABLE_MAX_ROWS", 10)
+    args = _trace_all_args(hosts_file)
     code, out, _err = kscope_main(*args)
     _poll(fleet)
     flat = " ".join(out.split())
@@ -183,16 +188,7 @@ def _run_with_tty_stderr(*args: str) -> tuple[int, str, str]:
 
 
 def test_progress_on_a_terminal_and_never_in_json(fleet, hosts_file):
-    args = (
-        "trace",
-        "--hosts-file",
-        str(hosts_file),
-        "--all",
-        "--iterations",
-        "3",
-        "--no-align",
-        "--no-catalog",
-    )
+    args = _trace_all_args(hosts_file)
     code, out, err = _run_with_tty_stderr(*args)
     _poll(fleet)
     flat = " ".join(err.split())

@@ -63,3 +63,20 @@ def ray_session():
         ray.shutdown()
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture()
+def undeclared_analysis(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An analysis registered without declared reads (a plug-in's, say): ``temporal_breakdown``
+    under the name ``undeclared`` with ``reads=None``; its name."""
+    import dataclasses
+
+    from kinetoscope.analysis import registry
+
+    spec = registry.get("temporal_breakdown")
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "undeclared",
+        dataclasses.replace(spec, name="undeclared", reads=None, default=False),
+    )
+    return "undeclared"

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import os
 import subprocess
@@ -76,7 +75,9 @@ def test_the_other_ranks_are_still_analysed(monkeypatch: pytest.MonkeyPatch) -> 
     assert [t.meta.path for t in run.traces] == [str(needs[0][1])]
 
 
-def test_a_rank_loaded_whole_needs_the_larger_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_loaded_whole_needs_the_larger_factor(
+    monkeypatch: pytest.MonkeyPatch, undeclared_analysis: str
+) -> None:
     """An analysis that does not declare its reads loads every table and column, and a heavy one
     (call graph, critical path, ...) builds structures the smaller factor was not measured with:
     the check uses ``LOAD_FACTOR_WHOLE`` for both; the default document uses ``LOAD_FACTOR``."""
@@ -92,12 +93,6 @@ def test_a_rank_loaded_whole_needs_the_larger_factor(monkeypatch: pytest.MonkeyP
     why = check_fits(str(PAIR[0]), whole=True)
     assert why is not None and "needs about" in why
     req = AnalyzeRequest(cache=False)
-    spec = registry.get("temporal_breakdown")
-    monkeypatch.setitem(
-        registry._REGISTRY,
-        "undeclared",
-        dataclasses.replace(spec, name="undeclared", reads=None, default=False),
-    )
     assert map_rank(RankTask(0, str(PAIR[0]), tuple(registry.default_names()), req)).error is None
-    assert map_rank(RankTask(0, str(PAIR[0]), ("undeclared",), req)).error == why
+    assert map_rank(RankTask(0, str(PAIR[0]), (undeclared_analysis,), req)).error == why
     assert map_rank(RankTask(0, str(PAIR[0]), ("temporal_breakdown", "critical_path"), req)).error == why

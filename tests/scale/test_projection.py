@@ -124,15 +124,9 @@ def test_a_heavy_analysis_alone_is_the_same_through_the_map() -> None:
     assert_same_document(want, run.document)
 
 
-def test_task_reads_falls_back_to_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_task_reads_falls_back_to_everything(undeclared_analysis: str) -> None:
     req = AnalyzeRequest(cache=False)
-    spec = registry.get("temporal_breakdown")
-    monkeypatch.setitem(
-        registry._REGISTRY,
-        "undeclared",
-        dataclasses.replace(spec, name="undeclared", reads=None, default=False),
-    )
-    assert task_reads(RankTask(0, "x", ("undeclared",), req)) is None
+    assert task_reads(RankTask(0, "x", (undeclared_analysis,), req)) is None
     assert task_reads(RankTask(0, "x", ("temporal_breakdown",), req, project=False)) is None
     reads = task_reads(RankTask(0, "x", ("temporal_breakdown",), req))
     assert reads is not None and set(reads) == {"events"}

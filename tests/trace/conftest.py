@@ -11,7 +11,7 @@ import orjson
 import polars as pl
 import pytest
 
-from kinetoscope.trace import Trace
+from kinetoscope.trace import Trace, TraceError, parse_trace
 from kinetoscope.trace.schema import TABLE_SCHEMAS
 
 TABLES = tuple(TABLE_SCHEMAS)
@@ -97,3 +97,32 @@ def parsed(path: Path) -> Trace:
 
         _PARSED[key] = parse_trace(path)
     return _PARSED[key]
+
+
+def parse_both(p: Path, workers: int | None, **kw: Any) -> list[Any]:
+    """(with ``workers``, serial) results of ``parse_trace``; TraceErrors are returned, not raised."""
+    out: list[Any] = []
+    for w in (workers, 0):
+        try:
+            out.append(parse_trace(p, workers=w, **kw))
+        except TraceError as e:
+            out.append(e)
+    return out
+
+
+def assert_same_as_serial(p: Path, workers: int | None, **kw: Any) -> Any:
+    """The parse with ``workers`` gives the serial parse's tables, or its error (message, byte
+    offset, event, field); returns the serial result."""
+    other, ser = parse_both(p, workers, **kw)
+    if isinstance(ser, TraceError):
+        assert isinstance(other, TraceError), f"serial failed ({ser}), workers={workers} did not"
+        assert (str(other), other.offset, other.event_index, other.field) == (
+            str(ser),
+            ser.offset,
+            ser.event_index,
+            ser.field,
+        )
+        return ser
+    assert not isinstance(other, TraceError), other
+    assert_same_trace(other, ser)
+    return ser

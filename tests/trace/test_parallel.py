@@ -10,8 +10,8 @@ import random
 import orjson
 import pytest
 
-from kinetoscope.trace import TraceError, load_trace_reference, parallel, parse_trace
-from tests.trace.conftest import assert_same_trace, write_doc
+from kinetoscope.trace import load_trace_reference, parallel, parse_trace
+from tests.trace.conftest import assert_same_as_serial, assert_same_trace, parse_both, write_doc
 from tests.trace.corpus import TRACES_DIR
 from tests.trace.test_stream import META_AFTER, doc
 
@@ -30,29 +30,11 @@ def pool():
 
 def both(p, **kw):
     """(parallel, serial) results of parse_trace; TraceErrors are returned, not raised."""
-    out = []
-    for w in (W, 0):
-        try:
-            out.append(parse_trace(p, workers=w, **kw))
-        except TraceError as e:
-            out.append(e)
-    return out
+    return parse_both(p, W, **kw)
 
 
 def assert_same(p, **kw):
-    par, ser = both(p, **kw)
-    if isinstance(ser, TraceError):
-        assert isinstance(par, TraceError), f"serial failed ({ser}), parallel did not"
-        assert (str(par), par.offset, par.event_index, par.field) == (
-            str(ser),
-            ser.offset,
-            ser.event_index,
-            ser.field,
-        )
-        return ser
-    assert not isinstance(par, TraceError), par
-    assert_same_trace(par, ser)
-    return ser
+    return assert_same_as_serial(p, W, **kw)
 
 
 def big_doc(n=4000, seed=0):

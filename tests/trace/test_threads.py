@@ -10,8 +10,8 @@ import threading
 import orjson
 import pytest
 
-from kinetoscope.trace import TraceError, _native, load_trace_reference, loader, parse_trace, threads
-from tests.trace.conftest import assert_same_trace, write_doc
+from kinetoscope.trace import _native, load_trace_reference, loader, parse_trace, threads
+from tests.trace.conftest import assert_same_as_serial, assert_same_trace, parse_both, write_doc
 from tests.trace.corpus import TRACES_DIR
 from tests.trace.test_parallel import big_doc
 from tests.trace.test_stream import doc
@@ -29,29 +29,11 @@ def threads_for_every_file(monkeypatch):
 
 def both(p, **kw):
     """(threads, serial) results of parse_trace; TraceErrors are returned, not raised."""
-    out = []
-    for w in (None, 0):
-        try:
-            out.append(parse_trace(p, workers=w, **kw))
-        except TraceError as e:
-            out.append(e)
-    return out
+    return parse_both(p, None, **kw)
 
 
 def assert_same(p, **kw):
-    thr, ser = both(p, **kw)
-    if isinstance(ser, TraceError):
-        assert isinstance(thr, TraceError), f"serial failed ({ser}), threads did not"
-        assert (str(thr), thr.offset, thr.event_index, thr.field) == (
-            str(ser),
-            ser.offset,
-            ser.event_index,
-            ser.field,
-        )
-        return ser
-    assert not isinstance(thr, TraceError), thr
-    assert_same_trace(thr, ser)
-    return ser
+    return assert_same_as_serial(p, None, **kw)
 
 
 @pytest.mark.parametrize("chunk", [64, 300, 4096, 50_000, None])
