@@ -13,7 +13,6 @@ import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.collect.client import read_hosts_file
@@ -33,6 +32,8 @@ from kinetoscope.collect.render import (
     large_files,
     large_matched,
     matched_table,
+    print_large,
+    progress_bar,
     stored_table,
 )
 from kinetoscope.collect.trigger import (
@@ -73,35 +74,21 @@ def _trigger(err: Console, request: TraceRequest, token: str | None, json_out: b
 
 def render_matched(console: Console, result: TraceResult) -> None:
     if len(result.matched) > TABLE_MAX_ROWS:  # a summary and the processes not traced
-        line, table = large_matched(result, TABLE_MAX_ROWS)
-        console.print(escape(line))
-        if table is not None:
-            console.print(table)
+        print_large(console, large_matched(result, TABLE_MAX_ROWS))
     elif result.matched:
         console.print(matched_table(result))
 
 
 def render_files(console: Console, result: TraceResult) -> None:
     if len(result.files) > TABLE_MAX_ROWS:  # a summary and the incomplete files
-        line, table = large_files(result, TABLE_MAX_ROWS)
-        console.print(escape(line))
-        if table is not None:
-            console.print(table)
+        print_large(console, large_files(result, TABLE_MAX_ROWS))
     elif result.files:
         console.print(files_table(result))
 
 
 def _progress_waiter(console: Console, result: TraceResult, timeout: float, token: str | None) -> TraceResult:
     total = len(result.files)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} files"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with progress_bar(console, "{task.completed}/{task.total} files") as progress:
         task = progress.add_task("waiting for trace files", total=total)
 
         def on_progress(r: TraceResult) -> None:

@@ -122,6 +122,29 @@ def stored_table(result: TraceResult, *, compact: bool = False) -> Table:
 _PHASES = {"list": "listing processes (alignment)", "trace": "triggering"}
 
 
+def progress_bar(console: Console, counts: str) -> Progress:
+    """``kscope trace``'s transient bars on stderr: spinner, what is happening, the bar, ``counts``
+    (a Rich text template of the task's fields) and the time elapsed."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn(counts),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        refresh_per_second=8,
+    )
+
+
+def print_large(console: Console, summary: tuple[str, Table | None]) -> None:
+    """A large request's summary line, then the table of the rows that need a look (if any)."""
+    line, table = summary
+    console.print(escape(line))
+    if table is not None:
+        console.print(table)
+
+
 class FanoutProgress:
     """A live "hosts answered / failed / total" bar of a fan-out, for ``trigger_trace(on_answer=...)``.
 
@@ -134,15 +157,8 @@ class FanoutProgress:
         self.lock = threading.Lock()
         self.counts: dict[str, list[int]] = {}  # phase -> [answered, failed]
         self.tasks: dict[str, TaskID] = {}
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[answered]} answered, {task.fields[failed]} failed / {task.total} hosts"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-            refresh_per_second=8,
+        self.progress = progress_bar(
+            console, "{task.fields[answered]} answered, {task.fields[failed]} failed / {task.total} hosts"
         )
 
     def __enter__(self) -> FanoutProgress:

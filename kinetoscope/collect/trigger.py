@@ -32,14 +32,7 @@ from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
 from kinetoscope.protocol import rpc
 from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
-from kinetoscope.protocol.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ManifestFile,
-    dumps_manifest,
-    utc_now_iso,
-    write_bytes_atomic,
-)
+from kinetoscope.protocol.manifest import Manifest, ManifestFile, dumps_manifest, utc_now_iso, write_manifest
 
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject
@@ -892,8 +885,7 @@ def save_manifest(result: TraceResult) -> list[str]:
     written: list[str] = []
     for d in dirs:
         try:
-            Path(d).mkdir(parents=True, exist_ok=True)
-            written.append(str(write_bytes_atomic(Path(d) / MANIFEST_NAME, data)))
+            written.append(str(write_manifest(data, d)))
         except OSError as exc:
             # Not fatal: the traces exist, and each daemon writes manifest.<host>.json beside them.
             note = (

@@ -313,12 +313,16 @@ def write_bytes_atomic(
 
 
 def write_manifest(
-    manifest: Manifest | Mapping[str, Any], directory: str | os.PathLike[str], name: str = MANIFEST_NAME
+    manifest: Manifest | Mapping[str, Any] | bytes,
+    directory: str | os.PathLike[str],
+    name: str = MANIFEST_NAME,
 ) -> Path:
-    """Write atomically (temp file + rename) into ``directory`` (created if needed)."""
+    """Write atomically (temp file + rename) into ``directory`` (created if needed). ``bytes``:
+    a manifest already encoded by :func:`dumps_manifest` (one encoding for many folders)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    return write_bytes_atomic(folder / name, dumps_manifest(manifest))
+    data = manifest if isinstance(manifest, bytes) else dumps_manifest(manifest)
+    return write_bytes_atomic(folder / name, data)
 
 
 # ---------------------------------------------------------------------------------------------
