@@ -100,17 +100,28 @@ def _burner() -> subprocess.Popen[bytes]:
 
 
 def run(
-    sc: CpuScenario, workdir: Path, timeout_s: float = 240.0
+    sc: CpuScenario,
+    workdir: Path,
+    timeout_s: float = 240.0,
+    *,
+    burn: bool = True,
+    job_args: tuple[str, ...] = (),
+    daemon_args: tuple[str, ...] = (),
+    while_running: Any = None,
 ) -> tuple[list[str], list[int], dict[str, Any]]:
-    """Run, trace and label one scenario: (trace files, expected ranks, facts)."""
+    """Run, trace and label one scenario: (trace files, expected ranks, facts).
+
+    ``burn``: run the extra CPU-burning process; ``job_args``: more ``train_knobs`` arguments
+    (``--device cuda``); ``daemon_args``: more ``kscope daemon`` arguments; ``while_running``:
+    called with the daemon once the traced steps are written (a metrics scrape, say)."""
     dr = _daemon_runs()
     workdir.mkdir(parents=True, exist_ok=True)
     job_id = random.randint(10_000, 2**31 - 1)
     deadline = time.monotonic() + timeout_s
     left = lambda cap: max(1.0, min(cap, deadline - time.monotonic()))  # noqa: E731
-    burner = _burner()
+    burner = _burner() if burn else None
     try:
-        with LocalDaemon(workdir, trace_root=workdir / "traces") as daemon:
+        with LocalDaemon(workdir, trace_root=workdir / "traces", extra_args=daemon_args) as daemon:
             env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
             job = TrainingJob(workdir, ranks=sc.world, env=env, max_seconds=timeout_s + 30)
             job.argv = [
@@ -122,6 +133,7 @@ def run(
                 "-m",
                 "benchmarks.diag_scenarios.train_knobs",
                 *sc.args(),
+                *job_args,
                 "--max-seconds",
                 str(timeout_s + 30),
                 "--progress-dir",
@@ -136,7 +148,9 @@ def run(
             )
             with job:
                 daemon.wait_for_processes(sc.world, job_id=job_id, timeout=left(150), alive=job.alive)
-                job.wait_for_steps(3, timeout=left(90))
+                # enough steps that the rate the roundup is computed from is past start-up (a GPU
+                # job's first steps are 10x slower: with 3, ranks straddled the roundup on an H200)
+                job.wait_for_steps(8, timeout=left(90))
                 roundup = job.iteration_roundup(2.5 + 0.3 * sc.world)
                 res = trigger_trace(
                     TraceRequest(
@@ -152,10 +166,13 @@ def run(
                 res = wait_for_trace(res, timeout=left(90), poll_interval=0.3)
                 if not res.ok:
                     raise RuntimeError("; ".join(e.message for e in res.errors) + f"\n{job.tail()}")
+                if while_running is not None:
+                    while_running(daemon)
                 job.stop()
     finally:
-        burner.kill()
-        burner.wait()
+        if burner is not None:
+            burner.kill()
+            burner.wait()
     trace_dir = Path(res.output_dir or "")
     files = {f.rank: str(trace_dir / f.file) for f in read_manifest(trace_dir).files if f.rank is not None}
     steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)

@@ -51,6 +51,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=float, default=0.02)
     p.add_argument("--max-seconds", type=float, default=300.0)
     p.add_argument("--progress-dir", required=True)
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: model and batches on GPU LOCAL_RANK %% device_count (gloo still carries the "
+        "all-reduces, so several ranks can share one GPU)",
+    )
     return p
 
 
@@ -72,10 +79,15 @@ def injected_ms(args: argparse.Namespace, hit: list[int], step: int, rank: int, 
 
 
 def busy(ms: float, a, b) -> None:  # type: ignore[no-untyped-def]
-    """Real compute for ``ms`` of wall time (matrix products)."""
+    """Real compute for ``ms`` of wall time (matrix products). On a GPU each product is waited
+    for, so the wall time is the GPU's and the launch queue stays short."""
+    import torch
+
     end = time.perf_counter() + ms / 1000.0
     while time.perf_counter() < end:
         a = (a @ b).tanh()
+        if a.is_cuda:
+            torch.cuda.synchronize(a.device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,12 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     hit = [int(x) for x in args.ranks_hit.split(",") if x.strip()]
     features, hidden, layers, classes = MODEL_SIZES[args.model]
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
     mods: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
     for _ in range(layers - 1):
         mods += [nn.Linear(hidden, hidden), nn.ReLU()]
     model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(*mods, nn.Linear(hidden, classes)), bucket_cap_mb=args.bucket_cap_mb
+        nn.Sequential(*mods, nn.Linear(hidden, classes)).to(device),
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_cap_mb,
     )
     state = {"ms": 0.0}
     if args.mode == "comm_hook":
@@ -130,14 +148,16 @@ def main(argv: list[str] | None = None) -> int:
             return batches[i]
 
     loader = torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=0)
-    mat = torch.randn(128, 128) / 12
+    side = 4096 if device.type == "cuda" else 128  # a GPU product of ~2 ms, a CPU one of ~0.1 ms
+    mat = torch.randn(side, side, device=device) / (side**0.5)
     progress = Path(args.progress_dir)
     progress.mkdir(parents=True, exist_ok=True)
     log = open(progress / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
     step = 0
     while True:
-        for x, y in loader:
+        for x_cpu, y_cpu in loader:
             t0 = time.time()
+            x, y = x_cpu.to(device), y_cpu.to(device)
             ms = injected_ms(args, hit, step, rank, world)
             load["s"] = (args.load_ms + (ms if args.mode == "slow_input" else 0.0)) / 1000.0  # next read
             state["ms"] = ms if args.mode == "comm_hook" else 0.0
@@ -146,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             if ms > 0 and args.mode in ("sleep", "intermittent"):
                 time.sleep(ms / 1000.0)
             elif ms > 0 and args.mode == "compute":
-                busy(ms, torch.randn(128, 128), mat)
+                busy(ms, torch.randn(side, side, device=device), mat)
             loss.backward()
             opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the step's wall time in the log includes its kernels
             step += 1
             t1 = time.time()
             log.write(

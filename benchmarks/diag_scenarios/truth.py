@@ -209,7 +209,10 @@ def optimizer_steps(doc: dict[str, Any]) -> list[float]:
     return sorted(
         float(e["ts"])
         for e in doc["traceEvents"]
-        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("name", "")).startswith("Optimizer.step")
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and e.get("cat") != "gpu_user_annotation"  # a CUDA trace repeats the annotation on the GPU
+        and str(e.get("name", "")).startswith("Optimizer.step")
     )
 
 
@@ -252,3 +255,23 @@ def host_made(
         return {}
     share = {r: w / n_steps / step for r, w in gt.imposed_us.items()}
     return {r: round(v, 3) for r, v in share.items() if r not in labelled and v >= floor}
+
+
+def cpu_joint_share(paths: list[str | Path], ranks: set[int]) -> float:
+    """What the set ``ranks`` costs a CPU-issued (gloo) job together, as a share of a step per
+    step: at each instance the latest arrival minus the latest arrival of the other ranks, the
+    largest per step (as ``cpu_ground_truth``), summed over steps. Two ranks that are late
+    together impose little one by one (each only its margin over the other) but this much as a
+    pair."""
+    docs = {int(m.group(1)): load_json(p) for p in paths if (m := _RANK_FILE.search(Path(p).name))}
+    insts = instances({r: [{**e, "args": {"stream": "host"}} for e in issue_ops(d)] for r, d in docs.items()})
+    first = docs[min(docs)]
+    opt, step = optimizer_steps(first), step_us(first)
+    per_step: dict[int, float] = defaultdict(float)
+    for inst in insts:
+        rest = [t for q, t in inst.arrival.items() if q not in ranks]
+        if not rest:
+            continue
+        k = bisect.bisect_right(opt, inst.arrival[min(docs)])
+        per_step[k] = max(per_step[k], max(inst.arrival.values()) - max(rest))
+    return sum(per_step.values()) / len(opt) / step if opt and step > 0 else 0.0

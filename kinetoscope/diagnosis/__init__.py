@@ -129,7 +129,13 @@ def diagnose(
             f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out"
         )
     strag = analyze_stragglers(
-        s_inst, s_bd, job.hosts(), thresholds, first_step=first_step, dropped_steps=dropped
+        s_inst,
+        s_bd,
+        job.hosts(),
+        thresholds,
+        first_step=first_step,
+        dropped_steps=dropped,
+        host_issued=_host_issued(colls),
     )
     mfu = compute_mfu(
         job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision
@@ -224,6 +230,13 @@ def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -
         if later.is_empty() or now.is_empty() or int(now[0]) < round(float(later.median())):  # type: ignore[arg-type]
             return False
     return True
+
+
+def _host_issued(colls: dict[int, pl.DataFrame]) -> bool:
+    """True when no rank's collectives are kernels: every arrival is a host issue time (gloo
+    annotations paired with their ``c10d::`` ops, or host ops alone)."""
+    signals = {s for c in colls.values() if c.height for s in c["signal"].unique().to_list()}
+    return bool(signals) and "kernel" not in signals
 
 
 def _comm_by_type(colls: dict[int, pl.DataFrame]) -> dict[str, float]:

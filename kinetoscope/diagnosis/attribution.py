@@ -32,6 +32,13 @@ def binom_sf(k: int, n: int, p: float) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
+def max_by_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_groups: int) -> np.ndarray:
+    """The longest ``[start, end)`` per group id (``0..n_groups-1``); 0 for a group with none."""
+    out = np.zeros(n_groups, dtype=np.float64)
+    np.maximum.at(out, groups, np.clip(ends.astype(np.float64) - starts, 0, None))
+    return out
+
+
 def union_by_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_groups: int) -> np.ndarray:
     """Length of the union of ``[start, end)`` per group id (``0..n_groups-1``); empty intervals
     are ignored."""
@@ -78,10 +85,26 @@ class Matrix:
     step_idx: np.ndarray
     m: np.ndarray
     E: np.ndarray | None = None  # collective end (ns) per [instance, rank], same order as A
+    host_issued: bool = False  # arrivals are host issue times (gloo, host ops), not kernel starts
+
+    def per_step(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """A step's wait from its instances' intervals ``[start, end)``.
+
+        Kernel arrivals (NCCL): one stream runs the collectives in turn, so a wait delays every
+        later instance and the step loses the union of the intervals. Host issue times (gloo):
+        the training thread issues every bucket without waiting (DDP waits once, at the end of
+        backward), so a late rank is late by its running delay at each instance and the step
+        loses the largest interval, not their sum (a rank 0.4 ms behind at four buckets 0.5 ms
+        apart costs 0.4 ms, not 1.6 ms)."""
+        group = max_by_group if self.host_issued else union_by_group
+        return group(self.step_idx, starts, ends, len(self.steps))
 
 
-def build_matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tuple[Matrix, int]:
-    """The complete-instance matrix, and how many partial instances were left out."""
+def build_matrix(
+    inst: pl.DataFrame, ranks: list[int], steps: list[int], host_issued: bool = False
+) -> tuple[Matrix, int]:
+    """The complete-instance matrix, and how many partial instances were left out.
+    ``host_issued``: the arrivals are host issue times (``Matrix.per_step``)."""
     n = len(ranks)
     per = inst.group_by("instance").agg(pl.len().alias("_n"), pl.col("step").first())
     complete = per.filter(pl.col("_n") == n)
@@ -91,8 +114,9 @@ def build_matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tupl
         on="rank", index=["instance", "step"], values="arrival", aggregate_function="first"
     ).sort("step", "instance")
     if wide.is_empty():
+        empty = np.zeros(0, np.int64)
         return Matrix(
-            ranks, steps, np.zeros((0, n), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+            ranks, steps, np.zeros((0, n), np.int64), empty, empty, host_issued=host_issued
         ), partial
     A = np.column_stack([wide[str(r)].to_numpy().astype(np.int64) for r in ranks])
     order = np.argsort(A, axis=1, kind="stable")
@@ -106,7 +130,7 @@ def build_matrix(inst: pl.DataFrame, ranks: list[int], steps: list[int]) -> tupl
             "step", "instance"
         )
         E = np.column_stack([ew[str(r)].to_numpy().astype(np.int64) for r in ranks])
-    return Matrix(ranks, steps, A, step_idx, m, E), partial
+    return Matrix(ranks, steps, A, step_idx, m, E, host_issued), partial
 
 
 @dataclass
@@ -115,7 +139,7 @@ class Round:
 
     last: np.ndarray  # bool [inst, rank]: in the last group
     imposed: np.ndarray  # float [inst, rank] (ns)
-    step_imposed: np.ndarray  # float [step, rank] (ns): union per step
+    step_imposed: np.ndarray  # float [step, rank] (ns): per step (``Matrix.per_step``)
     waiting: np.ndarray  # float [step] (ns): union of [m, L]
     p0: float
     free: int  # ranks not fixed: the chance of being last is 1 / free without ties
@@ -135,8 +159,8 @@ def attribution_round(mx: Matrix, fixed: set[int], tie_ns: float) -> Round:
     n_steps = len(mx.steps)
     step_imposed = np.zeros((n_steps, n))
     for j in range(n):
-        step_imposed[:, j] = union_by_group(mx.step_idx, L - imposed[:, j], L, n_steps)
-    waiting = union_by_group(mx.step_idx, mx.m.astype(np.float64), L, n_steps)
+        step_imposed[:, j] = mx.per_step(L - imposed[:, j], L)
+    waiting = mx.per_step(mx.m.astype(np.float64), L)
     free = max(n - len(fixed & set(mx.ranks)), 1)  # fixed ranks arrive like the typical rank: never last
     p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
     return Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free)
@@ -161,4 +185,4 @@ def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
 def waiting_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:
     """Per step: waiting ``|union [m, L]|`` with ``fixed`` arriving like the typical rank."""
     A = fixed_arrivals(mx, fixed)
-    return union_by_group(mx.step_idx, mx.m.astype(np.float64), A.max(axis=1), len(mx.steps))
+    return mx.per_step(mx.m.astype(np.float64), A.max(axis=1))

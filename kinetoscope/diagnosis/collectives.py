@@ -185,9 +185,14 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
     ``c10d::<collective>_`` op on the rank's own thread, is when the rank was ready. ProcessGroupGloo
     runs its work queue in FIFO order, so the k-th annotation of a type belongs to the k-th issue
     op of that type: pairs are made in order, an annotation only with an op that started before
-    it (an annotation whose op is before the trace window keeps its own start). If the pairing
-    does not look like a queue (op and annotation counts far apart, or a median delay beyond both
-    5 ms and a quarter of the median spacing of the annotations), the annotation starts are kept.
+    it (an annotation whose op is before the trace window keeps its own start). When the window
+    holds the whole queue (as many ops as annotations, each annotation after its op) the pairs are
+    exact, however long the pick-ups waited: with several buckets per step and two workers, the
+    ranks that wait for a late peer pick most buckets up late (a GPU job traced on an H200:
+    median pick-up delay 15 ms on the punctual ranks; their annotation starts made them look as
+    late as the straggler). Otherwise, if the pairing does not look like a queue (op and
+    annotation counts far apart, or a median delay beyond both 5 ms and a quarter of the median
+    spacing of the annotations), the annotation starts are kept.
     """
     ops = ev.filter(
         (pl.col("kind") == "cpu_op")
@@ -211,6 +216,9 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
         a = df.filter(pl.col("_c") == coll).sort("arrival")
         o = np.sort(ops.filter(pl.col("_c") == coll)["ts"].to_numpy())
         at = a["arrival"].to_numpy()
+        # The same count of ops and annotations, each annotation after its op: the queue is
+        # whole in the window, so the k-th pair is exact however long the pick-up waited.
+        whole = o.size == at.size and bool(np.all(o <= at))
         if o.size == 0 or abs(o.size - at.size) > max(2, at.size // 10):
             continue
         out = at.copy()
@@ -222,7 +230,7 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
         delay = at - out
         spacing = float(np.median(np.diff(at))) if at.size > 2 else float("inf")
         med = float(np.median(delay))
-        if med > 5_000_000 and med > spacing / 4:
+        if not whole and med > 5_000_000 and med > spacing / 4:
             continue
         rows += a["_row"].to_list()
         issued += out.tolist()

@@ -204,9 +204,9 @@ class Diagnosis(Mapping[str, Any]):
         s = self.stragglers
         if s.kind in ("persistent", "intermittent"):
             return [self._named_line(), self._what_if_line()]
+        if s.skew_fraction is None:  # no arrival was compared: no verdict either way
+            return [f"STRAGGLERS NOT ASSESSED: {s.reason or 'nothing to compare'}."]
         head = f"NO STRAGGLER: {s.reason or 'nothing to compare'}."
-        if s.skew_fraction is None:
-            return [head]
         return [
             head,
             f"Arrival jitter costs {_pct(s.skew_fraction)} of step time (noise sigma {_ms(s.sigma_us)}).",

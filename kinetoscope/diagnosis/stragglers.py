@@ -27,7 +27,10 @@ imposed wait
 what-if for a set ``S`` of ranks
     the ranks of ``S`` arrive like the typical rank of the others (``min(a, m'_i)``, ``m'_i`` the
     lower median of the ranks not in ``S``) and are never in the last group; a step's waiting is
-    ``|union over its instances of [m_i, L_i]|``; what the set saves in a step is that waiting
+    ``|union over its instances of [m_i, L_i]|`` for kernel arrivals (one stream: a wait delays
+    every later instance) and ``max over its instances of (L_i - m_i)`` for host issue times
+    (gloo: every bucket is issued without waiting, so a running delay counts once; the same
+    per-step rule applies to imposed wait); what the set saves in a step is that waiting
     minus the waiting with ``S`` fixed. ``lost_fraction = saved(named ranks) / sum of step
     times``; ``skew_fraction = waiting / sum of step times`` (perfect synchrony).
 chance of being last
@@ -138,15 +141,17 @@ def analyze_stragglers(
     thresholds: StragglerThresholds | None = None,
     first_step: int | None = None,
     dropped_steps: int = 0,
+    host_issued: bool = False,
 ) -> StragglerReport:
     """The straggler verdict (module docstring). ``first_step``: the label of a trace-start
     delimited first step included in the analysis (its thresholds are ``first_step_factor``
     times the others: it carries the profiler's start-up); ``dropped_steps``: steps left out
-    because not every rank holds them (reported)."""
+    because not every rank holds them (reported); ``host_issued``: the arrivals are host issue
+    times (gloo, host ops), so a step loses its largest wait, not the union of its waits."""
     th = thresholds or StragglerThresholds()
     hosts = hosts or {}
     rep = StragglerReport(thresholds=th, dropped_steps=dropped_steps)
-    su = _setup(instances, breakdown, hosts, th, rep)
+    su = _setup(instances, breakdown, hosts, th, rep, host_issued)
     if su is None:
         return rep
     mx, steps, T_ns, total_T, r0 = su.mx, su.steps, su.T_ns, su.total_T, su.r0
@@ -198,13 +203,20 @@ def _setup(
     hosts: dict[int, str | None],
     th: StragglerThresholds,
     rep: StragglerReport,
+    host_issued: bool = False,
 ) -> _Setup | None:
     """The instance matrix over the steps every rank holds; ``None`` (with the reason in
     ``rep``) when there is nothing to compare."""
     inst = instances.filter(pl.col("step").is_not_null() & (pl.col("n_ranks") > 1))
     ranks = sorted(set(breakdown["rank"].to_list())) if breakdown.height else []
     if len(ranks) < 2 or inst.is_empty():
-        if not ranks:
+        if not ranks and rep.dropped_steps:
+            rep.reason = (
+                f"the ranks' trace windows share no step ({rep.dropped_steps} step(s), none held by "
+                "every rank): nothing to compare; trace the ranks with aligned windows (kscope trace "
+                "aligns them by default; --iteration-roundup)"
+            )
+        elif not ranks:
             rep.reason = "no steps found: nothing to compare"
         elif len(ranks) < 2:
             rep.reason = "single rank: stragglers need at least two ranks"
@@ -215,7 +227,7 @@ def _setup(
     steps = sorted(set(inst["step"].to_list()) & set(breakdown["step"].to_list()))
     bd = breakdown.filter(pl.col("step").is_in(steps))
     inst = inst.filter(pl.col("step").is_in(steps) & pl.col("rank").is_in(ranks))
-    mx, rep.partial_instances = build_matrix(inst, ranks, steps)
+    mx, rep.partial_instances = build_matrix(inst, ranks, steps, host_issued)
     rep.instances = int(mx.A.shape[0])
     T = bd.group_by("step").agg(pl.col("step_time(us)").median().alias("T")).sort("step")
     T_ns = np.array([float(T.filter(pl.col("step") == s)["T"][0]) * 1000.0 for s in steps])

@@ -107,7 +107,10 @@ def _optimizer_step_ends(path: str) -> tuple[list[float], bool]:
     ends = sorted(
         (e["ts"] + e.get("dur", 0))
         for e in doc.get("traceEvents") or []
-        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("name", "")).startswith("Optimizer.step#")
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and e.get("cat") != "gpu_user_annotation"  # a CUDA trace repeats the annotation on the GPU
+        and str(e.get("name", "")).startswith("Optimizer.step#")
     )
     if base is None:
         return [t / 1e6 for t in ends], False

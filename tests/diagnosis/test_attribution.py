@@ -11,6 +11,7 @@ import pytest
 from diag_synth import MS, make_job
 
 from kinetoscope.diagnosis import diagnose
+from kinetoscope.diagnosis.attribution import Matrix
 from kinetoscope.diagnosis.stragglers import binom_sf, union_by_group
 
 
@@ -38,6 +39,21 @@ def test_union_by_group_counts_overlaps_once():
 
 
 # ---- one step, many instances (Megatron TP=8: 84 all-reduces in one profiled step) ----------------
+
+
+def test_a_step_of_host_issued_arrivals_loses_its_largest_wait_not_the_sum():
+    """Kernel arrivals (one stream) lose the union of the waits; host issue times (gloo) the
+    largest: a rank 0.4 ms behind at four buckets 0.5 ms apart costs 0.4 ms, not 1.6 ms."""
+    steps = np.array([0, 0, 0, 0, 1])
+    starts = np.array([0.0, 0.5, 1.0, 1.5, 0.0]) * MS
+    ends = starts + np.array([0.4, 0.4, 0.4, 0.4, 2.0]) * MS
+
+    def matrix(host_issued: bool) -> Matrix:
+        n = len(steps)
+        return Matrix([0], [10, 11], np.zeros((n, 1)), steps, np.zeros(n), host_issued=host_issued)
+
+    assert matrix(False).per_step(starts, ends) == pytest.approx([1.6 * MS, 2.0 * MS])
+    assert matrix(True).per_step(starts, ends) == pytest.approx([0.4 * MS, 2.0 * MS])
 
 
 def test_one_step_many_instances_names_exactly_the_ranks_that_cost_time():
@@ -301,16 +317,19 @@ def test_summary_prints_as_text():
     assert isinstance(d.to_dict()["summary"], list)
 
 
-def test_per_rank_imposed_wait_matches_the_instances():
+@pytest.mark.parametrize(("flavour", "per_step_us"), [("nccl", 31_000), ("gloo", 30_000)])
+def test_per_rank_imposed_wait_matches_the_instances(flavour, per_step_us):
     # rank 2 is 30 ms late at both instances of every step (1 ms apart): it imposes 30 ms at
-    # each, and the two overlapping waits of a step count once: 31 ms per step
+    # each. Kernel arrivals (one stream): the two overlapping waits of a step count once, as
+    # their union, 31 ms per step; host issue times (gloo): the step loses the largest, 30 ms
     world, steps = 4, 8
     late = [[30.0 if r == 2 else 0.0] * steps for r in range(world)]
-    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=1).tolist()))
+    jitter = _jitter(world, steps, sd_ns=1).tolist()
+    d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=jitter, flavour=flavour))
     row = d.stragglers.rank_row(2)
     assert row["last_count"] == row["instances"] == 2 * steps
-    assert row["imposed_wait(us)"] == pytest.approx(31_000 * steps, rel=0.01)
-    assert row["whatif_saving(us)"] == pytest.approx(31_000, rel=0.01)  # per step
+    assert row["imposed_wait(us)"] == pytest.approx(per_step_us * steps, rel=0.01)
+    assert row["whatif_saving(us)"] == pytest.approx(per_step_us, rel=0.01)  # per step
     assert row["imposed_share"] == pytest.approx(1.0, abs=1e-3)
     others = d.stragglers.per_rank.filter(pl.col("rank") != 2)
     assert (others["late_steps"] == 0).all()
