@@ -58,7 +58,15 @@ SCENARIOS_2 = [
     ),
     CpuScenario("gpu2-persistent2-w6", "persistent2", 6, "sleep", [1, 4], 30.0, "persistent"),
 ]
-SETS = {1: SCENARIOS, 2: SCENARIOS_2}
+# A third, mostly clean jobs (the verdict users see most), collected after set 2 was scored.
+SCENARIOS_3 = [
+    CpuScenario("gpu3-clean-w6", "clean", 6, "none", [], 0.0, "none"),
+    CpuScenario("gpu3-clean-w3", "clean", 3, "none", [], 0.0, "none"),
+    CpuScenario("gpu3-compute-w6", "compute", 6, "compute", [5], 15.0, "persistent"),
+    CpuScenario("gpu3-clean-w5", "clean", 5, "none", [], 0.0, "none"),
+    CpuScenario("gpu3-comm_hook-w5", "comm_hook", 5, "comm_hook", [2], 10.0, "persistent"),
+]
+SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3}
 JOB_ARGS = ("--model", "medium", "--batch-size", "256", "--bucket-cap-mb", "1")
 METRICS_PORT = 19464
 
