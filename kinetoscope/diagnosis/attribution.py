@@ -140,7 +140,7 @@ class Round:
     last: np.ndarray  # bool [inst, rank]: in the last group
     imposed: np.ndarray  # float [inst, rank] (ns)
     step_imposed: np.ndarray  # float [step, rank] (ns): per step (``Matrix.per_step``)
-    waiting: np.ndarray  # float [step] (ns): union of [m, L]
+    waiting: np.ndarray  # float [step] (ns): [m, L] per step (``Matrix.per_step``)
     p0: float
     free: int  # ranks not fixed: the chance of being last is 1 / free without ties
 
@@ -183,6 +183,7 @@ def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
 
 
 def waiting_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:
-    """Per step: waiting ``|union [m, L]|`` with ``fixed`` arriving like the typical rank."""
+    """Per step: waiting (``[m, L]`` per step, ``Matrix.per_step``) with ``fixed`` arriving
+    like the typical rank."""
     A = fixed_arrivals(mx, fixed)
     return mx.per_step(mx.m.astype(np.float64), A.max(axis=1))

@@ -215,7 +215,7 @@ def _single(
         qi = own_quiet[mx.step_idx]
         _, p_q = frequency(rnd, int(j), qi)
         freq = (
-            p_q < th.alpha
+            p_q < th.alpha / rnd.free  # Bonferroni: the round may test each of its free ranks
             and _steady_effect(rnd, int(j), own_quiet) >= th.min_rank_effect * total_T
             and float(rnd.imposed[qi, j].sum()) >= th.min_share * float(rnd.imposed[qi].sum())
         )

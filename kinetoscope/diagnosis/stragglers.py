@@ -38,7 +38,8 @@ chance of being last
     last group at ``k`` of ``n`` instances.
 naming (greedy what-if over sets)
     round by round, with the ranks named so far fixed (what-if), the rank imposing the most wait
-    is named when **either** (a) it is last far more often than chance (``p_value < alpha``) and
+    is named when **either** (a) it is last far more often than chance (``p_value < alpha / N'``,
+    Bonferroni over the free ranks the round may test) and
     its imposed wait without its largest step (one step: instance) is at least
     ``min_rank_effect`` of the step time and ``min_share`` of the
     round's imposed wait (frequency: host load does not hide a rank that is last every time),

@@ -296,3 +296,16 @@ def test_runner_hook_builds_the_diagnosis_document_once(monkeypatch):
         *EXTRA_KEYS,
     ]
     assert len(calls) == 1
+
+
+def test_trace_windows_that_share_no_step_are_not_assessed():
+    """Ranks whose trace windows do not overlap (a real 6-rank GPU job straddled its iteration
+    roundup): no arrival was compared, so the verdict must not claim a clean job. One host, one
+    clock (on two hosts a window 4 steps later is indistinguishable from a clock offset)."""
+    traces = make_job(2, 8, skip_steps={0: {4, 5, 6, 7}, 1: {0, 1, 2, 3}}, hosts=["h", "h"])
+    d = diagnose(traces)
+    s = d.stragglers
+    assert s.kind == "none" and s.ranks == [] and s.skew_fraction is None
+    line = d.verdict_lines()[0]
+    assert line.startswith("STRAGGLERS NOT ASSESSED: the ranks' trace windows share no step"), line
+    assert "NO STRAGGLER" not in " ".join(d.summary())
