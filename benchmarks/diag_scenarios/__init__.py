@@ -6,4 +6,6 @@
   collective instance) and the whole trace re-timed consistently.
 * ``cpu``: real DDP jobs (torchrun + gloo) with injected stragglers, traced through a private
   ``kscope daemon`` (``train_knobs.py`` is the training script).
+* ``gpu_live``: the same jobs with every rank training on a GPU (a lent GPU machine), packed
+  with their labels; ``gpu_live_check`` scores them off the machine.
 """
