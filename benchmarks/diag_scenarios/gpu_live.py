@@ -8,7 +8,9 @@ to the CPU ops, so the traces are real CUDA traces collected the way a user coll
 
 For each scenario it writes ``OUT/<sid>.tar.gz`` (the trace folder with its manifest, the
 ranks' step logs and ``label.json``: expected ranks, kind, the traced steps) and, for all,
-``OUT/env.json`` (GPU, torch, timings, errors, a scrape of the daemon's NVML metrics). The
+``OUT/env.json`` (GPU, torch, timings, errors, a scrape of the first daemon's ``/metrics``;
+``LocalDaemon`` turns NVML off, so for the GPU gauges run a plain ``kscope daemon
+--metrics-port N`` beside it, as the device command of docs/diagnosis.md "Results: gpu-live" did). The
 verdicts are checked off the device (``python -m benchmarks.diag_scenarios.gpu_live --check
 DIR``) against the labels and against the standard-library arrival-order truth of
 ``truth.py``: the device machine is lent for minutes, the analysis needs none of it.
