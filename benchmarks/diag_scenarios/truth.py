@@ -222,29 +222,46 @@ def step_us(doc: dict[str, Any]) -> float:
     return _median([b - a for a, b in zip(ts, ts[1:])])
 
 
+@dataclass
+class CpuJob:
+    """A CPU job's collective instances (issue ops as pseudo-kernels: one "stream", family =
+    collective) and the optimizer steps of its lowest rank, the one clock every instance is
+    placed on."""
+
+    ranks: list[int]
+    insts: list[Instance]
+    opt: list[float]  # start times of the lowest rank's ``Optimizer.step`` ops
+    step: float  # their median spacing (µs)
+
+    def step_of(self, inst: Instance) -> int:
+        return bisect.bisect_right(self.opt, inst.arrival[self.ranks[0]])
+
+
+def cpu_job(paths: list[str | Path]) -> CpuJob:
+    """Read a CPU job from its rank files (``rank-<R>_<pid>...``)."""
+    docs = {int(m.group(1)): load_json(p) for p in paths if (m := _RANK_FILE.search(Path(p).name))}
+    insts = instances({r: [{**e, "args": {"stream": "host"}} for e in issue_ops(d)] for r, d in docs.items()})
+    first = docs[min(docs)] if docs else {"traceEvents": []}
+    return CpuJob(sorted(docs), insts, optimizer_steps(first), step_us(first))
+
+
 def cpu_ground_truth(paths: list[str | Path], cover: float = 0.8) -> tuple[GroundTruth, float, int]:
     """Arrival-order truth of a CPU job from its rank files (``rank-<R>_<pid>...``): the truth,
     the median step (µs) and the number of steps (optimizer steps of rank 0)."""
-    docs = {int(m.group(1)): load_json(p) for p in paths if (m := _RANK_FILE.search(Path(p).name))}
-    per_rank: dict[int, list[dict[str, Any]]] = {}
-    for r, d in docs.items():  # the issue ops as pseudo-kernels: one "stream", family = collective
-        per_rank[r] = [{**e, "args": {"stream": "host"}} for e in issue_ops(d)]
-    insts = instances(per_rank)
-    first = docs[min(docs)] if docs else {"traceEvents": []}
-    opt = optimizer_steps(first)
+    job = cpu_job(paths)
     per_step: dict[tuple[int, int], float] = defaultdict(float)  # (rank, step) -> largest margin
-    last: dict[int, int] = dict.fromkeys(docs, 0)
-    for inst in insts:
+    last: dict[int, int] = dict.fromkeys(job.ranks, 0)
+    for inst in job.insts:
         r, w = inst.last_two()
-        k = bisect.bisect_right(opt, inst.arrival[min(docs)])
+        k = job.step_of(inst)
         per_step[(r, k)] = max(per_step[(r, k)], w)
         last[r] += w > 0
-    imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
+    imposed: dict[int, float] = dict.fromkeys(job.ranks, 0.0)
     for (r, _k), w in per_step.items():
         imposed[r] += w
-    gt = GroundTruth(sorted(docs), imposed, last, len(insts), 0.0)
+    gt = GroundTruth(job.ranks, imposed, last, len(job.insts), 0.0)
     gt.stragglers = fewest_covering(imposed, cover)
-    return gt, step_us(first), len(opt)
+    return gt, job.step, len(job.opt)
 
 
 def host_made(
@@ -263,15 +280,11 @@ def cpu_joint_share(paths: list[str | Path], ranks: set[int]) -> float:
     largest per step (as ``cpu_ground_truth``), summed over steps. Two ranks that are late
     together impose little one by one (each only its margin over the other) but this much as a
     pair."""
-    docs = {int(m.group(1)): load_json(p) for p in paths if (m := _RANK_FILE.search(Path(p).name))}
-    insts = instances({r: [{**e, "args": {"stream": "host"}} for e in issue_ops(d)] for r, d in docs.items()})
-    first = docs[min(docs)]
-    opt, step = optimizer_steps(first), step_us(first)
+    job = cpu_job(paths)
     per_step: dict[int, float] = defaultdict(float)
-    for inst in insts:
+    for inst in job.insts:
         rest = [t for q, t in inst.arrival.items() if q not in ranks]
-        if not rest:
-            continue
-        k = bisect.bisect_right(opt, inst.arrival[min(docs)])
-        per_step[k] = max(per_step[k], max(inst.arrival.values()) - max(rest))
-    return sum(per_step.values()) / len(opt) / step if opt and step > 0 else 0.0
+        if rest:
+            k = job.step_of(inst)
+            per_step[k] = max(per_step[k], max(inst.arrival.values()) - max(rest))
+    return sum(per_step.values()) / len(job.opt) / job.step if job.opt and job.step > 0 else 0.0

@@ -128,6 +128,8 @@ def diagnose(
         notes.append(
             f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out"
         )
+    # what marks the collectives (collectives.py); host issue times lose a step's largest wait
+    signals = {sig for c in colls.values() if c.height for sig in c["signal"].unique().to_list()}
     strag = analyze_stragglers(
         s_inst,
         s_bd,
@@ -135,7 +137,7 @@ def diagnose(
         thresholds,
         first_step=first_step,
         dropped_steps=dropped,
-        host_issued=_host_issued(colls),
+        host_issued=bool(signals) and "kernel" not in signals,
     )
     mfu = compute_mfu(
         job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision
@@ -144,15 +146,8 @@ def diagnose(
     comp = {r: f.compilation for r, f in job.figures.items()}
     extra = seed_analyses(job, steps, colls, clock)
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
-    signals = (
-        pl.concat([c.select("rank", "signal") for c in colls.values() if c.height])
-        if any(c.height for c in colls.values())
-        else pl.DataFrame(schema={"rank": pl.Int64, "signal": pl.String})
-    )
     coll_summary = (
-        _collective_summary(instances).with_columns(
-            pl.lit(",".join(sorted(set(signals["signal"].to_list())))).alias("signal")
-        )
+        _collective_summary(instances).with_columns(pl.lit(",".join(sorted(signals))).alias("signal"))
         if instances.height
         else pl.DataFrame(schema={"signal": pl.String})
     )
@@ -230,13 +225,6 @@ def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -
         if later.is_empty() or now.is_empty() or int(now[0]) < round(float(later.median())):  # type: ignore[arg-type]
             return False
     return True
-
-
-def _host_issued(colls: dict[int, pl.DataFrame]) -> bool:
-    """True when no rank's collectives are kernels: every arrival is a host issue time (gloo
-    annotations paired with their ``c10d::`` ops, or host ops alone)."""
-    signals = {s for c in colls.values() if c.height for s in c["signal"].unique().to_list()}
-    return bool(signals) and "kernel" not in signals
 
 
 def _comm_by_type(colls: dict[int, pl.DataFrame]) -> dict[str, float]:

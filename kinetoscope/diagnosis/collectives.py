@@ -216,11 +216,11 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
         a = df.filter(pl.col("_c") == coll).sort("arrival")
         o = np.sort(ops.filter(pl.col("_c") == coll)["ts"].to_numpy())
         at = a["arrival"].to_numpy()
+        if o.size == 0 or abs(o.size - at.size) > max(2, at.size // 10):
+            continue
         # The same count of ops and annotations, each annotation after its op: the queue is
         # whole in the window, so the k-th pair is exact however long the pick-up waited.
         whole = o.size == at.size and bool(np.all(o <= at))
-        if o.size == 0 or abs(o.size - at.size) > max(2, at.size // 10):
-            continue
         out = at.copy()
         i = 0
         for k in range(at.size):
