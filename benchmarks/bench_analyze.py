@@ -338,6 +338,7 @@ def whole_process(cmd: list[str], env: dict[str, str]) -> tuple[float, float, fl
 FOUR = ["--only", "temporal_breakdown", "--only", "idle_time_breakdown", "--only", "kernel_breakdown",
         "--only", "comm_comp_overlap"]  # fmt: skip
 ANALYSES = FOUR  # what --whole runs: the four, or every analysis with --all-analyses
+THREADS: list[int] = []  # --threads: KSCOPE_LOAD_THREADS values timed besides the default
 
 
 def run_whole(
@@ -365,6 +366,9 @@ def run_whole(
     cached = {**base_env, "KSCOPE_NATIVE": "1", "PYTHONPYCACHEPREFIX": str(_pycache_dir())}
     cached.pop("PYTHONDONTWRITEBYTECODE", None)
     cases["ks native bytecode"] = (ks + ["analyze", "--no-cache", *ANALYSES, target], cached)
+    for n in THREADS:
+        env = {**cached, "KSCOPE_LOAD_THREADS": str(n)}
+        cases[f"ks threads {n}"] = (ks + ["analyze", "--no-cache", *ANALYSES, target], env)
     whole_process(*cases["ks native bytecode"])  # warm-up: writes the bytecode
     if not skip_hta:
         mode = "hta-multi" if multi else "hta"
@@ -432,6 +436,17 @@ def print_whole(results: list[tuple[str, dict]]) -> None:
         ratio = f"{hta['wall'] / kb['wall']:.1f}x" if hta else "-"
         h = f"{hta['wall']:.2f}" if hta else "-"
         print(f"| {name.split(' (--other')[0]} | {h} | {kb['wall']:.2f} | {ratio} | {kb['rss']:.0f} |")
+    if THREADS:
+        print(
+            "\nDecoding threads (KSCOPE_LOAD_THREADS=N, bytecode cached; 'cached' is the default, no threads):"
+        )
+        print("| input | N | wall s | CPU s | peak RSS MB |")
+        print("|---|---|---|---|---|")
+        for name, r in results:
+            for key in ["ks native bytecode", *(f"ks threads {n}" for n in THREADS)]:
+                c = r[key]
+                label = "cached" if key == "ks native bytecode" else key.rsplit(" ", 1)[1]
+                print(f"| {name} | {label} | {c['wall']:.3f} | {c['cpu']:.3f} | {c['rss']:.0f} |")
     print("\nCPU seconds of the same processes (user + system, workers included; medians):")
     print("| input | HTA | KS native | KS Python | other native | HTA ÷ KS native |")
     print("|---|---|---|---|---|---|")
@@ -447,7 +462,8 @@ def print_whole(results: list[tuple[str, dict]]) -> None:
 
 def main_native(args: argparse.Namespace) -> None:
     """``--engine`` / ``--whole``: the native decoder's figures (issue 14)."""
-    global ANALYSES
+    global ANALYSES, THREADS
+    THREADS = list(args.threads)
     print(f"CPUs: {os.cpu_count()}, load average at start: {os.getloadavg()}", file=sys.stderr)
     if args.all_analyses:
         from kinetoscope.analysis import registry
@@ -632,6 +648,13 @@ def main() -> None:
         "--all-analyses",
         action="store_true",
         help="with --whole: every analysis (--only each, the heavy ones included) instead of the four",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="*",
+        default=[],
+        help="with --whole: also time KSCOPE_LOAD_THREADS=N (bytecode cached) for each N, same rounds",
     )
     args = ap.parse_args()
 

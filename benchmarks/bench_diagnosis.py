@@ -26,8 +26,10 @@ kind accuracy (for clean jobs: the clean -> none rate) and exact verdicts. For G
 arrival-order ground truth is recomputed from the written files with the standard library
 (``truth.py``) as a sanity check of the label ("truth agrees"). For CPU jobs the same truth
 (arrival = a rank's ``c10d::<collective>_`` op) checks that the loaded host made no straggler of
-its own (no rank outside the label imposing >= 5 % of a step per step); the CPU results are also
-given without the jobs whose label it contradicts.
+its own (no rank outside the label imposing >= 5 % of a step per step) and that the labelled
+ranks did cost what was injected (together >= 5 % of a step per step, when the label leaves a
+rank out: under load the host's jitter can absorb a small delay); the CPU results are also given
+without the jobs whose label it contradicts.
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
 (a minute or two). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
@@ -99,15 +101,28 @@ def run_gpu(sc: gpu.Scenario, workdir: Path, keep: bool) -> Outcome:
 
 def check_cpu_truth(o: Outcome, paths: list[Path]) -> None:
     """Set ``o.truth_ok`` from the arrival-order truth of a CPU job's rank files: False when a rank
-    outside the label imposes 5 % of a step or more per step (a straggler the loaded host made),
-    listed in ``o.params["host_made"]`` (rank -> imposed share of a step per step)."""
+    outside the label imposes ``truth.NAMING_FLOOR`` (5 %) of a step or more per step (a straggler
+    the loaded host made), listed in ``o.params["host_made"]`` (rank -> imposed share of a step per
+    step), or when the labelled ranks together impose less than that (``label_share``: the host's
+    jitter absorbed the injected delay; judged when the label leaves a rank out)."""
     files = [f for p in paths for f in (sorted(p.glob("rank-*.json")) if p.is_dir() else [p])]
     gt, step, n_steps = truth.cpu_ground_truth(files)
     if not gt.n_instances or step <= 0:
         return
     made = truth.host_made(gt, step, n_steps, o.expected_ranks)
-    o.truth_ok = not made
     o.params = o.params | {"host_made": made}
+    weak = False
+    if o.expected_ranks and len(set(o.expected_ranks)) < len(gt.ranks):
+        share = truth.cpu_joint_share(files, set(o.expected_ranks))
+        o.params["label_share"] = round(share, 3)
+        weak = share < truth.NAMING_FLOOR
+    o.truth_ok = not made and not weak
+    skew = truth.steady_skew(files)  # the labelled ranks and the steadiest other rank
+    others = [r for r in skew if r not in o.expected_ranks]
+    top = max(others, key=lambda r: (skew[r][0], skew[r][2]), default=None)
+    o.params["steady_skew"] = {
+        r: skew[r] for r in [*sorted(set(o.expected_ranks) & set(skew)), top] if r is not None
+    }
 
 
 def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
@@ -255,16 +270,17 @@ def report(doc: dict[str, Any]) -> str:
         t = doc["summary"].get("cpu_truth")
         if gen == "cpu" and t and t["overall"]["n"] < s["overall"]["n"]:
             made = [
-                f"`{o['sid']}` {o['params'].get('host_made')}"
+                f"`{o['sid']}` host-made {o['params'].get('host_made')}, label share {o['params'].get('label_share')}"
                 for o in doc["scenarios"]
                 if o.get("truth_ok") is False and o["generator"] == "cpu"
             ]
             lines += [
                 "",
                 "The same jobs without those whose label the arrival-order truth contradicts (a rank outside "
-                "the label imposing >= 5 % of a step per step, made by the loaded host: "
+                "the label imposing >= 5 % of a step per step, made by the loaded host; or labelled ranks "
+                "imposing < 5 % together, their delay absorbed by the host's jitter): "
                 + ", ".join(made)
-                + "):",
+                + ":",
                 "",
                 table(t),
             ]
@@ -341,7 +357,10 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   `intermittent` (p = 0.3 per step, a random rank sleeps 60 ms), `persistent2` (two ranks,
   30 ms × U(0.8, 1.2) each per step), `slow_input` (batch reads 30 ms slower), `small` (3 ms
   sleep, <= 8 % of a step), `comm_hook` (15 ms sleep in a DDP comm hook before each bucket's
-  all-reduce). Labels from the job's own step logs.
+  all-reduce). Labels from the job's own step logs; the arrival-order truth (`truth.py`) checks
+  them both ways: no rank outside the label imposing >= 5 % of a step per step (host-made), and
+  the labelled ranks together imposing >= 5 % when the label leaves a rank out (a 3 ms sleep on a
+  loaded host can cost 1-4 %: the others' jitter absorbs it).
 
 Scores: rank precision and recall micro-averaged over a type's scenarios (named ranks that were
 injected / all named; injected ranks that were named / all injected; a clean job's named

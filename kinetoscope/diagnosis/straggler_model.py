@@ -25,6 +25,7 @@ class StragglerThresholds:
     abs_floor_us: float = 100.0
     min_lost_fraction: float = 0.015
     min_jitter_lost_fraction: float = 0.05
+    min_intermittent_lost_fraction: float = 0.05
     min_events: int = 2
     persistent_share: float = 0.5
     recurrent_concentration: float = 0.6

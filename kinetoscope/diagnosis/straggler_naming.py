@@ -175,16 +175,24 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
         if by_steps:
             return bool(nm.late.mean() >= th.persistent_share)
         return nm.link.late >= th.min_events
-    size = 1 if nm.partner is None else 2  # a pair is judged jointly: either of the two last
+    k, n, p = late_units(nm, mx, by_steps)
+    if n == 0 or k / n < th.persistent_share or p >= th.alpha:
+        return False
+    return nm.freq or nm.big_steps >= th.persistent_share * len(mx.steps)
+
+
+def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
+    """The units a named rank is late in, of how many, and the chance of that many or more: its
+    late steps against 1/N per step (``by_steps``), else the instances where it is in the last
+    group against the round's ``p0``. A pair is judged jointly: either of the two last."""
+    size = 1 if nm.partner is None else 2
     if by_steps:
         late = nm.late_steps
         k, n, p0 = int(late.sum()), len(late), size / nm.rnd.free
     else:
         js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
         k, n, p0 = int(nm.rnd.last[:, js].any(axis=1).sum()), nm.rnd.last.shape[0], size * nm.rnd.p0
-    if n == 0 or k / n < th.persistent_share or binom_sf(k, n, p0) >= th.alpha:
-        return False
-    return nm.freq or nm.big_steps >= th.persistent_share * len(mx.steps)
+    return k, n, binom_sf(k, n, p0) if n else 1.0
 
 
 def _single(

@@ -57,7 +57,8 @@ persistent vs intermittent
 kind
     ``persistent`` if a named rank is persistent, else ``intermittent`` if ranks are named,
     else ``none``; also ``none`` when the named ranks would save less than ``min_lost_fraction``
-    of the step time.
+    of the step time, or less than ``min_intermittent_lost_fraction`` when none is persistent
+    (occasional delays, or arrival jitter).
 
 Modules (one job each): ``attribution`` (instance matrix, imposed wait, what-if rounds, noise),
 ``straggler_naming`` (thresholds, naming, persistence), ``slow_link`` (late collective ends),
@@ -96,6 +97,7 @@ from kinetoscope.diagnosis.straggler_naming import (
     is_persistent,
     late_alone,
     late_floor,
+    late_units,
     name_ranks,
     noise_thresholds,
     pattern_of,
@@ -192,7 +194,8 @@ def analyze_stragglers(
     )
     if named:
         rep.next_ranks = next_ranks(mx, final, fixed, T_ns)
-    if _verdict_none(rep, mx, r0, named, persistent, th):
+    stalled = bool((excess >= th.rel_step_candidate * T_ns).any())  # a clear stall, whatever sigma says
+    if _verdict_none(rep, mx, r0, named, persistent, th, stalled):
         return rep
     _verdict(rep, su, named, persistent, intermittent, skew_spikes, hosts, th)
     return rep
@@ -349,19 +352,35 @@ def _verdict_none(
     named: list[Named],
     persistent: list[Named],
     th: StragglerThresholds,
+    stalled: bool,
 ) -> bool:
     """Set kind ``none`` and its reason when nothing is named, the named ranks cost too little,
-    or it is arrival jitter; False when there is a straggler verdict to give."""
+    or it is arrival jitter; False when there is a straggler verdict to give. ``stalled``: the
+    named ranks cost ``rel_step_candidate`` of a step or more in some step."""
     lost = rep.lost_fraction or 0.0
-    jitter = _only_jitter(named, persistent, lost, th)
-    if named and lost >= th.min_lost_fraction and not jitter:
+    jitter = _only_jitter(named, persistent, lost, th, mx, stalled)
+    minor = _minor_bursts(named, persistent, lost, th)
+    if named and lost >= th.min_lost_fraction and not jitter and not minor:
         return False
     rep.kind = "none"
-    if jitter:
+    if jitter and lost < th.min_jitter_lost_fraction:
         rep.reason = (
             f"rank(s) {[nm.rank for nm in named]} are last more often than chance, but in under half of the "
             f"steps and with no stall beyond the noise, costing {100 * lost:.1f}% of step time "
             f"(< {100 * th.min_jitter_lost_fraction:g}%): arrival jitter, not a straggler"
+        )
+    elif jitter:
+        rep.reason = (
+            f"rank(s) {[nm.rank for nm in named]} are last more often than chance at the collectives, but "
+            f"late in no more steps than chance gives and never beyond the noise ({100 * lost:.1f}% of step "
+            "time): arrival jitter from the host, not a straggler"
+        )
+    elif minor and lost >= th.min_lost_fraction:
+        late = sorted({int(k) for nm in named for k in np.flatnonzero(nm.late_steps)})
+        rep.reason = (
+            f"rank(s) {[nm.rank for nm in named]} were late only now and then (in {len(late)}/{len(mx.steps)} "
+            f"steps), costing {100 * lost:.1f}% of step time (< {100 * th.min_intermittent_lost_fraction:g}%): "
+            "occasional delays, not a straggler worth acting on"
         )
     elif named:
         rep.reason = (
@@ -433,15 +452,43 @@ def _verdict(
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
 
 
-def _only_jitter(named: list[Named], persistent: list[Named], lost: float, th: StragglerThresholds) -> bool:
-    """True when every named rank is intermittent, named for how often it is last alone (no
-    stall beyond the event threshold, no late collective ends), and together they cost less than
-    ``min_jitter_lost_fraction`` of the step: on a loaded host one rank is often preempted a
-    little more than its peers, which is arrival jitter, not a straggler worth acting on. A
-    steady delay (persistent) keeps the lower ``min_lost_fraction`` floor."""
-    if not named or persistent or lost >= th.min_jitter_lost_fraction:
+def _only_jitter(
+    named: list[Named],
+    persistent: list[Named],
+    lost: float,
+    th: StragglerThresholds,
+    mx: Matrix,
+    stalled: bool,
+) -> bool:
+    """True when every named rank is intermittent and was named for how often it is last alone
+    (no stall beyond the event threshold, no late collective ends), and either they cost less
+    than ``min_jitter_lost_fraction`` of the step or, in a trace with the steps to judge it,
+    none is late in more steps than chance gives and no step lost ``rel_step_candidate`` of its
+    time to them (``stalled``: stalls that inflate sigma hide from the event threshold, not from
+    this): on a loaded host one rank, or two sharing a core, is often preempted a little more
+    than its peers. Last more often than chance at the instances, but neither steadily late nor
+    ever stalling: arrival jitter, not a straggler. A steady delay (persistent) keeps the lower
+    ``min_lost_fraction`` floor."""
+    if not named or persistent:
         return False
-    return all(nm.freq and nm.events == 0 and not nm.by_link and nm.link is None for nm in named)
+    if not all(nm.freq and nm.events == 0 and not nm.by_link and nm.link is None for nm in named):
+        return False
+    if lost < th.min_jitter_lost_fraction:
+        return True
+    return (
+        not stalled
+        and len(mx.steps) >= th.min_steps_confident
+        and all(late_units(nm, mx, True)[2] >= th.alpha for nm in named)
+    )
+
+
+def _minor_bursts(named: list[Named], persistent: list[Named], lost: float, th: StragglerThresholds) -> bool:
+    """True when ranks are named but none is persistent and together they cost less than
+    ``min_intermittent_lost_fraction`` of the step: a few short stalls of a rank (a loaded host
+    descheduling it twice for 15 % of a step in 16 steps costs 2 %) are occasional delays, not a
+    straggler worth acting on. A steady delay (persistent) keeps the lower ``min_lost_fraction``
+    floor."""
+    return bool(named) and not persistent and lost < th.min_intermittent_lost_fraction
 
 
 def _confidence(rep: StragglerReport, th: StragglerThresholds) -> str:

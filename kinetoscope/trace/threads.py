@@ -32,8 +32,9 @@ STATS: Counter[str] = Counter()  # chunks taken from the threads: "built", "fail
 
 def default_threads() -> int:
     """Decoding threads: ``$KSCOPE_LOAD_THREADS`` (at most 4), else none. Off by default: on
-    the shared 2-core box threads cost 10-16 % more CPU (the copies, the hand-offs) and were
-    faster only while cores were idle (docs/performance.md, issue 14 third step)."""
+    the shared 2-core box threads cost 10-22 % more CPU (the copies, the hand-offs) and more
+    peak memory (a chunk copy in flight per thread), and were faster only while cores were
+    idle, by at most 8 % (docs/performance.md, issue 14 third step)."""
     text = os.environ.get("KSCOPE_LOAD_THREADS", "").strip()
     return min(MAX_THREADS, int(text)) if text.isdigit() else 0
 

@@ -58,3 +58,39 @@ def test_instances_missing_on_a_rank_are_left_out(tmp_path: Path) -> None:
     files = [_rank_file(tmp_path, 0, [0.0] * 3), _rank_file(tmp_path, 1, [2_000.0] * 2)]
     gt, _step, _n = truth.cpu_ground_truth(files)
     assert gt.n_instances == 4 and gt.imposed_us == pytest.approx({0: 0.0, 1: 2 * 2_000.0})
+
+
+@pytest.mark.parametrize(("late_us", "share", "ok"), [(1_000.0, 0.02, False), (6_000.0, 0.12, True)])
+def test_a_label_whose_ranks_cost_under_the_floor_is_weak(tmp_path: Path, late_us, share, ok) -> None:
+    # rank 2 is labelled (injected) and late by late_us at both instances of every 50 ms step:
+    # 1 ms is 2 % of a step per step, under the 5 % naming floor (the host absorbed the delay),
+    # 6 ms is 12 %
+    from benchmarks.bench_diagnosis import check_cpu_truth
+    from benchmarks.diag_scenarios.score import Outcome
+
+    steps = 4
+    files = [_rank_file(tmp_path, r, [late_us if r == 2 else 0.0] * steps) for r in range(3)]
+    o = Outcome("job", "cpu", "small", "persistent", [2], "none", [])
+    check_cpu_truth(o, files)
+    assert o.params["label_share"] == pytest.approx(share) and o.params["host_made"] == {}
+    assert o.truth_ok is ok
+    # a label that holds every rank leaves nobody to wait for them: not judged
+    everyone = Outcome("job", "cpu", "persistent2", "persistent", [0, 1, 2], "none", [])
+    check_cpu_truth(everyone, files)
+    assert "label_share" not in everyone.params and everyone.truth_ok is True
+
+
+def test_steady_skew_counts_the_steps_a_rank_arrives_after_the_others(tmp_path: Path) -> None:
+    # rank 2 is 1 ms late at both instances of every step (2 % of a 50 ms step), but in step 0
+    # rank 1 is 3 ms late, so rank 2 is after the others' median (1.5 ms) in 3 of 4 steps; rank 1
+    # is after it in 1 of 4, its median skew that of its punctual steps (-0.5 ms: the others'
+    # median includes rank 2's 1 ms)
+    files = [
+        _rank_file(tmp_path, 0, [0.0] * 4),
+        _rank_file(tmp_path, 1, [3_000.0, 0.0, 0.0, 0.0]),
+        _rank_file(tmp_path, 2, [1_000.0] * 4),
+    ]
+    skew = truth.steady_skew(files)
+    assert skew[2] == (3, 4, 0.02)
+    assert skew[1] == (1, 4, -0.01)
+    assert skew[0][0] == 0

@@ -107,6 +107,44 @@ def test_rare_straggler_below_min_lost_fraction_is_none():
     assert d.stragglers.kind == "none" and "only" in d.stragglers.reason
 
 
+@pytest.mark.parametrize(("stall_ms", "kind"), [(40.0, "none"), (70.0, "intermittent")])
+def test_occasional_stalls_need_five_percent_of_the_time(stall_ms, kind):
+    # rank 3 stalls in 2 of 20 steps of 100 ms: 40 ms each is 4 % of the time (a loaded host
+    # descheduling a rank now and then: kind none, the stalls in the reason), 70 ms is 7 %
+    world, steps = 4, 20
+    late = [[0.0] * steps for _ in range(world)]
+    for s in (6, 14):
+        late[3][s] = stall_ms
+    s = diagnose(make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps))).stragglers
+    assert s.kind == kind
+    if kind == "none":
+        assert s.ranks == [] and "late only now and then (in 2/20 steps)" in s.reason
+        assert s.lost_fraction == pytest.approx(0.04, abs=0.005)
+    else:
+        assert s.ranks == [3] and s.lost_fraction == pytest.approx(0.07, abs=0.005)
+
+
+@pytest.mark.parametrize(("every", "kind"), [(2, "none"), (1, "persistent")])
+def test_two_ranks_preempted_together_in_half_the_steps_are_jitter(every, kind):
+    # ranks 0 and 3 (two processes sharing a busy core) arrive 5 ms late together in every
+    # `every`-th step of 40 ms, under the 6 ms event threshold: the two latest far more often
+    # than chance at the instances, so the pair route names them; in half of the steps that is
+    # what chance gives either of two ranks of four (7.5 % of the time: arrival jitter from the
+    # host, kind none), in every step they are a persistent pair
+    world, steps = 4, 16
+    rng = np.random.default_rng(3)
+    jit = rng.normal(0, 500_000, size=(world, steps, 2))
+    for s in range(0, steps, every):
+        for r in (0, 3):
+            jit[r, s, :] += 5_000_000 + rng.normal(0, 300_000, size=2)
+    s = diagnose(make_job(world, steps, period_ms=40.0, jitter_ns=jit.astype(int).tolist())).stragglers
+    assert s.kind == kind
+    if kind == "none":
+        assert s.lost_fraction > 0.05 and "arrival jitter" in s.reason and "[0, 3]" in s.reason
+    else:
+        assert sorted(s.ranks) == [0, 3]
+
+
 def test_small_persistent_lateness_is_still_persistent():
     # 8 ms (8 % of a step) in every step: far below the intermittent threshold, but steady
     world, steps = 4, 12
