@@ -20,6 +20,7 @@ are (within a few tens of µs on one host clock).
 from __future__ import annotations
 
 import bisect
+import functools
 import gzip
 import json
 import re
@@ -244,7 +245,13 @@ class CpuJob:
 
 
 def cpu_job(paths: list[str | Path]) -> CpuJob:
-    """Read a CPU job from its rank files (``rank-<R>_<pid>...``)."""
+    """Read a CPU job from its rank files (``rank-<R>_<pid>...``); the last two jobs read are
+    kept, since a job's truth, joint share and skews are read one after another."""
+    return _read_cpu_job(tuple(str(p) for p in paths))
+
+
+@functools.lru_cache(maxsize=2)
+def _read_cpu_job(paths: tuple[str, ...]) -> CpuJob:
     docs = {int(m.group(1)): load_json(p) for p in paths if (m := _RANK_FILE.search(Path(p).name))}
     insts = instances({r: [{**e, "args": {"stream": "host"}} for e in issue_ops(d)] for r, d in docs.items()})
     first = docs[min(docs)] if docs else {"traceEvents": []}

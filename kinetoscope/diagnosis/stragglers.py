@@ -378,9 +378,9 @@ def _verdict_none(
     elif minor and lost >= th.min_lost_fraction:
         late = sorted({int(k) for nm in named for k in np.flatnonzero(nm.late_steps)})
         rep.reason = (
-            f"rank(s) {[nm.rank for nm in named]} were late only now and then (in {len(late)}/{len(mx.steps)} "
-            f"steps), costing {100 * lost:.1f}% of step time (< {100 * th.min_intermittent_lost_fraction:g}%): "
-            "occasional delays, not a straggler worth acting on"
+            f"rank(s) {[nm.rank for nm in named]} were late in {len(late)}/{len(mx.steps)} steps, but none "
+            f"is persistent and together they cost {100 * lost:.1f}% of step time "
+            f"(< {100 * th.min_intermittent_lost_fraction:g}%): occasional delays, not a straggler worth acting on"
         )
     elif named:
         rep.reason = (
@@ -484,10 +484,9 @@ def _only_jitter(
 
 def _minor_bursts(named: list[Named], persistent: list[Named], lost: float, th: StragglerThresholds) -> bool:
     """True when ranks are named but none is persistent and together they cost less than
-    ``min_intermittent_lost_fraction`` of the step: a few short stalls of a rank (a loaded host
-    descheduling it twice for 15 % of a step in 16 steps costs 2 %) are occasional delays, not a
-    straggler worth acting on. A steady delay (persistent) keeps the lower ``min_lost_fraction``
-    floor."""
+    ``min_intermittent_lost_fraction`` of the step: a few short stalls (a loaded host
+    descheduling a rank now and then) are occasional delays, not a straggler worth acting on. A
+    steady delay (persistent) keeps the lower ``min_lost_fraction`` floor."""
     return bool(named) and not persistent and lost < th.min_intermittent_lost_fraction
 
 
