@@ -442,10 +442,10 @@ def print_whole(results: list[tuple[str, dict]]) -> None:
         )
         print("| input | N | wall s | CPU s | peak RSS MB |")
         print("|---|---|---|---|---|")
+        rows = [("cached", "ks native bytecode"), *((str(n), f"ks threads {n}") for n in THREADS)]
         for name, r in results:
-            for key in ["ks native bytecode", *(f"ks threads {n}" for n in THREADS)]:
+            for label, key in rows:
                 c = r[key]
-                label = "cached" if key == "ks native bytecode" else key.rsplit(" ", 1)[1]
                 print(f"| {name} | {label} | {c['wall']:.3f} | {c['cpu']:.3f} | {c['rss']:.0f} |")
     print("\nCPU seconds of the same processes (user + system, workers included; medians):")
     print("| input | HTA | KS native | KS Python | other native | HTA ÷ KS native |")

@@ -117,12 +117,17 @@ def check_cpu_truth(o: Outcome, paths: list[Path]) -> None:
         o.params["label_share"] = round(share, 3)
         weak = share < truth.NAMING_FLOOR
     o.truth_ok = not made and not weak
-    skew = truth.steady_skew(files)  # the labelled ranks and the steadiest other rank
-    others = [r for r in skew if r not in o.expected_ranks]
+    o.params["steady_skew"] = _skew_shown(truth.steady_skew(files), o.expected_ranks)
+
+
+def _skew_shown(
+    skew: dict[int, tuple[int, int, float]], labelled: list[int]
+) -> dict[int, tuple[int, int, float]]:
+    """``truth.steady_skew`` of the labelled ranks and of the steadiest other rank (most steps
+    after the others' median, then the largest median skew)."""
+    others = [r for r in skew if r not in labelled]
     top = max(others, key=lambda r: (skew[r][0], skew[r][2]), default=None)
-    o.params["steady_skew"] = {
-        r: skew[r] for r in [*sorted(set(o.expected_ranks) & set(skew)), top] if r is not None
-    }
+    return {r: skew[r] for r in [*sorted(set(labelled) & set(skew)), top] if r is not None}
 
 
 def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:

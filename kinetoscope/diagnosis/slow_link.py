@@ -42,9 +42,8 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
     A rank is named when it ends beyond ``max(k_sigma x sigma_end, link_floor_us)`` after the
     instance's median end (``sigma_end`` = 1.4826 x MAD of all end skews) at ``late`` of the
     ``events`` instances where some rank did, far more often than chance (binomial against
-    ``1/N``: ``p < alpha / N``, Bonferroni over the N ranks tested: three of eight ranks of a
-    real CPU job ended late together at the same 2 instances, p = 0.016 each), at
-    ``min_events`` instances or more, and its *net* end excess (the
+    ``1/N``: ``p < alpha / N``, Bonferroni over the N ranks tested, since the most extreme of N
+    noisy ranks is tested), at ``min_events`` instances or more, and its *net* end excess (the
     late ends' excess less what it ends early beyond the same threshold elsewhere) is at least
     ``link_min_effect`` of the summed step time. A slow link's tail only ever ends late; ends
     that are as often as much early are instances matched crosswise (two buckets whose order
