@@ -379,7 +379,7 @@ def _verdict_none(
         late = sorted({int(k) for nm in named for k in np.flatnonzero(nm.late_steps)})
         rep.reason = (
             f"rank(s) {[nm.rank for nm in named]} were late in {len(late)}/{len(mx.steps)} steps, but none "
-            f"is persistent and together they cost {100 * lost:.1f}% of step time "
+            f"is persistent, together costing {100 * lost:.1f}% of step time "
             f"(< {100 * th.min_intermittent_lost_fraction:g}%): occasional delays, not a straggler worth acting on"
         )
     elif named:
