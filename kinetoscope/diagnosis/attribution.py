@@ -177,13 +177,46 @@ def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
     if not cols or A.shape[0] == 0:
         return A  # type: ignore[no-any-return]  # numpy's astype().copy() is typed Any
     # every rank fixed: all arrive like the typical rank of the job (nobody waits)
-    typ = np.sort(A[:, free], axis=1)[:, (len(free) - 1) // 2] if free else mx.m.astype(np.float64)
+    k = (len(free) - 1) // 2
+    typ = np.partition(A[:, free], k, axis=1)[:, k] if free else mx.m.astype(np.float64)
     A[:, cols] = np.minimum(A[:, cols], typ[:, None])
     return A  # type: ignore[no-any-return]  # (as above)
 
 
-def waiting_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:
-    """Per step: waiting (``[m, L]`` per step, ``Matrix.per_step``) with ``fixed`` arriving
-    like the typical rank."""
-    A = fixed_arrivals(mx, fixed)
-    return mx.per_step(mx.m.astype(np.float64), A.max(axis=1))
+def last_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:
+    """Per instance: the last arrival (ns, float) with ``fixed`` arriving like the typical rank
+    of the others (``fixed_arrivals``), i.e. when the instance would complete: the latest of the
+    other ranks, since a fixed rank arrives no later than their median (every rank fixed: the
+    typical arrival). Without the median, so that comparing many sets stays cheap."""
+    free = np.array([r not in fixed for r in mx.ranks], dtype=bool)
+    if mx.A.shape[0] == 0 or free.all():
+        return mx.A.max(axis=1, initial=np.iinfo(np.int64).min).astype(np.float64)  # type: ignore[no-any-return]
+    if not free.any():
+        return mx.m.astype(np.float64)
+    return mx.A[:, free].max(axis=1).astype(np.float64)  # type: ignore[no-any-return]
+
+
+def saving_fixed(mx: Matrix, before: set[int], after: set[int], *, from_median: bool = False) -> np.ndarray:
+    """Per step (ns): how much less the job waits with the ranks of ``after`` (a superset of
+    ``before``) arriving like the typical rank of the others than with only ``before`` so: the
+    waiting from the typical arrival ``m`` to the instances' last arrival, with ``before`` fixed
+    minus with ``after`` fixed (``Matrix.per_step``).
+
+    When ``after`` holds most of the ranks, the others' typical arrival comes before ``m`` (3
+    ranks, 2 late: ``m`` is a late rank's arrival): the saving then runs from where the instance
+    would complete, since measured from ``m`` it would leave out what the punctual ranks wait.
+    ``from_median`` measures it from ``m`` all the same: the naming filters use that, because
+    the others' typical is then the earliest few ranks', and any majority set of a noisy job
+    would seem to save the jitter between them."""
+    return saving_between(mx, last_fixed(mx, before), last_fixed(mx, after), from_median=from_median)
+
+
+def saving_between(
+    mx: Matrix, last_before: np.ndarray, last_after: np.ndarray, *, from_median: bool = False
+) -> np.ndarray:
+    """``saving_fixed`` from the two sets' completions (``last_fixed``), computed once each
+    where many sets are compared (``straggler_tables.lost_shares``)."""
+    m = mx.m.astype(np.float64)
+    ref = m if from_median else np.minimum(m, last_after)
+    saved: np.ndarray = np.clip(mx.per_step(ref, last_before) - mx.per_step(ref, last_after), 0, None)
+    return saved

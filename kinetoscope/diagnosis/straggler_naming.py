@@ -16,7 +16,7 @@ from kinetoscope.diagnosis.attribution import (
     binom_sf,
     fixed_arrivals,
     noise_sigma,
-    waiting_fixed,
+    saving_fixed,
 )
 from kinetoscope.diagnosis.slow_link import SlowLink
 from kinetoscope.diagnosis.straggler_model import StragglerThresholds
@@ -266,27 +266,28 @@ def _pair(
     cands = [c for c in sorted(counts, reverse=True)[:top_k] if c[0] > 0]
     tries = max(len(cands) * (len(cands) - 1) // 2, 1)
     p0 = 2.0 / (rnd.free * (rnd.free - 1))
-    base = waiting_fixed(mx, fixed)
-    best: tuple[float, int, int, np.ndarray] | None = None
+    best: tuple[float, int, int] | None = None
     for x in range(len(cands)):
         for y in range(x + 1, len(cands)):
             ja, jb = sorted((cands[x][1], cands[y][1]))
             k = int(((top2[:, 0] == ja) & (top2[:, 1] == jb)).sum())
             if binom_sf(k, n, p0) >= th.alpha / tries:
                 continue
-            saved = np.where(
-                quiet, np.clip(base - waiting_fixed(mx, fixed | {mx.ranks[ja], mx.ranks[jb]}), 0, None), 0.0
-            )
+            pair = fixed | {mx.ranks[ja], mx.ranks[jb]}
+            saved = np.where(quiet, saving_fixed(mx, fixed, pair, from_median=True), 0.0)
             if best is None or saved.sum() > best[0]:
-                best = (float(saved.sum()), ja, jb, saved)
+                best = (float(saved.sum()), ja, jb)
     if best is None or best[0] < 2 * th.min_rank_effect * total_T:
         return []
+    # late in a step: what the two save together there, from where the instance would then
+    # complete (two of three ranks late: the punctual one waits for both; ``saving_fixed``)
+    joint = np.where(quiet, saving_fixed(mx, fixed, fixed | {mx.ranks[best[1]], mx.ranks[best[2]]}), 0.0)
     out = []
     for j, other in ((best[1], best[2]), (best[2], best[1])):
         k, p = frequency(rnd, j, np.ones(len(mx.step_idx), dtype=bool))
         in_step = np.bincount(mx.step_idx[rnd.last[:, j]], minlength=len(mx.steps)) > 0
         out.append(
-            Named(mx.ranks[j], True, 0, 0, (best[3] >= floor) & in_step, rnd, p, k, partner=mx.ranks[other])
+            Named(mx.ranks[j], True, 0, 0, (joint >= floor) & in_step, rnd, p, k, partner=mx.ranks[other])
         )
     return out
 

@@ -3,12 +3,21 @@ and the ranks that would hold the job back next (``docs/diagnosis.md`` §5)."""
 
 from __future__ import annotations
 
+from itertools import combinations
+from math import factorial
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from kinetoscope.diagnosis.attribution import Matrix, Round, binom_sf, waiting_fixed
+from kinetoscope.diagnosis.attribution import (
+    Matrix,
+    Round,
+    binom_sf,
+    last_fixed,
+    saving_between,
+    saving_fixed,
+)
 from kinetoscope.diagnosis.straggler_model import PER_RANK_SCHEMA, PER_STEP_SCHEMA
 from kinetoscope.diagnosis.straggler_naming import Named
 
@@ -48,18 +57,33 @@ def per_step_table(
     return pl.DataFrame(rows, schema=PER_STEP_SCHEMA, orient="row")
 
 
-def lost_shares(mx: Matrix, order: list[int], waiting: np.ndarray) -> dict[int, float]:
-    """Each named rank's share of the time the named ranks cost: its marginal what-if saving
-    in naming order (fixing it after the ranks named before it) over the saving of all."""
-    out: dict[int, float] = {}
-    prev, fixed = float(waiting.sum()), set()
-    total = prev - float(waiting_fixed(mx, set(order)).sum())
-    for r in order:
-        fixed.add(r)
-        now = float(waiting_fixed(mx, fixed).sum())
-        out[r] = (prev - now) / total if total > 0 else 0.0
-        prev = now
-    return out
+def lost_shares(mx: Matrix, named: list[int], *, from_median: bool = False) -> dict[int, float]:
+    """Each named rank's share of the time the named ranks cost: its Shapley value in the
+    what-if game whose worth of a set of ranks is the step time saved with that set arriving
+    like the typical rank (``saving_fixed``), over the worth of them all. Ranks that are late
+    on their own get their own saving either way; two that alternate as the last one (each
+    saves little alone while the other stays late) share their joint saving, which an order
+    of naming would hand nearly all to whichever was named second. ``from_median``: the savings
+    measured from the typical arrival (``saving_fixed``; the naming filters)."""
+    k = len(named)
+    if k == 0:
+        return {}
+    last = last_fixed(mx, set())
+    worth = {
+        frozenset(c): float(saving_between(mx, last, last_fixed(mx, set(c)), from_median=from_median).sum())
+        for size in range(k + 1)
+        for c in combinations(named, size)
+    }
+    phi = dict.fromkeys(named, 0.0)
+    for coalition, value in worth.items():
+        if len(coalition) == k:
+            continue
+        w = factorial(len(coalition)) * factorial(k - len(coalition) - 1) / factorial(k)
+        for r in named:
+            if r not in coalition:
+                phi[r] += w * (worth[coalition | {r}] - value)
+    total = worth[frozenset(named)]
+    return {r: v / total if total > 0 else 0.0 for r, v in phi.items()}
 
 
 def next_ranks(mx: Matrix, final: Round, fixed: set[int], T_ns: np.ndarray) -> list[dict[str, Any]]:
@@ -128,7 +152,6 @@ def per_rank_table(
     if mx is not None and final is not None and T_ns is not None:
         named = named or {}
         n_inst = mx.A.shape[0]
-        base = waiting_fixed(mx, set()).sum()
         for j, r in enumerate(mx.ranks):
             rnd = named[r].rnd if r in named else final
             late = named[r].late_steps if r in named else np.zeros(len(mx.steps), bool)
@@ -141,7 +164,7 @@ def per_rank_table(
             extra["imposed_wait(us)"].append(float(rnd.step_imposed[:, j].sum()) / 1000.0)
             extra["imposed_share"].append(float(rnd.imposed[:, j].sum()) / tot if tot > 0 else 0.0)
             extra["whatif_saving(us)"].append(
-                float(base - waiting_fixed(mx, {r}).sum()) / len(mx.steps) / 1000.0
+                float(saving_fixed(mx, set(), {r}).sum()) / len(mx.steps) / 1000.0
             )
             extra["role"].append(roles.get(r))
             extra["late_steps"].append(int(late.sum()))

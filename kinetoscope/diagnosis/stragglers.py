@@ -81,8 +81,8 @@ from kinetoscope.diagnosis.attribution import (
     binom_sf,
     build_matrix,
     noise_sigma,
+    saving_fixed,
     union_by_group,
-    waiting_fixed,
 )
 from kinetoscope.diagnosis.slow_link import SlowLink, end_skew, find_slow_links, link_cause
 from kinetoscope.diagnosis.straggler_causes import rank_cause
@@ -166,10 +166,10 @@ def analyze_stragglers(
     per_step_late = {
         nm.rank: nm.late for nm in named
     }  # before dropping isolated events: still shown per step
-    named = _drop_minor_stalls(mx, _drop_isolated(named, steps, th, rep), r0, th)
+    named = _drop_minor_stalls(mx, _drop_isolated(named, steps, th, rep), th)
     links = _add_links(mx, th, total_T, named, r0)
     fixed = {nm.rank for nm in named}
-    excess = _excess(mx, r0, fixed, links, T_ns)
+    excess = _excess(mx, fixed, links, T_ns)
     rep.skew_fraction = float(r0.waiting.sum()) / total_T if total_T > 0 else None
     rep.transfer_fraction, rep.transfer_spread = _transfer(su.bd, total_T)
     rep.lost_fraction = float(excess.sum()) / total_T if total_T > 0 else None
@@ -190,12 +190,13 @@ def analyze_stragglers(
         roles,
         final=final,
         T_ns=T_ns,
-        lost_share=lost_shares(mx, [nm.rank for nm in named], r0.waiting),
+        lost_share=lost_shares(mx, [nm.rank for nm in named]),
     )
     if named:
         rep.next_ranks = next_ranks(mx, final, fixed, T_ns)
     stalled = bool((excess >= th.rel_step_candidate * T_ns).any())  # a clear stall, whatever sigma says
-    if _verdict_none(rep, mx, r0, named, persistent, th, stalled):
+    early = _early_few(mx, fixed, excess, thr_p)
+    if _verdict_none(rep, mx, r0, named, persistent, th, stalled, early):
         return rep
     _verdict(rep, su, named, persistent, intermittent, skew_spikes, hosts, th)
     return rep
@@ -275,22 +276,21 @@ def _drop_isolated(
     return [nm for nm in named if nm.freq]
 
 
-def _drop_minor_stalls(mx: Matrix, named: list[Named], r0: Round, th: StragglerThresholds) -> list[Named]:
+def _drop_minor_stalls(mx: Matrix, named: list[Named], th: StragglerThresholds) -> list[Named]:
     """Leave out a rank named for one stall alone (magnitude, one event) whose stall adds less
-    than ``min_event_share`` (half) of the mean cost of a stall of the named ranks: its marginal
-    what-if saving in naming order, as a share of what the named ranks cost, below
+    than ``min_event_share`` (half) of the mean cost of a stall of the named ranks: its share of
+    what the named ranks cost (``lost_shares``, measured from the median arrival) below
     ``min_event_share / E`` (``E`` = their stall events). The fewest ranks that explain most of
-    the waiting: on a loaded host the punctual rank of ``kscope demo``'s 2-rank job is now and
-    then descheduled once (16 ms next to rank 1's 330-390 ms stalls, 1.8 % of the lost time; once
-    99 ms, 8 %), and with the straggler fixed it is the last free rank, whose every late arrival
-    imposes: it used to be named beside the straggler. Ranks that each stall once at random are
-    a pattern of equal stalls and are all kept."""
+    the waiting: with the straggler fixed, the punctual rank of a 2-rank job is the last free
+    rank, whose every late arrival imposes, and a loaded host descheduling it once used to get
+    it named beside the straggler (docs/diagnosis.md §5). Ranks that each stall once at random
+    are a pattern of equal stalls and are all kept."""
     if len(named) < 2:
         return named
     events = sum(max(nm.events, 0) for nm in named)
     if events == 0:
         return named
-    shares = lost_shares(mx, [nm.rank for nm in named], r0.waiting)
+    shares = lost_shares(mx, [nm.rank for nm in named], from_median=True)
     floor = th.min_event_share / events
     return [nm for nm in named if nm.freq or nm.events != 1 or shares[nm.rank] >= floor]
 
@@ -310,10 +310,10 @@ def _add_links(
     return links
 
 
-def _excess(mx: Matrix, r0: Round, fixed: set[int], links: list[SlowLink], T_ns: np.ndarray) -> np.ndarray:
+def _excess(mx: Matrix, fixed: set[int], links: list[SlowLink], T_ns: np.ndarray) -> np.ndarray:
     """Per step, what the named ranks cost (ns): the what-if saving, or the late ends when larger
     (never both: a late end that delays the next arrival is already in the what-if)."""
-    excess: np.ndarray = np.clip(r0.waiting - waiting_fixed(mx, fixed), 0, None)
+    excess = saving_fixed(mx, set(), fixed)
     if links:
         ends = np.sum([sl.per_step_ns for sl in links], axis=0)
         excess = np.minimum(np.maximum(excess, ends), T_ns)
@@ -353,17 +353,25 @@ def _verdict_none(
     persistent: list[Named],
     th: StragglerThresholds,
     stalled: bool,
+    early: list[int] | None = None,
 ) -> bool:
     """Set kind ``none`` and its reason when nothing is named, the named ranks cost too little,
-    or it is arrival jitter; False when there is a straggler verdict to give. ``stalled``: the
-    named ranks cost ``rel_step_candidate`` of a step or more in some step."""
+    it is arrival jitter, or most ranks were named for arriving a little after a few early ones
+    (``early``: those few, see ``_early_few``); False when there is a straggler verdict to give.
+    ``stalled``: the named ranks cost ``rel_step_candidate`` of a step or more in some step."""
     lost = rep.lost_fraction or 0.0
     jitter = _only_jitter(named, persistent, lost, th, mx, stalled)
     minor = _minor_bursts(named, persistent, lost, th)
-    if named and lost >= th.min_lost_fraction and not jitter and not minor:
+    if named and lost >= th.min_lost_fraction and not jitter and not minor and not early:
         return False
     rep.kind = "none"
-    if jitter and lost < th.min_jitter_lost_fraction:
+    if early:
+        rep.reason = (
+            f"rank(s) {[nm.rank for nm in named]}, {len(named)} of the {len(mx.ranks)} ranks, arrive after "
+            f"rank(s) {early}, but never by more than the noise threshold in a step ({100 * lost:.1f}% of "
+            f"step time): those few are early, not the others late"
+        )
+    elif jitter and lost < th.min_jitter_lost_fraction:
         rep.reason = (
             f"rank(s) {[nm.rank for nm in named]} are last more often than chance, but in under half of the "
             f"steps and with no stall beyond the noise, costing {100 * lost:.1f}% of step time "
@@ -480,6 +488,18 @@ def _only_jitter(
         and len(mx.steps) >= th.min_steps_confident
         and all(late_units(nm, mx, True)[2] >= th.alpha for nm in named)
     )
+
+
+def _early_few(mx: Matrix, fixed: set[int], excess: np.ndarray, thr_p: np.ndarray) -> list[int]:
+    """The ranks not named, when the named ranks are most of the job and what they cost stays
+    under the persistent threshold in every step (else []). Fixing most of the ranks measures
+    them against the few others (``saving_fixed``): when those few are earlier beyond the noise
+    (3 ranks, 2 of them 30 ms late; or stalls in some steps), the many are the stragglers; when
+    only by the jitter (a loaded host's least descheduled process), the few are early and
+    nobody is a straggler worth naming."""
+    if len(fixed) * 2 <= len(mx.ranks) or bool((excess >= thr_p).any()):
+        return []
+    return [r for r in mx.ranks if r not in fixed]
 
 
 def _minor_bursts(named: list[Named], persistent: list[Named], lost: float, th: StragglerThresholds) -> bool:

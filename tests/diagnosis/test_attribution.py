@@ -353,3 +353,19 @@ def test_a_rank_slightly_late_in_some_steps_is_jitter_not_a_straggler(seed):
     steady[3, :, :] += 3 * MS
     d2 = diagnose(make_job(world, steps, period_ms=46.0, jitter_ns=steady.tolist()))
     assert d2.stragglers.kind == "persistent" and d2.stragglers.ranks == [3], d2.verdict()
+
+
+def test_last_fixed_is_when_the_fixed_arrivals_complete() -> None:
+    """``last_fixed`` (the latest of the other ranks, no median) equals the completion of
+    ``fixed_arrivals`` for every set of ranks, the empty and the full set included."""
+    import itertools
+
+    from kinetoscope.diagnosis.attribution import fixed_arrivals, last_fixed
+
+    rng = np.random.default_rng(1)
+    for n in (2, 3, 5, 8):
+        a = rng.integers(0, 10**7, size=(30, n))
+        mx = Matrix(list(range(n)), [0, 1, 2], a, np.arange(30) % 3, np.sort(a, axis=1)[:, (n - 1) // 2])
+        for size in range(n + 1):
+            for fixed in itertools.combinations(range(n), size):
+                assert np.array_equal(last_fixed(mx, set(fixed)), fixed_arrivals(mx, set(fixed)).max(axis=1))

@@ -1,0 +1,41 @@
+"""Verdicts on two real CPU DDP jobs (tests/data/cpu_jobs, README there) against the arrival-order
+truth computed by the standard library (benchmarks/diag_scenarios/truth.py), not by the product."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.diag_scenarios import truth
+from kinetoscope.diagnosis import diagnose
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs"
+
+
+def _files(name: str) -> list[Path]:
+    return sorted((JOBS / name).glob("rank-*.pt.trace.json.gz"))
+
+
+def test_two_of_three_ranks_late_are_named_with_what_they_cost() -> None:
+    # ranks 1 and 2 alternate as the last one; rank 0 waits for both every step. Measured from
+    # the median arrival (a late rank's) they cost 7 % and were called arrival jitter.
+    files = _files("two_of_three_late")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == [1, 2], s.reason
+    joint = truth.cpu_joint_share(files, {1, 2})  # fixing both: what the truth saves
+    assert joint > 0.4
+    assert s.lost_fraction == pytest.approx(joint, abs=0.02)
+    shares = {row["rank"]: row["lost_share"] for row in s.per_rank.iter_rows(named=True)}
+    assert 0.3 < shares[1] < 0.7 and 0.3 < shares[2] < 0.7  # they share it (Shapley)
+
+
+def test_most_ranks_a_little_after_one_early_rank_is_none() -> None:
+    # a clean 5-rank job on an overloaded box: four ranks were named, each against the one
+    # least descheduled process, by less than the noise threshold in every step
+    files = _files("clean_w5_loaded")
+    s = diagnose(files).stragglers
+    assert s.kind == "none" and s.ranks == [], s.reason
+    assert "those few are early" in s.reason
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert truth.host_made(gt, step, n_steps, []) == {}  # the truth: no rank imposes 5 % of a step
