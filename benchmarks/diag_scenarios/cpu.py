@@ -93,9 +93,9 @@ def scenarios(n: int, seed: int = 0, only: Collection[str] | None = None) -> lis
         raise ValueError(f"unknown CPU scenario type(s): {sorted(set(only) - set(CPU_TYPES))}")
     out: list[CpuScenario] = []
     types = list(CPU_TYPES)
+    if only is not None and not only:
+        return out
     for k in count():
-        if only is not None and not only:
-            break
         if len(out) == n:
             break
         t = types[k % len(types)]

@@ -189,8 +189,6 @@ def last_fixed(mx: Matrix, fixed: set[int]) -> np.ndarray:
     other ranks, since a fixed rank arrives no later than their median (every rank fixed: the
     typical arrival). Without the median, so that comparing many sets stays cheap."""
     free = np.array([r not in fixed for r in mx.ranks], dtype=bool)
-    if mx.A.shape[0] == 0 or free.all():
-        return mx.A.max(axis=1, initial=np.iinfo(np.int64).min).astype(np.float64)  # type: ignore[no-any-return]
     if not free.any():
         return mx.m.astype(np.float64)
     return mx.A[:, free].max(axis=1).astype(np.float64)  # type: ignore[no-any-return]

@@ -353,7 +353,7 @@ def _verdict_none(
     persistent: list[Named],
     th: StragglerThresholds,
     stalled: bool,
-    early: list[int] | None = None,
+    early: list[int],
 ) -> bool:
     """Set kind ``none`` and its reason when nothing is named, the named ranks cost too little,
     it is arrival jitter, or most ranks were named for arriving a little after a few early ones
