@@ -262,19 +262,44 @@ def cpu_ground_truth(paths: list[str | Path], cover: float = 0.8) -> tuple[Groun
     """Arrival-order truth of a CPU job from its rank files (``rank-<R>_<pid>...``): the truth,
     the median step (µs) and the number of steps (optimizer steps of rank 0)."""
     job = cpu_job(paths)
-    per_step: dict[tuple[int, int], float] = defaultdict(float)  # (rank, step) -> largest margin
     last: dict[int, int] = dict.fromkeys(job.ranks, 0)
     for inst in job.insts:
         r, w = inst.last_two()
-        k = job.step_of(inst)
-        per_step[(r, k)] = max(per_step[(r, k)], w)
         last[r] += w > 0
     imposed: dict[int, float] = dict.fromkeys(job.ranks, 0.0)
-    for (r, _k), w in per_step.items():
+    for (r, _k), w in cpu_step_waits(paths).items():
         imposed[r] += w
     gt = GroundTruth(job.ranks, imposed, last, len(job.insts), 0.0)
     gt.stragglers = fewest_covering(imposed, cover)
     return gt, job.step, len(job.opt)
+
+
+def cpu_step_waits(paths: list[str | Path]) -> dict[tuple[int, int], float]:
+    """(rank, step) -> the wait the rank imposed in that step (µs): at each instance the last
+    rank imposes ``last - second-to-last``; a step keeps its rank's largest such margin. Steps
+    are counted as the diagnosis labels them: 0 is the first traced step, the one that ends with
+    the lowest rank's first ``Optimizer.step``."""
+    job = cpu_job(paths)
+    per_step: dict[tuple[int, int], float] = defaultdict(float)
+    for inst in job.insts:
+        r, w = inst.last_two()
+        k = job.step_of(inst)
+        per_step[(r, k)] = max(per_step[(r, k)], w)
+    return dict(per_step)
+
+
+def cpu_step_lateness(paths: list[str | Path]) -> dict[tuple[int, int], float]:
+    """(rank, step) -> how far the rank arrived behind the earliest rank (µs), the largest over
+    the step's instances: whatever delayed it (an injected sleep, the host descheduling it),
+    the rank held that collective back by this much. Steps as in ``cpu_step_waits``."""
+    job = cpu_job(paths)
+    late: dict[tuple[int, int], float] = defaultdict(float)
+    for inst in job.insts:
+        first = min(inst.arrival.values())
+        k = job.step_of(inst)
+        for r, t in inst.arrival.items():
+            late[(r, k)] = max(late[(r, k)], t - first)
+    return dict(late)
 
 
 def host_made(

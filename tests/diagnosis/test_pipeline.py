@@ -91,18 +91,36 @@ def test_gpipe_recognised_with_its_bubble(gpipe_balanced):
     ids = {r["id"] for r in gpipe_balanced.recommendations}
     # send/recv waits of a pipeline are its bubble, not stragglers, jitter or exposed comm
     assert not ids & {"straggler-persistent", "straggler-intermittent", "sync-jitter", "exposed-comm"}
-    assert pp["imbalance"]["excess_fraction"] < 0.5  # balanced: far below the heavy job's
+    assert pp["imbalance"]["excess_fraction"] < 0.5  # balanced: host noise only (0.02-0.13 on a loaded box)
     # stages send and receive different numbers of messages by design: not uneven inputs
     assert gpipe_balanced.to_dict()["uneven_inputs"] is None
 
 
-def test_1f1b_heavy_stage_named_with_its_excess(onef1b_heavy):
+def _matmul_excess(trace_dir) -> float:
+    """``max / mean − 1`` of the stages' time in dense matrix products (``aten::addmm``,
+    ``aten::mm``: the Linear layers, forward and backward), from the raw JSON: the imbalance the
+    job was built with, as this run's host executed it."""
+    per_rank = []
+    for r in range(3):
+        doc = json.loads((trace_dir / f"rank-{r}.pt.trace.json").read_text())
+        per_rank.append(
+            sum(e["dur"] for e in doc["traceEvents"] if e.get("ph") == "X" and e["name"] in ("aten::addmm", "aten::mm"))
+        )
+    return max(per_rank) / (sum(per_rank) / len(per_rank)) - 1.0
+
+
+def test_1f1b_heavy_stage_named_with_its_excess(onef1b_dir, onef1b_heavy):
     pp = onef1b_heavy.to_dict()["pipeline"]
     assert pp["schedule"] == "1F1B" and pp["microbatches"] == 6
     assert [s["ranks"] for s in pp["stages"]] == [[0], [1], [2]]
     im = pp["imbalance"]
-    # stage 1 has 3x the layers: (3 / mean(1, 3, 1)) - 1 = 0.8 of pure compute; host work dilutes it
-    assert im["slowest_stage"] == 1 and im["excess_fraction"] > 0.4
+    # stage 1 has 3x the layers: (3 / mean(1, 3, 1)) - 1 = 0.8 of pure compute. What the trace
+    # shows depends on the host: on a loaded 2-core box the ranks' matrix products stretch
+    # unevenly (0.53-1.04 in ten runs), and host work dilutes the excess. So the figure is held
+    # to the trace's own matmul time, read with the standard library (0.74-0.92 of it).
+    truth = _matmul_excess(onef1b_dir)
+    assert truth > 0.2, truth  # the job is imbalanced, by its own trace
+    assert im["slowest_stage"] == 1 and 0.5 * truth < im["excess_fraction"] < 1.25 * truth, (im, truth)
     assert im["est_step_time_balanced_ms"] < pp["step_time_ms"]
     rec = next(r for r in onef1b_heavy.recommendations if r["id"] == "pipeline-imbalance")
     assert rec["evidence"]["slowest_stage"] == 1 and "stage 1" in rec["action"]

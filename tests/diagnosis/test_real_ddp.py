@@ -1,9 +1,13 @@
 """Diagnosis of real 4-rank DDP jobs (torchrun, gloo, CPU) traced through the kscope daemon, with
 an injected straggler (conftest / daemon_runs.py): clean, persistent, intermittent.
 
-Tolerance (docs/diagnosis.md, Validation): for the intermittent run every injected (step, rank)
-must be found except at most one, and at most one event may be reported that was not injected
-(OS noise on the shared 2-core box reaches 20-40 ms in rare steps; the injected sleeps are 150 ms).
+Tolerance (docs/diagnosis.md, Validation): the verdict is checked against what happened, from
+the raw JSON with the standard library (``benchmarks/diag_scenarios/truth.py``), not against what
+was injected alone: on a loaded 2-core box the host itself holds a rank back 100-250 ms now and
+then (as long as the injected 150 ms sleeps; seen in CI: rank 3 late in 4 steps it never slept
+in). In the intermittent run, in the steps where no rank but the sleepers arrived late, every
+injected (step, rank) is found except at most one and at most one other is reported; in the
+steps where the host made another rank late, every rank reported was really late there.
 """
 
 from __future__ import annotations
@@ -160,6 +164,13 @@ def test_persistent_straggler_named(ddp_runs):
     assert "Hierarchical SGD does NOT help" in rec["action"]
 
 
+def _truly_late(trace_dir, bar_us: float) -> set[tuple[int, int]]:
+    """(step, rank) pairs where, by the standard-library truth, the rank arrived at one of the
+    step's collectives at least ``bar_us`` behind the earliest rank: for whatever reason."""
+    lateness = truth.cpu_step_lateness(sorted(trace_dir.glob("rank-*.pt.trace.json")))
+    return {(k, r) for (r, k), v in lateness.items() if v >= bar_us}
+
+
 def test_intermittent_stragglers_named(ddp_runs):
     run = ddp_runs("intermittent")
     injected = run.injected_pairs()
@@ -168,14 +179,20 @@ def test_intermittent_stragglers_named(ddp_runs):
     s = diag.stragglers
     assert s.kind == "intermittent", diag.render_text()
     found = _found(diag)
-    missed, extra = injected - found, found - injected
-    assert len(missed) <= 1 and len(extra) <= 1, (sorted(injected), sorted(found))
-    # the ranks named are the ones that slept (every one, unless its only event was the miss)
-    assert (
-        {r for _s, r in injected - missed}
-        <= set(s.ranks)
-        <= {r for _s, r in injected} | {r for _s, r in extra}
-    )
+    # a fifth of the injected sleep: far above the OS jitter of a quiet step (1-3 ms)
+    late = _truly_late(run.trace_dir, 0.2 * run.scenario["straggler_ms"][0] * 1000)
+    # steps where the host made another rank late (or held the others back as long as the sleep)
+    noisy = {st for st, _r in late ^ injected}
+    evidence = (sorted(injected), sorted(found), sorted(late - injected))
+    quiet_injected = {p for p in injected if p[0] not in noisy}
+    quiet_found = {p for p in found if p[0] not in noisy}
+    missed, extra = quiet_injected - quiet_found, quiet_found - quiet_injected
+    assert len(quiet_injected) >= 3 and len(missed) <= 1 and len(extra) <= 1, evidence
+    assert {p for p in found if p[0] in noisy} <= late, evidence  # never a rank that was on time
+    # the ranks named are the ones that slept (every one, unless its only event was the miss),
+    # or ones the host really held back
+    assert {r for _s, r in quiet_injected - missed} <= set(s.ranks), evidence
+    assert set(s.ranks) <= {r for _s, r in injected | late} | {r for _s, r in extra}, evidence
     rec = next(r for r in diag.recommendations if r["id"] == "straggler-intermittent")
     assert "hierarchical SGD" in rec["action"] and "non-persistent" in rec["action"]
 
