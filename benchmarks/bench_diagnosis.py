@@ -13,7 +13,8 @@ Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
   persistent (one rank), persistent2 (two ranks), intermittent (random ranks at random
   instances), small (3-8 % of a step, persistent), slow_link (a ring slowed by one rank's link,
   plus that rank's own completion tail), compute (the rank's compute between collectives
-  stretched), slow_ring (a ring slowed by one rank's link, no tail: expected none).
+  stretched), slow_ring (a ring slowed by one rank's link, no tail: expected none), node (the
+  upper half of the ranks stall alike: a slow node).
 * ``cpu``: real DDP jobs (torchrun + gloo, 2-8 ranks) under an extra CPU-burning process,
   traced through a private ``kscope daemon`` with no change to the script (``cpu.py``,
   ``train_knobs.py``). Types: clean, persistent (sleep), compute, intermittent, persistent2,
@@ -349,13 +350,16 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   transfer grows by 10-30 % of a step in total, and the rank's own tail of 25-50 % of that
   completes after its peers', so it ends later and arrives late next; §5);
   `compute` (one rank's compute between collectives stretched by 10-40 % of a step);
-  `slow_ring` (the same slow link without a tail, ends together: nobody waits, expected `none`).
+  `slow_ring` (the same slow link without a tail, ends together: nobody waits, expected `none`);
+  `node` (a slow node: the upper half of >= 4 ranks, an 8-rank job's second host, stall alike,
+  10-40 % of a step, so they arrive together and each is last only by the noise).
   Each rank file names its host (4 ranks per host, as a kscope manifest does): ranks of one
   host share its clock, an 8-rank job's two hosts are aligned from the collectives (§3).
   Labels come from what was injected; the arrival-order ground truth of the written files
   (`truth.py`, standard library) checks them ("truth agrees": every labelled rank imposes
   >= 1 % of a step per step, no other rank >= 2 %; for `persistent2`, which share the wait they
-  impose, the pair is the two latest ranks at >= 80 % of the instances).
+  impose, the pair is the two latest ranks at >= 80 % of the instances; for `node`, the
+  node's ranks are the latest set at >= 80 %).
 * **Real CPU DDP jobs** (`benchmarks/diag_scenarios/cpu.py`, `train_knobs.py`): torchrun +
   gloo, 2-8 ranks, 30 ms emulated I/O per batch, one extra CPU-burning process, traced through
   a private `kscope daemon` by job id (16 iterations, aligned start). Types: `clean`,

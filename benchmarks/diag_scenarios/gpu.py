@@ -61,11 +61,24 @@ BASES: dict[str, tuple[Path, tuple[int, ...]]] = {
     "trace_diff": (HTA / "trace_diff" / "control" / "control.json.gz", (4,)),
 }
 
-TYPES = ("clean", "persistent", "persistent2", "intermittent", "small", "slow_link", "compute", "slow_ring")
+TYPES = (
+    "clean",
+    "persistent",
+    "persistent2",
+    "intermittent",
+    "small",
+    "slow_link",
+    "compute",
+    "slow_ring",
+    "node",
+)
 # expected verdict kind of each scenario type
 KIND = {"clean": "none", "intermittent": "intermittent", "slow_ring": "none"} | {
-    t: "persistent" for t in ("persistent", "persistent2", "small", "slow_link", "compute")
+    t: "persistent" for t in ("persistent", "persistent2", "small", "slow_link", "compute", "node")
 }
+# types that need at least 4 ranks: two stragglers among 2 or 3 ranks leave no typical rank to
+# compare them with; a slow node is half the ranks
+WIDE = ("persistent2", "node")
 
 
 @dataclass
@@ -320,6 +333,15 @@ def make_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario
         for r in (r1, r2):
             plan.delay[r] = _per_step_split(base, frac, even, rng)
         ranks, params = sorted([r1, r2]), params | {"ranks": sorted([r1, r2]), "frac_of_step": round(frac, 3)}
+    elif stype == "node":
+        # a slow node: the upper half of the ranks (an 8-rank job's second host of four GPUs)
+        # stall alike before every collective; they arrive together, each last only by the noise
+        group = list(range(world - world // 2, world))
+        frac = rng.uniform(0.10, 0.40)
+        delay = _per_step_split(base, frac, even, rng)
+        for r in group:
+            plan.delay[r] = delay
+        ranks, params = group, params | {"ranks": group, "frac_of_step": round(frac, 3)}
     elif stype == "intermittent":
         k = min(base.n, rng.randint(2, 4))
         insts = sorted(rng.sample(range(base.n), k))
@@ -370,13 +392,12 @@ def scenarios(
     per_type: int, bases: list[str] | None = None, types: list[str] | None = None
 ) -> list[Scenario]:
     """``per_type`` scenarios of every type (or of ``types``), cycling over bases and their world
-    sizes (``persistent2``: world sizes >= 4 only)."""
+    sizes (``WIDE`` types: world sizes >= 4 only)."""
     combos = [(b, w) for b in (bases or available_bases()) for w in BASES[b][1]]
     out = []
     for k in range(per_type):  # types interleaved: a run cut short still covers every type
         for t in types or TYPES:
-            # two stragglers among 2 or 3 ranks leave no typical rank to compare them with
-            mine = [(b, w) for b, w in combos if w >= 4] if t == "persistent2" else combos
+            mine = [(b, w) for b, w in combos if w >= 4] if t in WIDE else combos
             b, w = mine[k % len(mine)]
             out.append(make_scenario(t, b, w, k))
     return out
@@ -390,6 +411,8 @@ def truth_agrees(sc: Scenario, gt: truth.GroundTruth) -> bool:
     base = load_base(sc.base)
     if sc.type == "persistent2":
         return gt.last_pairs.get((min(sc.ranks), max(sc.ranks)), 0) >= 0.8 * gt.n_instances
+    if sc.type == "node":  # the same for a slow node's ranks: the latest set at >= 80 %
+        return gt.latest_set_count(set(sc.ranks)) >= 0.8 * gt.n_instances
     per_step = {r: w / base.n_steps / base.step_us for r, w in gt.imposed_us.items()}
     labelled = set(sc.ranks)
     return all(per_step.get(r, 0.0) >= 0.01 for r in labelled) and all(

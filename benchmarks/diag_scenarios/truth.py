@@ -106,6 +106,11 @@ class GroundTruth:
     end_spread_us: float  # the largest spread of kernel ends across ranks at one instance
     stragglers: list[int] = field(default_factory=list)
     last_pairs: dict[tuple[int, int], int] = field(default_factory=dict)  # the two latest ranks -> instances
+    orders: list[tuple[int, ...]] = field(default_factory=list)  # per instance: ranks in arrival order
+
+    def latest_set_count(self, ranks: set[int]) -> int:
+        """Instances at which ``ranks`` were the ``len(ranks)`` latest arrivals, as a set."""
+        return sum(set(o[-len(ranks) :]) == ranks for o in self.orders)
 
     @property
     def total_us(self) -> float:
@@ -137,8 +142,10 @@ def ground_truth_from_docs(docs: dict[int, dict[str, Any]], cover: float = 0.8) 
     last: dict[int, int] = dict.fromkeys(docs, 0)
     spread = 0.0
     pairs: dict[tuple[int, int], int] = {}
+    orders: list[tuple[int, ...]] = []
     for inst in insts:
         order = sorted(inst.arrival, key=lambda q: (inst.arrival[q], q))
+        orders.append(tuple(order))
         if len(order) >= 2:
             pair = (min(order[-2:]), max(order[-2:]))
             pairs[pair] = pairs.get(pair, 0) + 1
@@ -147,7 +154,7 @@ def ground_truth_from_docs(docs: dict[int, dict[str, Any]], cover: float = 0.8) 
         if w > 0:
             last[r] += 1
         spread = max(spread, max(inst.end.values()) - min(inst.end.values()))
-    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread, last_pairs=pairs)
+    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread, last_pairs=pairs, orders=orders)
     gt.stragglers = fewest_covering(imposed, cover)
     return gt
 

@@ -111,6 +111,15 @@ def p2p_is_pipeline(ri: RuleInput) -> bool:
     return ri.extra.get("pipeline") is not None and set(ri.comm_by_type or {"sendrecv": 1.0}) <= {"sendrecv"}
 
 
+def _together(groups: list[dict[str, Any]]) -> str:
+    """How ranks named as a group (``stragglers.groups``) were late: together, as a set."""
+    return "; ".join(
+        f"arrive late together (ranks {', '.join(map(str, g['ranks']))}: the {len(g['ranks'])} latest "
+        f"at {g['latest_together']}/{g['instances']} collectives, chance {100 * g['chance']:.2g}%)"
+        for g in groups
+    )
+
+
 def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
     """``straggler-persistent``: the same rank(s) make the others wait (seed 000)."""
     s = ri.stragglers
@@ -127,6 +136,8 @@ def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
             + (
                 "has collectives that end late after its peers' (slow link / its collectives' transfer)"
                 if all((s.causes.get(r) or {}).get("explained_by") == "slow_link" for r in s.ranks)
+                else _together(s.groups)
+                if s.groups
                 else "arrives last at the collectives far more often than chance"
             ),
             {
@@ -171,7 +182,13 @@ def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
                 ),
                 "cause": s.cause,
             },
-            f"Inspect {who}: the same rank is late every time, so it is that host, device or link, not "
+            f"Inspect {who}: the same "
+            + (
+                "ranks are late together every time (one slow node or switch?)"
+                if s.groups
+                else "rank is late every time"
+            )
+            + ", so it is that host, device or link, not "
             "random noise. Check its GPU/CPU clocks and throttling (nvidia-smi -q -d PERFORMANCE, "
             "dmesg), other processes on the host, its data pipeline and NIC (slow link: its link "
             "error counters and an nccl-tests run on its pairs); compare its kernel "

@@ -109,6 +109,7 @@ class StragglerReport:
     cause: str | None = None
     causes: dict[int, dict[str, Any]] = field(default_factory=dict)
     next_ranks: list[dict[str, Any]] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)  # ranks named as late together
     total_imposed_us: float = 0.0
     per_rank: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_RANK_SCHEMA))
     per_step: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_STEP_SCHEMA))
@@ -152,6 +153,7 @@ class StragglerReport:
                 "speedup": speedup,
             },
             "next_ranks": list(self.next_ranks),
+            "groups": list(self.groups),
             "imposed_wait": col("imposed_wait(us)"),
             "p_value": col("p_value"),
             "per_instance": {

@@ -70,6 +70,7 @@ together into the verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -448,6 +449,7 @@ def _verdict(
         if c >= 3 and c / max(rep.straggled_steps, 1) >= th.recurrent_concentration
     )
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
+    rep.groups = _groups(named, set(rep.ranks))
     rep.reason = _reason(rep, named, mx.ranks)
     late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late_steps)] for nm in named}
     link_of = {nm.rank: nm.link for nm in named if nm.link is not None}
@@ -458,6 +460,23 @@ def _verdict(
         for r in rep.ranks
     }
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
+
+
+def _groups(named: list[Named], ranks: set[int]) -> list[dict[str, Any]]:
+    """The groups of named ranks late together (``_group``), each once: members, at how many
+    collectives they were the latest ones as a set, the chance of a given set being so, p."""
+    out: dict[tuple[int, ...], dict[str, Any]] = {}
+    for nm in named:
+        g = nm.group
+        if g is not None and nm.rank in ranks and g.members not in out:
+            out[g.members] = {
+                "ranks": list(g.members),
+                "latest_together": g.k,
+                "instances": g.n,
+                "chance": g.p0,
+                "p_value": g.p,
+            }
+    return list(out.values())
 
 
 def _only_jitter(
@@ -533,6 +552,14 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
             )
             continue
         late = f"late in {int(nm.late_steps.sum())}/{rep.steps_analysed} steps"
+        if nm.group is not None:  # one segment for the group: its evidence is theirs together
+            g = nm.group
+            if nm.rank == g.members[0]:
+                parts.append(
+                    f"ranks {', '.join(map(str, g.members))} the {len(g.members)} latest together at "
+                    f"{g.k}/{g.n} collectives (chance {100 * g.p0:.2g}%, p={g.p:.2g}), {late}"
+                )
+            continue
         last = (
             f"rank {nm.rank} last at {nm.k}/{rep.instances} collectives (chance {100 * nm.rnd.p0:.0f}%, "
             f"p={nm.p:.2g}), "

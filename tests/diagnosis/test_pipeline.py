@@ -104,7 +104,11 @@ def _matmul_excess(trace_dir) -> float:
     for r in range(3):
         doc = json.loads((trace_dir / f"rank-{r}.pt.trace.json").read_text())
         per_rank.append(
-            sum(e["dur"] for e in doc["traceEvents"] if e.get("ph") == "X" and e["name"] in ("aten::addmm", "aten::mm"))
+            sum(
+                e["dur"]
+                for e in doc["traceEvents"]
+                if e.get("ph") == "X" and e["name"] in ("aten::addmm", "aten::mm")
+            )
         )
     return max(per_rank) / (sum(per_rank) / len(per_rank)) - 1.0
 

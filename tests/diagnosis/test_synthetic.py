@@ -169,6 +169,66 @@ def test_two_of_three_ranks_late_together_is_a_persistent_pair(flavour):
     assert shares[1] == pytest.approx(0.5, abs=0.2) and shares[2] == pytest.approx(0.5, abs=0.2)
 
 
+@pytest.mark.parametrize("flavour", ["gloo", "nccl"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_half_the_ranks_late_together_on_one_host_are_named_as_a_group(flavour, seed):
+    # a two-node job whose second node is slow: ranks 4-7 (host b) arrive 30 ms late together in
+    # every 80 ms step, within 0.3 ms of each other. None of them is last more often than its
+    # peers and each alone imposes only that jitter: the single and pair routes named nothing
+    # ('none' in every seed), though the job waits 30 ms a step for them.
+    world, steps = 8, 16
+    late = [[30.0 if r >= 4 else 0.0] * steps for r in range(world)]
+    hosts = ["a"] * 4 + ["b"] * 4
+    job = make_job(
+        world,
+        steps,
+        period_ms=80.0,
+        late_ms=late,
+        hosts=hosts,
+        jitter_ns=_jitter(world, steps, sd_ns=300_000, seed=seed),
+        flavour=flavour,
+    )
+    d = diagnose(job)
+    s = d.stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == [4, 5, 6, 7], s.reason
+    assert s.lost_fraction == pytest.approx(30.0 / 80.0, abs=0.05)
+    (group,) = s.groups
+    assert group["ranks"] == [4, 5, 6, 7] and group["latest_together"] >= 0.9 * group["instances"]
+    assert group["chance"] == pytest.approx(1 / 70) and group["p_value"] < 1e-6
+    shares = {row["rank"]: row["lost_share"] for row in s.per_rank.iter_rows(named=True)}
+    assert all(shares[r] == pytest.approx(0.25, abs=0.05) for r in (4, 5, 6, 7))  # theirs together
+    assert all(s.hosts[r] == "b" for r in s.ranks)
+    assert "ranks 4, 5, 6, 7 the 4 latest together" in s.reason
+    rec = next(r for r in d.recommendations if r["id"] == "straggler-persistent")
+    assert "arrive late together" in rec["action"] or "arrive late together" in rec["title"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_of_three_late_in_lockstep_are_named(seed):
+    # the lockstep twin of the two-of-three test above: both sleep exactly 30 ms, so they swap
+    # the last place at random and neither is last more often than chance ('none' before)
+    world, steps = 3, 16
+    late = [[0.0] * steps, [30.0] * steps, [30.0] * steps]
+    job = make_job(
+        world, steps, period_ms=80.0, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=300_000, seed=seed)
+    )
+    s = diagnose(job).stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == [1, 2], s.reason
+    assert s.lost_fraction == pytest.approx(30.0 / 80.0, abs=0.05)
+    assert [g["ranks"] for g in s.groups] == [[1, 2]]
+
+
+@pytest.mark.parametrize("world", [4, 6, 8])
+def test_one_early_rank_does_not_make_the_others_a_group(world):
+    # the others 30 ms "late" together is one rank 30 ms early: most of the ranks are never a
+    # group (its complement, a few early ranks, is no straggler)
+    steps = 16
+    late = [[0.0 if r == 1 else 30.0] * steps for r in range(world)]
+    job = make_job(world, steps, period_ms=80.0, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=300_000))
+    s = diagnose(job).stragglers
+    assert s.kind == "none" and s.groups == [], s.reason
+
+
 def test_small_persistent_lateness_is_still_persistent():
     # 8 ms (8 % of a step) in every step: far below the intermittent threshold, but steady
     world, steps = 4, 12
