@@ -125,7 +125,7 @@ def name_ranks(
         picks = (
             _single(mx, rnd, fixed, th, total_T, thr_p, thr_i, floor, quiet)
             or _pair(mx, rnd, fixed, th, total_T, floor, quiet)
-            or _group(mx, rnd, fixed, th, total_T, thr_p, floor, quiet)
+            or _group(mx, rnd, fixed, th, thr_p, floor, quiet)
         )
         if not picks:
             break
@@ -335,7 +335,6 @@ def _group(
     rnd: Round,
     fixed: set[int],
     th: StragglerThresholds,
-    total_T: float,
     thr_p: np.ndarray,
     floor: float,
     quiet: np.ndarray,
