@@ -52,6 +52,13 @@ class Named:
     alone_late: np.ndarray | None = None  # bool [step]: late with the other named ranks fixed
     alone_imposed: np.ndarray | None = None  # float [step] (ns): its imposed wait with them fixed
     group: GroupEvidence | None = None  # named with other ranks that arrive late together
+    fixed_at: frozenset[int] = frozenset()  # the ranks already named (fixed) when it was named
+    free: int = 0  # ranks that could be late in its place, once the verdict's ranks are final
+
+    @property
+    def free_ranks(self) -> int:
+        """``free`` when set (``recount_free``), else its naming round's."""
+        return self.free or self.rnd.free
 
     @property
     def late_steps(self) -> np.ndarray:
@@ -129,6 +136,8 @@ def name_ranks(
         )
         if not picks:
             break
+        for nm in picks:
+            nm.fixed_at = frozenset(fixed)
         named += picks
         fixed |= {nm.rank for nm in picks}
         for nm in picks:  # a stall perturbs everybody's arrivals: no frequency evidence from its steps
@@ -195,6 +204,16 @@ def _group_alone(mx: Matrix, nm: Named, others: set[int], floor: float) -> None:
     nm.alone_late = joint >= floor
 
 
+def recount_free(mx: Matrix, named: list[Named]) -> None:
+    """Each named rank's ``free``: the ranks not fixed when it was named, counting as fixed only
+    those still named. A rank fixed in its round and dropped afterwards (one stall too small to
+    keep) was free after all: left counted, it raised a pair's chance of being late in a step
+    from 2/4 to 2/3, and 13 late steps of 16 (a real 5-rank job) read as chance."""
+    final = {nm.rank for nm in named}
+    for nm in named:
+        nm.free = max(len(mx.ranks) - len(nm.fixed_at & final), 1)
+
+
 def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool) -> bool:
     """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
     and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
@@ -226,7 +245,7 @@ def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
         return k, n, binom_sf(k, n, nm.group.p0) if n else 1.0
     if by_steps:
         late = nm.late_steps
-        k, n, p0 = int(late.sum()), len(late), size / nm.rnd.free
+        k, n, p0 = int(late.sum()), len(late), size / nm.free_ranks
     else:
         js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
         k, n, p0 = int(nm.rnd.last[:, js].any(axis=1).sum()), nm.rnd.last.shape[0], size * nm.rnd.p0

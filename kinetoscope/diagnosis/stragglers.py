@@ -102,6 +102,7 @@ from kinetoscope.diagnosis.straggler_naming import (
     name_ranks,
     noise_thresholds,
     pattern_of,
+    recount_free,
     spike_share,
 )
 from kinetoscope.diagnosis.straggler_tables import lost_shares, next_ranks, per_rank_table, per_step_table
@@ -177,6 +178,7 @@ def analyze_stragglers(
     rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
     rep.est_step_time_us = float((T_ns - excess).mean()) / 1000.0
     late_alone(mx, named, thr_p, th, late_floor(mx, th, total_T, sigma))
+    recount_free(mx, named)
     persistent, intermittent, skew_spikes = _roles(mx, named, th, len(steps) >= th.min_steps_confident)
     final = attribution_round(mx, fixed, th.tie_us * 1000.0)
     rep.per_step = per_step_table(mx, r0, T_ns, excess, thr_i, thr_p, su.bd, per_step_late)

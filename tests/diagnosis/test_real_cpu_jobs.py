@@ -44,6 +44,20 @@ def test_the_second_of_two_late_ranks_is_persistent_with_the_first_fixed() -> No
     assert late[1] == late[2] == s.steps_analysed == 16
 
 
+def test_a_pair_late_in_most_steps_is_persistent_beside_a_dropped_stall() -> None:
+    # ranks 1 and 3 of 5 sleep 24-36 ms each step; the host stalled rank 4 twice (up to 102 ms)
+    # and rank 2 once. Rank 2 was fixed when the pair was named and dropped afterwards (its one
+    # stall too small): counted as fixed it left 3 free ranks, a chance of 2/3 per step, and 13
+    # late steps of 16 read as chance ('intermittent [4, 1, 3]')
+    files = _files("pair_beside_a_dropped_stall")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == [1, 3], s.reason
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert set(truth.host_made(gt, step, n_steps, [1, 3])) == set(s.intermittent_ranks) == {4}
+    late = {row["rank"]: row["late_steps"] for row in s.per_rank.iter_rows(named=True)}
+    assert late[1] == late[3] == 13
+
+
 def test_most_ranks_a_little_after_one_early_rank_is_none() -> None:
     # a clean 5-rank job on an overloaded box: four ranks were named, each against the one
     # least descheduled process, by less than the noise threshold in every step
