@@ -24,7 +24,7 @@ import functools
 import gzip
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,12 @@ class GroundTruth:
     n_instances: int
     end_spread_us: float  # the largest spread of kernel ends across ranks at one instance
     stragglers: list[int] = field(default_factory=list)
-    last_pairs: dict[tuple[int, int], int] = field(default_factory=dict)  # the two latest ranks -> instances
     orders: list[tuple[int, ...]] = field(default_factory=list)  # per instance: ranks in arrival order
+
+    @property
+    def last_pairs(self) -> dict[tuple[int, int], int]:
+        """The two latest ranks (sorted) -> at how many instances they were."""
+        return dict(Counter((min(o[-2:]), max(o[-2:])) for o in self.orders if len(o) >= 2))
 
     def latest_set_count(self, ranks: set[int]) -> int:
         """Instances at which ``ranks`` were the ``len(ranks)`` latest arrivals, as a set."""
@@ -141,20 +145,15 @@ def ground_truth_from_docs(docs: dict[int, dict[str, Any]], cover: float = 0.8) 
     imposed: dict[int, float] = dict.fromkeys(docs, 0.0)
     last: dict[int, int] = dict.fromkeys(docs, 0)
     spread = 0.0
-    pairs: dict[tuple[int, int], int] = {}
     orders: list[tuple[int, ...]] = []
     for inst in insts:
-        order = sorted(inst.arrival, key=lambda q: (inst.arrival[q], q))
-        orders.append(tuple(order))
-        if len(order) >= 2:
-            pair = (min(order[-2:]), max(order[-2:]))
-            pairs[pair] = pairs.get(pair, 0) + 1
+        orders.append(tuple(sorted(inst.arrival, key=lambda q: (inst.arrival[q], q))))
         r, w = inst.last_two()
         imposed[r] += w
         if w > 0:
             last[r] += 1
         spread = max(spread, max(inst.end.values()) - min(inst.end.values()))
-    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread, last_pairs=pairs, orders=orders)
+    gt = GroundTruth(sorted(docs), imposed, last, len(insts), spread, orders=orders)
     gt.stragglers = fewest_covering(imposed, cover)
     return gt
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import comb
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -34,6 +35,16 @@ class GroupEvidence:
     n: int
     p0: float
     p: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``stragglers.groups``, docs/diagnosis.md §8)."""
+        return {
+            "ranks": list(self.members),
+            "latest_together": self.k,
+            "instances": self.n,
+            "chance": self.p0,
+            "p_value": self.p,
+        }
 
 
 @dataclass

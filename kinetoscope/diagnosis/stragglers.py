@@ -467,18 +467,8 @@ def _verdict(
 def _groups(named: list[Named], ranks: set[int]) -> list[dict[str, Any]]:
     """The groups of named ranks late together (``_group``), each once: members, at how many
     collectives they were the latest ones as a set, the chance of a given set being so, p."""
-    out: dict[tuple[int, ...], dict[str, Any]] = {}
-    for nm in named:
-        g = nm.group
-        if g is not None and nm.rank in ranks and g.members not in out:
-            out[g.members] = {
-                "ranks": list(g.members),
-                "latest_together": g.k,
-                "instances": g.n,
-                "chance": g.p0,
-                "p_value": g.p,
-            }
-    return list(out.values())
+    groups = {nm.group.members: nm.group for nm in named if nm.group is not None and nm.rank in ranks}
+    return [g.to_dict() for g in groups.values()]
 
 
 def _only_jitter(
