@@ -60,6 +60,15 @@ def short_cause(cause: dict[str, Any] | None) -> str:
     return "not explained by profiled work (suspect its host or link)"
 
 
+def _behind(steady: dict[str, Any] | None) -> str:
+    """The verdict line's "behind the others in K/N steps" for a rank judged persistent for its
+    steady lateness (``stragglers.steady``): last in only some steps, behind its peers in nearly
+    all, which its "late in" count alone would not show."""
+    if not steady or not steady.get("steadily_late"):
+        return ""
+    return f", behind the others in {steady['behind_steps']}/{steady['steps']} steps"
+
+
 def single_process_lines(bd: pl.DataFrame, recommendations: list[dict[str, Any]]) -> list[str]:
     """The headline of a one-process job: where its step time goes, what bounds it, and the top
     recommendation with its evidence. Shares are of the summed step time (GPU: device busy
@@ -233,7 +242,8 @@ class Diagnosis(Mapping[str, Any]):
             segs.append(
                 f"rank {r}{host}: {share}, last at "
                 f"{row.get('last_count')}/{row.get('instances')} collectives, late in "
-                f"{row.get('late_steps')}/{row.get('steps')} steps, {short_cause(s.causes.get(r))}"
+                f"{row.get('late_steps')}/{row.get('steps')} steps{_behind(s.steady.get(r))}, "
+                f"{short_cause(s.causes.get(r))}"
             )
         pattern = f" ({s.pattern})" if s.pattern and s.pattern != "steady" else ""
         return f"{head}{pattern}: " + "; ".join(segs) + "."

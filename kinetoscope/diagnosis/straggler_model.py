@@ -31,6 +31,7 @@ class StragglerThresholds:
     recurrent_concentration: float = 0.6
     min_steps_confident: int = 4
     alpha: float = 0.02
+    steady_alpha: float = 0.005
     min_rank_effect: float = 0.01
     min_share: float = 0.2
     tie_us: float = 0.5
@@ -110,6 +111,7 @@ class StragglerReport:
     causes: dict[int, dict[str, Any]] = field(default_factory=dict)
     next_ranks: list[dict[str, Any]] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)  # ranks named as late together
+    steady: dict[int, dict[str, Any]] = field(default_factory=dict)  # steady lateness of named ranks
     total_imposed_us: float = 0.0
     per_rank: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_RANK_SCHEMA))
     per_step: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_STEP_SCHEMA))
@@ -154,6 +156,7 @@ class StragglerReport:
             },
             "next_ranks": list(self.next_ranks),
             "groups": list(self.groups),
+            "steady": {str(r): v for r, v in self.steady.items()},
             "imposed_wait": col("imposed_wait(us)"),
             "p_value": col("p_value"),
             "per_instance": {

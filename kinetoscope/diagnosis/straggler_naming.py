@@ -21,6 +21,7 @@ from kinetoscope.diagnosis.attribution import (
     saving_fixed,
 )
 from kinetoscope.diagnosis.slow_link import SlowLink
+from kinetoscope.diagnosis.steady import SteadySkew, steady_skew
 from kinetoscope.diagnosis.straggler_model import StragglerThresholds
 
 
@@ -65,6 +66,7 @@ class Named:
     group: GroupEvidence | None = None  # named with other ranks that arrive late together
     fixed_at: frozenset[int] = frozenset()  # the ranks already named (fixed) when it was named
     free: int = 0  # ranks that could be late in its place, once the verdict's ranks are final
+    steady: SteadySkew | None = None  # a rank named for how often it is last: its steady lateness
 
     @property
     def free_ranks(self) -> int:
@@ -225,15 +227,48 @@ def recount_free(mx: Matrix, named: list[Named]) -> None:
         nm.free = max(len(mx.ranks) - len(nm.fixed_at & final), 1)
 
 
+def attach_steady(mx: Matrix, named: list[Named], mean_step_ns: float) -> None:
+    """Set the steady-lateness evidence (``steady.py``) of each rank named alone for how often
+    it is last, with the other named ranks fixed."""
+    ranks = {nm.rank for nm in named}
+    for nm in named:
+        if nm.freq and nm.partner is None and nm.group is None and not nm.by_link:
+            nm.steady = steady_skew(mx, nm.rank, ranks - {nm.rank}, mean_step_ns)
+
+
+def steadily_late(nm: Named, th: StragglerThresholds) -> bool:
+    """Behind the others' mean arrival (``steady.step_skews``) in far more steps than chance
+    (binomial against 1/2, ``p < alpha``), by at least ``min_rank_effect`` of a step at the
+    median step, and by a consistent margin: the t-test p-value under ``steady_alpha``; both
+    over the ranks that could have been late in its place (Bonferroni). Both tests: a rank
+    delayed a lot in most steps but not all (2 ranks, 8 of 12 steps) has a mean skew far above
+    zero yet is behind in no more steps than chance gives; one the host delays now and then is
+    behind in many steps by a little and in a few by a lot. ``steady_alpha`` is stricter than
+    ``alpha``: the rank tested was picked for being last often, which on a noisy host goes
+    with a positive mean skew."""
+    s = nm.steady
+    return (
+        s is not None
+        and s.steps >= th.min_steps_confident
+        and binom_sf(s.behind, s.steps, 0.5) < th.alpha / nm.free_ranks
+        and s.median_share >= th.min_rank_effect
+        and s.p < th.steady_alpha / nm.free_ranks
+    )
+
+
 def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool) -> bool:
     """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
     and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
-    instance): with two ranks, 6 late steps of 10 are what chance gives one of them."""
+    instance): with two ranks, 6 late steps of 10 are what chance gives one of them. Or, for a
+    rank named for how often it is last, steadily late (``steadily_late``): a small steady delay
+    on a noisy host is last in only some steps, yet behind its peers in nearly all."""
     if nm.link is not None and nm.by_link:
         # named for its late ends: persistent when they recur (in most steps; short traces: min_events)
         if by_steps:
             return bool(nm.late.mean() >= th.persistent_share)
         return nm.link.late >= th.min_events
+    if by_steps and steadily_late(nm, th):
+        return True
     k, n, p = late_units(nm, mx, by_steps)
     if n == 0 or k / n < th.persistent_share or p >= th.alpha:
         return False
