@@ -29,8 +29,9 @@ arrival-order ground truth is recomputed from the written files with the standar
 (``truth.py``) as a sanity check of the label ("truth agrees"). For CPU jobs the same truth
 (arrival = a rank's ``c10d::<collective>_`` op) checks that the loaded host made no straggler of
 its own (no rank outside the label imposing >= 5 % of a step per step) and that the labelled
-ranks did cost what was injected (together >= 5 % of a step per step, when the label leaves a
-rank out: under load the host's jitter can absorb a small delay); the CPU results are also given
+ranks did cost what was injected (together >= 5 % of a step per step: under load the host's
+jitter can absorb a small delay; a label of every rank, the waits they impose on each other);
+the CPU results are also given
 without the jobs whose label it contradicts.
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
@@ -106,7 +107,8 @@ def check_cpu_truth(o: Outcome, paths: list[Path]) -> None:
     outside the label imposes ``truth.NAMING_FLOOR`` (5 %) of a step or more per step (a straggler
     the loaded host made), listed in ``o.params["host_made"]`` (rank -> imposed share of a step per
     step), or when the labelled ranks together impose less than that (``label_share``: the host's
-    jitter absorbed the injected delay; judged when the label leaves a rank out)."""
+    jitter absorbed the injected delay; when the label is every rank, the waits they impose on
+    each other: two ranks of two sleeping alike make nobody wait)."""
     files = [f for p in paths for f in (sorted(p.glob("rank-*.json")) if p.is_dir() else [p])]
     gt, step, n_steps = truth.cpu_ground_truth(files)
     if not gt.n_instances or step <= 0:
@@ -114,8 +116,12 @@ def check_cpu_truth(o: Outcome, paths: list[Path]) -> None:
     made = truth.host_made(gt, step, n_steps, o.expected_ranks)
     o.params = o.params | {"host_made": made}
     weak = False
-    if o.expected_ranks and len(set(o.expected_ranks)) < len(gt.ranks):
-        share = truth.cpu_joint_share(files, set(o.expected_ranks))
+    labelled = set(o.expected_ranks)
+    if labelled:
+        if labelled < set(gt.ranks):
+            share = truth.cpu_joint_share(files, labelled)
+        else:  # every rank labelled: none is left to wait for them, only each other
+            share = sum(gt.imposed_us.get(r, 0.0) for r in labelled) / n_steps / step
         o.params["label_share"] = round(share, 3)
         weak = share < truth.NAMING_FLOOR
     o.truth_ok = not made and not weak
@@ -371,8 +377,9 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   sleep in a DDP comm hook before each bucket's all-reduce). Labels from the job's own step
   logs; the arrival-order truth (`truth.py`) checks them both ways: no rank outside the label
   imposing >= 5 % of a step per step (host-made), and the labelled ranks together imposing
-  >= 5 % when the label leaves a rank out (a small delay on a loaded host can cost 1-4 %: the
-  others' jitter absorbs it).
+  >= 5 % (a small delay on a loaded host can cost 1-4 %: the others' jitter absorbs it; a label
+  of every rank, the waits they impose on each other: two ranks of two that sleep alike make
+  nobody wait).
 
 Scores: rank precision and recall micro-averaged over a type's scenarios (named ranks that were
 injected / all named; injected ranks that were named / all injected; a clean job's named

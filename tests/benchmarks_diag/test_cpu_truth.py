@@ -74,10 +74,23 @@ def test_a_label_whose_ranks_cost_under_the_floor_is_weak(tmp_path: Path, late_u
     check_cpu_truth(o, files)
     assert o.params["label_share"] == pytest.approx(share) and o.params["host_made"] == {}
     assert o.truth_ok is ok
-    # a label that holds every rank leaves nobody to wait for them: not judged
-    everyone = Outcome("job", "cpu", "persistent2", "persistent", [0, 1, 2], "none", [])
+    # a label that holds every rank leaves nobody outside it to wait: the waits its ranks impose
+    # on each other count (here rank 2's on the other two)
+    everyone = Outcome("job", "cpu", "intermittent", "intermittent", [0, 1, 2], "none", [])
     check_cpu_truth(everyone, files)
-    assert "label_share" not in everyone.params and everyone.truth_ok is True
+    assert everyone.params["label_share"] == pytest.approx(share) and everyone.truth_ok is ok
+
+
+def test_every_rank_delayed_alike_makes_nobody_wait(tmp_path: Path) -> None:
+    # both ranks of two sleep 6 ms before each collective (12 % of a step): nobody waits for
+    # anybody, so a label of both as stragglers is one the truth contradicts
+    from benchmarks.bench_diagnosis import check_cpu_truth
+    from benchmarks.diag_scenarios.score import Outcome
+
+    files = [_rank_file(tmp_path, r, [6_000.0] * 4) for r in range(2)]
+    both = Outcome("job", "cpu", "persistent2", "persistent", [0, 1], "none", [])
+    check_cpu_truth(both, files)
+    assert both.params["label_share"] == 0.0 and both.truth_ok is False
 
 
 def test_steady_skew_counts_the_steps_a_rank_arrives_after_the_others(tmp_path: Path) -> None:

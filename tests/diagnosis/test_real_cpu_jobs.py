@@ -1,4 +1,4 @@
-"""Verdicts on two real CPU DDP jobs (tests/data/cpu_jobs, README there) against the arrival-order
+"""Verdicts on real CPU DDP jobs (tests/data/cpu_jobs, README there) against the arrival-order
 truth computed by the standard library (benchmarks/diag_scenarios/truth.py), not by the product."""
 
 from __future__ import annotations
@@ -67,3 +67,31 @@ def test_most_ranks_a_little_after_one_early_rank_is_none() -> None:
     assert "those few are early" in s.reason
     gt, step, n_steps = truth.cpu_ground_truth(files)
     assert truth.host_made(gt, step, n_steps, []) == {}  # the truth: no rank imposes 5 % of a step
+
+
+def test_a_small_steady_delay_is_persistent_though_last_in_half_the_steps() -> None:
+    # rank 0 of 4 sleeps 7.4 % of its step before backward() every step, beside a CPU burner: the
+    # others' jitter is as large, so it is the last one in only 8 of 16 steps and was called
+    # arrival jitter ('none'); it is behind its peers in 15 of them
+    files = _files("small_steady_w4")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and s.ranks == [0], s.reason
+    behind, steps, _ = truth.steady_skew(files)[0]  # the truth's own count (against the median)
+    assert steps == s.steps_analysed == 16 and behind >= 13
+    assert s.steady[0]["steadily_late"] and s.steady[0]["behind_steps"] >= 13
+    share = truth.cpu_joint_share(files, {0})  # what the truth says the rank costs
+    assert share >= truth.NAMING_FLOOR
+    assert 0.015 <= (s.lost_fraction or 0.0) <= share + 0.005
+
+
+def test_a_rank_the_host_delays_a_little_in_most_steps_is_not_named() -> None:
+    # a clean 5-rank job: the host kept rank 3 a little behind its peers in 14 of 16 steps
+    # (against their median), by bursts rather than by a steady margin, and it imposes under 5 %
+    # of a step: last more often than chance, but arrival jitter
+    files = _files("clean_w5_steady_host")
+    s = diagnose(files).stragglers
+    assert s.kind == "none" and s.ranks == [], s.reason
+    assert "arrival jitter" in s.reason and "[3]" in s.reason
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert truth.host_made(gt, step, n_steps, []) == {}
+    assert truth.steady_skew(files)[3][0] >= 13
