@@ -62,7 +62,7 @@ class Named:
     link: SlowLink | None = None  # its late collective ends (slow link evidence)
     by_link: bool = False  # named for its late ends alone (not for its arrivals)
     alone_late: np.ndarray | None = None  # bool [step]: late with the other named ranks fixed
-    alone_imposed: np.ndarray | None = None  # float [step] (ns): its imposed wait with them fixed
+    alone_imposed: np.ndarray | None = None  # float [step] (ns): its cost per step with them fixed
     group: GroupEvidence | None = None  # named with other ranks that arrive late together
     fixed_at: frozenset[int] = frozenset()  # the ranks already named (fixed) when it was named
     free: int = 0  # ranks that could be late in its place, once the verdict's ranks are final
@@ -194,13 +194,20 @@ def late_alone(
             _group_alone(mx, nm, {x.rank for x in arrival if x.rank not in nm.group.members}, floor)
             continue
         keep = {nm.rank, nm.partner}
-        rnd = attribution_round(mx, {x.rank for x in arrival if x.rank not in keep}, th.tie_us * 1000.0)
+        others = {x.rank for x in arrival if x.rank not in keep}
+        rnd = attribution_round(mx, others, th.tie_us * 1000.0)
         worst = rnd.step_imposed.max(axis=1)
         js = [mx.ranks.index(r) for r in keep if r is not None]
         imp = rnd.step_imposed[:, js]
         bar = np.full(len(mx.steps), floor) if nm.freq else thr_p
         nm.alone_late = ((imp >= bar[:, None]) & (imp >= th.rel_to_worst * worst[:, None])).any(axis=1)
-        nm.alone_imposed = imp.sum(axis=1)  # a pair: the two alternate, their waits add up per step
+        # a pair's cost per step is what fixing both saves: when they take turns being last their
+        # waits add up, when they are late together each imposes only its margin over the other
+        nm.alone_imposed = (
+            imp.sum(axis=1)
+            if nm.partner is None
+            else saving_fixed(mx, others, others | {nm.rank, nm.partner})
+        )
     for nm in arrival:  # a pair is judged jointly: either member late
         if nm.partner is not None and nm.alone_late is not None:
             mate = next((x for x in arrival if x.rank == nm.partner), None)
