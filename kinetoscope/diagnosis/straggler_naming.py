@@ -236,7 +236,7 @@ def recount_free(mx: Matrix, named: list[Named]) -> None:
 
 def attach_steady(mx: Matrix, named: list[Named], mean_step_ns: float) -> None:
     """Set the steady-lateness evidence (``steady.py``) of each rank named alone for how often
-    it is last, with the other named ranks fixed."""
+    it is last, measured against the ranks not named."""
     ranks = {nm.rank for nm in named}
     for nm in named:
         if nm.freq and nm.partner is None and nm.group is None and not nm.by_link:
