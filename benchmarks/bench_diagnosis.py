@@ -121,7 +121,8 @@ def check_cpu_truth(o: Outcome, paths: list[Path]) -> None:
         if labelled < set(gt.ranks):
             share = truth.cpu_joint_share(files, labelled)
         else:  # every rank labelled: none is left to wait for them, only each other
-            share = sum(gt.imposed_us.get(r, 0.0) for r in labelled) / n_steps / step
+            shares = truth.imposed_shares(gt, step, n_steps)
+            share = sum(shares.get(r, 0.0) for r in labelled)
         o.params["label_share"] = round(share, 3)
         weak = share < truth.NAMING_FLOOR
     o.truth_ok = not made and not weak

@@ -308,13 +308,18 @@ def cpu_step_lateness(paths: list[str | Path]) -> dict[tuple[int, int], float]:
     return dict(late)
 
 
+def imposed_shares(gt: GroundTruth, step: float, n_steps: int) -> dict[int, float]:
+    """Rank -> the wait it imposed, as a share of a step per step (empty without steps)."""
+    if step <= 0 or n_steps <= 0:
+        return {}
+    return {r: w / n_steps / step for r, w in gt.imposed_us.items()}
+
+
 def host_made(
     gt: GroundTruth, step: float, n_steps: int, labelled: list[int], floor: float = NAMING_FLOOR
 ) -> dict[int, float]:
     """Ranks outside the label imposing at least ``floor`` of a step per step: rank -> share."""
-    if step <= 0 or n_steps <= 0:
-        return {}
-    share = {r: w / n_steps / step for r, w in gt.imposed_us.items()}
+    share = imposed_shares(gt, step, n_steps)
     return {r: round(v, 3) for r, v in share.items() if r not in labelled and v >= floor}
 
 

@@ -25,13 +25,15 @@ from kinetoscope.diagnosis.attribution import Matrix
 class SteadySkew:
     """Rank ``rank``'s per-step skews (``step_skews``): positive (behind the others) in
     ``behind`` of ``steps`` steps, their median ``median_share`` of a mean step, and ``p`` the
-    one-sided t-test p-value that their mean is zero (the rank no later than its peers)."""
+    one-sided t-test p-value that their mean is zero (the rank no later than its peers);
+    ``late``: the verdict's steady-lateness test passed (``straggler_naming.steadily_late``)."""
 
     rank: int
     behind: int
     steps: int
     median_share: float
     p: float
+    late: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``stragglers.steady``, docs/diagnosis.md §8)."""
@@ -40,6 +42,7 @@ class SteadySkew:
             "steps": self.steps,
             "median_skew_share": self.median_share,
             "p_value": self.p,
+            "steadily_late": self.late,
         }
 
 

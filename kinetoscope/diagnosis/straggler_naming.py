@@ -4,7 +4,7 @@ over sets of ranks (frequency, magnitude and pair routes) and the persistence te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import comb
 from typing import Any
 
@@ -234,16 +234,17 @@ def recount_free(mx: Matrix, named: list[Named]) -> None:
         nm.free = max(len(mx.ranks) - len(nm.fixed_at & final), 1)
 
 
-def attach_steady(mx: Matrix, named: list[Named], mean_step_ns: float) -> None:
+def attach_steady(mx: Matrix, named: list[Named], mean_step_ns: float, th: StragglerThresholds) -> None:
     """Set the steady-lateness evidence (``steady.py``) of each rank named alone for how often
     it is last, measured against the ranks not named."""
     ranks = {nm.rank for nm in named}
     for nm in named:
         if nm.freq and nm.partner is None and nm.group is None and not nm.by_link:
-            nm.steady = steady_skew(mx, nm.rank, ranks - {nm.rank}, mean_step_ns)
+            ev = steady_skew(mx, nm.rank, ranks - {nm.rank}, mean_step_ns)
+            nm.steady = replace(ev, late=steadily_late(ev, nm.free_ranks, th))
 
 
-def steadily_late(nm: Named, th: StragglerThresholds) -> bool:
+def steadily_late(s: SteadySkew, free: int, th: StragglerThresholds) -> bool:
     """Behind the others' mean arrival (``steady.step_skews``) in far more steps than chance
     (binomial against 1/2, ``p < alpha``), by at least ``min_rank_effect`` of a step at the
     median step, and by a consistent margin: the t-test p-value under ``steady_alpha``; both
@@ -252,14 +253,12 @@ def steadily_late(nm: Named, th: StragglerThresholds) -> bool:
     zero yet is behind in no more steps than chance gives; one the host delays now and then is
     behind in many steps by a little and in a few by a lot. ``steady_alpha`` is stricter than
     ``alpha``: the rank tested was picked for being last often, which on a noisy host goes
-    with a positive mean skew."""
-    s = nm.steady
+    with a positive mean skew. ``free``: the named rank's ``free_ranks``."""
     return (
-        s is not None
-        and s.steps >= th.min_steps_confident
-        and binom_sf(s.behind, s.steps, 0.5) < th.alpha / nm.free_ranks
+        s.steps >= th.min_steps_confident
+        and binom_sf(s.behind, s.steps, 0.5) < th.alpha / free
         and s.median_share >= th.min_rank_effect
-        and s.p < th.steady_alpha / nm.free_ranks
+        and s.p < th.steady_alpha / free
     )
 
 
@@ -274,7 +273,7 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
         if by_steps:
             return bool(nm.late.mean() >= th.persistent_share)
         return nm.link.late >= th.min_events
-    if by_steps and steadily_late(nm, th):
+    if by_steps and nm.steady is not None and nm.steady.late:
         return True
     k, n, p = late_units(nm, mx, by_steps)
     if n == 0 or k / n < th.persistent_share or p >= th.alpha:

@@ -105,7 +105,6 @@ from kinetoscope.diagnosis.straggler_naming import (
     pattern_of,
     recount_free,
     spike_share,
-    steadily_late,
 )
 from kinetoscope.diagnosis.straggler_tables import lost_shares, next_ranks, per_rank_table, per_step_table
 
@@ -181,7 +180,7 @@ def analyze_stragglers(
     rep.est_step_time_us = float((T_ns - excess).mean()) / 1000.0
     late_alone(mx, named, thr_p, th, late_floor(mx, th, total_T, sigma))
     recount_free(mx, named)
-    attach_steady(mx, named, float(T_ns.mean()))
+    attach_steady(mx, named, float(T_ns.mean()), th)
     persistent, intermittent, skew_spikes = _roles(mx, named, th, len(steps) >= th.min_steps_confident)
     final = attribution_round(mx, fixed, th.tie_us * 1000.0)
     rep.per_step = per_step_table(mx, r0, T_ns, excess, thr_i, thr_p, su.bd, per_step_late)
@@ -456,9 +455,7 @@ def _verdict(
     rep.hosts = {r: hosts.get(r) for r in rep.ranks}
     rep.groups = _groups(named, set(rep.ranks))
     rep.steady = {
-        nm.rank: nm.steady.to_dict() | {"steadily_late": steadily_late(nm, th)}
-        for nm in named
-        if nm.steady is not None and nm.rank in rep.ranks
+        nm.rank: nm.steady.to_dict() for nm in named if nm.steady is not None and nm.rank in rep.ranks
     }
     rep.reason = _reason(rep, named, mx.ranks)
     late_of = {nm.rank: [mx.steps[k] for k in np.flatnonzero(nm.late_steps)] for nm in named}
@@ -573,7 +570,7 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
             )
             continue
         steady = ""
-        if nm.steady is not None and steadily_late(nm, rep.thresholds):
+        if nm.steady is not None and nm.steady.late:
             s = nm.steady
             steady = (
                 f", behind the others' mean arrival in {s.behind}/{s.steps} steps by {100 * s.median_share:.1f}% of "
