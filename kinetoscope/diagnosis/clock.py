@@ -472,6 +472,29 @@ def _measure(p: Pairing | None) -> dict[str, float | int | None]:
     return {"measured": m, "lo": lo, "hi": hi, "matched": int(d.size), "d": d}
 
 
+_BIAS_NOTE_NS = 100_000  # a reference end bias worth a note (100 us: the verdicts' absolute floor)
+
+
+def _reference_end_bias(
+    ranks: list[int], reference: int, hosts: dict[int, str | None], est: dict[int, dict[str, Any]]
+) -> float:
+    """How much later (ns) the reference rank's collectives end than those of the other ranks
+    on its host: the median of their measured offsets, which share its clock and so measure only
+    the difference of their ends (0 with fewer than two such ranks: one cannot tell which of two
+    ends late). Other hosts are measured against the reference's ends; a reference with a slow
+    link (its ends 10 ms late) shifted every other host by as much, so its late ends vanished
+    and its host's other ranks looked early (``docs/diagnosis.md`` §3)."""
+    host = hosts.get(reference)
+    if host is None:
+        return 0.0
+    mates = [
+        float(est[r]["measured"])
+        for r in ranks
+        if r != reference and hosts.get(r) == host and est[r]["measured"] is not None
+    ]
+    return float(np.median(mates)) if len(mates) >= 2 else 0.0
+
+
 def align_clocks(
     colls: dict[int, pl.DataFrame],
     hosts: dict[int, str | None] | None = None,
@@ -516,6 +539,12 @@ def align_clocks(
     res.match_method = "seq" if methods == {"seq"} else ("end_time" if methods else "none")
 
     ref_host = hosts.get(reference)
+    bias = _reference_end_bias(ranks, reference, hosts, est) if same_host_shares_clock else 0.0
+    if abs(bias) >= _BIAS_NOTE_NS:
+        res.notes.append(
+            f"reference rank {reference}'s collectives end {bias / 1000.0:.0f} us after those of the other "
+            f"ranks on its host: the other hosts are aligned on its host's median end"
+        )
     by_host: dict[str, list[float]] = {}
     for r in ranks:
         h, m = hosts.get(r), est[r]["measured"]
@@ -530,9 +559,9 @@ def align_clocks(
         elif same_host_shares_clock and h is not None and h == ref_host:
             applied, method = 0.0, "same_host"
         elif same_host_shares_clock and h is not None and len(by_host.get(h, [])) > 1:
-            applied, method = float(np.median(by_host[h])), "host_median"
+            applied, method = float(np.median(by_host[h])) - bias, "host_median"
         elif e["measured"] is not None:
-            applied, method = float(e["measured"]), "collectives"
+            applied, method = float(e["measured"]) - (bias if h is not None else 0.0), "collectives"
         else:
             applied, method = 0.0, "unaligned"
             res.notes.append(

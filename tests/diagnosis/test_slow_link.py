@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from benchmarks.diag_scenarios import gpu, truth
@@ -134,3 +135,22 @@ def test_recommendation_says_late_ends_not_late_arrivals(slow_link_job):
     _sc, paths = slow_link_job
     recs = [r for r in diagnose(paths).recommendations if r["id"] == "straggler-persistent"]
     assert len(recs) == 1 and "end late after its peers' (slow link" in recs[0]["title"]
+
+
+def test_a_slow_link_on_the_reference_rank_does_not_shift_the_other_host(tmp_path: Path) -> None:
+    # rank 0, the clock reference of an 8-rank job on two hosts (no clock offset between them),
+    # has a slow link: its collectives end ~9 ms after its peers'. The other host was measured
+    # against those late ends and shifted by as much, so rank 0's late ends vanished and its
+    # host-mates looked 9 ms early: 'none'. Measured against its host's median end, the other
+    # host stays within the jitter of 0 and rank 0 is the straggler the truth names.
+    sc = gpu.make_scenario("slow_link", "sampled128", 8, 8)
+    paths = [str(p) for p in gpu.build(sc, tmp_path / sc.sid)]
+    gt = truth.ground_truth(paths)
+    assert gpu.truth_agrees(sc, gt) and max(gt.imposed_us, key=lambda r: gt.imposed_us[r]) == 0
+    d = diagnose(paths)
+    assert d.clock.reference == 0
+    offsets = d.clock.table.filter(pl.col("host") == "node1")["offset_us"].to_list()
+    assert len(offsets) == 4 and all(abs(o) < 2000 for o in offsets), offsets
+    assert any("reference rank 0's collectives end" in n for n in d.clock.notes)
+    s = d.stragglers
+    assert s.kind == "persistent" and s.ranks == [0], s.reason
