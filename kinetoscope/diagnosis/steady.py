@@ -13,7 +13,7 @@ mean skew over its standard error, so a few long delays raise the spread with th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,9 @@ class SteadySkew:
     """Rank ``rank``'s per-step skews (``step_skews``): positive (behind the others) in
     ``behind`` of ``steps`` steps, their median ``median_share`` of a mean step, and ``p`` the
     one-sided t-test p-value that their mean is zero (the rank no later than its peers);
-    ``late``: the verdict's steady-lateness test passed (``straggler_naming.steadily_late``)."""
+    ``late``: the verdict's steady-lateness test passed (``straggler_naming.steadily_late``);
+    ``skews``: the per-step skews themselves (ns), which the spike test of a steadily late rank
+    reads (``straggler_naming.spike_share``)."""
 
     rank: int
     behind: int
@@ -34,6 +36,7 @@ class SteadySkew:
     median_share: float
     p: float
     late: bool = False
+    skews: np.ndarray = field(default_factory=lambda: np.zeros(0), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``stragglers.steady``, docs/diagnosis.md §8)."""
@@ -71,7 +74,7 @@ def steady_skew(mx: Matrix, rank: int, fixed: set[int], mean_step_ns: float) -> 
     """``rank``'s steady-lateness evidence (module docstring)."""
     x = step_skews(mx, rank, fixed)
     share = float(np.median(x)) / mean_step_ns if x.size and mean_step_ns > 0 else 0.0
-    return SteadySkew(rank, int((x > 0).sum()), int(x.size), share, mean_t_sf(x))
+    return SteadySkew(rank, int((x > 0).sum()), int(x.size), share, mean_t_sf(x), skews=x)
 
 
 def mean_t_sf(x: np.ndarray) -> float:

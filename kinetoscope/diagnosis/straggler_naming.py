@@ -67,11 +67,18 @@ class Named:
     fixed_at: frozenset[int] = frozenset()  # the ranks already named (fixed) when it was named
     free: int = 0  # ranks that could be late in its place, once the verdict's ranks are final
     steady: SteadySkew | None = None  # a rank named for how often it is last: its steady lateness
+    every_step: bool = False  # late beyond the persistent threshold in every step (>= 2 steps)
+    pair: GroupEvidence | None = None  # named by ``_pair``: how often the two were the two latest
 
     @property
     def free_ranks(self) -> int:
         """``free`` when set (``recount_free``), else its naming round's."""
         return self.free or self.rnd.free
+
+    @property
+    def together(self) -> GroupEvidence | None:
+        """The evidence of the ranks it was named with, as a group or a pair (else None)."""
+        return self.group if self.group is not None else self.pair
 
     @property
     def late_steps(self) -> np.ndarray:
@@ -289,12 +296,18 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
 def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
     """The units a named rank is late in, of how many, and the chance of that many or more: its
     late steps against 1/N per step (``by_steps``), else the instances where it is in the last
-    group against the round's ``p0``. A pair is judged jointly: either of the two last."""
+    group against the round's ``p0``. A pair is judged jointly: either of the two last; at the
+    instances of two or more steps, the two latest together (``Named.pair``), as a group is:
+    either of two ranks is last at half the instances by chance with four ranks, so 9 of 10
+    (p = 0.03) read as chance for a node's two ranks late together in both steps of a short
+    trace. Not in one step: two ranks late together there are one observation, which one burst
+    on one node also makes (the real 8-rank DLRM step's two pairs, beside its straggler)."""
     size = 1 if nm.partner is None else 2
-    if nm.group is not None:  # the chance of a given set being the latest ones
+    g = nm.group if nm.group is not None else (nm.pair if not by_steps and len(mx.steps) >= 2 else None)
+    if g is not None:  # the chance of a given set being the latest ones
         late = nm.late_steps
-        k, n = (int(late.sum()), len(late)) if by_steps else (nm.group.k, nm.group.n)
-        return k, n, binom_sf(k, n, nm.group.p0) if n else 1.0
+        k, n = (int(late.sum()), len(late)) if by_steps else (g.k, g.n)
+        return k, n, binom_sf(k, n, g.p0) if n else 1.0
     if by_steps:
         late = nm.late_steps
         k, n, p0 = int(late.sum()), len(late), size / nm.free_ranks
@@ -338,14 +351,15 @@ def _single(
         )
         ev = int(events.sum())
         big = int(((rnd.step_imposed[:, j] >= thr_p) & top).sum())
-        if freq or ev >= 1:
+        every_step = big == len(mx.steps) >= 2  # a short trace's steady straggler: no stall, few instances
+        if freq or ev >= 1 or every_step:
             steady_big = big >= th.persistent_share * len(mx.steps) and len(mx.steps) >= 2
             if freq:
                 late = events | (top & (rnd.step_imposed[:, j] >= floor) & own_quiet)
             else:  # by magnitude: late beyond the persistent threshold when that is its pattern
                 late = top & (rnd.step_imposed[:, j] >= thr_p) if steady_big else events
             k, p = frequency(rnd, int(j), np.ones(len(mx.step_idx), dtype=bool))
-            return [Named(r, freq, ev, big, late, rnd, p, k)]
+            return [Named(r, freq, ev, big, late, rnd, p, k, every_step=every_step)]
     return []
 
 
@@ -375,7 +389,7 @@ def _pair(
     cands = [c for c in sorted(counts, reverse=True)[:top_k] if c[0] > 0]
     tries = max(len(cands) * (len(cands) - 1) // 2, 1)
     p0 = 2.0 / (rnd.free * (rnd.free - 1))
-    best: tuple[float, int, int] | None = None
+    best: tuple[float, int, int, int] | None = None
     for x in range(len(cands)):
         for y in range(x + 1, len(cands)):
             ja, jb = sorted((cands[x][1], cands[y][1]))
@@ -385,9 +399,10 @@ def _pair(
             pair = fixed | {mx.ranks[ja], mx.ranks[jb]}
             saved = np.where(quiet, saving_fixed(mx, fixed, pair, from_median=True), 0.0)
             if best is None or saved.sum() > best[0]:
-                best = (float(saved.sum()), ja, jb)
+                best = (float(saved.sum()), ja, jb, k)
     if best is None or best[0] < 2 * th.min_rank_effect * total_T:
         return []
+    ev = GroupEvidence((mx.ranks[best[1]], mx.ranks[best[2]]), best[3], n, p0, binom_sf(best[3], n, p0))
     # late in a step: what the two save together there, from where the instance would then
     # complete (two of three ranks late: the punctual one waits for both; ``saving_fixed``)
     joint = np.where(quiet, saving_fixed(mx, fixed, fixed | {mx.ranks[best[1]], mx.ranks[best[2]]}), 0.0)
@@ -396,7 +411,18 @@ def _pair(
         k, p = frequency(rnd, j, np.ones(len(mx.step_idx), dtype=bool))
         in_step = np.bincount(mx.step_idx[rnd.last[:, j]], minlength=len(mx.steps)) > 0
         out.append(
-            Named(mx.ranks[j], True, 0, 0, (joint >= floor) & in_step, rnd, p, k, partner=mx.ranks[other])
+            Named(
+                mx.ranks[j],
+                True,
+                0,
+                0,
+                (joint >= floor) & in_step,
+                rnd,
+                p,
+                k,
+                partner=mx.ranks[other],
+                pair=ev,
+            )
         )
     return out
 
@@ -468,14 +494,25 @@ def _steady_effect(rnd: Round, j: int, quiet: np.ndarray) -> float:
 
 
 def spike_share(nm: Named, mx: Matrix, th: StragglerThresholds) -> float:
-    """Share of a rank's imposed wait that falls in its spike steps (steps imposing more than
-    ``spike_factor`` times its median step); 0 with fewer than ``min_steps_confident`` steps."""
+    """Share of a rank's lateness that falls in its spike steps (steps more than
+    ``spike_factor`` times its median step); 0 with fewer than ``min_steps_confident`` steps.
+    The lateness is the wait it imposes per step, or, for a rank found steadily late
+    (``steadily_late``), its per-step skew behind the others: such a rank is last only when the
+    host's jitter lets it be, so the wait it imposes comes in a few steps however steady its
+    delay, and only its skew tells a steady delay from one made of spikes."""
+    if nm.steady is not None and nm.steady.late:
+        return _spike_share(np.clip(nm.steady.skews, 0.0, None), th)
     # with the other named ranks fixed: in its own naming round a straggler that alternates
     # with another as the last one imposes only where it beat it, which reads as spikes
     per_step = (
         nm.rnd.step_imposed[:, mx.ranks.index(nm.rank)] if nm.alone_imposed is None else nm.alone_imposed
     )
-    med = float(np.median(per_step))
+    return _spike_share(per_step, th)
+
+
+def _spike_share(per_step: np.ndarray, th: StragglerThresholds) -> float:
+    """``spike_share`` of one per-step lateness series."""
+    med = float(np.median(per_step)) if per_step.size else 0.0
     if len(per_step) < th.min_steps_confident or med <= 0 or per_step.sum() <= 0:
         return 0.0
     return float(per_step[per_step > th.spike_factor * med].sum() / per_step.sum())

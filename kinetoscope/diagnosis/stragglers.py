@@ -69,7 +69,7 @@ together into the verdict.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ from kinetoscope.diagnosis.attribution import (
     union_by_group,
 )
 from kinetoscope.diagnosis.slow_link import SlowLink, end_skew, find_slow_links, link_cause
+from kinetoscope.diagnosis.steady import steady_skew
 from kinetoscope.diagnosis.straggler_causes import rank_cause
 from kinetoscope.diagnosis.straggler_model import (
     PER_RANK_SCHEMA,
@@ -105,6 +106,7 @@ from kinetoscope.diagnosis.straggler_naming import (
     pattern_of,
     recount_free,
     spike_share,
+    steadily_late,
 )
 from kinetoscope.diagnosis.straggler_tables import lost_shares, next_ranks, per_rank_table, per_step_table
 
@@ -170,6 +172,42 @@ def analyze_stragglers(
         nm.rank: nm.late for nm in named
     }  # before dropping isolated events: still shown per step
     named = _drop_minor_stalls(mx, _drop_isolated(named, steps, th, rep), th)
+    j = _judge(rep, su, named, th, (sigma, thr_p, thr_i), hosts, per_step_late)
+    behind = _steady_among_many(mx, j, float(T_ns.mean()), th)
+    if behind:  # most ranks named for arriving after a few early ones, some steadily behind all
+        j = _judge(rep, su, behind, th, (sigma, thr_p, thr_i), hosts, per_step_late)
+    if _verdict_none(rep, mx, r0, j.named, j.persistent, th, j.stalled, j.early):
+        return rep
+    _verdict(rep, su, j.named, j.persistent, j.intermittent, j.skew_spikes, hosts, th)
+    return rep
+
+
+@dataclass
+class _Judged:
+    """A named set judged (``_judge``): its ranks by role, whether they stalled a step by
+    ``rel_step_candidate`` or more, and the few early ranks (``_early_few``)."""
+
+    named: list[Named]
+    persistent: list[Named]
+    intermittent: list[Named]
+    skew_spikes: list[Named]
+    stalled: bool
+    early: list[int]
+
+
+def _judge(
+    rep: StragglerReport,
+    su: _Setup,
+    named: list[Named],
+    th: StragglerThresholds,
+    noise: tuple[float, np.ndarray, np.ndarray],
+    hosts: dict[int, str | None],
+    per_step_late: dict[int, np.ndarray],
+) -> _Judged:
+    """What fixing the named ranks saves, their roles, and the report's tables for them
+    (``noise``: sigma and the persistent and event thresholds of ``noise_thresholds``)."""
+    mx, steps, T_ns, total_T, r0 = su.mx, su.steps, su.T_ns, su.total_T, su.r0
+    sigma, thr_p, thr_i = noise
     links = _add_links(mx, th, total_T, named, r0)
     fixed = {nm.rank for nm in named}
     excess = _excess(mx, fixed, links, T_ns)
@@ -197,14 +235,34 @@ def analyze_stragglers(
         T_ns=T_ns,
         lost_share=lost_shares(mx, [nm.rank for nm in named]),
     )
-    if named:
-        rep.next_ranks = next_ranks(mx, final, fixed, T_ns)
+    rep.next_ranks = next_ranks(mx, final, fixed, T_ns) if named else []
     stalled = bool((excess >= th.rel_step_candidate * T_ns).any())  # a clear stall, whatever sigma says
     early = _early_few(mx, fixed, excess, thr_p)
-    if _verdict_none(rep, mx, r0, named, persistent, th, stalled, early):
-        return rep
-    _verdict(rep, su, named, persistent, intermittent, skew_spikes, hosts, th)
-    return rep
+    return _Judged(named, persistent, intermittent, skew_spikes, stalled, early)
+
+
+def _steady_among_many(mx: Matrix, j: _Judged, mean_step_ns: float, th: StragglerThresholds) -> list[Named]:
+    """When most ranks were named for arriving after a few early ones (``j.early``), those of
+    them steadily behind *every* other rank (``steadily_late`` against the whole job, not the
+    few early ones), if they are fewer than half of the ranks; else []. On a loaded host the
+    least descheduled ranks arrive first and every other rank is a little after them, which is
+    no straggler (``_early_few``); a rank with a small steady delay among those many is one,
+    and its steadiness against all its peers tells it from them. Returned afresh, without what
+    judging them beside the other named ranks set (``late_alone``, ``recount_free``,
+    ``attach_steady``)."""
+    if not j.early:
+        return []
+    behind = [nm for nm in j.named if _behind_all(mx, nm, mean_step_ns, th)]
+    if not 0 < 2 * len(behind) < len(mx.ranks):
+        return []
+    return [replace(nm, alone_late=None, alone_imposed=None, free=0, steady=None) for nm in behind]
+
+
+def _behind_all(mx: Matrix, nm: Named, mean_step_ns: float, th: StragglerThresholds) -> bool:
+    """``nm`` named alone for how often it is last, and steadily late against all other ranks."""
+    if not nm.freq or nm.partner is not None or nm.group is not None or nm.by_link:
+        return False
+    return steadily_late(steady_skew(mx, nm.rank, set(), mean_step_ns), len(mx.ranks), th)
 
 
 def _setup(
@@ -270,15 +328,16 @@ def _drop_isolated(
     named: list[Named], steps: list[int], th: StragglerThresholds, rep: StragglerReport
 ) -> list[Named]:
     """Leave out ranks named by magnitude alone when their stalls are fewer than ``min_events``
-    job-wide: one stall of one rank is not a pattern (said in the reason)."""
+    job-wide: one stall of one rank is not a pattern (said in the reason). A rank late beyond
+    the persistent threshold in every step (``Named.every_step``) is a pattern."""
     events_total = sum(nm.events for nm in named if not nm.freq)
     if events_total >= th.min_events:
         return named
-    isolated = [nm for nm in named if not nm.freq]
+    isolated = [nm for nm in named if not nm.freq and not nm.every_step]
     if isolated:
         s = steps[int(np.flatnonzero(isolated[0].late)[0])] if isolated[0].late.any() else steps[0]
         rep.reason = f"one isolated late arrival (rank {isolated[0].rank}, step {s}) is not a pattern"
-    return [nm for nm in named if nm.freq]
+    return [nm for nm in named if nm not in isolated]
 
 
 def _drop_minor_stalls(mx: Matrix, named: list[Named], th: StragglerThresholds) -> list[Named]:
@@ -549,8 +608,8 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
             )
             continue
         late = f"late in {int(nm.late_steps.sum())}/{rep.steps_analysed} steps"
-        if nm.group is not None:  # one segment for the group: its evidence is theirs together
-            g = nm.group
+        g = nm.together
+        if g is not None:  # one segment for a group or a pair: their evidence is theirs together
             if nm.rank == g.members[0]:
                 parts.append(
                     f"ranks {', '.join(map(str, g.members))} the {len(g.members)} latest together at "
@@ -562,11 +621,17 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
             f"p={nm.p:.2g}), "
         )
         if not nm.freq:  # named for its stalls: they are its evidence
-            stall = float(nm.rnd.step_imposed[:, ranks.index(nm.rank)].max()) / 1e6
+            per_step = nm.rnd.step_imposed[:, ranks.index(nm.rank)] / 1e6
             # the last rank not named has no peer to share the chance of being last with
             head = f"rank {nm.rank} " if nm.rnd.free <= 1 else last
+            if nm.events == 0:  # named for being late beyond the persistent threshold in every step
+                parts.append(
+                    f"{head}late by {per_step.min():.1f}-{per_step.max():.1f} ms in every step, beyond "
+                    f"the noise's persistent threshold, {late}"
+                )
+                continue
             parts.append(
-                f"{head}stalled beyond the noise in {nm.events} step(s) (up to {stall:.1f} ms), {late}"
+                f"{head}stalled beyond the noise in {nm.events} step(s) (up to {per_step.max():.1f} ms), {late}"
             )
             continue
         steady = ""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.diag_scenarios import truth
-from kinetoscope.diagnosis import diagnose
+from kinetoscope.diagnosis import StragglerThresholds, diagnose
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs"
 
@@ -95,3 +95,41 @@ def test_a_rank_the_host_delays_a_little_in_most_steps_is_not_named() -> None:
     gt, step, n_steps = truth.cpu_ground_truth(files)
     assert truth.host_made(gt, step, n_steps, []) == {}
     assert truth.steady_skew(files)[3][0] >= 13
+
+
+def _truth_steadiest(files: list[Path]) -> tuple[int, int, int]:
+    """The truth's rank behind its peers in the most steps, in how many, and the most steps
+    any other rank is behind in."""
+    skew = truth.steady_skew(files)
+    ranked = sorted(skew, key=lambda r: -skew[r][0])
+    return ranked[0], skew[ranked[0]][0], skew[ranked[1]][0]
+
+
+def test_a_steady_delay_whose_wait_comes_in_a_few_steps_is_persistent() -> None:
+    # rank 1 of 8 sleeps 7.4 % of its step before backward() every step beside a CPU burner. It
+    # is the last one in only 3 of 16 steps, so the wait it imposes comes in those few: judged
+    # on that wait it was 'steady skew with spikes', and then arrival jitter ('none'). Its skew
+    # behind the others has no spike: it is behind them in 15 of 16 steps by a steady margin
+    files = _files("steady_spiky_w8")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and s.ranks == [1] and s.pattern == "steady", s.reason
+    rank, behind, next_most = _truth_steadiest(files)
+    assert (rank, s.steps_analysed) == (1, 16) and behind >= 14 and next_most <= 10
+    assert s.steady[1]["steadily_late"] and s.steady[1]["behind_steps"] >= 14
+    share = truth.cpu_joint_share(files, {1})  # what the truth says fixing it saves
+    assert StragglerThresholds().min_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
+
+
+def test_a_steady_delay_among_ranks_behind_a_few_early_ones_is_persistent() -> None:
+    # rank 4 of 6 sleeps 7.4 % of its step every step. Ranks 0 and 5, the host's least
+    # descheduled, arrived first, so 4 of the 6 ranks were named for arriving after them and
+    # the verdict said 'those few are early' ('none'). Against every other rank, only rank 4 is
+    # behind in nearly every step
+    files = _files("steady_among_many_w6")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and s.ranks == [4] and s.intermittent_ranks == [], s.reason
+    rank, behind, next_most = _truth_steadiest(files)
+    assert (rank, s.steps_analysed) == (4, 16) and behind >= 14 and next_most <= 10
+    assert s.steady[4]["steadily_late"] and s.steady[4]["behind_steps"] >= 14
+    share = truth.cpu_joint_share(files, {4})
+    assert StragglerThresholds().min_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
