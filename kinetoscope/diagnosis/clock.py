@@ -482,7 +482,7 @@ def _reference_end_bias(
     on its host: the median of their measured offsets, which share its clock and so measure only
     the difference of their ends (0 with fewer than two such ranks: one cannot tell which of two
     ends late). Other hosts are measured against the reference's ends; a reference with a slow
-    link (its ends 10 ms late) shifted every other host by as much, so its late ends vanished
+    link (its ends ~9 ms late) shifted every other host by as much, so its late ends vanished
     and its host's other ranks looked early (``docs/diagnosis.md`` §3)."""
     host = hosts.get(reference)
     if host is None:

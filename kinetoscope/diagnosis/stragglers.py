@@ -44,9 +44,10 @@ naming (greedy what-if over sets)
     ``min_rank_effect`` of the step time and ``min_share`` of the
     round's imposed wait (frequency: host load does not hide a rank that is last every time),
     **or** (b) its imposed wait in some step reaches the event threshold (magnitude: a one-off
-    stall far beyond the arrival noise). The loop stops at the first round whose best candidates
-    all fail. Ranks named for (b) alone need ``min_events`` events job-wide (one stall is no
-    pattern).
+    stall far beyond the arrival noise), **or** (c) it reaches the persistent threshold in every
+    step of two or more (a short trace's steady straggler). The loop stops at the first round
+    whose best candidates all fail. Ranks named for (b) alone need ``min_events`` events
+    job-wide (one stall is no pattern).
 persistent vs intermittent
     a named rank is *persistent* when it is last in at least ``persistent_share`` of the units
     (steps; instances when fewer than ``min_steps_confident`` steps) and last more often than
