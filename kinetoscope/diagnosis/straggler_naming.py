@@ -246,9 +246,15 @@ def attach_steady(mx: Matrix, named: list[Named], mean_step_ns: float, th: Strag
     it is last, measured against the ranks not named."""
     ranks = {nm.rank for nm in named}
     for nm in named:
-        if nm.freq and nm.partner is None and nm.group is None and not nm.by_link:
+        if named_alone_by_frequency(nm):
             ev = steady_skew(mx, nm.rank, ranks - {nm.rank}, mean_step_ns)
             nm.steady = replace(ev, late=steadily_late(ev, nm.free_ranks, th))
+
+
+def named_alone_by_frequency(nm: Named) -> bool:
+    """Named on its own (not in a pair or group, not for late ends) for how often it is last:
+    the ranks the steady-lateness test applies to."""
+    return nm.freq and nm.partner is None and nm.group is None and not nm.by_link
 
 
 def steadily_late(s: SteadySkew, free: int, th: StragglerThresholds) -> bool:
@@ -307,7 +313,9 @@ def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
     trace. Not in one step: two ranks late together there are one observation, which one burst
     on one node also makes (the real 8-rank DLRM step's two pairs, beside its straggler)."""
     size = 1 if nm.partner is None else 2
-    g = nm.group if nm.group is not None else (nm.pair if not by_steps and len(mx.steps) >= 2 else None)
+    g = nm.group
+    if g is None and not by_steps and len(mx.steps) >= 2:
+        g = nm.pair
     if g is not None:  # the chance of a given set being the latest ones
         late = nm.late_steps
         k, n = (int(late.sum()), len(late)) if by_steps else (g.k, g.n)
@@ -406,10 +414,11 @@ def _pair(
                 best = (float(saved.sum()), ja, jb, k)
     if best is None or best[0] < 2 * th.min_rank_effect * total_T:
         return []
-    ev = GroupEvidence((mx.ranks[best[1]], mx.ranks[best[2]]), best[3], n, p0, binom_sf(best[3], n, p0))
+    members = (mx.ranks[best[1]], mx.ranks[best[2]])
+    ev = GroupEvidence(members, best[3], n, p0, binom_sf(best[3], n, p0))
     # late in a step: what the two save together there, from where the instance would then
     # complete (two of three ranks late: the punctual one waits for both; ``saving_fixed``)
-    joint = np.where(quiet, saving_fixed(mx, fixed, fixed | {mx.ranks[best[1]], mx.ranks[best[2]]}), 0.0)
+    joint = np.where(quiet, saving_fixed(mx, fixed, fixed | set(members)), 0.0)
     out = []
     for j, other in ((best[1], best[2]), (best[2], best[1])):
         k, p = frequency(rnd, j, np.ones(len(mx.step_idx), dtype=bool))

@@ -103,6 +103,7 @@ from kinetoscope.diagnosis.straggler_naming import (
     late_floor,
     late_units,
     name_ranks,
+    named_alone_by_frequency,
     noise_thresholds,
     pattern_of,
     recount_free,
@@ -173,6 +174,9 @@ def analyze_stragglers(
         nm.rank: nm.late for nm in named
     }  # before dropping isolated events: still shown per step
     named = _drop_minor_stalls(mx, _drop_isolated(named, steps, th, rep), th)
+    rep.skew_fraction = float(r0.waiting.sum()) / total_T if total_T > 0 else None
+    rep.transfer_fraction, rep.transfer_spread = _transfer(su.bd, total_T)
+    rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
     j = _judge(rep, su, named, th, (sigma, thr_p, thr_i), hosts, per_step_late)
     behind = _steady_among_many(mx, j, float(T_ns.mean()), th)
     if behind:  # most ranks named for arriving after a few early ones, some steadily behind all
@@ -212,10 +216,7 @@ def _judge(
     links = _add_links(mx, th, total_T, named, r0)
     fixed = {nm.rank for nm in named}
     excess = _excess(mx, fixed, links, T_ns)
-    rep.skew_fraction = float(r0.waiting.sum()) / total_T if total_T > 0 else None
-    rep.transfer_fraction, rep.transfer_spread = _transfer(su.bd, total_T)
     rep.lost_fraction = float(excess.sum()) / total_T if total_T > 0 else None
-    rep.mean_step_time_us = float(T_ns.mean()) / 1000.0
     rep.est_step_time_us = float((T_ns - excess).mean()) / 1000.0
     late_alone(mx, named, thr_p, th, late_floor(mx, th, total_T, sigma))
     recount_free(mx, named)
@@ -261,9 +262,9 @@ def _steady_among_many(mx: Matrix, j: _Judged, mean_step_ns: float, th: Straggle
 
 def _behind_all(mx: Matrix, nm: Named, mean_step_ns: float, th: StragglerThresholds) -> bool:
     """``nm`` named alone for how often it is last, and steadily late against all other ranks."""
-    if not nm.freq or nm.partner is not None or nm.group is not None or nm.by_link:
-        return False
-    return steadily_late(steady_skew(mx, nm.rank, set(), mean_step_ns), len(mx.ranks), th)
+    return named_alone_by_frequency(nm) and steadily_late(
+        steady_skew(mx, nm.rank, set(), mean_step_ns), len(mx.ranks), th
+    )
 
 
 def _setup(
