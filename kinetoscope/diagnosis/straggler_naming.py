@@ -260,22 +260,22 @@ def named_alone_by_frequency(nm: Named) -> bool:
 def steadily_late(s: SteadySkew, free: int, th: StragglerThresholds) -> bool:
     """Behind the others' mean arrival (``steady.step_skews``) by at least ``min_rank_effect``
     of a step at the median step, and in far more steps than chance: either so many that the
-    sign test (binomial against 1/2) passes ``steady_alpha`` (15 of 16 steps), or past
-    ``alpha`` with a consistent margin, the t-test p-value under ``steady_alpha``; both over the
-    ranks that could have been late in its place (Bonferroni). A rank delayed a lot in most
-    steps but not all (2 ranks, 8 of 12 steps) has a mean skew far above zero yet is behind in
-    no more steps than chance gives; one the host delays now and then is behind in many steps
-    by a little and in a few by a lot, which the t-test's spread tells. A rank behind in all or
-    all but one of 16 steps is steady whatever its spikes add to the spread (bursts do not make
-    a rank late in nearly every step): a `small` rank behind in 16 of 16 steps by 9 % of a step
-    failed the t-test (p = 0.007) for its spikes alone. ``steady_alpha`` is stricter than
-    ``alpha``: the rank tested was picked for being last often, which on a noisy host goes
-    with a positive mean skew. ``free``: the named rank's ``free_ranks``."""
+    sign test (binomial against 1/2) alone passes ``steady_alpha`` (15 of 16 steps), or both
+    the sign test and the t-test of a consistent margin pass ``alpha``; each over the ranks
+    that could have been late in its place (Bonferroni). Needing both tests at ``alpha`` is a
+    false alarm no more often than either alone. A rank delayed a lot in most steps but not
+    all (2 ranks, 8 of 12 steps) has a mean skew far above zero yet is behind in no more steps
+    than chance gives; one the host delays now and then is behind in many steps by a little
+    and in a few by a lot, which the t-test's spread tells. A rank behind in all or all but one
+    of 16 steps is steady whatever its spikes add to the spread: bursts do not make a rank late
+    in nearly every step. One test alone needs the stricter ``steady_alpha``: the rank tested
+    was picked for being last often, which on a noisy host goes with a positive mean skew.
+    ``free``: the named rank's ``free_ranks`` (docs/diagnosis.md §5, "Steady lateness")."""
     sign_p = binom_sf(s.behind, s.steps, 0.5)
     return (
         s.steps >= th.min_steps_confident
         and s.median_share >= th.min_rank_effect
-        and (sign_p < th.steady_alpha / free or (sign_p < th.alpha / free and s.p < th.steady_alpha / free))
+        and (sign_p < th.steady_alpha / free or (sign_p < th.alpha / free and s.p < th.alpha / free))
     )
 
 

@@ -150,3 +150,21 @@ def test_a_rank_behind_in_every_step_is_steady_whatever_its_spikes() -> None:
     assert rank == 1 and behind >= 15 and next_most <= 9
     share = truth.cpu_joint_share(files, {1})
     assert StragglerThresholds().min_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
+
+
+def test_a_rank_behind_in_14_of_16_steps_by_a_consistent_margin_is_steady() -> None:
+    # rank 0 of 6 sleeps 7.4 % of its step every step: behind the other ranks' mean in 14 of 16
+    # steps (sign test p = 0.002), by a margin the t-test finds consistent (p = 0.0009). Neither
+    # passed steady_alpha / 6 (0.0008) alone, and it was arrival jitter ('none'); both pass
+    # alpha / 6 (0.003), a false alarm no more often than either test alone at that level
+    files = _files("steady_14_of_16_w6")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and s.ranks == [0] and s.intermittent_ranks == [], s.reason
+    th, ev = StragglerThresholds(), s.steady[0]
+    assert ev["steadily_late"] and (ev["behind_steps"], ev["steps"]) == (14, 16)
+    assert th.steady_alpha / 6 < ev["p_value"] < th.alpha / 6
+    rank, behind, next_most = _truth_steadiest(files)
+    assert rank == 0 and behind >= 14 and next_most <= 9
+    share = truth.cpu_joint_share(files, {0})
+    assert share >= truth.NAMING_FLOOR
+    assert th.min_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
