@@ -98,6 +98,7 @@ from kinetoscope.diagnosis.straggler_model import (
 from kinetoscope.diagnosis.straggler_naming import (
     Named,
     attach_steady,
+    frequency,
     is_persistent,
     late_alone,
     late_floor,
@@ -462,14 +463,30 @@ def _verdict_none(
             f"{100 * lost:.1f}% of step time (< {100 * th.min_lost_fraction:g}%)"
         )
     elif not rep.reason:
-        top = int(np.argmax(r0.imposed.sum(axis=0)))
-        k = int(r0.last[:, top].sum())
-        rep.reason = (
-            f"no rank is last far more often than chance or late beyond the noise (most often last: "
-            f"rank {mx.ranks[top]} at {k}/{rep.instances} collectives, chance {100 * r0.p0:.0f}%)"
-        )
+        rep.reason = _nobody_reason(mx, r0, rep, th)
     rep.reason += _ring_note(rep, th)
     return True
+
+
+def _nobody_reason(mx: Matrix, r0: Round, rep: StragglerReport, th: StragglerThresholds) -> str:
+    """Why no rank is named, about the rank imposing the most wait: last no more often than
+    chance, or last far more often (at 64 ranks, a rank last at 4 of 8 collectives) but costing
+    too little to be named: the reason must not deny the frequency that the table shows."""
+    imposed = r0.imposed.sum(axis=0)
+    top = int(np.argmax(imposed))
+    k, p = frequency(r0, top, np.ones(len(mx.step_idx), dtype=bool))
+    last = f"at {k}/{rep.instances} collectives, chance {100 * r0.p0:.0f}%"
+    total_ns = (rep.mean_step_time_us or 0.0) * 1000.0 * len(mx.steps)
+    if p < th.alpha / r0.free and total_ns > 0:
+        share = float(r0.step_imposed[:, top].sum()) / total_ns  # as per_rank's imposed_wait(us)
+        return (
+            f"rank {mx.ranks[top]} is last far more often than chance ({last}, p={p:.2g}), but the wait it "
+            f"imposes, {100 * share:.1f}% of step time, is too little to name it"
+        )
+    return (
+        f"no rank is last far more often than chance or late beyond the noise (most often last: "
+        f"rank {mx.ranks[top]} {last})"
+    )
 
 
 def _ring_note(rep: StragglerReport, th: StragglerThresholds) -> str:

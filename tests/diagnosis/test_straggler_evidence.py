@@ -151,3 +151,17 @@ def test_a_rank_stalling_once_in_each_of_two_steps_stays_intermittent(tmp_path):
     sc, paths = _build(tmp_path, "intermittent", "sampled128", 8, 13)
     s = diagnose(paths).stragglers
     assert s.kind == "intermittent" and sorted(s.intermittent_ranks) == sc.ranks == [4, 5], s.reason
+
+
+def test_the_first_of_two_late_ranks_of_a_short_trace_at_64_ranks_is_persistent(tmp_path):
+    """Ranks 33 and 41 of 64 are both a third of a step late at every collective of a 2-step
+    trace, and take turns as the last one. Rank 33, named first, was the last one at 4 of 9
+    collectives in its round, under half, so it was 'intermittent' beside 'persistent [41]'
+    though it costs more. With rank 41 fixed it is the last one at 8 of 9: judged, as its late
+    steps are, on both rounds, it is persistent."""
+    sc, paths = _build(tmp_path, "persistent2", "sampled128", 64, 0)
+    gt = truth.ground_truth(paths)
+    assert gt.latest_set_count({33, 41}) >= 8  # the truth: the two latest at 8 or 9 of 9
+    s = diagnose(paths).stragglers
+    assert s.steps_analysed == 2 and s.kind == "persistent", s.reason
+    assert sorted(s.ranks) == sc.ranks == [33, 41] and s.intermittent_ranks == []

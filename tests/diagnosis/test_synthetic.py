@@ -85,6 +85,22 @@ def test_clean_job_says_none():
     assert not [r for r in d.recommendations if r["id"].startswith("straggler")]
 
 
+def test_a_rank_last_every_time_by_too_little_is_none_and_the_reason_says_so():
+    # rank 5 of 8 is 0.3 ms late at every collective of 100 ms steps: last at all 32 (chance
+    # 1/8), imposing 0.3 % of step time, under the 1 % a named rank must impose. The reason
+    # said "no rank is last far more often than chance" beside a table showing 32/32
+    world, steps = 8, 16
+    late = [[0.3 if r == 5 else 0.0] * steps for r in range(world)]
+    s = diagnose(
+        make_job(world, steps, late_ms=late, jitter_ns=_jitter(world, steps, sd_ns=20_000, seed=3))
+    ).stragglers
+    assert s.kind == "none" and s.ranks == []
+    assert s.reason.startswith("rank 5 is last far more often than chance (at 32/32 collectives, chance 12%")
+    imposed = float(s.per_rank.filter(pl.col("rank") == 5)["imposed_wait(us)"][0])
+    share = imposed / (s.mean_step_time_us * steps)  # what the table shows, as a share of step time
+    assert 0.002 < share < 0.01 and f"the wait it imposes, {100 * share:.1f}% of step time" in s.reason
+
+
 def test_single_isolated_late_arrival_is_not_a_pattern():
     world, steps = 4, 20
     late = [[0.0] * steps for _ in range(world)]
