@@ -1,7 +1,7 @@
 """Labelled accuracy benchmark of the straggler verdict (issue 9's validation).
 
     .venv/bin/python benchmarks/bench_diagnosis.py [--quick] [--gpu-per-type N] [--cpu-jobs N]
-        [--bases dlrm8 nccl_parser ...] [--workdir DIR] [--keep] [--json OUT]
+        [--bases dlrm8 nccl_parser ...] [--worlds 16 32 64] [--workdir DIR] [--keep] [--json OUT]
         [--update-docs LABEL] [--examples K]
     .venv/bin/python benchmarks/bench_diagnosis.py --rediagnose SAVED.json --workdir DIR [--json OUT]
 
@@ -416,6 +416,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--types", nargs="*", default=None, choices=gpu.TYPES, help="GPU scenario types (default all)"
     )
+    p.add_argument(
+        "--worlds",
+        nargs="*",
+        type=int,
+        default=None,
+        help="GPU world sizes for every base instead of each base's own 2-8 (e.g. 16 32 64: scale)",
+    )
     p.add_argument("--workdir", default=None, help="where scenario traces are written (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the scenario traces")
     p.add_argument("--json", default=None, help="write the full results (every scenario) here")
@@ -482,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_out = [o for o in outcomes if o.generator == "cpu"]
     else:
         gpu_out = (
-            run_all(gpu.scenarios(per_type, bases, a.types), run_gpu, workdir, a.keep, part)
+            run_all(gpu.scenarios(per_type, bases, a.types, a.worlds), run_gpu, workdir, a.keep, part)
             if per_type
             else []
         )

@@ -335,8 +335,13 @@ def make_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario
         ranks, params = sorted([r1, r2]), params | {"ranks": sorted([r1, r2]), "frac_of_step": round(frac, 3)}
     elif stype == "node":
         # a slow node: the upper half of the ranks (an 8-rank job's second host of four GPUs)
-        # stall alike before every collective; they arrive together, each last only by the noise
-        group = list(range(world - world // 2, world))
+        # stall alike before every collective; they arrive together, each last only by the noise.
+        # Beyond 8 ranks, one host drawn at random (half of a 64-rank job is eight hosts)
+        if world > 2 * GPUS_PER_HOST:
+            h = rng.randrange(world // GPUS_PER_HOST)
+            group = list(range(h * GPUS_PER_HOST, (h + 1) * GPUS_PER_HOST))
+        else:
+            group = list(range(world - world // 2, world))
         frac = rng.uniform(0.10, 0.40)
         delay = _per_step_split(base, frac, even, rng)
         for r in group:
@@ -389,11 +394,15 @@ def available_bases() -> list[str]:
 
 
 def scenarios(
-    per_type: int, bases: list[str] | None = None, types: list[str] | None = None
+    per_type: int,
+    bases: list[str] | None = None,
+    types: list[str] | None = None,
+    worlds: list[int] | None = None,
 ) -> list[Scenario]:
     """``per_type`` scenarios of every type (or of ``types``), cycling over bases and their world
-    sizes (``WIDE`` types: world sizes >= 4 only)."""
-    combos = [(b, w) for b in (bases or available_bases()) for w in BASES[b][1]]
+    sizes, or ``worlds`` for every base (scale: 16-64 ranks of one real rank's timeline);
+    ``WIDE`` types: world sizes >= 4 only."""
+    combos = [(b, w) for b in (bases or available_bases()) for w in (worlds or BASES[b][1])]
     out = []
     for k in range(per_type):  # types interleaved: a run cut short still covers every type
         for t in types or TYPES:

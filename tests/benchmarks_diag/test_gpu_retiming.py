@@ -112,3 +112,17 @@ def test_two_stragglers_are_the_two_latest(tmp_path):
     pair = (min(sc.ranks), max(sc.ranks))
     assert gt.last_pairs[pair] >= 0.8 * gt.n_instances and gpu.truth_agrees(sc, gt)
     assert set(gt.stragglers) <= set(sc.ranks)
+
+
+def test_a_slow_node_beyond_eight_ranks_is_one_host():
+    # up to 8 ranks the upper half (an 8-rank job's second host); beyond, one host of four GPUs
+    assert gpu.make_scenario("node", BASE, 8, 0).ranks == [4, 5, 6, 7]
+    for seed in range(4):
+        ranks = gpu.make_scenario("node", BASE, 64, seed).ranks
+        assert len(ranks) == gpu.GPUS_PER_HOST and len({gpu.host_of(r) for r in ranks}) == 1, ranks
+
+
+def test_worlds_replace_each_base_s_own_world_sizes():
+    got = gpu.scenarios(1, [BASE], ["clean", "node"], worlds=[16, 64])
+    assert [(sc.type, sc.world) for sc in got] == [("clean", 16), ("node", 16)]
+    assert {sc.world for sc in gpu.scenarios(2, [BASE], ["clean"], worlds=[16, 64])} == {16, 64}
