@@ -63,7 +63,8 @@ class Named:
     by_link: bool = False  # named for its late ends alone (not for its arrivals)
     alone_late: np.ndarray | None = None  # bool [step]: late with the other named ranks fixed
     alone_imposed: np.ndarray | None = None  # float [step] (ns): its cost per step with them fixed
-    alone_rnd: Round | None = None  # the round with the other named ranks fixed (``late_alone``)
+    alone_last: np.ndarray | None = None  # bool [inst]: with them fixed, last by the late floor
+    alone_p0: float = 0.0  # the chance of being last at an instance in that round
     group: GroupEvidence | None = None  # named with other ranks that arrive late together
     fixed_at: frozenset[int] = frozenset()  # the ranks already named (fixed) when it was named
     free: int = 0  # ranks that could be late in its place, once the verdict's ranks are final
@@ -204,9 +205,11 @@ def late_alone(
         keep = {nm.rank, nm.partner}
         others = {x.rank for x in arrival if x.rank not in keep}
         rnd = attribution_round(mx, others, th.tie_us * 1000.0)
-        nm.alone_rnd = rnd
         worst = rnd.step_imposed.max(axis=1)
         js = [mx.ranks.index(r) for r in keep if r is not None]
+        # per instance (short traces): the last one by at least the late floor, not by chance
+        nm.alone_last = (rnd.last[:, js] & (rnd.imposed[:, js] >= floor)).any(axis=1)
+        nm.alone_p0 = rnd.p0
         imp = rnd.step_imposed[:, js]
         bar = np.full(len(mx.steps), floor) if nm.freq else thr_p
         nm.alone_late = ((imp >= bar[:, None]) & (imp >= th.rel_to_worst * worst[:, None])).any(axis=1)
@@ -308,10 +311,11 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
 def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
     """The units a named rank is late in, of how many, and the chance of that many or more: its
     late steps against 1/N per step (``by_steps``), else the instances where it is in the last
-    group, in its naming round or with the other named ranks fixed (as its late steps are),
-    against the larger of the two rounds' ``p0``: of two ranks late alike that take turns as the
-    last one, the first named is last at only half the instances in its round (64 ranks, 4 of
-    9) and at nearly all with the other fixed. A pair is judged jointly: either of the two last; at the
+    group in its naming round, or there by the late floor with the other named ranks fixed (as
+    its late steps are), against the larger of the two rounds' ``p0``: of two ranks late alike
+    that take turns as the last one, the first named is last at only half the instances in its
+    round (64 ranks, 4 of 9) and at nearly all with the other fixed. By the floor: with the
+    others fixed some rank is last at every instance, by chance if by a hair. A pair is judged jointly: either of the two last; at the
     instances of two or more steps, the two latest together (``Named.pair``), as a group is:
     either of two ranks is last at half the instances by chance with four ranks, so 9 of 10
     (p = 0.03) read as chance for a node's two ranks late together in both steps of a short
@@ -331,9 +335,8 @@ def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
     else:
         js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
         last, p0 = nm.rnd.last[:, js].any(axis=1), nm.rnd.p0
-        if nm.alone_rnd is not None:  # as a step is: last in its naming round or with the others fixed
-            last = last | nm.alone_rnd.last[:, js].any(axis=1)
-            p0 = max(p0, nm.alone_rnd.p0)
+        if nm.alone_last is not None:  # as a step is: late in its naming round or with the others fixed
+            last, p0 = last | nm.alone_last, max(p0, nm.alone_p0)
         k, n, p0 = int(last.sum()), int(nm.rnd.last.shape[0]), size * p0
     return k, n, binom_sf(k, n, p0) if n else 1.0
 
