@@ -208,7 +208,7 @@ def late_alone(
         worst = rnd.step_imposed.max(axis=1)
         js = [mx.ranks.index(r) for r in keep if r is not None]
         # per instance (short traces): the last one by at least the late floor, not by chance
-        nm.alone_last = (rnd.last[:, js] & (rnd.imposed[:, js] >= floor)).any(axis=1)
+        nm.alone_last = np.asarray((rnd.last[:, js] & (rnd.imposed[:, js] >= floor)).any(axis=1))
         nm.alone_p0 = rnd.p0
         imp = rnd.step_imposed[:, js]
         bar = np.full(len(mx.steps), floor) if nm.freq else thr_p
@@ -311,17 +311,12 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
 def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
     """The units a named rank is late in, of how many, and the chance of that many or more: its
     late steps against 1/N per step (``by_steps``), else the instances where it is in the last
-    group in its naming round, or there by the late floor with the other named ranks fixed (as
-    its late steps are), against the larger of the two rounds' ``p0``: of two ranks late alike
-    that take turns as the last one, the first named is last at only half the instances in its
-    round (64 ranks, 4 of 9) and at nearly all with the other fixed. By the floor: with the
-    others fixed some rank is last at every instance, by chance if by a hair. A pair is judged jointly: either of the two last; at the
+    group (``_late_instances``). A pair is judged jointly: either of the two last; at the
     instances of two or more steps, the two latest together (``Named.pair``), as a group is:
     either of two ranks is last at half the instances by chance with four ranks, so 9 of 10
     (p = 0.03) read as chance for a node's two ranks late together in both steps of a short
     trace. Not in one step: two ranks late together there are one observation, which one burst
     on one node also makes (the real 8-rank DLRM step's two pairs, beside its straggler)."""
-    size = 1 if nm.partner is None else 2
     g = nm.group
     if g is None and not by_steps and len(mx.steps) >= 2:
         g = nm.pair
@@ -329,16 +324,35 @@ def late_units(nm: Named, mx: Matrix, by_steps: bool) -> tuple[int, int, float]:
         late = nm.late_steps
         k, n = (int(late.sum()), len(late)) if by_steps else (g.k, g.n)
         return k, n, binom_sf(k, n, g.p0) if n else 1.0
-    if by_steps:
-        late = nm.late_steps
-        k, n, p0 = int(late.sum()), len(late), size / nm.free_ranks
-    else:
-        js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
-        last, p0 = nm.rnd.last[:, js].any(axis=1), nm.rnd.p0
-        if nm.alone_last is not None:  # as a step is: late in its naming round or with the others fixed
-            last, p0 = last | nm.alone_last, max(p0, nm.alone_p0)
-        k, n, p0 = int(last.sum()), int(nm.rnd.last.shape[0]), size * p0
-    return k, n, binom_sf(k, n, p0) if n else 1.0
+    if not by_steps:
+        return _late_instances(nm, mx)
+    size = 1 if nm.partner is None else 2
+    k, n = int(nm.late_steps.sum()), len(nm.late_steps)
+    return k, n, binom_sf(k, n, size / nm.free_ranks) if n else 1.0
+
+
+def _late_instances(nm: Named, mx: Matrix) -> tuple[int, int, float]:
+    """``late_units`` per instance (short traces): where the rank (or either of a pair) is in
+    the last group of its naming round, against that round's ``p0``; or, when that is stronger
+    evidence, also where it is last by the late floor with the other named ranks fixed
+    (``Named.alone_last``, as its late steps are), against the larger ``p0`` of the two rounds
+    (fixing ranks raises a free rank's chance). Of two ranks late alike that take turns as the
+    last one, the first named is last at only half the instances of its round (64 ranks: 4 of
+    9) and at nearly all with the other fixed. By the floor: with the others fixed some rank is
+    last at every instance, by chance if by a hair."""
+    size = 1 if nm.partner is None else 2
+    js = [mx.ranks.index(r) for r in (nm.rank, nm.partner) if r is not None]
+    last = np.asarray(nm.rnd.last[:, js].any(axis=1))
+    k, n = int(last.sum()), int(last.size)
+    if n == 0:
+        return 0, 0, 1.0
+    p = binom_sf(k, n, size * nm.rnd.p0)
+    if nm.alone_last is not None:
+        k2 = int((last | nm.alone_last).sum())
+        p2 = binom_sf(k2, n, size * max(nm.rnd.p0, nm.alone_p0))
+        if p2 < p:
+            return k2, n, p2
+    return k, n, p
 
 
 def _single(
