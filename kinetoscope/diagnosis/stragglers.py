@@ -472,8 +472,7 @@ def _nobody_reason(mx: Matrix, r0: Round, rep: StragglerReport, th: StragglerThr
     """Why no rank is named, about the rank imposing the most wait: last no more often than
     chance, or last far more often (at 64 ranks, a rank last at 4 of 8 collectives) but costing
     too little to be named: the reason must not deny the frequency that the table shows."""
-    imposed = r0.imposed.sum(axis=0)
-    top = int(np.argmax(imposed))
+    top = int(np.argmax(r0.imposed.sum(axis=0)))
     k, p = frequency(r0, top, np.ones(len(mx.step_idx), dtype=bool))
     last = f"at {k}/{rep.instances} collectives, chance {100 * r0.p0:.0f}%"
     total_ns = (rep.mean_step_time_us or 0.0) * 1000.0 * len(mx.steps)
@@ -643,7 +642,7 @@ def _reason(rep: StragglerReport, named: list[Named], ranks: list[int]) -> str:
             per_step = nm.rnd.step_imposed[:, ranks.index(nm.rank)] / 1e6
             # the last rank not named has no peer to share the chance of being last with
             head = f"rank {nm.rank} " if nm.rnd.free <= 1 else last
-            if nm.events == 0:  # named for being late beyond the persistent threshold in every step
+            if nm.every_step and not nm.events:  # named for being late beyond that threshold in every step
                 parts.append(
                     f"{head}late by {per_step.min():.1f}-{per_step.max():.1f} ms in every step, beyond "
                     f"the noise's persistent threshold, {late}"
