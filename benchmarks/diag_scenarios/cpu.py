@@ -116,7 +116,7 @@ def scenarios(n: int, seed: int = 0, only: Collection[str] | None = None) -> lis
     return out
 
 
-def _burner() -> subprocess.Popen[bytes]:
+def burner() -> subprocess.Popen[bytes]:
     """One extra CPU-bound process (the other load of a shared node)."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
@@ -141,7 +141,7 @@ def run(
     job_id = random.randint(10_000, 2**31 - 1)
     deadline = time.monotonic() + timeout_s
     left = lambda cap: max(1.0, min(cap, deadline - time.monotonic()))  # noqa: E731
-    burner = _burner() if burn else None
+    load = burner() if burn else None
     try:
         with LocalDaemon(workdir, trace_root=workdir / "traces", extra_args=daemon_args) as daemon:
             env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
@@ -192,9 +192,9 @@ def run(
                     while_running(daemon)
                 job.stop()
     finally:
-        if burner is not None:
-            burner.kill()
-            burner.wait()
+        if load is not None:
+            load.kill()
+            load.wait()
     trace_dir = Path(res.output_dir or "")
     files = {f.rank: str(trace_dir / f.file) for f in read_manifest(trace_dir).files if f.rank is not None}
     steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)

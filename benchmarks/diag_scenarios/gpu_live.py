@@ -15,7 +15,10 @@ verdicts are checked off the device (``python -m benchmarks.diag_scenarios.gpu_l
 DIR``) against the labels and against the standard-library arrival-order truth of
 ``truth.py``: the device machine is lent for minutes, the analysis needs none of it.
 
-    python -m benchmarks.diag_scenarios.gpu_live --out OUT            # on the GPU machine
+A scenario's ``extra["burners"]`` runs that many CPU-bound processes beside the job (a loaded
+host; set 4).
+
+    python -m benchmarks.diag_scenarios.gpu_live --out OUT [--set N]  # on the GPU machine
     python -m benchmarks.diag_scenarios.gpu_live --check OUT          # here: verdict vs truth
 """
 
@@ -33,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.diag_scenarios.cpu import CpuScenario, run
+from benchmarks.diag_scenarios.cpu import CpuScenario, burner, run
 
 # sid, type, world, mode, hit ranks, ms, expected kind. One GPU holds every rank of a job.
 SCENARIOS = [
@@ -68,7 +71,43 @@ SCENARIOS_3 = [
     CpuScenario("gpu3-clean-w5", "clean", 5, "none", [], 0.0, "none"),
     CpuScenario("gpu3-comm_hook-w5", "comm_hook", 5, "comm_hook", [2], 10.0, "persistent"),
 ]
-SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3}
+# A fourth, the held-out check of the naming rules written since set 3 (diag6-diag13): every CPU
+# type, 2-8 ranks, "small" as 8 % of the rank's own step, and a loaded host on about half of the
+# jobs (``burners``: that many extra CPU-bound processes on the machine's 16 cores, so the ranks,
+# the daemon and gloo's threads compete for them as on a shared node).
+_LOAD = {"burners": 14}
+SCENARIOS_4 = [
+    CpuScenario("gpu4-persistent-w8", "persistent", 8, "sleep", [5], 20.0, "persistent", _LOAD),
+    CpuScenario("gpu4-clean-w8", "clean", 8, "none", [], 0.0, "none", _LOAD),
+    CpuScenario("gpu4-small-w6", "small", 6, "sleep", [1], 3.0, "persistent", {"step_frac": 0.08}),
+    CpuScenario(
+        "gpu4-intermittent-w8", "intermittent", 8, "intermittent", [], 60.0, "intermittent", {"seed": 13}
+    ),
+    CpuScenario("gpu4-persistent2-w8", "persistent2", 8, "sleep", [0, 7], 20.0, "persistent", _LOAD),
+    CpuScenario("gpu4-compute-w5", "compute", 5, "compute", [3], 20.0, "persistent", _LOAD),
+    CpuScenario("gpu4-clean-w2", "clean", 2, "none", [], 0.0, "none", _LOAD),
+    CpuScenario("gpu4-comm_hook-w8", "comm_hook", 8, "comm_hook", [4], 10.0, "persistent"),
+    CpuScenario("gpu4-small-w8", "small", 8, "sleep", [6], 3.0, "persistent", {"step_frac": 0.08, **_LOAD}),
+    CpuScenario("gpu4-slow_input-w6", "slow_input", 6, "slow_input", [2], 30.0, "persistent"),
+    CpuScenario("gpu4-persistent-w2", "persistent", 2, "sleep", [0], 10.0, "persistent"),
+    CpuScenario(
+        "gpu4-intermittent-w5",
+        "intermittent",
+        5,
+        "intermittent",
+        [],
+        60.0,
+        "intermittent",
+        {"seed": 21, **_LOAD},
+    ),
+    CpuScenario("gpu4-clean-w5", "clean", 5, "none", [], 0.0, "none"),
+    CpuScenario("gpu4-persistent2-w4", "persistent2", 4, "sleep", [1, 2], 15.0, "persistent", _LOAD),
+    CpuScenario("gpu4-comm_hook-w3", "comm_hook", 3, "comm_hook", [1], 10.0, "persistent", _LOAD),
+    CpuScenario("gpu4-compute-w8", "compute", 8, "compute", [0], 10.0, "persistent"),
+    CpuScenario("gpu4-small-w3", "small", 3, "sleep", [2], 3.0, "persistent", {"step_frac": 0.08, **_LOAD}),
+    CpuScenario("gpu4-clean-w6", "clean", 6, "none", [], 0.0, "none", _LOAD),
+]
+SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3, 4: SCENARIOS_4}
 JOB_ARGS = ("--model", "medium", "--batch-size", "256", "--bucket-cap-mb", "1")
 METRICS_PORT = 19464
 
@@ -123,6 +162,8 @@ def collect(out: Path, only: list[str], timeout_s: float, device: str = "cuda", 
         t0 = time.monotonic()
         rec: dict[str, Any] = {"type": sc.type, "world": sc.world, "hit": sc.hit}
         work = Path(tempfile.mkdtemp(prefix=f"{sc.sid}-"))
+        burners = [burner() for _ in range(int(sc.extra.get("burners", 0)))]
+        rec["burners"] = len(burners)
         try:
             daemon_args = ("--metrics-port", str(METRICS_PORT)) if k == 0 else ()
             dirs, expected, facts = run(
@@ -153,6 +194,10 @@ def collect(out: Path, only: list[str], timeout_s: float, device: str = "cuda", 
                     "error": rec["error"],
                 }
                 _pack(out / f"{sc.sid}.failed.tar.gz", sc.sid, work, folders[-1], label)
+        finally:
+            for b in burners:
+                b.kill()
+                b.wait()
         rec["seconds"] = round(time.monotonic() - t0, 1)
         env["scenarios"][sc.sid] = rec
         print(json.dumps({sc.sid: rec})[:600], flush=True)

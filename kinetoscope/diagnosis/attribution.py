@@ -145,12 +145,19 @@ class Round:
     free: int  # ranks not fixed: the chance of being last is 1 / free without ties
 
 
-def attribution_round(mx: Matrix, fixed: set[int], tie_ns: float) -> Round:
+def attribution_round(
+    mx: Matrix, fixed: set[int], tie_ns: float, keep: frozenset[int] = frozenset()
+) -> Round:
+    """Who each instance waits for with ``fixed`` arriving like the typical rank. ``keep``: ranks
+    that keep their own arrivals but are never waited for, like fixed ones (a rank named for its
+    stalls, read in the steps without them: there it has nothing to fix, and moving it to the
+    typical arrival would credit its ordinary jitter to the ranks still free)."""
     n_inst, n = mx.A.shape
     A = fixed_arrivals(mx, fixed)
     L = A.max(axis=1)
     last = A >= (L - tie_ns)[:, None]
-    last[:, [j for j, r in enumerate(mx.ranks) if r in fixed]] = False  # a fixed rank is never waited for
+    out = fixed | keep
+    last[:, [j for j, r in enumerate(mx.ranks) if r in out]] = False  # a fixed rank is never waited for
     last[last.all(axis=1)] = False  # all ranks arrived together: nobody was waited for
     others = np.where(last, -np.inf, A).max(axis=1)
     others = np.where(np.isfinite(others), others, mx.m.astype(np.float64))
@@ -161,7 +168,7 @@ def attribution_round(mx: Matrix, fixed: set[int], tie_ns: float) -> Round:
     for j in range(n):
         step_imposed[:, j] = mx.per_step(L - imposed[:, j], L)
     waiting = mx.per_step(mx.m.astype(np.float64), L)
-    free = max(n - len(fixed & set(mx.ranks)), 1)  # fixed ranks arrive like the typical rank: never last
+    free = max(n - len(out & set(mx.ranks)), 1)  # fixed ranks arrive like the typical rank: never last
     p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
     return Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free)
 

@@ -38,6 +38,26 @@ def test_union_by_group_counts_overlaps_once():
     assert union_by_group(g, s, e, 3).tolist() == [17.0, 2.0, 0.0]
 
 
+def test_a_kept_rank_keeps_its_arrivals_and_is_never_waited_for():
+    """``keep``: a rank named for its stalls, read between them, hides a later free rank's margin
+    when it arrives after it, and is not counted among the ranks that could be last."""
+    from kinetoscope.diagnosis.attribution import attribution_round
+
+    # ranks 0..3 at two instances (ms): rank 2 is later than rank 1 by 1 ms, rank 0 by 3 ms
+    A = (np.array([[5.0, 1.0, 2.0, 0.0], [3.0, 1.0, 4.0, 0.0]]) * MS).astype(np.int64)
+    mx = Matrix([0, 1, 2, 3], [7], A, np.zeros(2, np.int64), np.sort(A, axis=1)[:, 1])
+    fixed = attribution_round(mx, {0}, 0.0)
+    kept = attribution_round(mx, set(), 0.0, frozenset({0}))
+    assert fixed.free == kept.free == 3
+    # fixed (at the lower median of ranks 1..3): rank 2 is last at both, 1 ms and 3 ms after rank 1
+    assert fixed.last[:, 2].tolist() == [True, True]
+    assert fixed.imposed[:, 2] == pytest.approx([1 * MS, 3 * MS])
+    # kept: rank 0 is the latest at the first instance (nobody free is waited for there) and
+    # second-latest at the second, so rank 2 imposes only its 1 ms margin over rank 0
+    assert kept.last.tolist() == [[False] * 4, [False, False, True, False]]
+    assert kept.imposed[:, 2] == pytest.approx([0, 1 * MS])
+
+
 # ---- one step, many instances (Megatron TP=8: 84 all-reduces in one profiled step) ----------------
 
 
