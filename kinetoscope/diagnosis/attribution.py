@@ -157,7 +157,7 @@ def attribution_round(
     L = A.max(axis=1)
     last = A >= (L - tie_ns)[:, None]
     out = fixed | keep
-    last[:, [j for j, r in enumerate(mx.ranks) if r in out]] = False  # a fixed rank is never waited for
+    last[:, [j for j, r in enumerate(mx.ranks) if r in out]] = False  # fixed or kept: never waited for
     last[last.all(axis=1)] = False  # all ranks arrived together: nobody was waited for
     others = np.where(last, -np.inf, A).max(axis=1)
     others = np.where(np.isfinite(others), others, mx.m.astype(np.float64))

@@ -379,9 +379,8 @@ def _single(
     frequency route reads only the quiet steps (no stall of a rank named by magnitude), in the
     second round of ``rounds``: there the ranks named for a few stalls keep their arrivals
     (``_stalls_only``). Moved to the typical arrival of the last two free ranks, the earlier of
-    them, they would leave a rank later than one early peer looking last far more often than
-    chance (a real 5-rank GPU job on a loaded host, three ranks named for their stalls: the
-    fourth, last at 36 of 62 against one peer, saved 0.7 % of a step)."""
+    them, they would leave a rank that is merely later than one early peer looking last far
+    more often than chance (docs/diagnosis.md §5, the quiet steps)."""
     rnd, in_quiet = rounds
     tot = rnd.imposed.sum(axis=0)
     worst = rnd.step_imposed.max(axis=1)
