@@ -107,7 +107,45 @@ SCENARIOS_4 = [
     CpuScenario("gpu4-small-w3", "small", 3, "sleep", [2], 3.0, "persistent", {"step_frac": 0.08, **_LOAD}),
     CpuScenario("gpu4-clean-w6", "clean", 6, "none", [], 0.0, "none", _LOAD),
 ]
-SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3, 4: SCENARIOS_4}
+# A fifth, the held-out check of diag14 (written from set 4's loaded intermittent job): loaded
+# intermittent jobs of other seeds and sizes, and a loaded clean, two-straggler and small job.
+# Prepared on 2026-11-28 and not collected yet: the device loans were paused before it ran.
+SCENARIOS_5 = [
+    CpuScenario(
+        "gpu5-intermittent-w6",
+        "intermittent",
+        6,
+        "intermittent",
+        [],
+        60.0,
+        "intermittent",
+        {"seed": 31, **_LOAD},
+    ),
+    CpuScenario("gpu5-clean-w4", "clean", 4, "none", [], 0.0, "none", _LOAD),
+    CpuScenario(
+        "gpu5-intermittent-w8",
+        "intermittent",
+        8,
+        "intermittent",
+        [],
+        60.0,
+        "intermittent",
+        {"seed": 37, **_LOAD},
+    ),
+    CpuScenario("gpu5-persistent2-w6", "persistent2", 6, "sleep", [2, 5], 20.0, "persistent", _LOAD),
+    CpuScenario(
+        "gpu5-intermittent-w4",
+        "intermittent",
+        4,
+        "intermittent",
+        [],
+        60.0,
+        "intermittent",
+        {"seed": 41, **_LOAD},
+    ),
+    CpuScenario("gpu5-small-w5", "small", 5, "sleep", [3], 3.0, "persistent", {"step_frac": 0.08, **_LOAD}),
+]
+SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3, 4: SCENARIOS_4, 5: SCENARIOS_5}
 JOB_ARGS = ("--model", "medium", "--batch-size", "256", "--bucket-cap-mb", "1")
 METRICS_PORT = 19464
 
