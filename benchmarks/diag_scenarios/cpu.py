@@ -116,7 +116,7 @@ def scenarios(n: int, seed: int = 0, only: Collection[str] | None = None) -> lis
     return out
 
 
-def burner() -> subprocess.Popen[bytes]:
+def _burner() -> subprocess.Popen[bytes]:
     """One extra CPU-bound process (the other load of a shared node)."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
@@ -126,22 +126,22 @@ def run(
     workdir: Path,
     timeout_s: float = 240.0,
     *,
-    burn: bool = True,
+    burners: int = 1,
     job_args: tuple[str, ...] = (),
     daemon_args: tuple[str, ...] = (),
     while_running: Any = None,
 ) -> tuple[list[str], list[int], dict[str, Any]]:
     """Run, trace and label one scenario: (trace files, expected ranks, facts).
 
-    ``burn``: run the extra CPU-burning process; ``job_args``: more ``train_knobs`` arguments
-    (``--device cuda``); ``daemon_args``: more ``kscope daemon`` arguments; ``while_running``:
+    ``burners``: how many extra CPU-burning processes run beside the job; ``job_args``: more
+    ``train_knobs`` arguments (``--device cuda``); ``daemon_args``: more ``kscope daemon`` arguments; ``while_running``:
     called with the daemon once the traced steps are written (a metrics scrape, say)."""
     dr = _daemon_runs()
     workdir.mkdir(parents=True, exist_ok=True)
     job_id = random.randint(10_000, 2**31 - 1)
     deadline = time.monotonic() + timeout_s
     left = lambda cap: max(1.0, min(cap, deadline - time.monotonic()))  # noqa: E731
-    load = burner() if burn else None
+    load = [_burner() for _ in range(burners)]
     try:
         with LocalDaemon(workdir, trace_root=workdir / "traces", extra_args=daemon_args) as daemon:
             env = {**daemon.kineto_env(), "SLURM_JOB_ID": str(job_id)}
@@ -192,9 +192,9 @@ def run(
                     while_running(daemon)
                 job.stop()
     finally:
-        if load is not None:
-            load.kill()
-            load.wait()
+        for b in load:
+            b.kill()
+            b.wait()
     trace_dir = Path(res.output_dir or "")
     files = {f.rank: str(trace_dir / f.file) for f in read_manifest(trace_dir).files if f.rank is not None}
     steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)

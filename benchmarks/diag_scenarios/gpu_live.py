@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.diag_scenarios.cpu import CpuScenario, burner, run
+from benchmarks.diag_scenarios.cpu import CpuScenario, run
 
 # sid, type, world, mode, hit ranks, ms, expected kind. One GPU holds every rank of a job.
 SCENARIOS = [
@@ -198,17 +198,16 @@ def collect(out: Path, only: list[str], timeout_s: float, device: str = "cuda", 
     failures = 0
     for k, sc in enumerate(s for s in SETS[which] if not only or s.sid in only):
         t0 = time.monotonic()
-        rec: dict[str, Any] = {"type": sc.type, "world": sc.world, "hit": sc.hit}
+        burners = int(sc.extra.get("burners", 0))
+        rec: dict[str, Any] = {"type": sc.type, "world": sc.world, "hit": sc.hit, "burners": burners}
         work = Path(tempfile.mkdtemp(prefix=f"{sc.sid}-"))
-        burners = [burner() for _ in range(int(sc.extra.get("burners", 0)))]
-        rec["burners"] = len(burners)
         try:
             daemon_args = ("--metrics-port", str(METRICS_PORT)) if k == 0 else ()
             dirs, expected, facts = run(
                 sc,
                 work,
                 timeout_s,
-                burn=False,
+                burners=burners,
                 job_args=("--device", device, *JOB_ARGS),
                 daemon_args=daemon_args,
                 while_running=_scrape_metrics(env) if k == 0 else None,
@@ -232,10 +231,6 @@ def collect(out: Path, only: list[str], timeout_s: float, device: str = "cuda", 
                     "error": rec["error"],
                 }
                 _pack(out / f"{sc.sid}.failed.tar.gz", sc.sid, work, folders[-1], label)
-        finally:
-            for b in burners:
-                b.kill()
-                b.wait()
         rec["seconds"] = round(time.monotonic() - t0, 1)
         env["scenarios"][sc.sid] = rec
         print(json.dumps({sc.sid: rec})[:600], flush=True)

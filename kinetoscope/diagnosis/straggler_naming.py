@@ -154,7 +154,7 @@ def name_ranks(
         stalled = frozenset(nm.rank for nm in named if _stalls_only(nm, th))
         in_quiet = attribution_round(mx, fixed - stalled, th.tie_us * 1000.0, stalled) if stalled else rnd
         picks = (
-            _single(mx, (rnd, in_quiet), fixed, th, total_T, thr_p, thr_i, floor, quiet)
+            _single(mx, rnd, in_quiet, fixed, th, total_T, thr_p, thr_i, floor, quiet)
             or _pair(mx, rnd, fixed, th, total_T, floor, quiet)
             or _group(mx, rnd, fixed, th, thr_p, floor, quiet)
         )
@@ -366,7 +366,8 @@ def _late_instances(nm: Named, mx: Matrix) -> tuple[int, int, float]:
 
 def _single(
     mx: Matrix,
-    rounds: tuple[Round, Round],
+    rnd: Round,
+    in_quiet: Round,
     fixed: set[int],
     th: StragglerThresholds,
     total_T: float,
@@ -376,12 +377,11 @@ def _single(
     quiet: np.ndarray,
 ) -> list[Named]:
     """The rank imposing the most wait that passes the frequency or the magnitude route. The
-    frequency route reads only the quiet steps (no stall of a rank named by magnitude), in the
-    second round of ``rounds``: there the ranks named for a few stalls keep their arrivals
+    frequency route reads only the quiet steps (no stall of a rank named by magnitude), in
+    ``in_quiet``: the round where the ranks named for a few stalls keep their arrivals
     (``_stalls_only``). Moved to the typical arrival of the last two free ranks, the earlier of
     them, they would leave a rank that is merely later than one early peer looking last far
     more often than chance (docs/diagnosis.md §5, the quiet steps)."""
-    rnd, in_quiet = rounds
     tot = rnd.imposed.sum(axis=0)
     worst = rnd.step_imposed.max(axis=1)
     for j in np.argsort(-tot, kind="stable"):
