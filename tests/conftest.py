@@ -37,11 +37,22 @@ TRACES_DIR = Path(os.environ.get("KSCOPE_TEST_TRACES", REPO_ROOT / "tests" / "da
 HTA_TRACES = TRACES_DIR / "hta"
 
 
+_OWN_CACHE_DIR: list[str] = []
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Keep the trace cache of the whole run (subprocesses included) out of the user's
     ~/.cache: one throwaway folder per run unless KSCOPE_CACHE_DIR is set already."""
     if "KSCOPE_CACHE_DIR" not in os.environ:
         os.environ["KSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kscope-test-cache-")
+        _OWN_CACHE_DIR.append(os.environ["KSCOPE_CACHE_DIR"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the run's own cache folder: left behind, every run would leave ~100 MB in /tmp
+    (a CI machine's disk is shared and finite)."""
+    for folder in _OWN_CACHE_DIR:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

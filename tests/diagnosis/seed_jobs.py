@@ -43,7 +43,14 @@ def run_torchrun(script: str, nproc: int, out: Path, *args: str, timeout: float 
 
 def run_python(script: str, out: Path, *args: str, timeout: float = 420.0) -> str:
     """``python SCRIPT OUT ARGS``; returns its stdout."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # inductor's compile cache goes beside the job's output, not /tmp/torchinductor_root: a cache
+    # left by an earlier run (or another torch build) must not change what this run compiles.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(out / "inductor-cache"),
+    }
     proc = subprocess.run(
         [sys.executable, str(SCENARIOS / script), str(out), *args],
         env=env,
