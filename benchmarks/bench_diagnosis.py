@@ -412,6 +412,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=sorted(cpu.CPU_TYPES),
         help="only real CPU jobs of these types (the same jobs as in the full sequence; default all)",
     )
+    p.add_argument(
+        "--small-mode",
+        default="compute",
+        choices=cpu.SMALL_MODES,
+        help="how CPU 'small' jobs hold their delay: busy (compute, default) or asleep (sleep: before diag15)",
+    )
     p.add_argument("--bases", nargs="*", default=None, choices=sorted(gpu.BASES), help="GPU bases to use")
     p.add_argument(
         "--types", nargs="*", default=None, choices=gpu.TYPES, help="GPU scenario types (default all)"
@@ -494,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
             else []
         )
         cpu_out = (
-            run_all(cpu.scenarios(cpu_jobs, a.cpu_seed, a.cpu_types), run_cpu, workdir, a.keep, part)
+            run_all(cpu.scenarios(cpu_jobs, a.cpu_seed, a.cpu_types, a.small_mode), run_cpu, workdir, a.keep, part)
             if cpu_jobs
             else []
         )

@@ -23,11 +23,12 @@ Modes (``--ranks-hit R[,R]`` picks the ranks; ``--ms`` the amount per step, or `
 
 The schedule depends only on ``--seed`` and the step, so every rank computes the same one.
 
-``--step-frac F`` (``sleep`` mode) sizes the sleep from the step instead of a fixed ``--ms``: the
-hit rank sleeps ``F`` times the median of its last 8 step periods, each less the sleep it held
-(the step the job would have without the injection; ``--ms`` until 3 periods are known). A fixed
-3 ms was 3-7 % of the 41-100 ms steps of the accuracy benchmark's jobs, so on the slower ones the
-"small" delay was below the 5 % of a step that the verdict reports as ``none`` by design.
+``--step-frac F`` (``sleep`` and ``compute`` modes) sizes the delay from the step instead of a
+fixed ``--ms``: the hit rank holds ``F`` times the median of its last 8 step periods, each less the
+delay it held (the step the job would have without the injection; ``--ms`` until 3 periods are
+known). A fixed 3 ms was 3-7 % of the 41-100 ms steps of the accuracy benchmark's jobs, so on the
+slower ones the "small" delay was below the 5 % of a step that the verdict reports as ``none`` by
+design.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from kinetoscope.demo.train_ddp import MODEL_SIZES
 
 MODES = ("none", "sleep", "compute", "intermittent", "slow_input", "comm_hook")
+SIZED_MODES = ("sleep", "compute")  # the modes ``--step-frac`` sizes
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
         "--step-frac",
         type=float,
         default=0.0,
-        help="sleep mode: sleep this fraction of the rank's recent step period (less its sleep) instead of --ms",
+        help="sleep/compute modes: hold this fraction of the rank's recent step period (less its delay) "
+        "instead of --ms",
     )
     p.add_argument("--prob", type=float, default=0.3, help="intermittent: probability per step")
     p.add_argument("--seed", type=int, default=0)
@@ -92,18 +95,18 @@ def injected_ms(args: argparse.Namespace, hit: list[int], step: int, rank: int, 
 
 
 class StepFraction:
-    """``frac`` of the recent step period without the injected sleep (module docstring)."""
+    """``frac`` of the recent step period without the injected delay (module docstring)."""
 
     def __init__(self, frac: float, fallback_ms: float, window: int = 8) -> None:
         self.frac, self.fallback_ms, self.window = frac, fallback_ms, window
         self.bases: list[float] = []
-        self.last: tuple[float, float] | None = None  # (start, ms slept) of the previous step
+        self.last: tuple[float, float] | None = None  # (start, ms held) of the previous step
 
     def ms(self, t0: float) -> float:
-        """The sleep for the step starting at ``t0`` (``time.time()``); call once per step."""
+        """The delay for the step starting at ``t0`` (``time.time()``); call once per step."""
         if self.last is not None:
-            start, slept = self.last
-            self.bases = [*self.bases, (t0 - start) * 1000.0 - slept][-self.window :]
+            start, held = self.last
+            self.bases = [*self.bases, (t0 - start) * 1000.0 - held][-self.window :]
         ms = self.fallback_ms
         if len(self.bases) >= 3:
             ordered = sorted(self.bases)
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = Path(args.progress_dir)
     progress.mkdir(parents=True, exist_ok=True)
     log = open(progress / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
-    sized = StepFraction(args.step_frac, args.ms) if args.step_frac > 0 and args.mode == "sleep" else None
+    sized = StepFraction(args.step_frac, args.ms) if args.step_frac > 0 and args.mode in SIZED_MODES else None
     step = 0
     while True:
         for x_cpu, y_cpu in loader:

@@ -40,9 +40,20 @@ def test_small_scenarios_pass_the_step_fraction() -> None:
     small = cpu.scenarios(2, seed=8, only=["small"])
     assert [s.type for s in small] == ["small", "small"]
     args = parser().parse_args([*small[0].args(), "--progress-dir", "x"])
-    assert args.step_frac == cpu.STEP_FRACTION["small"] and args.mode == "sleep"
+    assert args.step_frac == cpu.STEP_FRACTION["small"] and args.mode == "compute"
     others = [s for s in cpu.scenarios(16, seed=8) if s.type != "small"]
     assert all("--step-frac" not in s.args() for s in others)
+
+
+def test_small_mode_changes_only_how_small_jobs_hold_their_delay() -> None:
+    busy = cpu.scenarios(16, seed=8)
+    asleep = cpu.scenarios(16, seed=8, small_mode="sleep")
+    assert [s.sid for s in busy] == [s.sid for s in asleep]  # the same jobs, by name
+    for b, s in zip(busy, asleep, strict=True):
+        assert s.mode == ("sleep" if b.type == "small" else b.mode)
+        assert (b.world, b.hit, b.extra) == (s.world, s.hit, s.extra)
+    with pytest.raises(ValueError, match="unknown small mode"):
+        cpu.scenarios(1, small_mode="nap")
 
 
 def test_picking_types_keeps_the_full_sequence_scenarios() -> None:
