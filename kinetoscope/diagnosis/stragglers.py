@@ -569,18 +569,27 @@ def _only_jitter(
     this): on a loaded host one rank, or two sharing a core, is often preempted a little more
     than its peers. Last more often than chance at the instances, but neither steadily late nor
     ever stalling: arrival jitter, not a straggler. A steady delay (persistent) keeps the lower
-    ``min_lost_fraction`` floor."""
+    ``min_lost_fraction`` floor. A lone rank that is the last one at most of the collectives is
+    not jitter whatever its steps say: the host's preemptions spread the last place over the ranks,
+    they do not give one rank most of it (``_last_at_most``)."""
     if not named or persistent:
         return False
     if not all(nm.freq and nm.events == 0 and not nm.by_link and nm.link is None for nm in named):
         return False
     if lost < th.min_jitter_lost_fraction:
         return True
+    if len(named) == 1 and _last_at_most(named[0]):
+        return False
     return (
         not stalled
         and len(mx.steps) >= th.min_steps_confident
         and all(late_units(nm, mx, True)[2] >= th.alpha for nm in named)
     )
+
+
+def _last_at_most(nm: Named) -> bool:
+    """The last rank at more than half of all the collective instances of its naming round."""
+    return nm.k > 0.5 * nm.rnd.last.shape[0]
 
 
 def _early_few(mx: Matrix, fixed: set[int], excess: np.ndarray, thr_p: np.ndarray) -> list[int]:

@@ -168,3 +168,20 @@ def test_a_rank_behind_in_14_of_16_steps_by_a_consistent_margin_is_steady() -> N
     share = truth.cpu_joint_share(files, {0})
     assert share >= truth.NAMING_FLOOR
     assert th.min_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
+
+
+def test_a_lone_rank_last_at_most_collectives_is_not_jitter() -> None:
+    # rank 0 of 3 is held busy 7.4 % of its step every step (`small`, two CPU burners beside
+    # the job): last at 21 of 32 collectives, yet late in only 9 of 16 steps (chance 1/3 per
+    # step: p = 0.05) and behind the others' mean in 12 of 16 (sign p = 0.04 > alpha / 3), so
+    # it read as arrival jitter ('none'). The host's preemptions spread the last place over the
+    # ranks; they do not give one rank most of it
+    files = _files("last_at_most_collectives_w3")
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert gt.last_count[0] > gt.n_instances / 2 and gt.stragglers == [0]
+    share = truth.cpu_joint_share(files, {0})
+    assert share >= truth.NAMING_FLOOR and truth.host_made(gt, step, n_steps, [0]) == {}
+    s = diagnose(files).stragglers
+    assert s.ranks == [0] and s.kind == "intermittent", s.reason
+    assert "jitter" not in s.reason
+    assert StragglerThresholds().min_jitter_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
