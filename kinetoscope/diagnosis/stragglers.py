@@ -589,7 +589,7 @@ def _only_jitter(
 
 def _last_at_most(nm: Named) -> bool:
     """The last rank at more than half of all the collective instances of its naming round."""
-    return nm.k > 0.5 * nm.rnd.last.shape[0]
+    return bool(nm.k > 0.5 * nm.rnd.last.shape[0])
 
 
 def _early_few(mx: Matrix, fixed: set[int], excess: np.ndarray, thr_p: np.ndarray) -> list[int]:
