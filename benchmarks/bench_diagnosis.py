@@ -314,7 +314,7 @@ def report(doc: dict[str, Any]) -> str:
     else:
         lines += ["", "All of issue 9's targets met."]
     if doc["misses"] and doc["summary"]["cpu_truth"]["overall"]["n"] < doc["summary"]["cpu"]["overall"]["n"]:
-        truth_misses = doc.get("misses_truth", [])
+        truth_misses = doc["misses_truth"]
         lines.append(
             "Without the jobs whose label the truth contradicts: "
             + ("targets missed: " + "; ".join(truth_misses) if truth_misses else "all targets met")
@@ -422,7 +422,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--small-mode",
-        default="compute",
+        default=cpu.CPU_TYPES["small"][0],
         choices=cpu.SMALL_MODES,
         help="how CPU 'small' jobs hold their delay: busy (compute, default) or asleep (sleep: before diag15)",
     )
