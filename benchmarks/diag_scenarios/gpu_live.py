@@ -145,7 +145,45 @@ SCENARIOS_5 = [
     ),
     CpuScenario("gpu5-small-w5", "small", 5, "sleep", [3], 3.0, "persistent", {"step_frac": 0.08, **_LOAD}),
 ]
-SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3, 4: SCENARIOS_4, 5: SCENARIOS_5}
+# A sixth, held out from the what-if verdict's development (issue 27's cases on real GPU jobs):
+# stalls rotating over random ranks (p = 0.2-0.4 per step), two near-equal stragglers, and clean
+# jobs, half on a loaded host.
+SCENARIOS_6 = [
+    CpuScenario(
+        "gpu6-rotating-w5",
+        "intermittent",
+        5,
+        "intermittent",
+        [],
+        80.0,
+        "intermittent",
+        {"seed": 61, "prob": 0.3},
+    ),
+    CpuScenario(
+        "gpu6-rotating-w8",
+        "intermittent",
+        8,
+        "intermittent",
+        [],
+        80.0,
+        "intermittent",
+        {"seed": 67, "prob": 0.4, **_LOAD},
+    ),
+    CpuScenario("gpu6-persistent2-w8", "persistent2", 8, "sleep", [2, 5], 25.0, "persistent", _LOAD),
+    CpuScenario("gpu6-persistent2-w4", "persistent2", 4, "sleep", [0, 3], 20.0, "persistent"),
+    CpuScenario(
+        "gpu6-rotating-w6",
+        "intermittent",
+        6,
+        "intermittent",
+        [],
+        80.0,
+        "intermittent",
+        {"seed": 71, "prob": 0.2},
+    ),
+    CpuScenario("gpu6-clean-w8", "clean", 8, "none", [], 0.0, "none", _LOAD),
+]
+SETS = {1: SCENARIOS, 2: SCENARIOS_2, 3: SCENARIOS_3, 4: SCENARIOS_4, 5: SCENARIOS_5, 6: SCENARIOS_6}
 JOB_ARGS = ("--model", "medium", "--batch-size", "256", "--bucket-cap-mb", "1")
 METRICS_PORT = 19464
 
