@@ -50,6 +50,8 @@ class Policy:
     opt_out_values: tuple[str, ...] = ("off", "0", "false", "no")  # KSCOPE_AUTOPILOT values that opt out
     devices_per_rank: int = 1  # GPUs per rank, for wasted GPU-seconds
     announced_max_age_s: float = 120.0  # --announced: daemons whose last heartbeat is at most this old
+    stale_after_s: float = 3600.0  # a job not seen for this long has ended, even if its host is down
+    max_timestamp_anomalies: int = 0  # a sample with more device events stamped before launch is unusable
     alerts: Alerts = field(default_factory=Alerts)
     anomaly: AnomalyPolicy = field(default_factory=AnomalyPolicy)
 
