@@ -21,6 +21,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
+from statistics import fmean
 from typing import Any
 
 import msgspec
@@ -114,16 +115,25 @@ def _anomalous(s: SampleRow) -> bool:
     return isinstance(n, int) and n > 0
 
 
+def wasted_gpu_s(recorded: Sequence[SampleRow], traced: int) -> float:
+    """A job's wasted GPU-seconds: the mean over its usable samples × every sample that traced it
+    (usable or not). Each sample stands for one interval of the job's life; an unusable one's
+    interval is counted at the job's usable mean, so excluding a bad sample never moves the job
+    in the ranking just by leaving its time out."""
+    per = [float(v) for s in recorded if isinstance(v := s.summary.get("wasted_gpu_s"), (int, float))]
+    return fmean(per) * traced if per else 0.0
+
+
 def job_row(
     job: dict[str, Any], samples: Sequence[SampleRow], manual_traces: int = 0, now: datetime | None = None
 ) -> dict[str, Any]:
     """One job of the listing (keys documented in docs/autopilot.md, "kscope jobs --json").
-    Only ``recorded`` samples (usable evidence) count in the figures; ``unusable`` ones are
-    counted apart, with how many of them had timestamp anomalies (repeated profiling)."""
+    Only ``recorded`` samples (usable evidence) give figures (:func:`wasted_gpu_s`); ``unusable``
+    ones are counted apart, with how many of them had timestamp anomalies (repeated profiling)."""
     recorded = [s for s in samples if s.state == "recorded"]
     latest = recorded[-1].summary if recorded else {}
-    wasted = sum(float(s.summary.get("wasted_gpu_s") or 0.0) for s in recorded)
     traced = [s for s in samples if s.state in ("recorded", "unusable")]
+    wasted = wasted_gpu_s(recorded, len(traced))
     return {
         "job_id": job["job_key"],
         "job_key": job["job_key"],

@@ -519,12 +519,21 @@ class Autopilot:
         else:  # analysed before a crash: never twice
             doc, analysis_id = existing.document, existing.id
         devices = int(sample.request.get("devices") or len(res.files))
-        summary = summarize(doc, devices, float(self.policy.interval_s))
-        ev = judge(doc, paths, max_timestamp_anomalies=self.policy.max_timestamp_anomalies)
-        summary.update(evidence=ev.to_dict(), timestamp_anomalies=ev.timestamp_anomalies)
-        if not ev.usable:
-            return "unusable", ev.reason, ev.detail, summary, analysis_id
-        return "recorded", None, None, summary, analysis_id
+        state, reason, detail, summary = sample_outcome(doc, paths, devices, self.policy)
+        return state, reason, detail, summary, analysis_id
+
+
+def sample_outcome(
+    doc: dict[str, Any], paths: list[Any], devices: int, policy: Policy
+) -> tuple[str, str | None, str | None, dict[str, Any]]:
+    """A sample's final state (``recorded`` or ``unusable``), reason, detail and summary columns
+    from its analysis document and local files (``autopilot.evidence.judge``)."""
+    summary = summarize(doc, devices, float(policy.interval_s))
+    ev = judge(doc, paths, max_timestamp_anomalies=policy.max_timestamp_anomalies)
+    summary.update(evidence=ev.to_dict(), timestamp_anomalies=ev.timestamp_anomalies)
+    if not ev.usable:
+        return "unusable", ev.reason, ev.detail, summary
+    return "recorded", None, None, summary
 
 
 def roundup_for(ranks: list[dict[str, Any]]) -> int | None:
