@@ -215,7 +215,17 @@ def job_view(catalog: Any, job_id: str) -> dict[str, Any] | None:
     row = next((r for r in job_list(catalog) if r["job_key"] == job_id and r["source"] != "manual"), None)
     if row is None:
         return None
-    return {"row": row, "charts": _charts(job_trend=job_chart(row["samples"]))}
+    return {"row": row, "charts": _charts(job_trend=job_chart(row["samples"])), "due": _due_text(row["next_due"])}
+
+
+def _due_text(next_due: str | None) -> str:
+    """``next sample due now`` or ``next sample due 2026-11-28 13:53:28 UTC``."""
+    if not next_due:
+        return "no sample planned"
+    at = datetime.strptime(next_due, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    if at <= datetime.now(timezone.utc):
+        return "next sample due now (at the autopilot's next cycle)"
+    return f"next sample due {at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def job_page_context(catalog: Any, job_id: str) -> dict[str, Any] | None:

@@ -69,7 +69,7 @@ def waste_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         }
     ]
     layout = _layout(
-        xaxis={"title": {"text": "wasted GPU-hours (GPU-h: idle share × GPUs × hours)"}, "rangemode": "tozero"},
+        xaxis={"title": {"text": "wasted GPU-hours (GPU-h)"}, "rangemode": "tozero"},
         yaxis={"automargin": True, "type": "category"},
         showlegend=False,
     )
