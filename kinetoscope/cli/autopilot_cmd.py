@@ -188,9 +188,9 @@ def _print_cycle(report: CycleReport) -> None:
 
 def _no_daemon(report: CycleReport) -> int:
     """Exit status 1 with one line on stderr when no daemon answered (nothing could be seen)."""
-    parts = [f"{h}: {why}" for h, why in sorted(report.hosts_failed.items())]
-    parts += [f"{h}: down earlier, in back-off" for h in report.hosts_skipped]
-    print(f"Error: no daemon answered ({'; '.join(parts) or 'no daemon to ask'})", file=sys.stderr)
+    parts = [why if h in why else f"{h}: {why}" for h, why in sorted(report.hosts_failed.items())]
+    parts += [f"{h}: down earlier, in back-off (see fleet_hosts.next_retry)" for h in report.hosts_skipped]
+    print(f"Error: no daemon answered: {'; '.join(parts) or 'no daemon to ask'}", file=sys.stderr)
     return 1
 
 
