@@ -174,7 +174,7 @@ def job_row(
 def manual_row(job: Any, manual_traces: int) -> dict[str, Any]:
     """A job only ``kscope trace`` (or the web form) traced: the catalog's keys, the autopilot's
     keys empty, state ``traced by hand`` (nothing watches it)."""
-    row = {k: None for k in _AUTOPILOT_KEYS}
+    row: dict[str, Any] = dict.fromkeys(_AUTOPILOT_KEYS)
     row.update(job.to_dict())
     row.update(
         job_key=job.job_id,
@@ -308,9 +308,13 @@ def fleet_totals(rows: Sequence[Mapping[str, Any]]) -> FleetTotals:
     """:class:`FleetTotals` of listed job rows (:func:`job_row`)."""
     sampled = [r for r in rows if r["samples_recorded"]]
     strag = sum(1 for r in sampled if r["straggler_kind"] in ("persistent", "intermittent"))
-    low = sum(1 for r in sampled if isinstance(r["gpu_busy_pct"], (int, float)) and r["gpu_busy_pct"] < LOW_UTIL_PCT)
+    low = sum(
+        1 for r in sampled if isinstance(r["gpu_busy_pct"], (int, float)) and r["gpu_busy_pct"] < LOW_UTIL_PCT
+    )
     launch = sum(1 for r in sampled if (r["launch_bound_pct"] or 0) > 0)
-    times = sorted(s["created"] for r in rows for s in r["samples"] if s["state"] == "recorded" and s["created"])
+    times = sorted(
+        s["created"] for r in rows for s in r["samples"] if s["state"] == "recorded" and s["created"]
+    )
     n = len(sampled)
     return FleetTotals(
         jobs_listed=len(rows),

@@ -36,7 +36,9 @@ class Policy:
 
     warmup_s: float = 300.0  # first trace this long after a job is first seen
     interval_s: float = 3600.0  # then one every interval
-    min_age_s: float = 0.0  # never trace a job younger than this (as its daemon saw it), even with a shorter warmup_s
+    min_age_s: float = (
+        0.0  # never trace a job younger than this (as its daemon saw it), even with a shorter warmup_s
+    )
     iterations: int = 10  # iterations per trace (aligned windows across ranks)
     max_in_flight: int = 8  # traces in flight across the whole fleet
     per_host: int = 1  # traces in flight per host

@@ -279,7 +279,9 @@ class Autopilot:
         ]
         for c in claims:
             if c.sample_id not in won:
-                report.waiting[c.job_key] = "due, but another autopilot holds its lease or a sample is in flight"
+                report.waiting[c.job_key] = (
+                    "due, but another autopilot holds its lease or a sample is in flight"
+                )
         for s in planned:
             self._fresh.add(s.sample_id)
             self._anomalies.pop(s.job_key, None)

@@ -117,7 +117,9 @@ def _aware(dt: datetime | None) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
-def due_time(first_seen: datetime | None, last_sample: datetime | None, warmup_s: float, interval_s: float) -> datetime:
+def due_time(
+    first_seen: datetime | None, last_sample: datetime | None, warmup_s: float, interval_s: float
+) -> datetime:
     """When a job is next due under a policy: ``interval_s`` after its latest sample, else
     ``warmup_s`` after it was first seen (now when neither is known)."""
     if last_sample is not None:
@@ -264,8 +266,7 @@ class FleetStore:
         new = 0
         with self.cat._write() as conn:
             known = {
-                r[0]: r[1]
-                for r in conn.execute(sa.select(fleet_jobs.c.job_key, fleet_jobs.c.first_seen))
+                r[0]: r[1] for r in conn.execute(sa.select(fleet_jobs.c.job_key, fleet_jobs.c.first_seen))
             }
             last = dict(
                 conn.execute(

@@ -189,7 +189,11 @@ def fleet_page(
     "/api/fleet", tags=["catalog"], summary="Autopilot jobs ranked by wasted GPU-hours, with their samples"
 )
 def fleet_api(
-    request: Request, sort: str = "waste", where: str | None = None, straggler: bool = False, window: str = "all"
+    request: Request,
+    sort: str = "waste",
+    where: str | None = None,
+    straggler: bool = False,
+    window: str = "all",
 ) -> JSONResponse:
     try:
         rows = fleet_rows(
@@ -215,7 +219,11 @@ def job_view(catalog: Any, job_id: str) -> dict[str, Any] | None:
     row = next((r for r in job_list(catalog) if r["job_key"] == job_id and r["source"] != "manual"), None)
     if row is None:
         return None
-    return {"row": row, "charts": _charts(job_trend=job_chart(row["samples"])), "due": _due_text(row["next_due"])}
+    return {
+        "row": row,
+        "charts": _charts(job_trend=job_chart(row["samples"])),
+        "due": _due_text(row["next_due"]),
+    }
 
 
 def _due_text(next_due: str | None) -> str:

@@ -62,7 +62,17 @@ def seed_fleet(url: str, root: Path, policy: Policy | None = None) -> None:
         store = FleetStore(cat)
         store.upsert_jobs(
             [
-                SeenJob(key, kid, f"python train.py --job {key}", [f"node0{i + 1}:1778"], [{"pid": 4242}], 8, DEVICES, False, 60)
+                SeenJob(
+                    key,
+                    kid,
+                    f"python train.py --job {key}",
+                    [f"node0{i + 1}:1778"],
+                    [{"pid": 4242}],
+                    8,
+                    DEVICES,
+                    False,
+                    60,
+                )
                 for i, (key, (kid, _, _)) in enumerate(JOBS.items())
             ],
             warmup_s=0,
@@ -77,11 +87,25 @@ def seed_fleet(url: str, root: Path, policy: Policy | None = None) -> None:
                 _record(cat, folder, sid, kid, f"node0{j + 1}", f"{at:%Y-%m-%dT%H:%M:%SZ}")
                 run = analyze_inputs([sid], catalog=cat)
                 rec = record_run(cat, run)
-                state, reason, detail, summary = sample_outcome(run.document, list(run.paths), DEVICES, policy)
-                assert store.claim(key, "seed", sid, [f"node0{j + 1}:1778"], 60, 3600, {"pids": [4242]}, now=at)
+                state, reason, detail, summary = sample_outcome(
+                    run.document, list(run.paths), DEVICES, policy
+                )
+                assert store.claim(
+                    key, "seed", sid, [f"node0{j + 1}:1778"], 60, 3600, {"pids": [4242]}, now=at
+                )
                 store.finish(sid, state, summary=summary, analysis_id=rec.id, reason=reason, error=detail)
         seen = [
-            SeenJob(key, kid, f"python train.py --job {key}", [f"node0{i + 1}:1778"], [{"pid": 4242}], 8, DEVICES, False, 3600.0 * SAMPLES)
+            SeenJob(
+                key,
+                kid,
+                f"python train.py --job {key}",
+                [f"node0{i + 1}:1778"],
+                [{"pid": 4242}],
+                8,
+                DEVICES,
+                False,
+                3600.0 * SAMPLES,
+            )
             for i, (key, (kid, _, _)) in enumerate(JOBS.items())
             if key != "proc:node05:4242"
         ]

@@ -37,8 +37,15 @@ def trace_events(
     for s in range(steps):
         start = t0_us + s * period
         ev.append(
-            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": pid, "tid": pid,
-             "ts": start, "dur": period - 1}
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{s}",
+                "pid": pid,
+                "tid": pid,
+                "ts": start,
+                "dur": period - 1,
+            }
         )
         for k in range(kernels):
             corr += 1
@@ -47,13 +54,28 @@ def trace_events(
             if corr <= corrupt:
                 kernel_ts = launch - shift_ms * 1000
             ev.append(
-                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid,
-                 "ts": launch, "dur": 4, "args": {"correlation": corr, "External id": corr}}
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": pid,
+                    "tid": pid,
+                    "ts": launch,
+                    "dur": 4,
+                    "args": {"correlation": corr, "External id": corr},
+                }
             )
             ev.append(
-                {"ph": "X", "cat": "kernel", "name": f"gemm_kernel_{k}", "pid": 0, "tid": 7,
-                 "ts": kernel_ts, "dur": kdur,
-                 "args": {"correlation": corr, "stream": 7, "device": 0, "External id": corr}}
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"gemm_kernel_{k}",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": kernel_ts,
+                    "dur": kdur,
+                    "args": {"correlation": corr, "stream": 7, "device": 0, "External id": corr},
+                }
             )
     return ev
 
@@ -63,7 +85,9 @@ def write_sample(folder: Path, busy: float, **kwargs: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     doc = {
         "schemaVersion": 1,
-        "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "totalGlobalMem": 85_000_000_000, "numSms": 132}],
+        "deviceProperties": [
+            {"id": 0, "name": "NVIDIA H100", "totalGlobalMem": 85_000_000_000, "numSms": 132}
+        ],
         "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
         "traceEvents": trace_events(busy, **kwargs),
     }

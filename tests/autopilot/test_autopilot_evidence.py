@@ -99,7 +99,12 @@ def test_an_evidence_block_decides_when_present(tmp_path: Path) -> None:
     assert judge(doc, paths).usable
     bad = {**doc, "evidence": {"usable": False, "reason": "windows do not overlap"}}
     ev = judge(bad, paths)
-    assert (ev.usable, ev.reason, ev.detail, ev.source) == (False, "evidence", "windows do not overlap", "document")
+    assert (ev.usable, ev.reason, ev.detail, ev.source) == (
+        False,
+        "evidence",
+        "windows do not overlap",
+        "document",
+    )
     counted = {**doc, "evidence": {"timestamp_anomalies": {"kernel_before_launch": 3, "negative_queue": 1}}}
     ev = judge(counted, ())
     assert (ev.usable, ev.reason, ev.timestamp_anomalies) == (False, "timestamp_anomalies", 4)

@@ -60,7 +60,9 @@ def test_first_once_says_when_then_warmup_zero_records_a_sample(
     lines = res.stdout.strip().splitlines()
     about = [ln for ln in lines if ln.startswith("proc:")]
     assert len(about) == 1, res.stdout
-    m = re.fullmatch(r"proc:\S+:(\d+): first due \d\d:\d\d:\d\d UTC, in ([\d.]+) (s|min) \(warmup_s=300\)", about[0])
+    m = re.fullmatch(
+        r"proc:\S+:(\d+): first due \d\d:\d\d:\d\d UTC, in ([\d.]+) (s|min) \(warmup_s=300\)", about[0]
+    )
     assert m and int(m.group(1)) == pid, about
     wait_s = float(m.group(2)) * (60 if m.group(3) == "min" else 1)
     assert 300 - age - 60 <= wait_s <= 300, (wait_s, age)  # counted from the job's registration
@@ -68,7 +70,9 @@ def test_first_once_says_when_then_warmup_zero_records_a_sample(
 
     policy = tmp_path / "policy.toml"
     policy.write_text("warmup_s = 0\n", encoding="utf-8")
-    res = run_kscope("autopilot", "--host", address, "--catalog", url, "--policy", str(policy), "--once", timeout=600)
+    res = run_kscope(
+        "autopilot", "--host", address, "--catalog", url, "--policy", str(policy), "--once", timeout=600
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1 samples started" in res.stdout and "finished: 1 recorded" in res.stdout, res.stdout
     with Catalog.open(url) as cat:
@@ -82,4 +86,9 @@ def test_first_once_says_when_then_warmup_zero_records_a_sample(
     import json
 
     (row,) = json.loads(listed.stdout)["jobs"]
-    assert (row["state"], row["samples_recorded"], row["samples_total"], row["traces"]) == ("running", 1, 1, 1)
+    assert (row["state"], row["samples_recorded"], row["samples_total"], row["traces"]) == (
+        "running",
+        1,
+        1,
+        1,
+    )

@@ -108,7 +108,9 @@ def test_fleet_page_totals_charts_and_ranking(served: tuple[str, str, Path], siz
         # totals, with their units
         wasted = page.inner_text("[data-total=gpu_hours_wasted]")
         assert f"{totals.gpu_hours_wasted:,.1f}" in wasted and "GPU-h" in wasted
-        assert page.inner_text("[data-total=jobs_sampled] .value").split()[0] == str(totals.jobs_sampled) == "5"
+        assert (
+            page.inner_text("[data-total=jobs_sampled] .value").split()[0] == str(totals.jobs_sampled) == "5"
+        )
         unusable = page.inner_text("[data-total=samples_unusable]")
         assert unusable.startswith("3") and "3 with corrupted timestamps" in unusable
         for key in ("share_stragglers", "share_low_utilisation", "share_launch_bound"):

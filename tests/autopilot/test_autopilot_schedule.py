@@ -21,7 +21,9 @@ from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import FleetStore, SeenJob, utcnow
 from tests.autopilot.conftest import run_kscope
 
-POLICY = Policy(interval_s=3600, iterations=3, trace_timeout_s=1, rpc_timeout_s=5, max_in_flight=1000, workers=8)
+POLICY = Policy(
+    interval_s=3600, iterations=3, trace_timeout_s=1, rpc_timeout_s=5, max_in_flight=1000, workers=8
+)
 DUE = re.compile(r"first due \d\d:\d\d:\d\d UTC, in [\d.]+ (s|min|h) \(warmup_s=(\d+)\)$")
 
 
@@ -62,7 +64,9 @@ def test_once_says_why_each_job_waits_and_a_new_policy_applies_to_known_jobs(
 
 def test_cli_once_prints_one_line_per_waiting_job(fleet: SimFleet, tmp_path: Path) -> None:
     url = str(tmp_path / "c.db")
-    res = run_kscope("autopilot", *[a for h in fleet.addresses for a in ("--host", h)], "--catalog", url, "--once")
+    res = run_kscope(
+        "autopilot", *[a for h in fleet.addresses for a in ("--host", h)], "--catalog", url, "--once"
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     waiting = [ln for ln in lines if DUE.search(ln)]
@@ -83,7 +87,9 @@ def test_no_daemon_answering_is_a_non_zero_exit(tmp_path: Path) -> None:
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
     assert res.returncode == 1 and len(errors) == 1, res.stderr
     assert errors[0].startswith(f"Error: no daemon answered: daemon {address}: connection refused")
-    again = run_kscope("autopilot", "--host", address, "--catalog", url, "--once", "--json")  # now in back-off
+    again = run_kscope(
+        "autopilot", "--host", address, "--catalog", url, "--once", "--json"
+    )  # now in back-off
     assert again.returncode == 1 and f"{address}: down earlier, in back-off" in again.stderr
 
 
