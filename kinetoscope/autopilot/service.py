@@ -295,7 +295,7 @@ class Autopilot:
         planned = set(self._planned_keys(report))
         seen = {j.job_key for j in result.jobs}
         in_flight = {s.job_key: s.sample_id for s in self.store.active_samples()}
-        sampled = {s.job_key for s in self.store.samples()}
+        sampled = self.store.sampled_jobs()
         now = utcnow()
         for job in self.store.jobs():
             key = job["job_key"]

@@ -604,6 +604,11 @@ class FleetStore:
             rows = conn.execute(sa.select(fleet_samples).where(fleet_samples.c.state.in_(ACTIVE_STATES)))
             return [_sample(r) for r in rows]
 
+    def sampled_jobs(self) -> set[str]:
+        """Job keys with at least one sample (any state)."""
+        with self.cat._read() as conn:
+            return {r[0] for r in conn.execute(sa.select(fleet_samples.c.job_key).distinct())}
+
     def samples(self, job_key: str | None = None, states: Sequence[str] | None = None) -> list[SampleRow]:
         q = sa.select(fleet_samples).order_by(fleet_samples.c.created, fleet_samples.c.sample_id)
         if job_key is not None:
