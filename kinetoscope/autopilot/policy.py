@@ -36,7 +36,9 @@ class Policy:
 
     warmup_s: float = 300.0  # first trace this long after a job is first seen
     interval_s: float = 3600.0  # then one every interval
-    min_age_s: float = 120.0  # never trace a job younger than this (as its daemon saw it)
+    min_age_s: float = (
+        0.0  # never trace a job younger than this (as its daemon saw it), even with a shorter warmup_s
+    )
     iterations: int = 10  # iterations per trace (aligned windows across ranks)
     max_in_flight: int = 8  # traces in flight across the whole fleet
     per_host: int = 1  # traces in flight per host
@@ -50,6 +52,8 @@ class Policy:
     opt_out_values: tuple[str, ...] = ("off", "0", "false", "no")  # KSCOPE_AUTOPILOT values that opt out
     devices_per_rank: int = 1  # GPUs per rank, for wasted GPU-seconds
     announced_max_age_s: float = 120.0  # --announced: daemons whose last heartbeat is at most this old
+    stale_after_s: float = 3600.0  # a job not seen for this long has ended, even if its host is down
+    max_timestamp_anomalies: int = 0  # a sample with more device events stamped before launch is unusable
     alerts: Alerts = field(default_factory=Alerts)
     anomaly: AnomalyPolicy = field(default_factory=AnomalyPolicy)
 

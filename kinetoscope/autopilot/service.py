@@ -1,5 +1,6 @@
 """The autopilot's cycle: discover → resume → plan → sample (trigger, wait, store, analyse,
-record) → alert. ``kscope autopilot`` runs :meth:`Autopilot.run_cycle` once (``--once``) or
+record, judge the evidence) → alert. A sample whose evidence cannot carry a verdict
+(``autopilot.evidence``) is kept as ``unusable`` and never ranked. ``kscope autopilot`` runs :meth:`Autopilot.run_cycle` once (``--once``) or
 until stopped (:meth:`Autopilot.run_forever`).
 
 Crash safety (docs/autopilot.md): every step is a transaction in the catalog
@@ -25,10 +26,12 @@ from typing import Any
 from kinetoscope.autopilot import alerts as alerting
 from kinetoscope.autopilot.anomaly import AnomalyDetector
 from kinetoscope.autopilot.discovery import SweepResult, sweep
+from kinetoscope.autopilot.evidence import judge
 from kinetoscope.autopilot.lease import LeaseKeeper
 from kinetoscope.autopilot.metrics import AutopilotMetrics
 from kinetoscope.autopilot.policy import Policy
 from kinetoscope.autopilot.summary import summarize
+from kinetoscope.autopilot.waiting import why_waiting
 from kinetoscope.collect.client import DaemonClient, DaemonError, parse_host
 from kinetoscope.collect.trigger import (
     DEFAULT_POLL_INTERVAL_S,
@@ -87,6 +90,7 @@ class CycleReport:
     sweep_s: float = 0.0
     hosts_answered: int = 0
     hosts_failed: dict[str, str] = field(default_factory=dict)
+    hosts_skipped: list[str] = field(default_factory=list)  # down earlier, in back-off: not asked
     jobs_seen: int = 0
     jobs_new: int = 0
     jobs_ended: list[str] = field(default_factory=list)
@@ -95,6 +99,7 @@ class CycleReport:
     finished: dict[str, str] = field(default_factory=dict)  # sample id -> final state
     alerts_sent: int = 0
     anomalies: dict[str, str] = field(default_factory=dict)  # job key -> kind, made due this cycle
+    waiting: dict[str, str] = field(default_factory=dict)  # job key -> why it was not traced (waiting.py)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -127,7 +132,8 @@ class Autopilot:
         started = time.perf_counter()
         report = CycleReport()
         result = self.discover(report)
-        work = self.resume(report) + self.plan(report, set(result.failed))
+        work = self.resume(report) + self.plan(report, set(result.failed) | set(result.skipped))
+        self.explain(result, report)
         self.execute(work, report)
         sent, failed = alerting.send_pending(self.store, self.policy.alerts)
         report.alerts_sent = sent
@@ -187,12 +193,15 @@ class Autopilot:
                 retry.isoformat(),
                 extra={"event": "host_down", "host": address},
             )
-        report.jobs_new = self.store.upsert_jobs(result.jobs, p.warmup_s)
-        report.jobs_ended = self.store.mark_ended(result.answered, [j.job_key for j in result.jobs])
+        report.jobs_new = self.store.upsert_jobs(result.jobs, p.warmup_s, interval_s=p.interval_s)
+        report.jobs_ended = self.store.mark_ended(
+            result.answered, [j.job_key for j in result.jobs], stale_after_s=p.stale_after_s
+        )
         if p.anomaly.enabled:
             self.anomalies(result, report)
         report.sweep_s, report.jobs_seen = round(result.seconds, 3), len(result.jobs)
         report.hosts_answered, report.hosts_failed = len(result.answered), dict(result.failed)
+        report.hosts_skipped = list(result.skipped)
         self.metrics.sweep_seconds.observe(result.seconds)
         self.metrics.jobs_known.set(sum(1 for j in result.jobs if not j.opted_out))
         self.metrics.jobs_opted_out.set(sum(1 for j in result.jobs if j.opted_out))
@@ -242,8 +251,13 @@ class Autopilot:
         for job in due:
             hosts = list(job["hosts"])
             if len(claims) >= room:
-                break
-            if any(per_host[h] >= p.per_host for h in hosts) or set(hosts) & down:
+                report.waiting[job["job_key"]] = f"due, waiting for a slot (max_in_flight={p.max_in_flight})"
+                continue
+            if set(hosts) & down:
+                report.waiting[job["job_key"]] = f"due, but host {sorted(set(hosts) & down)[0]} is down"
+                continue
+            if any(per_host[h] >= p.per_host for h in hosts):
+                report.waiting[job["job_key"]] = f"due, waiting for a host slot (per_host={p.per_host})"
                 continue
             per_host.update(hosts)
             claims.append(Claim(job["job_key"], new_sample_id(), hosts, self._request(job)))
@@ -263,6 +277,11 @@ class Autopilot:
             for c in claims
             if c.sample_id in won
         ]
+        for c in claims:
+            if c.sample_id not in won:
+                report.waiting[c.job_key] = (
+                    "due, but another autopilot holds its lease or a sample is in flight"
+                )
         for s in planned:
             self._fresh.add(s.sample_id)
             self._anomalies.pop(s.job_key, None)
@@ -270,6 +289,25 @@ class Autopilot:
         self.metrics.queue_depth.set(max(0, len(due) - len(planned)))
         self.metrics.in_flight.set(len(active) + len(planned))
         return planned
+
+    def explain(self, result: SweepResult, report: CycleReport) -> None:
+        """``report.waiting``: why each job this sweep saw was not planned (``waiting.why_waiting``)."""
+        planned = set(self._planned_keys(report))
+        seen = {j.job_key for j in result.jobs}
+        in_flight = {s.job_key: s.sample_id for s in self.store.active_samples()}
+        sampled = self.store.sampled_jobs()
+        now = utcnow()
+        for job in self.store.jobs():
+            key = job["job_key"]
+            if key in planned or key in report.waiting or key not in seen:
+                continue
+            report.waiting[key] = why_waiting(
+                job, self.policy, now=now, sampled=key in sampled, in_flight=in_flight.get(key)
+            )
+
+    def _planned_keys(self, report: CycleReport) -> list[str]:
+        ids = set(report.started) | set(report.resumed)
+        return [s.job_key for s in self.store.active_samples() if s.sample_id in ids]
 
     def _request(self, job: dict[str, Any]) -> dict[str, Any]:
         """What a sample of ``job`` asks the daemons for (kept in ``fleet_samples.request``)."""
@@ -351,7 +389,7 @@ class Autopilot:
                 "reason": reason,
             },
         )
-        if state == "recorded" and summary is not None:
+        if state == "recorded" and summary is not None:  # unusable samples never alert
             alerting.evaluate(self.store, sample.job_key, sample.sample_id, summary, self.policy.alerts)
         return sample.sample_id, state
 
@@ -470,6 +508,7 @@ class Autopilot:
                 return "failed", "store", bad[0].message, None, None
         record_trace_result(res, self.catalog.url, raise_errors=True)
         existing = self.catalog.latest_analysis(sample.sample_id, name=ANALYSIS_NAME)
+        paths: list[Any] = []  # the local files, for the evidence's own timestamp check
         if existing is None:
             run = analyze_inputs(
                 [sample.sample_id],
@@ -478,12 +517,25 @@ class Autopilot:
                 ray_address=self.config.analyze.ray_address,
             )
             rec = record_run(self.catalog, run)
-            doc, analysis_id = run.document, rec.id
+            doc, analysis_id, paths = run.document, rec.id, list(run.paths)
         else:  # analysed before a crash: never twice
             doc, analysis_id = existing.document, existing.id
         devices = int(sample.request.get("devices") or len(res.files))
-        summary = summarize(doc, devices, float(self.policy.interval_s))
-        return "recorded", None, None, summary, analysis_id
+        state, reason, detail, summary = sample_outcome(doc, paths, devices, self.policy)
+        return state, reason, detail, summary, analysis_id
+
+
+def sample_outcome(
+    doc: dict[str, Any], paths: list[Any], devices: int, policy: Policy
+) -> tuple[str, str | None, str | None, dict[str, Any]]:
+    """A sample's final state (``recorded`` or ``unusable``), reason, detail and summary columns
+    from its analysis document and local files (``autopilot.evidence.judge``)."""
+    summary = summarize(doc, devices, float(policy.interval_s))
+    ev = judge(doc, paths, max_timestamp_anomalies=policy.max_timestamp_anomalies)
+    summary.update(evidence=ev.to_dict(), timestamp_anomalies=ev.timestamp_anomalies)
+    if not ev.usable:
+        return "unusable", ev.reason, ev.detail, summary
+    return "recorded", None, None, summary
 
 
 def roundup_for(ranks: list[dict[str, Any]]) -> int | None:

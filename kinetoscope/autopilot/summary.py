@@ -9,6 +9,7 @@ Definitions (docs/autopilot.md):
 * ``launch_bound_pct`` — the ``launch-bound`` recommendation's launch-gap fraction × 100
   (0 when the diagnosis did not flag it; None without GPU kernels).
 * ``lost_fraction`` — step time lost to stragglers (the straggler recommendation's estimate).
+* ``top_recommendation`` / ``top_recommendation_title`` — the first recommendation's id and title.
 * ``wasted_gpu_s`` — idle share × devices × interval: the GPU-seconds this sample stands for
   that did no work. None when the busy share is unknown.
 """
@@ -99,5 +100,8 @@ def summarize(doc: Mapping[str, Any], devices: int, interval_s: float) -> dict[s
         "exposed_comm_pct": exposed_comm_pct(doc),
         "launch_bound_pct": launch_bound_pct(doc, busy),
         "top_recommendation": str(recs[0].get("id")) if recs and recs[0].get("id") is not None else None,
+        "top_recommendation_title": str(recs[0].get("title"))[:256]
+        if recs and recs[0].get("title") is not None
+        else None,
         "wasted_gpu_s": wasted,
     }

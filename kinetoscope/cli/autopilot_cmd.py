@@ -7,10 +7,14 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import typer
 
 from kinetoscope.cli.examples import examples
+
+if TYPE_CHECKING:
+    from kinetoscope.autopilot.service import CycleReport
 
 EXAMPLES = examples(
     ("kscope autopilot --host node1:1778 --host node2:1778 --once", "one cycle, then exit"),
@@ -146,15 +150,9 @@ def register(app: typer.Typer) -> None:
                         orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
                     )
                 else:
-                    states = (
-                        ", ".join(f"{v} {k}" for k, v in _count(report.finished.values()).items()) or "none"
-                    )
-                    print(
-                        f"autopilot cycle: {report.hosts_answered}/{report.hosts_answered + len(report.hosts_failed)} "
-                        "daemons answered, "
-                        f"{report.jobs_seen} jobs, {len(report.started)} samples started, "
-                        f"{len(report.resumed)} resumed, finished: {states} ({report.seconds:.1f} s)"
-                    )
+                    _print_cycle(report)
+                if report.hosts_answered == 0:
+                    raise typer.Exit(_no_daemon(report))
                 return
             stop = threading.Event()
 
@@ -171,6 +169,29 @@ def register(app: typer.Typer) -> None:
             pilot.run_forever(stop)
         finally:
             pilot.close()
+
+
+def _print_cycle(report: CycleReport) -> None:
+    """One line per job that was not traced (why, and when it will be), then the cycle's line."""
+    for key, why in sorted(report.waiting.items()):
+        print(f"{key}: {why}")
+    for key, kind in sorted(report.anomalies.items()):
+        print(f"{key}: traced now (anomaly: {kind})")
+    states = ", ".join(f"{v} {k}" for k, v in _count(report.finished.values()).items()) or "none"
+    asked = report.hosts_answered + len(report.hosts_failed)
+    print(
+        f"autopilot cycle: {report.hosts_answered}/{asked} daemons answered, "
+        f"{report.jobs_seen} jobs, {len(report.started)} samples started, "
+        f"{len(report.resumed)} resumed, finished: {states} ({report.seconds:.1f} s)"
+    )
+
+
+def _no_daemon(report: CycleReport) -> int:
+    """Exit status 1 with one line on stderr when no daemon answered (nothing could be seen)."""
+    parts = [why if h in why else f"{h}: {why}" for h, why in sorted(report.hosts_failed.items())]
+    parts += [f"{h}: down earlier, in back-off (see fleet_hosts.next_retry)" for h in report.hosts_skipped]
+    print(f"Error: no daemon answered: {'; '.join(parts) or 'no daemon to ask'}", file=sys.stderr)
+    return 1
 
 
 def _count(values: object) -> dict[str, int]:

@@ -1,5 +1,6 @@
-"""`kscope jobs`: the catalog's jobs; with autopilot data, every job with its samples, its latest
-diagnosis figures and its wasted GPU-hours (``--sort waste``, ``--where``).
+"""`kscope jobs`: every job the catalog knows, traced by hand or by the autopilot, once each
+(``kinetoscope.autopilot.fleetview``, "One list"), with its state, its traces, its samples, its
+latest diagnosis figures and its wasted GPU-hours (``--sort waste``, ``--where``).
 
 Without autopilot data and without ``--sort``/``--where`` it is exactly the catalog listing of
 ``kinetoscope.cli.catalog_cmd`` (same table, same ``--json``). With them, the ``--json`` envelope
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
             "launch_bound, exposed_comm, waste_h, samples).",
         ),
     ) -> None:
-        """List the jobs the catalog has seen, most recent first."""
+        """List every job the catalog has seen (by hand or by the autopilot), most recent first."""
         from kinetoscope.autopilot.fleetview import fleet_rows
         from kinetoscope.store.fleet import FleetStore
 
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
             if sort is None and where is None and not store.jobs():
                 _catalog_jobs(cat, as_json, limit)
                 return
-            rows = fleet_rows(store, sort=sort or "recent", where=where)
+            rows = fleet_rows(store, sort=sort or "recent", where=where, everything=True)
             if limit:
                 rows = rows[:limit]
             if as_json:
@@ -111,41 +112,52 @@ def _fmt(v: Any, digits: int = 1) -> str:
     return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
 
+def _samples(r: dict[str, Any]) -> str:
+    """``2/3`` usable of all samples, ``-`` for a job the autopilot never sampled."""
+    if r["source"] == "manual" or not r["samples_total"]:
+        return "-"
+    return f"{r['samples_recorded']}/{r['samples_total']}"
+
+
 def _print_fleet(rows: list[dict[str, Any]], url: str) -> None:
     if not rows:
-        _print(f"No autopilot jobs match in catalog {url}.")
+        _print(f"No jobs match in catalog {url}.")
         return
     t = _table(
-        f"Autopilot jobs in {url}",
+        f"Jobs in {url} (samples: usable/all; figures from the latest usable sample)",
         [
             "JOB",
+            "STATE",
             "HOSTS",
+            "TRACES",
             "SAMPLES",
             "WASTED GPU-H",
             "GPU BUSY %",
             "MFU",
             "STRAGGLER",
             "TOP RECOMMENDATION",
-            "STATE",
         ],
     )
     from rich.text import Text  # plain text: a job key like "torch:a:1:r" must not become an emoji
 
     for r in rows:
-        state = "opted out" if r["opted_out"] else ("ended" if r["ended"] else "running")
         strag = r["straggler_kind"] or "-"
         if r["straggler_ranks"]:
             strag += " " + ",".join(map(str, r["straggler_ranks"]))
+        state = r["state"]
+        if r["timestamp_anomaly_samples"]:
+            state += f" ({r['timestamp_anomaly_samples']} corrupted)"
         cells = [
             r["job_key"],
+            state,
             ",".join(r["hosts"]),
-            f"{r['samples_recorded']}/{r['traces']}",
-            _fmt(r["wasted_gpu_hours"], 3),
+            str(r["traces"]),
+            _samples(r),
+            _fmt(r["wasted_gpu_hours"], 3) if r["source"] != "manual" else "-",
             _fmt(r["gpu_busy_pct"]),
             _fmt(r["mfu"], 4),
             strag,
-            r["top_recommendation"] or "-",
-            state,
+            r["top_recommendation_title"] or r["top_recommendation"] or "-",
         ]
         t.add_row(*(Text(c) for c in cells))
     _print(t)

@@ -8,8 +8,13 @@ run can resume from (docs/autopilot.md, "Crash safety").
   the same transaction.
 * **Sample states**: ``planned`` (trace id chosen, trigger not confirmed), ``triggered`` (the
   daemons took the request; ``request`` holds what is needed to wait for it), then one of
-  ``recorded`` (stored, analysed, summary written), ``job_ended`` (the job exited before its trace
-  was written), ``failed`` (``reason`` says why).
+  ``recorded`` (stored, analysed, summary written, evidence usable), ``unusable`` (stored and
+  analysed, but its evidence cannot carry a verdict: ``reason`` and ``evidence`` say why; never
+  ranked), ``job_ended`` (the job exited before its trace was written), ``failed`` (``reason``
+  says why).
+* **Schedule**: a job is due ``warmup_s`` after it was first seen, then ``interval_s`` after its
+  latest sample; both are applied again at every sweep (:meth:`FleetStore.upsert_jobs`), so a
+  changed policy holds for jobs already known.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet_models import fleet_alerts, fleet_hosts, fleet_jobs, fleet_samples
 
 ACTIVE_STATES = ("planned", "triggered")
-FINAL_STATES = ("recorded", "job_ended", "failed")
+FINAL_STATES = ("recorded", "unusable", "job_ended", "failed")
 SUMMARY_COLUMNS = (
     "interval_s",
     "devices",
@@ -38,6 +43,9 @@ SUMMARY_COLUMNS = (
     "launch_bound_pct",
     "top_recommendation",
     "wasted_gpu_s",
+    "top_recommendation_title",
+    "timestamp_anomalies",
+    "evidence",
 )
 
 
@@ -100,6 +108,25 @@ class SampleRow:
             "analysis_id": self.analysis_id,
             **self.summary,
         }
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    """A database time as an aware UTC datetime (SQLite may hand back naive ones)."""
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def due_time(
+    first_seen: datetime | None, last_sample: datetime | None, warmup_s: float, interval_s: float
+) -> datetime:
+    """When a job is next due under a policy: ``interval_s`` after its latest sample, else
+    ``warmup_s`` after it was first seen (now when neither is known)."""
+    if last_sample is not None:
+        return last_sample + timedelta(seconds=interval_s)
+    if first_seen is not None:
+        return first_seen + timedelta(seconds=warmup_s)
+    return utcnow()
 
 
 def _iso(dt: datetime | None) -> str | None:
@@ -223,14 +250,33 @@ class FleetStore:
             ]
 
     # -- jobs ------------------------------------------------------------------------------------
-    def upsert_jobs(self, seen: Sequence[SeenJob], warmup_s: float, now: datetime | None = None) -> int:
-        """Insert new jobs (first due after ``warmup_s``), refresh known ones; returns how many are new."""
+    def upsert_jobs(
+        self,
+        seen: Sequence[SeenJob],
+        warmup_s: float,
+        now: datetime | None = None,
+        interval_s: float | None = None,
+    ) -> int:
+        """Insert new jobs (first due after ``warmup_s``), refresh known ones; returns how many are new.
+
+        With ``interval_s``, a known job's next due time is computed again from this policy
+        (``first seen + warmup_s`` before its first sample, ``latest sample + interval_s`` after),
+        so a changed ``--policy`` applies to it at once."""
         now = now or utcnow()
         new = 0
         with self.cat._write() as conn:
-            known = {r[0]: r[1] for r in conn.execute(sa.select(fleet_jobs.c.job_key, fleet_jobs.c.ended_at))}
+            known = {
+                r[0]: r[1] for r in conn.execute(sa.select(fleet_jobs.c.job_key, fleet_jobs.c.first_seen))
+            }
+            last = dict(
+                conn.execute(
+                    sa.select(fleet_samples.c.job_key, sa.func.max(fleet_samples.c.created)).group_by(
+                        fleet_samples.c.job_key
+                    )
+                ).all()
+            )
             for j in seen:
-                values = {
+                values: dict[str, Any] = {
                     "job_id": j.job_id,
                     "cmdline": j.cmdline,
                     "hosts": j.hosts,
@@ -243,6 +289,10 @@ class FleetStore:
                     "ended_at": None,
                 }
                 if j.job_key in known:
+                    if interval_s is not None:
+                        values["next_due"] = due_time(
+                            _aware(known[j.job_key]), _aware(last.get(j.job_key)), warmup_s, interval_s
+                        )
                     conn.execute(
                         fleet_jobs.update().where(fleet_jobs.c.job_key == j.job_key).values(**values)
                     )
@@ -260,22 +310,50 @@ class FleetStore:
         return new
 
     def mark_ended(
-        self, answered_hosts: Iterable[str], seen_keys: Iterable[str], now: datetime | None = None
+        self,
+        answered_hosts: Iterable[str],
+        seen_keys: Iterable[str],
+        now: datetime | None = None,
+        stale_after_s: float | None = None,
     ) -> list[str]:
-        """Jobs not seen in this sweep although every one of their hosts answered: ended."""
+        """Jobs not seen in this sweep although every one of their hosts answered: ended. With
+        ``stale_after_s``, also jobs not seen for that long whatever their hosts did (a host that
+        stays down, a job that was never seen again): they end instead of reading "running"."""
         now = now or utcnow()
         answered, seen = set(answered_hosts), set(seen_keys)
+        stale_before = now - timedelta(seconds=stale_after_s) if stale_after_s is not None else None
         ended: list[str] = []
         with self.cat._write() as conn:
             rows = conn.execute(
-                sa.select(fleet_jobs.c.job_key, fleet_jobs.c.hosts).where(fleet_jobs.c.ended_at.is_(None))
+                sa.select(fleet_jobs.c.job_key, fleet_jobs.c.hosts, fleet_jobs.c.last_seen).where(
+                    fleet_jobs.c.ended_at.is_(None)
+                )
             )
-            for key, hosts in rows.all():
-                if key not in seen and set(hosts or []) <= answered:
+            for key, hosts, last_seen in rows.all():
+                if key in seen:
+                    continue
+                if set(hosts or []) <= answered or (
+                    stale_before is not None and (_aware(last_seen) or now) < stale_before
+                ):
                     ended.append(key)
             if ended:
                 conn.execute(fleet_jobs.update().where(fleet_jobs.c.job_key.in_(ended)).values(ended_at=now))
         return ended
+
+    def trace_ids_by_job(self) -> dict[str, set[str]]:
+        """The catalog's job ids (Kineto's, as ``kscope trace`` recorded them) and their trace ids."""
+        from kinetoscope.store.models import trace_files
+
+        with self.cat._read() as conn:
+            rows = conn.execute(
+                sa.select(trace_files.c.job_id, trace_files.c.trace_id)
+                .where(trace_files.c.job_id.is_not(None))
+                .distinct()
+            )
+            out: dict[str, set[str]] = {}
+            for job_id, trace_id in rows:
+                out.setdefault(str(job_id), set()).add(str(trace_id))
+            return out
 
     def job(self, job_key: str) -> dict[str, Any] | None:
         with self.cat._read() as conn:
@@ -525,6 +603,11 @@ class FleetStore:
         with self.cat._read() as conn:
             rows = conn.execute(sa.select(fleet_samples).where(fleet_samples.c.state.in_(ACTIVE_STATES)))
             return [_sample(r) for r in rows]
+
+    def sampled_jobs(self) -> set[str]:
+        """Job keys with at least one sample (any state)."""
+        with self.cat._read() as conn:
+            return {r[0] for r in conn.execute(sa.select(fleet_samples.c.job_key).distinct())}
 
     def samples(self, job_key: str | None = None, states: Sequence[str] | None = None) -> list[SampleRow]:
         q = sa.select(fleet_samples).order_by(fleet_samples.c.created, fleet_samples.c.sample_id)

@@ -2,7 +2,7 @@
 
 They live on the catalog's declarative ``Base`` (so alembic sees one schema and
 ``tests/store/test_migrations.py`` checks them too); ``models.py`` imports this module at its end.
-Migration: ``migrations/versions/0002_fleet.py``. Meaning of every column: docs/autopilot.md.
+Migrations: ``migrations/versions/0002_fleet.py``, ``0003_fleet_evidence.py``. Meaning of every column: docs/autopilot.md.
 
 Terms:
 
@@ -11,7 +11,7 @@ Terms:
   ``proc:<hostname>:<pid>`` for a single process (Kineto's own job id is ``0`` for every job
   outside Slurm, so it cannot tell jobs apart).
 * **sample** — one automatic trace of a job and its diagnosis summary; its ``state`` moves
-  ``planned`` → ``triggered`` → ``recorded`` (or ``failed`` / ``job_ended``), and its id is the
+  ``planned`` → ``triggered`` → ``recorded`` (or ``unusable`` / ``failed`` / ``job_ended``), and its id is the
   trace id, chosen before the trigger so a restarted autopilot can find the trace again.
 """
 
@@ -97,6 +97,10 @@ class FleetSample(Base):
     launch_bound_pct: Mapped[float | None] = mapped_column(sa.Float)
     top_recommendation: Mapped[str | None] = mapped_column(sa.String(128))
     wasted_gpu_s: Mapped[float | None] = mapped_column(sa.Float)
+    # kernels stamped before their launch etc. (repeated profiling); migration 0003
+    timestamp_anomalies: Mapped[int | None] = mapped_column(sa.Integer)
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSONDoc)  # autopilot.evidence.SampleEvidence
+    top_recommendation_title: Mapped[str | None] = mapped_column(sa.String(256))
 
 
 class FleetAlert(Base):

@@ -92,22 +92,27 @@ def index(request: Request, web: WebContext = Ctx) -> HTMLResponse:
 
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request, web: WebContext = Ctx) -> HTMLResponse:
-    return render_page(request, "jobs.html.j2", jobs=web.catalog.jobs())
+    from kinetoscope.web.fleet import job_list  # every job: by hand and by the autopilot
+
+    return render_page(request, "jobs.html.j2", jobs=job_list(web.catalog))
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: str, web: WebContext = Ctx) -> HTMLResponse:
+    from kinetoscope.web.fleet import job_page_context  # the catalog's job and/or the autopilot's
+
     catalog = web.catalog
-    job = catalog.get_job(job_id)
-    if job is None:
+    ctx = job_page_context(catalog, job_id)
+    if ctx is None:
         raise HTTPException(404, f"no job {job_id!r} in the catalog")
-    traces = catalog.trace_requests(job_id=job_id, limit=None)
+    traces = ctx["traces"]
     analyses = [a for t in traces for a in catalog.analyses(trace_id=t.trace_id, limit=20)]
     return render_page(
         request,
         "job.html.j2",
-        job=job,
+        job=ctx["job"],
         traces=traces,
+        fleet=ctx["fleet"],
         analyses=sorted(analyses, key=lambda a: a.created, reverse=True),
     )
 

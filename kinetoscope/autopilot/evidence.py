@@ -1,0 +1,194 @@
+"""Is a sample's trace fit for the fleet ranking? The autopilot's judgement of one analysis
+document (docs/autopilot.md, "Sample evidence").
+
+A sample is **usable** when its trace can carry a cross-rank verdict: enough steps traced on
+every rank, windows that overlap, and no timestamp anomalies. It is **unusable** (sample state
+``unusable``, never ranked, the job traced again at its next due time) when any of these holds,
+checked in this order, the first naming the reason:
+
+* ``evidence`` — the analysis document's own evidence block (``evidence`` key, written by the
+  analysis) says the set is not usable; its reason is kept;
+* ``timestamp_anomalies`` — more than ``max_timestamp_anomalies`` device events stamped before
+  their launch (the corruption repeated profiling of one process causes: PyTorch issues #192021
+  and #175790), counted by the evidence block, else here from the trace files;
+* ``unaligned`` — the evidence block says the ranks' windows do not overlap;
+* ``too_few_steps`` — fewer than :data:`MIN_STEPS` steps traced in common by all ranks;
+* ``not_assessed`` — a multi-rank job whose straggler verdict is ``NOT ASSESSED``.
+
+Every field of the evidence block is read as optional: a document without it is judged from its
+``steps`` and ``stragglers`` and from the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+MIN_STEPS = 3  # steps in common below which no cross-rank verdict is made (as the diagnosis)
+
+
+class SampleEvidence(msgspec.Struct, frozen=True):
+    """The judgement kept with a sample (``fleet_samples.evidence``).
+
+    ``steps_in_common``: steps every rank traced (None: unknown). ``timestamp_anomalies``: device
+    events stamped before their launch (None: not checked). ``source``: ``document`` when the
+    analysis's evidence block decided, ``autopilot`` when this module's own checks did."""
+
+    usable: bool
+    reason: str | None = None  # a code of the module docstring; None when usable
+    detail: str | None = None  # one line for people
+    steps_in_common: int | None = None
+    timestamp_anomalies: int | None = None
+    source: str = "autopilot"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def anomaly_count(evidence: Mapping[str, Any]) -> int | None:
+    """``timestamp_anomalies`` of an evidence block: a count, ``{kind: count}``, a list of
+    ``{"count": n}`` items, or ``{"count"/"total": n}``; None when absent."""
+    v = evidence.get("timestamp_anomalies")
+    if _int(v) is not None:
+        return _int(v)
+    if isinstance(v, Mapping):
+        for key in ("total", "count"):
+            if _int(v.get(key)) is not None:
+                return _int(v.get(key))
+        return sum(_int(x) or 0 for x in v.values())
+    if isinstance(v, list):
+        return sum((_int(x.get("count")) or 0) if isinstance(x, Mapping) else 1 for x in v)
+    return None
+
+
+def _doc_usable(evidence: Mapping[str, Any]) -> bool | None:
+    """The evidence block's usable/not-usable judgement, whatever its spelling; None if absent."""
+    for key in ("usable", "cross_rank_usable"):
+        if isinstance(evidence.get(key), bool):
+            return bool(evidence[key])
+    for key in ("judgement", "judgment", "verdict", "status"):
+        text = evidence.get(key)
+        if isinstance(text, str):
+            low = text.strip().lower().replace("_", " ").replace("-", " ")
+            if low.startswith(("not usable", "unusable", "not assessed")):
+                return False
+            if low.startswith("usable"):
+                return True
+    return None
+
+
+def _doc_reason(evidence: Mapping[str, Any]) -> str | None:
+    for key in ("reason", "why", "not_usable_reason", "summary"):
+        v = evidence.get(key)
+        if isinstance(v, str) and v.strip():
+            return v.strip()
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            return "; ".join(str(x) for x in v)
+    return None
+
+
+def steps_in_common(doc: Mapping[str, Any]) -> int | None:
+    """Steps present for every rank in the document's ``steps`` rows (None without rows)."""
+    rows = doc.get("steps")
+    if not isinstance(rows, list) or not rows:
+        return None
+    by_rank: dict[Any, set[Any]] = {}
+    for r in rows:
+        if isinstance(r, Mapping) and "step" in r:
+            by_rank.setdefault(r.get("rank"), set()).add(r.get("step"))
+    if not by_rank:
+        return None
+    common = set.intersection(*by_rank.values())
+    return len(common)
+
+
+def _ranks(doc: Mapping[str, Any]) -> int:
+    job = doc.get("job")
+    n = _int(job.get("world_size")) if isinstance(job, Mapping) else None
+    traces = doc.get("traces")
+    return max(n or 0, len(traces) if isinstance(traces, list) else 0)
+
+
+def _not_assessed(doc: Mapping[str, Any]) -> str | None:
+    strag = doc.get("stragglers")
+    if _ranks(doc) < 2 or not isinstance(strag, Mapping):
+        return None
+    if strag.get("kind") in (None, "none") and strag.get("skew_fraction") is None:
+        return f"stragglers NOT ASSESSED: {strag.get('reason') or 'nothing to compare'}"
+    return None
+
+
+def kernels_before_launch(paths: Sequence[str | Path]) -> int:
+    """Device events (kernels, copies) whose start is before the start of the launch call with
+    the same correlation id, summed over the files: the signature of a later profiling run of the
+    same process (PyTorch #192021, #175790). Files that cannot be read count nothing."""
+    import polars as pl
+
+    from kinetoscope.trace import load_traces
+    from kinetoscope.trace.errors import TraceError
+    from kinetoscope.trace.schema import DEVICE_KINDS, RUNTIME_KINDS
+
+    try:
+        traces = load_traces([str(p) for p in paths])
+    except (TraceError, OSError, ValueError):
+        return 0
+    total = 0
+    for t in traces:
+        ev = t.events.filter(pl.col("correlation").is_not_null())
+        kind = pl.col("kind").cast(pl.String)
+        launches = (
+            ev.filter(kind.is_in(sorted(RUNTIME_KINDS)))
+            .group_by("correlation")
+            .agg(pl.col("ts").min().alias("launch_ts"))
+        )
+        device = ev.filter(kind.is_in(sorted(DEVICE_KINDS))).select("correlation", "ts")
+        joined = device.join(launches, on="correlation", how="inner")
+        total += int(joined.filter(pl.col("ts") < pl.col("launch_ts")).height)
+    return total
+
+
+def judge(
+    doc: Mapping[str, Any],
+    paths: Sequence[str | Path] = (),
+    *,
+    max_timestamp_anomalies: int = 0,
+) -> SampleEvidence:
+    """The sample's :class:`SampleEvidence` (module docstring). ``paths``: the local trace files,
+    read only when the document does not count timestamp anomalies itself."""
+    ev = doc.get("evidence") if isinstance(doc.get("evidence"), Mapping) else {}
+    assert isinstance(ev, Mapping)
+    steps = _int(ev.get("steps_in_common"))
+    if steps is None:
+        steps = steps_in_common(doc)
+    anomalies = anomaly_count(ev)
+    source = "document" if ev else "autopilot"
+    if anomalies is None and paths:
+        anomalies = kernels_before_launch(paths)
+
+    def bad(reason: str, detail: str, src: str = "autopilot") -> SampleEvidence:
+        return SampleEvidence(False, reason, detail, steps, anomalies, src)
+
+    if _doc_usable(ev) is False:
+        return bad("evidence", _doc_reason(ev) or "the analysis judged the trace unusable", "document")
+    if anomalies is not None and anomalies > max_timestamp_anomalies:
+        return bad(
+            "timestamp_anomalies",
+            f"{anomalies} device events stamped before their launch (repeated profiling corrupts "
+            "timestamps: PyTorch #192021, #175790)",
+        )
+    if ev.get("windows_aligned") is False or ev.get("aligned") is False:
+        return bad("unaligned", "the ranks' traced windows do not overlap", "document")
+    if steps is not None and steps < MIN_STEPS:
+        return bad("too_few_steps", f"{steps} steps traced in common (at least {MIN_STEPS} needed)")
+    why = _not_assessed(doc)
+    if why:
+        return bad("not_assessed", why)
+    return SampleEvidence(True, None, None, steps, anomalies, source)
