@@ -25,6 +25,8 @@ from typing import Any
 from kinetoscope.autopilot import alerts as alerting
 from kinetoscope.autopilot.anomaly import AnomalyDetector
 from kinetoscope.autopilot.discovery import SweepResult, sweep
+from kinetoscope.autopilot.hang import KIND as HANG
+from kinetoscope.autopilot.hang import HangDetector
 from kinetoscope.autopilot.lease import LeaseKeeper
 from kinetoscope.autopilot.metrics import AutopilotMetrics
 from kinetoscope.autopilot.policy import Policy
@@ -95,6 +97,7 @@ class CycleReport:
     finished: dict[str, str] = field(default_factory=dict)  # sample id -> final state
     alerts_sent: int = 0
     anomalies: dict[str, str] = field(default_factory=dict)  # job key -> kind, made due this cycle
+    hangs: dict[str, str] = field(default_factory=dict)  # job key -> stacks id of a hang found this cycle
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -115,6 +118,7 @@ class Autopilot:
         self._fresh: set[str] = set()  # samples planned by this process (never triggered before)
         self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
         self.detector = AnomalyDetector(self.policy.anomaly)
+        self.hang_detector = HangDetector(self.policy.hang)
         self._anomalies: dict[
             str, tuple[str, float]
         ] = {}  # job key -> (kind, utilisation) made due this cycle
@@ -191,6 +195,8 @@ class Autopilot:
         report.jobs_ended = self.store.mark_ended(result.answered, [j.job_key for j in result.jobs])
         if p.anomaly.enabled:
             self.anomalies(result, report)
+        if p.hang.enabled:
+            self.hangs(result, report)
         report.sweep_s, report.jobs_seen = round(result.seconds, 3), len(result.jobs)
         report.hosts_answered, report.hosts_failed = len(result.answered), dict(result.failed)
         self.metrics.sweep_seconds.observe(result.seconds)
@@ -216,6 +222,30 @@ class Autopilot:
                     kind,
                     extra={"event": "anomaly", "job_key": key, "kind": kind, "utilisation": util},
                 )
+
+    def hangs(self, result: SweepResult, report: CycleReport) -> None:
+        """Take stacks of jobs whose ranks all went idle; record and alert the hung ones
+        (kinetoscope.autopilot.hang). A job seen busy again ends its hang episode."""
+        due, busy = self.hang_detector.observe(result.jobs)
+        for key in busy:
+            if self.store.open_alert(key, HANG) is not None:
+                self.store.end_episode(key, HANG)
+        for job in due:
+            finding = self.hang_detector.check(self.catalog, job, "cpu_idle", self.config.token)
+            if finding.hung and finding.stacks_id:
+                report.hangs[job.job_key] = finding.stacks_id
+
+    def _hang_after_trace(self, sample: SampleRow, reason: str | None) -> None:
+        """A sample whose trace timed out or stalled: is the job hung? (kinetoscope.autopilot.hang)"""
+        if not self.policy.hang.enabled or reason not in ("timeout", "stalled"):
+            return
+        job = self.store.job(sample.job_key)
+        if job is None or not self.hang_detector.may_check(sample.job_key):
+            return
+        try:
+            self.hang_detector.check(self.catalog, job, "trace_timeout", self.config.token)
+        except KinetoscopeError as exc:
+            log.warning("hang check of %s failed: %s", sample.job_key, exc)
 
     # -- scheduling ------------------------------------------------------------------------------
     def resume(self, report: CycleReport) -> list[SampleRow]:
@@ -351,6 +381,8 @@ class Autopilot:
                 "reason": reason,
             },
         )
+        if state == "failed":
+            self._hang_after_trace(sample, reason)
         if state == "recorded" and summary is not None:
             alerting.evaluate(self.store, sample.job_key, sample.sample_id, summary, self.policy.alerts)
         return sample.sample_id, state

@@ -10,7 +10,9 @@ Terms:
 * **shape**: the main stack's functions and files, outermost first, line numbers dropped, so
   ranks at different lines of the same function share a shape (``same functions, line numbers
   normalised``).
-* **group**: the ranks of one shape. Groups print smallest first: a hang is usually one rank
+* **group**: the ranks of one shape. A rank seen **progressing** over several snapshots is
+  grouped by the job's own frames only (library frames dropped): where a busy rank happens to be
+  inside PyTorch at one instant is noise, so a healthy job reads as one group. Groups print smallest first: a hang is usually one rank
   (or a few) somewhere the others are not.
 * **outliers**: the ranks of every group but the largest, when one group is larger than every
   other (with two equal largest groups nobody is the odd one out).
@@ -125,6 +127,16 @@ def shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
     return tuple(f"{f.name} ({f.short_file})" for f in reversed(_python_frames(thread)))
 
 
+def own_shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
+    """The shape without library frames (site-packages, the standard library): a progressing
+    rank's grouping key."""
+    if thread is None:
+        return ()
+    return tuple(
+        f"{f.name} ({f.short_file})" for f in reversed(_python_frames(thread)) if not is_library(f.file)
+    )
+
+
 def exact_of(thread: rpc.ThreadStack | None) -> tuple[object, ...]:
     """The stack with line numbers and locals: what must not change for a rank to be stuck."""
     if thread is None:
@@ -177,7 +189,16 @@ def compress(values: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _summary(label: str, frame: FrameRef | None, caller: FrameRef | None, active: int, size: int) -> str:
+def _own_innermost(thread: rpc.ThreadStack | None) -> FrameRef | None:
+    own = [f for f in (_python_frames(thread) if thread else []) if not is_library(f.file)]
+    return _ref(own[0]) if own else None
+
+
+def _summary(
+    label: str, frame: FrameRef | None, caller: FrameRef | None, active: int, size: int, progressing: bool
+) -> str:
+    if progressing:
+        return f"{label} — progressing" + (f", in {frame.name} ({frame.file})" if frame else "")
     if frame is None:
         return f"{label} — no Python frames"
     where = f"{frame.name} ({frame.file}:{frame.line})"
@@ -224,7 +245,9 @@ def group_ranks(ranks: list[RankStacks]) -> list[StackGroup]:
             r.error = last.error if last else "no snapshot"
             r.error_kind = last.error_kind if last else None
             continue
-        by_shape.setdefault(shape_of(main_thread(good[-1])), []).append(r)
+        main = main_thread(good[-1])
+        key = (PROGRESSING, *own_shape_of(main)) if r.state == PROGRESSING else shape_of(main)
+        by_shape.setdefault(key, []).append(r)
     ordered = sorted(
         by_shape.items(),
         key=lambda kv: (len(kv[1]), min((m.rank if m.rank is not None else 1 << 30) for m in kv[1])),
@@ -238,6 +261,8 @@ def group_ranks(ranks: list[RankStacks]) -> list[StackGroup]:
         active = sum(1 for t in last if t is not None and t.active)
         labels = [f"{m.pid}@{m.hostname}" for m in members]
         rank_numbers = [m.rank for m in members]
+        if shape[:1] == (PROGRESSING,):
+            frame, caller = _own_innermost(last[0]), None
         states: dict[str, int] = {}
         for m in members:
             m.group = gid
@@ -248,7 +273,14 @@ def group_ranks(ranks: list[RankStacks]) -> list[StackGroup]:
                 size=len(members),
                 ranks=rank_numbers,
                 members=[f"{m.host}:{m.pid}" for m in members],
-                summary=_summary(rank_label(rank_numbers, labels), frame, caller, active, len(members)),
+                summary=_summary(
+                    rank_label(rank_numbers, labels),
+                    frame,
+                    caller,
+                    active,
+                    len(members),
+                    shape[:1] == (PROGRESSING,),
+                ),
                 frame=frame,
                 caller=caller,
                 shape=list(shape),

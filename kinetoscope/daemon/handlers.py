@@ -402,6 +402,7 @@ class RpcHandlers:
             registered_s_ago=round(now - p.first_seen, 3),
             tracing=p.polls > 0 and not (p.last_type & 2),
             autopilot=info.autopilot if info else None,
+            cpu_s=stack_snapshots.cpu_seconds(info.pid) if info else None,
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:

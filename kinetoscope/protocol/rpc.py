@@ -117,6 +117,8 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     tracing: bool
     # the job's KSCOPE_AUTOPILOT environment value ("off" opts the job out of the fleet autopilot)
     autopilot: str | None = None
+    # user + system CPU seconds of the process (/proc), what the autopilot's hang check compares
+    cpu_s: float | None = None
 
 
 class MatchedProcess(ProcessInfo, kw_only=True):

@@ -103,12 +103,15 @@ def job_page(request: Request, job_id: str, web: WebContext = Ctx) -> HTMLRespon
         raise HTTPException(404, f"no job {job_id!r} in the catalog")
     traces = catalog.trace_requests(job_id=job_id, limit=None)
     analyses = [a for t in traces for a in catalog.analyses(trace_id=t.trace_id, limit=20)]
+    from kinetoscope.web.stacks import latest_for_job
+
     return render_page(
         request,
         "job.html.j2",
         job=job,
         traces=traces,
         analyses=sorted(analyses, key=lambda a: a.created, reverse=True),
+        stacks=latest_for_job(web, job_id),
     )
 
 
