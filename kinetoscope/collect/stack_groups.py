@@ -124,7 +124,7 @@ def shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
     """``function (file)`` outermost first: the grouping key (line numbers normalised away)."""
     if thread is None:
         return ()
-    return tuple(f"{f.name} ({f.short_file})" for f in reversed(_python_frames(thread)))
+    return tuple(f"{f.name} ({_base(f)})" for f in reversed(_python_frames(thread)))
 
 
 def own_shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
@@ -132,9 +132,7 @@ def own_shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
     rank's grouping key."""
     if thread is None:
         return ()
-    return tuple(
-        f"{f.name} ({f.short_file})" for f in reversed(_python_frames(thread)) if not is_library(f.file)
-    )
+    return tuple(f"{f.name} ({_base(f)})" for f in reversed(_python_frames(thread)) if not is_library(f.file))
 
 
 def exact_of(thread: rpc.ThreadStack | None) -> tuple[object, ...]:
@@ -146,12 +144,18 @@ def exact_of(thread: rpc.ThreadStack | None) -> tuple[object, ...]:
     )
 
 
+def _base(f: rpc.StackFrame) -> str:
+    """The file's last part: what a person reads (``data.py``), and the same on every host
+    whatever its ``sys.path`` (py-spy's short name depends on it)."""
+    return f.short_file.rsplit("/", 1)[-1] or f.file.rsplit("/", 1)[-1]
+
+
 def is_library(file: str) -> bool:
     return bool(_LIBRARY.search(file))
 
 
 def _ref(f: rpc.StackFrame) -> FrameRef:
-    return FrameRef(name=f.name, file=f.short_file, line=f.line)
+    return FrameRef(name=f.name, file=_base(f), line=f.line)
 
 
 def frame_and_caller(thread: rpc.ThreadStack | None) -> tuple[FrameRef | None, FrameRef | None]:
@@ -256,13 +260,13 @@ def group_ranks(ranks: list[RankStacks]) -> list[StackGroup]:
     unique_largest = len(sizes) > 1 and sizes[0] > sizes[1]
     groups = []
     for gid, (shape, members) in enumerate(ordered):
-        last = [main_thread([s for s in m.snapshots if s.error is None][-1]) for m in members]
-        frame, caller = frame_and_caller(last[0])
-        active = sum(1 for t in last if t is not None and t.active)
+        mains = [main_thread([s for s in m.snapshots if s.error is None][-1]) for m in members]
+        frame, caller = frame_and_caller(mains[0])
+        active = sum(1 for t in mains if t is not None and t.active)
         labels = [f"{m.pid}@{m.hostname}" for m in members]
         rank_numbers = [m.rank for m in members]
         if shape[:1] == (PROGRESSING,):
-            frame, caller = _own_innermost(last[0]), None
+            frame, caller = _own_innermost(mains[0]), None
         states: dict[str, int] = {}
         for m in members:
             m.group = gid

@@ -231,11 +231,12 @@ def _owner(pid: int) -> int | None:
         return None
 
 
-def permission_advice(pid: int) -> str:
-    """Why ptrace of ``pid`` is refused to this daemon, and what fixes it (one sentence each)."""
-    me = os.geteuid()
+def permission_advice(pid: int, euid: int | None = None, cap: bool | None = None) -> str:
+    """Why ptrace of ``pid`` is refused to this daemon (effective uid ``euid``, with or without
+    CAP_SYS_PTRACE: this process's own by default), and what fixes it (one sentence each)."""
+    me = os.geteuid() if euid is None else euid
     owner = _owner(pid)
-    cap = _has_cap_ptrace()
+    cap = _has_cap_ptrace() if cap is None else cap
     scope = _ptrace_scope()
     if scope == 3:
         return (
@@ -266,13 +267,14 @@ def permission_advice(pid: int) -> str:
     )
 
 
-def classify(pid: int, stderr: bytes) -> tuple[str, str]:
-    """py-spy's failure text -> (error_kind, one-line message naming the process and the fix)."""
+def classify(pid: int, stderr: bytes, euid: int | None = None, cap: bool | None = None) -> tuple[str, str]:
+    """py-spy's failure text -> (error_kind, one-line message naming the process and the fix);
+    ``euid``/``cap``: who ran py-spy (default: this process)."""
     text = stderr.decode("utf-8", "replace")
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "py-spy failed without a message")
     low = text.lower()
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low:
-        return PERMISSION, f"pid {pid}: ptrace refused: {permission_advice(pid)}"
+        return PERMISSION, f"pid {pid}: ptrace refused: {permission_advice(pid, euid, cap)}"
     if not os.path.exists(f"/proc/{pid}") or "check that the process is running" in low:
         return GONE, f"pid {pid}: the process exited before its stack could be read"
     if "failed to find python version" in low:
