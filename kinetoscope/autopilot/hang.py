@@ -100,16 +100,20 @@ class HangDetector:
         remembers when the idle stretch began (the previous sweep)."""
         rates: list[float] = []
         started: float | None = None
-        for r in job.ranks:
+        known = True
+        for r in job.ranks:  # every rank's CPU time is remembered, known or not
             cpu = r.get("cpu_s")
             key = (job.job_key, str(r["host"]), int(r["pid"]))
             prev = self.cpu.get(key)
             if isinstance(cpu, (int, float)):
                 self.cpu[key] = (now, float(cpu))
             if prev is None or not isinstance(cpu, (int, float)) or now <= prev[0]:
-                return None
+                known = False
+                continue
             rates.append(100.0 * (float(cpu) - prev[1]) / (now - prev[0]))
             started = prev[0] if started is None else min(started, prev[0])
+        if not known:
+            return None
         idle = all(rate < self.policy.idle_cpu_pct for rate in rates)
         if idle and started is not None:
             self.idle_since.setdefault(job.job_key, started)
