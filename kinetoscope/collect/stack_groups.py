@@ -11,8 +11,9 @@ Terms:
   ranks at different lines of the same function share a shape (``same functions, line numbers
   normalised``).
 * **group**: the ranks of one shape. A rank seen **progressing** over several snapshots is
-  grouped by the job's own frames only (library frames dropped): where a busy rank happens to be
-  inside PyTorch at one instant is noise, so a healthy job reads as one group. Groups print smallest first: a hang is usually one rank
+  grouped by its **loop**: the job's own frames (library frames dropped) that it stayed in
+  through every snapshot, outermost first. Where a busy rank happens to be at one instant is
+  noise, so a healthy job reads as one group. Groups print smallest first: a hang is usually one rank
   (or a few) somewhere the others are not.
 * **outliers**: the ranks of every group but the largest, when one group is larger than every
   other (with two equal largest groups nobody is the odd one out).
@@ -135,6 +136,17 @@ def own_shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
     return tuple(f"{f.name} ({_base(f)})" for f in reversed(_python_frames(thread)) if not is_library(f.file))
 
 
+def loop_of(snapshots: Sequence[rpc.ProcessStacks]) -> tuple[str, ...]:
+    """The job's own frames a rank stayed in through every snapshot (their common outer part)."""
+    shapes = [own_shape_of(main_thread(s)) for s in snapshots]
+    common: list[str] = []
+    for frames in zip(*shapes):
+        if any(f != frames[0] for f in frames[1:]):
+            break
+        common.append(frames[0])
+    return tuple(common)
+
+
 def exact_of(thread: rpc.ThreadStack | None) -> tuple[object, ...]:
     """The stack with line numbers and locals: what must not change for a rank to be stuck."""
     if thread is None:
@@ -193,9 +205,12 @@ def compress(values: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _own_innermost(thread: rpc.ThreadStack | None) -> FrameRef | None:
-    own = [f for f in (_python_frames(thread) if thread else []) if not is_library(f.file)]
-    return _ref(own[0]) if own else None
+def _loop_frame(loop: tuple[str, ...]) -> FrameRef | None:
+    """``name (file)`` of the innermost frame of a loop shape, as a FrameRef without a line."""
+    if not loop:
+        return None
+    name, _, file = loop[-1].rpartition(" (")
+    return FrameRef(name=name, file=file.rstrip(")"), line=0)
 
 
 def _summary(
@@ -250,7 +265,7 @@ def group_ranks(ranks: list[RankStacks]) -> list[StackGroup]:
             r.error_kind = last.error_kind if last else None
             continue
         main = main_thread(good[-1])
-        key = (PROGRESSING, *own_shape_of(main)) if r.state == PROGRESSING else shape_of(main)
+        key = (PROGRESSING, *loop_of(good)) if r.state == PROGRESSING else shape_of(main)
         by_shape.setdefault(key, []).append(r)
     ordered = sorted(
         by_shape.items(),
@@ -266,7 +281,7 @@ def group_ranks(ranks: list[RankStacks]) -> list[StackGroup]:
         labels = [f"{m.pid}@{m.hostname}" for m in members]
         rank_numbers = [m.rank for m in members]
         if shape[:1] == (PROGRESSING,):
-            frame, caller = _own_innermost(mains[0]), None
+            frame, caller = _loop_frame(shape[1:]), None
         states: dict[str, int] = {}
         for m in members:
             m.group = gid

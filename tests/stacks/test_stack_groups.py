@@ -77,6 +77,15 @@ def _report(ranks: list[RankStacks], samples: int = 1) -> object:
     return build_report(ranks, target={"job_id": 1}, samples=samples, interval_s=1.0, hosts=[], errors=[])
 
 
+def _helper() -> list[rpc.StackFrame]:
+    """The loop's own helper (job code, not a library): still the same loop."""
+    return [
+        _frame("write_progress", "/job/train.py", 20),
+        _frame("main", "/job/train.py", 99),
+        _frame("<module>", "/job/train.py", 120),
+    ]
+
+
 def test_one_rank_elsewhere_is_the_outlier_and_prints_first() -> None:
     ranks = {r: [_waiting(line=95 if r % 2 else 96)] for r in range(8) if r != 3}  # lines differ: same shape
     ranks[3] = [_loading()]
@@ -105,7 +114,7 @@ def test_same_stack_and_locals_is_stuck_changed_locals_is_progressing() -> None:
     assert "every rank is stuck" in report.verdict  # type: ignore[attr-defined]
     # a busy job: the same line twice, but the step moved; and a rank in the loader once
     busy = {
-        0: [_waiting(step="30"), _waiting(step="31"), _waiting(step="32")],
+        0: [_waiting(step="30"), _waiting(step="31"), _helper()],
         1: [_waiting(step="30"), _loading(), _waiting(step="32")],
         2: [_loading(), _waiting(step="31"), _loading()],
     }
