@@ -1,8 +1,10 @@
 """How long does a stack snapshot pause the process it reads? (docs/stacks.md, "Overhead")
 
-The target is an 8-thread training process: the main thread trains a small MLP (torch releases
-the GIL inside its ops), six threads run matrix products, and one **heartbeat** thread wakes every
-0.5 ms and reports every wake-up that came later than ``--gap-ms`` after the previous one. While
+The target is an 8-thread training process: the main thread trains a small MLP, six helper
+threads wait on queues the way a training process's side threads do (a data-loader feeder, a
+checkpoint writer, a metrics pusher: each wakes every 10 ms and does a little work), and one
+**heartbeat** thread wakes every 0.5 ms and reports every wake-up that came later than
+``--gap-ms`` after the previous one. While
 py-spy has the process stopped, the heartbeat cannot run: the gap that overlaps a snapshot is the
 pause that snapshot caused. The same gaps measured over a window without snapshots are the
 baseline (scheduling noise of this machine), printed beside it.
@@ -13,6 +15,8 @@ baseline (scheduling noise of this machine), printed beside it.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,13 +32,22 @@ TARGET = r"""
 import sys, threading, time, torch
 gap_s = float(sys.argv[1])
 torch.set_num_threads(1)
-def matmuls():
-    a = torch.randn(256, 256)
+import queue
+def helper():
+    q, a = queue.Queue(), torch.randn(64, 64)
     while True:
-        a = (a @ a).tanh()
+        try:
+            q.get(timeout=0.01)
+        except queue.Empty:
+            a = (a @ a).tanh()
 for _ in range(6):
-    threading.Thread(target=matmuls, daemon=True).start()
+    threading.Thread(target=helper, daemon=True).start()
 def heartbeat():
+    import os
+    try:  # run the moment it is runnable: a gap is then the process being stopped, not scheduling
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (OSError, AttributeError):
+        pass
     last = time.time()
     while True:
         time.sleep(0.0005)
@@ -71,11 +84,15 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=2.0, help="report heartbeat gaps above this")
     args = ap.parse_args()
     proc = subprocess.Popen(
-        [sys.executable, "-c", TARGET, str(args.gap_ms / 1000)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", TARGET, str(args.gap_ms / 1000)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     lines: list[str] = []
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "READY"
+    while proc.stdout.readline().strip() != "READY":  # gaps while torch starts do not count
+        pass
 
     def read() -> None:
         assert proc.stdout is not None
@@ -89,11 +106,14 @@ def main() -> None:
         base_start = time.time()
         time.sleep(3.0)
         base_end = time.time()
-        pauses, walls, threads = [], [], 0
+        pauses, walls, cpus, threads = [], [], [], 0
         for _ in range(args.snapshots):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.time()
-            snap = snapshot(proc.pid, native=args.native, with_locals=args.locals)
+            snap = snapshot(proc.pid, native=args.native, with_locals=args.locals, timeout_s=60)
             t1 = time.time()
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1000)
             if snap.error:
                 raise SystemExit(f"snapshot failed: {snap.error}")
             threads = len(snap.threads)
@@ -111,6 +131,11 @@ def main() -> None:
     )
     print(f"pause per snapshot (heartbeat gap overlapping it): median {med:.1f} ms, max {max(pauses):.1f} ms")
     print(f"py-spy wall time per snapshot: median {statistics.median(walls):.1f} ms, max {max(walls):.1f} ms")
+    print(
+        f"py-spy CPU time per snapshot (user+sys, its whole run: a load-independent bound of the work done "
+        f"while the target is stopped): median {statistics.median(cpus):.1f} ms, max {max(cpus):.1f} ms"
+    )
+    print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"baseline (no snapshot, 3 s): {len(base)} gaps over {args.gap_ms:g} ms, largest {base_max:.1f} ms")
     print(f"median pause / largest baseline gap: {med / base_max:.2f}x" if base_max else "baseline: no gap")
     print(f"target < 50 ms: {'met' if med < 50 else 'NOT met'} (median)")
