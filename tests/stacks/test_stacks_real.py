@@ -181,6 +181,41 @@ def test_web_job_page_takes_stacks_now(hung4: tuple[Any, HungJob], tmp_path: Pat
         assert "outlier: rank 2" in page.text and "stuck_here" in page.text
 
 
+def test_autopilot_trace_that_times_out_takes_stacks(hung4: tuple[Any, HungJob], tmp_path: Path) -> None:
+    """The other signal: an automatic trace of the hung job never gets its steps and times out;
+    the sample fails and the hang check runs (the CPU signal is held off by a long ``for_s``)."""
+    from kinetoscope.store.catalog import Catalog
+    from kinetoscope.store.fleet import FleetStore
+    from kinetoscope.store.stacks_store import latest_stacks
+    from tests.autopilot.conftest import run_kscope
+
+    d, _job = hung4
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "[autopilot]\nwarmup_s = 0\nmin_age_s = 0\niterations = 2\ntrace_timeout_s = 20\nrpc_timeout_s = 20\n"
+        "[hang]\nfor_s = 36000\nsamples = 2\ninterval_s = 0.5\n",
+        encoding="utf-8",
+    )
+    url = str(tmp_path / "catalog.db")
+    res = run_kscope(
+        "autopilot",
+        "--host",
+        str(d.address),
+        "--catalog",
+        url,
+        "--policy",
+        str(policy),
+        "--once",
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    with Catalog.open(url) as cat:
+        [sample] = FleetStore(cat).samples("slurm:4242")
+        [row] = latest_stacks(cat, job_key="slurm:4242")
+    assert sample.state == "failed" and sample.reason in ("timeout", "stalled")
+    assert row["trigger"] == "hang:trace_timeout" and row["outliers"] == [2]
+
+
 def test_eight_rank_barrier_deadlock_names_the_pair(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from kinetoscope.demo.local import LocalDaemon
