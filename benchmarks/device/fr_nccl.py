@@ -42,11 +42,7 @@ def main() -> int:
     import torch._C._distributed_c10d as c10d
 
     dump_fn = getattr(c10d, "_dump_nccl_trace_json", None) or c10d._dump_fr_trace_json
-    raw = (
-        dump_fn(True, False)
-        if dump_fn is c10d._dump_fr_trace_json
-        else dump_fn(includeCollectives=True, onlyActive=False)
-    )
+    raw = dump_fn(True, False)  # includeCollectives, onlyActive (JSON; never the pickle form)
     path = out / "nccl_trace_rank_0.json"
     path.write_bytes(raw if isinstance(raw, bytes) else str(raw).encode())
     dist.destroy_process_group()
