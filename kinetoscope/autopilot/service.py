@@ -119,6 +119,7 @@ class Autopilot:
         self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
         self.detector = AnomalyDetector(self.policy.anomaly)
         self.hang_detector = HangDetector(self.policy.hang)
+        self._open_hangs: set[str] | None = None  # jobs with an open hang episode
         self._anomalies: dict[
             str, tuple[str, float]
         ] = {}  # job key -> (kind, utilisation) made due this cycle
@@ -226,14 +227,20 @@ class Autopilot:
     def hangs(self, result: SweepResult, report: CycleReport) -> None:
         """Take stacks of jobs whose ranks all went idle; record and alert the hung ones
         (kinetoscope.autopilot.hang). A job seen busy again ends its hang episode."""
+        if self._open_hangs is None:  # episodes left open by an earlier run: one query, once
+            self._open_hangs = {
+                a["job_key"] for a in self.store.alerts() if a["kind"] == HANG and a["closed"] is None
+            }
         due, busy = self.hang_detector.observe(result.jobs)
         for key in busy:
-            if self.store.open_alert(key, HANG) is not None:
+            if key in self._open_hangs:
                 self.store.end_episode(key, HANG)
+                self._open_hangs.discard(key)
         for job in due:
             finding = self.hang_detector.check(self.catalog, job, "cpu_idle", self.config.token)
             if finding.hung and finding.stacks_id:
                 report.hangs[job.job_key] = finding.stacks_id
+                self._open_hangs.add(job.job_key)
 
     def _hang_after_trace(self, sample: SampleRow, reason: str | None) -> None:
         """A sample whose trace timed out or stalled: is the job hung? (kinetoscope.autopilot.hang)"""
@@ -243,7 +250,9 @@ class Autopilot:
         if job is None or not self.hang_detector.may_check(sample.job_key):
             return
         try:
-            self.hang_detector.check(self.catalog, job, "trace_timeout", self.config.token)
+            finding = self.hang_detector.check(self.catalog, job, "trace_timeout", self.config.token)
+            if finding.hung and self._open_hangs is not None:
+                self._open_hangs.add(sample.job_key)
         except KinetoscopeError as exc:
             log.warning("hang check of %s failed: %s", sample.job_key, exc)
 

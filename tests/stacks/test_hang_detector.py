@@ -42,3 +42,22 @@ def test_checked_jobs_wait_min_gap() -> None:
     det.checked["slurm:1"] = 5.0
     assert det.observe([_job([1.0])], now=10)[0] == []
     assert det.may_check("slurm:1", now=106)
+
+
+def test_a_job_busy_again_closes_its_hang_episode(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from kinetoscope.autopilot.discovery import SweepResult
+    from kinetoscope.autopilot.service import Autopilot, AutopilotConfig, CycleReport
+    from kinetoscope.store.fleet import FleetStore
+
+    pilot = Autopilot(AutopilotConfig(hosts=[], catalog_url=str(tmp_path / "c.db")))
+    try:
+        store = FleetStore(pilot.catalog)
+        store.upsert_jobs([_job([1.0, 1.0])], warmup_s=0)
+        assert store.start_episode("slurm:1", "hang", "stk-x", 1.0, 0.0) is not None
+        pilot.hangs(SweepResult(jobs=[_job([1.0, 1.0])]), CycleReport())  # baseline: still open
+        assert store.open_alert("slurm:1", "hang") is not None
+        pilot.hang_detector.cpu = {k: (v[0] - 10, v[1]) for k, v in pilot.hang_detector.cpu.items()}
+        pilot.hangs(SweepResult(jobs=[_job([1.0, 6.0])]), CycleReport())  # rank 1 busy again
+        assert store.open_alert("slurm:1", "hang") is None
+    finally:
+        pilot.close()
