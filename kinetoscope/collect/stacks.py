@@ -20,7 +20,10 @@ from kinetoscope.protocol import rpc
 
 MAX_SAMPLES = 20
 DEFAULT_TIMEOUT_S = 10.0  # per process, on the daemon
-RPC_MARGIN_S = 10.0  # the client waits this much longer than the daemon's per-process bound
+# The client waits for a daemon's answer twice the per-process bound (two rounds of its 8 parallel
+# snapshots at their slowest) plus this margin: long enough for a host's ranks, short for a
+# host that is down.
+RPC_MARGIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def _sample(request: StacksRequest, token: str | None) -> list[HostReply]:
     return _ask_all(
         list(request.hosts),
         token,
-        request.timeout_s + RPC_MARGIN_S,
+        min(rpc.STACKS_MAX_REQUEST_S, 2 * request.timeout_s) + RPC_MARGIN_S,
         lambda client: DaemonClient.stacks(client, rpc_request),
     )
 

@@ -327,9 +327,17 @@ MAX_PROCESSES = 256  # processes one request may snapshot (per daemon)
 MAX_PARALLEL = 8  # py-spy runs at once
 
 
-def _one(p: Process, native: bool, with_locals: bool, timeout_s: float) -> rpc.ProcessStacks:
+def _one(p: Process, native: bool, with_locals: bool, timeout_s: float, deadline: float) -> rpc.ProcessStacks:
     info = p.info
-    if info is None:
+    left = deadline - time.monotonic()
+    if info is not None and left <= 0:
+        snap = Snapshot(
+            [],
+            error=f"pid {info.pid}: not read: the request's {rpc.STACKS_MAX_REQUEST_S:g} s budget ran out "
+            "(ask for fewer processes)",
+            error_kind=TIMEOUT,
+        )
+    elif info is None:
         snap = Snapshot(
             [],
             error=f"pid {p.pid}: not visible in this daemon's /proc (another pid namespace?); "
@@ -339,7 +347,7 @@ def _one(p: Process, native: bool, with_locals: bool, timeout_s: float) -> rpc.P
     elif p.alive() is False:
         snap = Snapshot([], error=f"pid {info.pid}: the process has exited", error_kind=GONE)
     else:
-        snap = snapshot(info.pid, native=native, with_locals=with_locals, timeout_s=timeout_s)
+        snap = snapshot(info.pid, native=native, with_locals=with_locals, timeout_s=min(timeout_s, left))
     return rpc.ProcessStacks(
         pid=p.pid,
         host_pid=info.pid if info else None,
@@ -362,7 +370,7 @@ def take(
     processes: list[Process], *, native: bool, with_locals: bool, timeout_s: float
 ) -> list[rpc.ProcessStacks]:
     """Snapshots of ``processes`` (at most ``MAX_PROCESSES``), ``MAX_PARALLEL`` at a time, in
-    rank order (then pid)."""
+    rank order (then pid), within ``rpc.STACKS_MAX_REQUEST_S`` for the whole request."""
     ordered = sorted(
         processes,
         key=lambda p: (p.info.rank if p.info and p.info.rank is not None else 1 << 30, p.pid),
@@ -372,4 +380,5 @@ def take(
     with ThreadPoolExecutor(
         max_workers=min(MAX_PARALLEL, len(ordered)), thread_name_prefix="kscope-stacks"
     ) as pool:
-        return list(pool.map(lambda p: _one(p, native, with_locals, timeout_s), ordered))
+        deadline = time.monotonic() + rpc.STACKS_MAX_REQUEST_S
+        return list(pool.map(lambda p: _one(p, native, with_locals, timeout_s, deadline), ordered))

@@ -21,6 +21,9 @@ LIST_PROCESSES = "kscopeListProcesses"
 TRACE = "kscopeTrace"
 TRACE_STATUS = "kscopeTraceStatus"
 STACKS = "kscopeStacks"
+# A kscopeStacks request's whole budget on the daemon (processes not read by then answer
+# "timeout"); the client waits this long plus a margin.
+STACKS_MAX_REQUEST_S = 120.0
 STATUS_OK = "ok"
 
 
