@@ -147,3 +147,16 @@ def test_a_process_that_is_gone_is_named() -> None:
     gone.wait()
     snap = snapshot(gone.pid, timeout_s=30)
     assert snap.error_kind == "gone" and f"pid {gone.pid}" in (snap.error or "")
+
+
+def test_native_adds_c_frames_marked_native() -> None:
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        time.sleep(0.5)
+        snap = snapshot(target.pid, native=True, timeout_s=30)
+        assert snap.error is None, snap.error
+        frames = [f for t in snap.threads for f in t.frames]
+        assert any(f.native for f in frames) and any(f.name == "<module>" and not f.native for f in frames)
+    finally:
+        target.kill()
+        target.wait()
