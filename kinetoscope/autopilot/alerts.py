@@ -107,7 +107,12 @@ def send_pending(store: FleetStore, alerts: Alerts) -> tuple[int, int]:
         return 0, 0
     sent = failed = 0
     for alert in store.unsent_alerts(alerts.max_attempts):
-        error = post_json(alerts.webhook, payload(alert, store.job(alert["job_key"])), alerts.timeout_s)
+        body = payload(alert, store.job(alert["job_key"]))
+        if alert["kind"] == "hang":  # the stacks and the outlier ranks (kinetoscope.autopilot.hang)
+            from kinetoscope.autopilot.hang import alert_details
+
+            body.update(alert_details(store.cat, alert))
+        error = post_json(alerts.webhook, body, alerts.timeout_s)
         store.alert_attempt(alert["id"], sent=error is None)
         if error is None:
             sent += 1

@@ -65,7 +65,14 @@ def group_jobs(
         procs = [m[2] for m in members]
         sizes = {int(p["world_size"]) for p in procs if isinstance(p.get("world_size"), int)}
         ranks = [
-            {"host": a, "hostname": h, "pid": p["pid"], "rank": p.get("rank"), "poll_s": poll_interval_of(p)}
+            {
+                "host": a,
+                "hostname": h,
+                "pid": p["pid"],
+                "rank": p.get("rank"),
+                "poll_s": poll_interval_of(p),
+                "cpu_s": p.get("cpu_s"),  # the hang check (autopilot/hang.py)
+            }
             for a, h, p in members
         ]
         ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["host"], r["pid"]))

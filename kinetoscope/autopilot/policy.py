@@ -15,6 +15,7 @@ from typing import Any
 import tomllib
 
 from kinetoscope.autopilot.anomaly import AnomalyPolicy
+from kinetoscope.autopilot.hang import HangPolicy
 from kinetoscope.errors import UsageError
 
 
@@ -56,11 +57,13 @@ class Policy:
     max_timestamp_anomalies: int = 0  # a sample with more device events stamped before launch is unusable
     alerts: Alerts = field(default_factory=Alerts)
     anomaly: AnomalyPolicy = field(default_factory=AnomalyPolicy)
+    hang: HangPolicy = field(default_factory=HangPolicy)
 
 
 _ALERT_KEYS = {f.name for f in fields(Alerts)}
 _ANOMALY_KEYS = {f.name for f in fields(AnomalyPolicy)}
-_POLICY_KEYS = {f.name for f in fields(Policy)} - {"alerts", "anomaly"}
+_HANG_KEYS = {f.name for f in fields(HangPolicy)}
+_POLICY_KEYS = {f.name for f in fields(Policy)} - {"alerts", "anomaly", "hang"}
 
 
 def _coerce(path: str, key: str, value: Any, default: Any) -> Any:
@@ -105,8 +108,8 @@ def _section(path: str, data: dict[str, Any], allowed: set[str], base: Any, pref
 def parse_policy(data: dict[str, Any], path: str = "<policy>") -> Policy:
     """A :class:`Policy` from the parsed TOML (keys at top level or under ``[autopilot]``)."""
     top = dict(data.get("autopilot", {})) if isinstance(data.get("autopilot"), dict) else {}
-    top.update({k: v for k, v in data.items() if k not in ("autopilot", "alerts", "anomaly")})
-    for name in ("alerts", "anomaly"):
+    top.update({k: v for k, v in data.items() if k not in ("autopilot", "alerts", "anomaly", "hang")})
+    for name in ("alerts", "anomaly", "hang"):
         if not isinstance(data.get(name, {}), dict):
             raise UsageError(f"policy {path}: [{name}] must be a table")
     policy = _section(path, top, _POLICY_KEYS, Policy(), "")
@@ -118,7 +121,8 @@ def parse_policy(data: dict[str, Any], path: str = "<policy>") -> Policy:
         raise UsageError(
             f"policy {path}: alerts.webhook must be an http:// or https:// URL, got {alerts.webhook!r}"
         )
-    out: Policy = replace(policy, alerts=alerts, anomaly=anomaly)
+    hang = _section(path, data.get("hang", {}), _HANG_KEYS, HangPolicy(), "hang.")
+    out: Policy = replace(policy, alerts=alerts, anomaly=anomaly, hang=hang)
     return out
 
 

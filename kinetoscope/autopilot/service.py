@@ -27,6 +27,8 @@ from kinetoscope.autopilot import alerts as alerting
 from kinetoscope.autopilot.anomaly import AnomalyDetector
 from kinetoscope.autopilot.discovery import SweepResult, sweep
 from kinetoscope.autopilot.evidence import judge
+from kinetoscope.autopilot.hang import KIND as HANG
+from kinetoscope.autopilot.hang import HangDetector
 from kinetoscope.autopilot.lease import LeaseKeeper
 from kinetoscope.autopilot.metrics import AutopilotMetrics
 from kinetoscope.autopilot.policy import Policy
@@ -100,6 +102,7 @@ class CycleReport:
     alerts_sent: int = 0
     anomalies: dict[str, str] = field(default_factory=dict)  # job key -> kind, made due this cycle
     waiting: dict[str, str] = field(default_factory=dict)  # job key -> why it was not traced (waiting.py)
+    hangs: dict[str, str] = field(default_factory=dict)  # job key -> stacks id of a hang found this cycle
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -120,6 +123,8 @@ class Autopilot:
         self._fresh: set[str] = set()  # samples planned by this process (never triggered before)
         self._triggered: dict[str, TraceResult] = {}  # trigger results of this cycle's fan-out
         self.detector = AnomalyDetector(self.policy.anomaly)
+        self.hang_detector = HangDetector(self.policy.hang)
+        self._open_hangs: set[str] | None = None  # jobs with an open hang episode
         self._anomalies: dict[
             str, tuple[str, float]
         ] = {}  # job key -> (kind, utilisation) made due this cycle
@@ -199,6 +204,8 @@ class Autopilot:
         )
         if p.anomaly.enabled:
             self.anomalies(result, report)
+        if p.hang.enabled:
+            self.hangs(result, report)
         report.sweep_s, report.jobs_seen = round(result.seconds, 3), len(result.jobs)
         report.hosts_answered, report.hosts_failed = len(result.answered), dict(result.failed)
         report.hosts_skipped = list(result.skipped)
@@ -225,6 +232,38 @@ class Autopilot:
                     kind,
                     extra={"event": "anomaly", "job_key": key, "kind": kind, "utilisation": util},
                 )
+
+    def hangs(self, result: SweepResult, report: CycleReport) -> None:
+        """Take stacks of jobs whose ranks all went idle; record and alert the hung ones
+        (kinetoscope.autopilot.hang). A job seen busy again ends its hang episode."""
+        if self._open_hangs is None:  # episodes left open by an earlier run: one query, once
+            self._open_hangs = {
+                a["job_key"] for a in self.store.alerts() if a["kind"] == HANG and a["closed"] is None
+            }
+        due, busy = self.hang_detector.observe(result.jobs)
+        for key in busy:
+            if key in self._open_hangs:
+                self.store.end_episode(key, HANG)
+                self._open_hangs.discard(key)
+        for job in due:
+            finding = self.hang_detector.check(self.catalog, job, "cpu_idle", self.config.token)
+            if finding.hung and finding.stacks_id:
+                report.hangs[job.job_key] = finding.stacks_id
+                self._open_hangs.add(job.job_key)
+
+    def _hang_after_trace(self, sample: SampleRow, reason: str | None) -> None:
+        """A sample whose trace timed out or stalled: is the job hung? (kinetoscope.autopilot.hang)"""
+        if not self.policy.hang.enabled or reason not in ("timeout", "stalled"):
+            return
+        job = self.store.job(sample.job_key)
+        if job is None or not self.hang_detector.may_check(sample.job_key):
+            return
+        try:
+            finding = self.hang_detector.check(self.catalog, job, "trace_timeout", self.config.token)
+            if finding.hung and self._open_hangs is not None:
+                self._open_hangs.add(sample.job_key)
+        except KinetoscopeError as exc:
+            log.warning("hang check of %s failed: %s", sample.job_key, exc)
 
     # -- scheduling ------------------------------------------------------------------------------
     def resume(self, report: CycleReport) -> list[SampleRow]:
@@ -389,6 +428,8 @@ class Autopilot:
                 "reason": reason,
             },
         )
+        if state == "failed":
+            self._hang_after_trace(sample, reason)
         if state == "recorded" and summary is not None:  # unusable samples never alert
             alerting.evaluate(self.store, sample.job_key, sample.sample_id, summary, self.policy.alerts)
         return sample.sample_id, state

@@ -301,6 +301,26 @@ def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quie
         )
 
 
+def _print_flight_recorder(out: Console, report: Any, as_json: bool) -> None:
+    """The Flight Recorder verdict: one line per process group with a rank stuck in it."""
+    if as_json:
+        sys.stdout.write(json.dumps({"flight_recorder": report.to_json()}, indent=2) + "\n")
+        return
+    out.print(
+        f"[bold]Flight Recorder[/] ({len(report.files)} dumps, ranks {escape(_ranks_text(report.ranks))})"
+    )
+    for g in report.groups:
+        out.print(
+            ("[bold red]" if g.never_entered else "") + escape(g.summary) + ("[/]" if g.never_entered else "")
+        )
+    if not report.groups:
+        out.print(escape(report.verdict))
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze", epilog=EXAMPLES)
     def analyze(
@@ -373,6 +393,13 @@ def register(app: typer.Typer) -> None:
             help="Record the analysis in the catalog. Default: when --catalog or $KSCOPE_CATALOG is given, "
             "or the input is a catalog trace id.",
         ),
+        flight_recorder: list[str] = typer.Option(
+            None,
+            "--flight-recorder",
+            metavar="PATH",
+            help="PyTorch Flight Recorder dumps (JSON; files or a folder, repeatable): name the ranks that never "
+            "entered the collective the others wait in (docs/stacks.md). Alone, or with traces.",
+        ),
     ) -> None:
         """Analyse traces: temporal, idle-time, kernel and overlap breakdowns and more (HTA-compatible)."""
         from kinetoscope.analysis import registry
@@ -388,6 +415,14 @@ def register(app: typer.Typer) -> None:
                 t.add_row(s.name, "yes" if s.default else "", "yes" if s.needs_gpu else "", s.description)
             out.print(t)
             return
+        fr_report = None
+        if flight_recorder:
+            from kinetoscope.diagnosis.flight_recorder import analyse as fr_analyse
+
+            fr_report = fr_analyse(flight_recorder)
+            if not inputs:
+                _print_flight_recorder(out, fr_report, as_json)
+                return
         if not inputs:
             raise UsageError(
                 "give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)"
@@ -426,7 +461,11 @@ def register(app: typer.Typer) -> None:
         run = _run(request, catalog)
         resolved, doc = run, run.document
         traces, results = run.scale.traces, run.scale.results
+        if fr_report is not None:
+            doc["flight_recorder"] = fr_report.to_json()
         _output(out, as_json, traces, doc, results, show_all)
+        if fr_report is not None and not as_json:
+            _print_flight_recorder(out, fr_report, False)
         want_record = (
             record
             if record is not None

@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kinetoscope.cli.trace_cmd",
         "Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`.",
     ),
+    "stacks": (
+        "kinetoscope.cli.stacks_cmd",
+        "Show where every rank of a job is right now: Python stacks grouped by shape, outliers first.",
+    ),
     "analyze": (
         "kinetoscope.cli.analyze_cmd",
         "Analyse traces: temporal, idle-time, kernel and overlap breakdowns and more (HTA-compatible).",

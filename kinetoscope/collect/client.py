@@ -18,10 +18,11 @@ import orjson
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.protocol import rpc
 from kinetoscope.protocol.defaults import DEFAULT_PORT
-from kinetoscope.protocol.wire import FrameError, frame_rpc, read_rpc_frame
+from kinetoscope.protocol.wire import MAX_RPC_BYTES, FrameError, frame_rpc, read_rpc_frame
 
 DEFAULT_HOST = "localhost"
 DEFAULT_TIMEOUT_S = 10.0
+STACKS_MAX_REPLY_BYTES = 64 << 20  # a stacks answer: up to 256 processes of bounded stacks
 
 
 @dataclass(frozen=True, order=True)
@@ -136,8 +137,9 @@ class DaemonClient:
         self.token = token
         self.timeout = timeout
 
-    def call(self, fn: str, **fields: Any) -> dict[str, Any]:
-        """Send ``{"fn": fn, **fields}`` (plus ``token``) and return the decoded JSON object.
+    def call(self, fn: str, *, max_reply_bytes: int = MAX_RPC_BYTES, **fields: Any) -> dict[str, Any]:
+        """Send ``{"fn": fn, **fields}`` (plus ``token``) and return the decoded JSON object
+        (an answer over ``max_reply_bytes`` is refused).
 
         Raises DaemonError for connection problems, missing/garbled replies, and
         ``{"status": "failed", ...}`` answers."""
@@ -154,7 +156,7 @@ class DaemonClient:
             with sock:
                 sock.settimeout(self.timeout)
                 sock.sendall(frame_rpc(body))
-                raw = read_rpc_frame(sock)
+                raw = read_rpc_frame(sock, max_reply_bytes)
         except FrameError as exc:
             raise DaemonError(
                 self.address,
@@ -202,3 +204,7 @@ class DaemonClient:
         return self.call(
             rpc.TRACE_STATUS, **rpc.request_fields(rpc.KscopeTraceStatusRequest(trace_id=trace_id))
         )
+
+    def stacks(self, request: rpc.KscopeStacksRequest) -> dict[str, Any]:
+        """§9.4 ``kscopeStacks`` (its answer may be up to ``STACKS_MAX_REPLY_BYTES``)."""
+        return self.call(rpc.STACKS, max_reply_bytes=STACKS_MAX_REPLY_BYTES, **rpc.request_fields(request))

@@ -24,6 +24,7 @@ import msgspec
 import orjson
 
 from kinetoscope import __version__
+from kinetoscope.daemon import stacks as stack_snapshots
 from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir_under
 from kinetoscope.daemon.registry import (
@@ -173,6 +174,7 @@ class RpcHandlers:
             rpc.LIST_PROCESSES: self.kscope_list_processes,
             rpc.TRACE: self.kscope_trace,
             rpc.TRACE_STATUS: self.kscope_trace_status,
+            rpc.STACKS: self.kscope_stacks,
         }
 
     # ------------------------------------------------------------------ entry points
@@ -400,6 +402,7 @@ class RpcHandlers:
             registered_s_ago=round(now - p.first_seen, 3),
             tracing=p.polls > 0 and not (p.last_type & 2),
             autopilot=info.autopilot if info else None,
+            cpu_s=stack_snapshots.cpu_seconds(info.pid) if info else None,
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:
@@ -629,5 +632,37 @@ class RpcHandlers:
             manifest=manifest,
             files=files,
             all_complete=all(f.complete for f in files),
+        )
+        return rpc.response_fields(response)
+
+    def kscope_stacks(self, req: dict) -> dict[str, Any]:
+        """§9.4: py-spy snapshots of the matching processes (``daemon/stacks.py``, docs/stacks.md)."""
+        job_id = _job_id(req)
+        pids = [] if _bool(req, "all") else _pids(req)
+        timeout_ms = _int(req, "timeout_ms", None, minimum=1)
+        timeout_s = stack_snapshots.DEFAULT_TIMEOUT_S if timeout_ms is None else timeout_ms / 1000
+        targets = self.registry.candidates(
+            job_id=job_id, pids=pids, include_launchers=_bool(req, "include_launchers")
+        )
+        if len(targets) > stack_snapshots.MAX_PROCESSES:
+            raise RequestError(
+                f"{len(targets)} processes match; a stacks request takes at most "
+                f"{stack_snapshots.MAX_PROCESSES} per daemon (name a job or pids)"
+            )
+        exe = stack_snapshots.find_py_spy()
+        processes = stack_snapshots.take(
+            targets,
+            native=_bool(req, "native"),
+            with_locals=_bool(req, "locals"),
+            timeout_s=min(timeout_s, stack_snapshots.MAX_TIMEOUT_S),
+        )
+        log.info(
+            "kscopeStacks: %d processes (%d failed)", len(processes), sum(1 for p in processes if p.error)
+        )
+        response = rpc.KscopeStacksResponse(
+            hostname=self.hostname,
+            processes=processes,
+            registered=self.registry.summary(),
+            py_spy=stack_snapshots.py_spy_version(exe) if exe else None,
         )
         return rpc.response_fields(response)

@@ -20,6 +20,10 @@ import msgspec
 LIST_PROCESSES = "kscopeListProcesses"
 TRACE = "kscopeTrace"
 TRACE_STATUS = "kscopeTraceStatus"
+STACKS = "kscopeStacks"
+# A kscopeStacks request's whole budget on the daemon (processes not read by then answer
+# "timeout"); the client waits this long plus a margin.
+STACKS_MAX_REQUEST_S = 120.0
 STATUS_OK = "ok"
 
 
@@ -63,6 +67,23 @@ class KscopeTraceStatusRequest(msgspec.Struct, omit_defaults=True, kw_only=True)
     trace_id: str
 
 
+class KscopeStacksRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """§9.4: a Python stack snapshot (py-spy) of every matching process of one daemon.
+
+    Which processes: ``job_id``, ``pids`` (a pid also matches its descendants) or ``all``, as
+    ``kscopeTrace``. ``native`` adds C/C++ frames; ``locals`` adds the short ``repr`` of each
+    frame's local variables (what tells a stuck rank from a progressing one, docs/stacks.md);
+    ``timeout_ms`` bounds each process's snapshot (the daemon caps it)."""
+
+    job_id: int | str | None = None
+    pids: list[int] | None = None
+    all: bool = False
+    native: bool = False
+    locals: bool = False
+    timeout_ms: int | None = None
+    include_launchers: bool = False
+
+
 def request_fields(request: msgspec.Struct) -> dict[str, Any]:
     """The JSON fields of ``request`` (those left at their defaults omitted), without ``fn``."""
     fields: dict[str, Any] = msgspec.to_builtins(request)
@@ -99,6 +120,8 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     tracing: bool
     # the job's KSCOPE_AUTOPILOT environment value ("off" opts the job out of the fleet autopilot)
     autopilot: str | None = None
+    # user + system CPU seconds of the process (/proc), what the autopilot's hang check compares
+    cpu_s: float | None = None
 
 
 class MatchedProcess(ProcessInfo, kw_only=True):
@@ -160,6 +183,64 @@ class KscopeTraceStatusResponse(msgspec.Struct, kw_only=True):
     manifest: str | None
     files: list[FileStatus]
     all_complete: bool
+
+
+class StackFrame(msgspec.Struct, kw_only=True):
+    """One frame, innermost first in :class:`ThreadStack.frames` (py-spy's order). ``file`` is the
+    full path as the process sees it, ``short_file`` its last part; ``native``: a C/C++ frame
+    (``native`` requests only); ``locals``: ``name -> repr`` (``locals`` requests only, short
+    values only)."""
+
+    name: str
+    file: str
+    short_file: str
+    line: int
+    native: bool = False
+    locals: dict[str, str] | None = None
+
+
+class ThreadStack(msgspec.Struct, kw_only=True):
+    """One thread of a process as py-spy saw it: ``active`` = running (not idle/waiting, py-spy's
+    judgement from the OS thread state), ``owns_gil`` = it held the GIL. ``frames_dropped`` frames
+    were left out of the middle of a deeper stack (the bound)."""
+
+    thread_id: int
+    os_thread_id: int | None
+    name: str | None
+    active: bool
+    owns_gil: bool
+    frames: list[StackFrame]
+    frames_dropped: int = 0
+
+
+class ProcessStacks(msgspec.Struct, kw_only=True):
+    """The snapshot of one process (§9.4). ``error`` (with ``error_kind``: ``permission``,
+    ``timeout``, ``gone``, ``not_visible``, ``no_py_spy``, ``failed``) when it could not be
+    taken; ``pause_ms``: how long py-spy took (the target is paused for part of it);
+    ``cpu_s``: the process's user+system CPU seconds at the snapshot (``/proc``)."""
+
+    pid: int
+    host_pid: int | None
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    job_id: str | None
+    cmdline: str | None
+    threads: list[ThreadStack]
+    threads_dropped: int = 0
+    error: str | None = None
+    error_kind: str | None = None
+    pause_ms: float | None = None
+    cpu_s: float | None = None
+    taken_at: float | None = None  # wall clock, seconds since the epoch
+
+
+class KscopeStacksResponse(msgspec.Struct, kw_only=True):
+    status: str = STATUS_OK
+    hostname: str
+    processes: list[ProcessStacks]
+    registered: str
+    py_spy: str | None  # py-spy version used, None when it is missing
 
 
 def response_fields(response: msgspec.Struct) -> dict[str, Any]:

@@ -138,3 +138,4 @@ analyses = cast(sa.Table, Analysis.__table__)
 
 # The fleet autopilot's tables (same Base, so migrations and their test see one schema).
 from kinetoscope.store import fleet_models as _fleet_models  # noqa: E402,F401
+from kinetoscope.store import stacks_models as _stacks_models  # noqa: E402,F401

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import kinetoscope
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.web import api, fleet, pages, perfetto
+from kinetoscope.web import stacks as stacks_web
 from kinetoscope.web.context import WebContext, WebSettings
 from kinetoscope.web.guards import BodyLimit, HostCheck, ServeRoots, default_serve_roots
 from kinetoscope.web.perfetto import mount_perfetto, perfetto_dist
@@ -136,6 +137,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(perfetto.router)
     app.include_router(api.router)
+    app.include_router(stacks_web.router)  # the job page's stacks (take now, latest)
     app.include_router(fleet.router)  # the autopilot's Fleet page and /api/fleet
     # outermost: refuses an oversized body before any other layer reads it
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

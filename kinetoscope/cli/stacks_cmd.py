@@ -1,0 +1,142 @@
+"""`kscope stacks`: where is every rank of a job, right now? (docs/stacks.md)
+
+Thin layer over ``kinetoscope.collect.stacks``: parse the arguments, take the snapshots, print
+the groups smallest first (or one JSON document with ``--json``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from kinetoscope.cli.examples import examples
+from kinetoscope.errors import UsageError
+from kinetoscope.protocol.defaults import DEFAULT_PORT
+
+EXAMPLES = examples(
+    ("kscope stacks --job-id $SLURM_JOB_ID", "which rank is where, now"),
+    ("kscope stacks -H node01 -H node02 -j 36199 --samples 3", "stuck or progressing?"),
+    ("kscope stacks --pids 4242 --native --json", "with C/C++ frames, as JSON"),
+)
+
+
+def _print_report(out: Console, report: object, show_stacks: bool) -> None:
+    from kinetoscope.collect.stack_groups import StacksReport, main_thread
+
+    assert isinstance(report, StacksReport)
+    hosts = len(report.hosts)
+    spy = next((h.get("py_spy") for h in report.hosts if h.get("py_spy")), None)
+    out.print(
+        f"{len(report.ranks)} processes on {hosts} host{'s' if hosts != 1 else ''}, "
+        f"{report.samples} sample{'s' if report.samples != 1 else ''}" + (f" (py-spy {spy})" if spy else "")
+    )
+    for g in report.groups:
+        states = ""
+        if report.samples > 1:
+            states = (
+                "  [" + ", ".join(f"{k} {v}" if g.size > 1 else k for k, v in sorted(g.states.items())) + "]"
+            )
+        style = "bold red" if g.outlier else ""
+        line = escape(g.summary + states)
+        out.print(f"[{style}]{line}[/]" if style else line)
+        if show_stacks:
+            member = next(r for r in report.ranks if r.group == g.id)
+            good = [s for s in member.snapshots if s.error is None]
+            thread = main_thread(good[-1]) if good else None
+            for f in thread.frames if thread else []:
+                out.print(escape(f"    {f.name} ({f.file}:{f.line})"))
+    out.print(f"[bold]verdict:[/] {escape(report.verdict)}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("stacks", epilog=EXAMPLES)
+    def stacks(
+        host: list[str] | None = typer.Option(
+            None,
+            "--host",
+            "-H",
+            metavar="HOST[:PORT]",
+            help=f"Daemon to ask (repeatable or comma-separated; default localhost:{DEFAULT_PORT}).",
+        ),
+        hosts_file: str | None = typer.Option(
+            None,
+            "--hosts-file",
+            metavar="FILE",
+            help="Daemons to ask, one HOST[:PORT] per line (# comments); merged with --host.",
+        ),
+        job_id: str | None = typer.Option(
+            None, "--job-id", "-j", help="The processes of this job (SLURM_JOB_ID, as `kscope trace`)."
+        ),
+        pids: str | None = typer.Option(
+            None,
+            "--pids",
+            "-p",
+            metavar="P[,P...]",
+            help="These processes (a pid also matches its descendants, e.g. a launcher's ranks).",
+        ),
+        all_: bool = typer.Option(False, "--all", help="Every registered process."),
+        native: bool = typer.Option(False, "--native", help="Add C/C++ frames (py-spy --native)."),
+        samples: int = typer.Option(
+            1,
+            "--samples",
+            "-n",
+            metavar="N",
+            help="Take N snapshots about --interval apart: tells a stuck rank (same stack and locals every "
+            "time) from a progressing one.",
+        ),
+        interval: float = typer.Option(1.0, "--interval", metavar="S", help="Seconds between snapshots."),
+        timeout: float = typer.Option(
+            10.0, "--timeout", metavar="S", help="Give up on one process's snapshot after S seconds."
+        ),
+        show_stacks: bool = typer.Option(
+            False, "--stacks", help="Also print the main-thread stack of each group (innermost first)."
+        ),
+        token: str | None = typer.Option(
+            None,
+            "--token",
+            envvar="KSCOPE_TOKEN",
+            help="Shared secret the daemons require (env KSCOPE_TOKEN).",
+        ),
+        json_out: bool = typer.Option(
+            False, "--json", help="Print one JSON document: raw stacks and groups (see docs/stacks.md)."
+        ),
+    ) -> None:
+        """Show where every rank of a job is right now: Python stacks grouped by shape, outliers first."""
+        from kinetoscope.collect.client import read_hosts_file
+        from kinetoscope.collect.stacks import parse_stacks_request, take_stacks
+
+        if hosts_file is not None:
+            listed = read_hosts_file(hosts_file)
+            if not listed:
+                raise UsageError(f"hosts file {hosts_file}: no host listed (one HOST[:PORT] per line)")
+            host = [*(host or []), *listed]
+        request, notes = parse_stacks_request(
+            hosts=host,
+            job_id=job_id,
+            pids=pids,
+            all=all_,
+            native=native,
+            samples=samples,
+            interval_s=interval,
+            timeout_s=timeout,
+        )
+        err = Console(stderr=True, highlight=False)
+        for note in notes:
+            err.print(f"[yellow]note:[/] {escape(note)}")
+        report = take_stacks(request, token=token)
+        if json_out:
+            sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+            sys.stdout.flush()
+        elif report.ranks:
+            _print_report(Console(highlight=False, soft_wrap=True), report, show_stacks)
+        for e in report.errors:
+            err.print(f"[bold red]error:[/] {escape(str(e.get('message')))}")
+        for r in report.ranks:
+            if r.error:
+                err.print(f"[bold red]error:[/] {escape(r.error)}")
+        if report.errors or any(r.error for r in report.ranks):
+            raise typer.Exit(1)
