@@ -19,7 +19,7 @@ from types import FrameType
 from kinetoscope.daemon.handlers import VERSION, RpcHandlers
 from kinetoscope.daemon.ipc_server import IpcEndpoint, IpcServer
 from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter
-from kinetoscope.daemon.paths import ensure_dir
+from kinetoscope.daemon.paths import PathRefused, TraceRoot, check_root_chain, ensure_dir
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
 from kinetoscope.daemon.traces import TraceBook
@@ -129,15 +129,13 @@ class Daemon:
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)
         self.exporter: MetricsExporter | None = None
+        self.root: TraceRoot | None = None
         self._started: list[object] = []
         self._stop_event = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        try:
-            ensure_dir(self.trace_root)
-        except OSError as exc:
-            raise KinetoscopeError(f"cannot create the trace root {self.trace_root}: {exc}") from exc
+        self._pin_trace_root()
         try:
             self.ipc.start()
             self._started.append(self.ipc)
@@ -160,6 +158,22 @@ class Daemon:
             self.options.gc_timeout_s,
             "traced" if self.options.include_launchers else "excluded from targets",
         )
+
+    def _pin_trace_root(self) -> None:
+        """Check who controls the trace root's directories, create it, and pin it (issue 32):
+        resolved and opened once here; requests use that directory or are refused."""
+        try:
+            check_root_chain(self.trace_root)
+            ensure_dir(self.trace_root)
+            check_root_chain(self.trace_root)  # what ensure_dir found or made
+            root = TraceRoot(self.trace_root)
+        except PathRefused as exc:
+            raise KinetoscopeError(str(exc)) from None
+        except OSError as exc:
+            raise KinetoscopeError(f"cannot create the trace root {self.trace_root}: {exc}") from exc
+        self.root = root
+        self.handlers.root = root
+        self._started.append(root)
 
     def _start_exporter(self) -> None:
         addr = self.rpc.addresses[0][0]
@@ -208,7 +222,10 @@ class Daemon:
         while self._started:
             part = self._started.pop()
             try:
-                part.stop()  # type: ignore[attr-defined]
+                if isinstance(part, TraceRoot):
+                    part.close()
+                else:
+                    part.stop()  # type: ignore[attr-defined]
             except Exception:  # pragma: no cover
                 log.exception("error while stopping %s", type(part).__name__)
         self._stop_event.set()

@@ -172,6 +172,9 @@ class FileStatus(msgspec.Struct, kw_only=True):
     last_poll_s_ago: float
     tmp_bytes: int | None
     retries: int
+    # why a file that is at the path was not read ("symlink refused", "not a regular file:
+    # fifo", "hard link refused ..."): the traced process controls what it leaves there
+    reason: str | None = None
 
 
 class KscopeTraceStatusResponse(msgspec.Struct, kw_only=True):
