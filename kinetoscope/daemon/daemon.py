@@ -20,7 +20,7 @@ from kinetoscope.daemon.handlers import VERSION, RpcHandlers
 from kinetoscope.daemon.ipc_server import IpcEndpoint, IpcServer
 from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter
 from kinetoscope.daemon.paths import PathRefused, TraceRoot, check_root_chain, ensure_dir
-from kinetoscope.daemon.registry import Registry
+from kinetoscope.daemon.registry import MAX_PROCESSES_PER_UID, Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
@@ -53,6 +53,7 @@ class DaemonOptions:
     max_connections: int = 64  # requests handled at once (status is answered besides)
     catalog_url: str | None = None  # announce this daemon to the autopilot's catalog (daemon/announce.py)
     announce_interval_s: float = 30.0
+    max_processes_per_uid: int = MAX_PROCESSES_PER_UID  # registrations one user may hold (issue 32)
 
 
 def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
@@ -95,7 +96,9 @@ class Daemon:
         self.trace_root = os.path.normpath(root)
         check_exposure(options.bind, options.token, options.insecure)
         self.metrics = DaemonMetrics()
-        self.registry = Registry(gc_timeout_s=options.gc_timeout_s)
+        self.registry = Registry(
+            gc_timeout_s=options.gc_timeout_s, max_per_uid=options.max_processes_per_uid
+        )
         self.metrics.registered.set_function(lambda: len(self.registry))
         self.metrics.info.labels(VERSION, self.hostname).set(1)
         self.book = TraceBook()

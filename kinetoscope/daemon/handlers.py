@@ -423,10 +423,25 @@ class RpcHandlers:
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:
+        """One page of the registered processes: ``offset`` (default 0) and ``limit`` (default
+        and at most ``rpc.MAX_LIST_PROCESSES``); ``total`` and ``next_offset`` (null on the last
+        page) say how to get the rest. A bounded answer however many processes registered."""
         job_id = _job_id(req)
+        offset = _int(req, "offset", 0, minimum=0)
+        limit = _int(req, "limit", rpc.MAX_LIST_PROCESSES, minimum=1)
+        limit = min(limit, rpc.MAX_LIST_PROCESSES)
         now = time.monotonic()
-        procs = [self._process_info(p, launcher, now) for p, launcher in self.registry.snapshot(job_id)]
-        return rpc.response_fields(rpc.KscopeListProcessesResponse(hostname=self.hostname, processes=procs))
+        snap = self.registry.snapshot(job_id)
+        page = snap[offset : offset + limit]
+        procs = [self._process_info(p, launcher, now) for p, launcher in page]
+        more = offset + len(page) < len(snap)
+        response = rpc.KscopeListProcessesResponse(
+            hostname=self.hostname,
+            processes=procs,
+            total=len(snap),
+            next_offset=offset + len(page) if more else None,
+        )
+        return rpc.response_fields(response)
 
     def kscope_trace(self, req: dict) -> dict[str, Any]:
         trace_id = req.get("trace_id")

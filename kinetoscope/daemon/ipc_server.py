@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.daemon.metrics import DaemonMetrics
-from kinetoscope.daemon.registry import Registry
+from kinetoscope.daemon.registry import MAX_PIDS_PER_PROCESS, Registry
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol import wire
 
@@ -274,19 +274,22 @@ class IpcServer:
         except wire.FrameError as exc:
             self._drop("malformed", "%s", exc)
             return
-        sender_pid = None
+        sender_pid = sender_uid = None
         for level, ctype, cdata in anc:
             if level == _SOL_SOCKET and ctype == _SCM_CREDENTIALS and len(cdata) >= _UCRED.size:
-                sender_pid = _UCRED.unpack_from(cdata)[0] or None
+                pid, uid, _gid = _UCRED.unpack_from(cdata)
+                sender_pid, sender_uid = pid or None, uid
         # Dynolog compares the tag by prefix (memcmp "req"/3, "ctxt"/4).
         if msg_type[:3] == b"req":
-            self._handle_req(payload, addr, sender_pid, t0)
+            self._handle_req(payload, addr, sender_pid, t0, sender_uid)
         elif msg_type[:4] == b"ctxt":
             self._handle_ctxt(payload, addr, t0)
         else:
             self._drop("unknown_type", "type %r", msg_type[:32])
 
-    def _handle_req(self, payload: bytes, addr: object, sender_pid: int | None, t0: float) -> None:
+    def _handle_req(
+        self, payload: bytes, addr: object, sender_pid: int | None, t0: float, sender_uid: int | None = None
+    ) -> None:
         try:
             req = wire.parse_request(payload)
         except wire.FrameError as exc:
@@ -296,9 +299,12 @@ class IpcServer:
             # Dynolog logs "Missing pids parameter" and does not answer (docs/protocol.md §1.3).
             self._drop("no_pids", "req with n=0")
             return
+        if len(req.pids) > MAX_PIDS_PER_PROCESS:  # Kineto sends 11 at most
+            self._drop("too_many_pids", "req with %d pids (at most %d)", len(req.pids), MAX_PIDS_PER_PROCESS)
+            return
         stats = self.stats
         stats.polls += 1
-        reply = self.registry.poll(req.job_id, req.pids, req.config_type, sender_pid)
+        reply = self.registry.poll(req.job_id, req.pids, req.config_type, sender_pid, sender_uid)
         if reply:
             stats.delivered += 1
             log.info("config delivered to pid %d (job %d)", req.pids[0], req.job_id)
