@@ -126,6 +126,7 @@ class Daemon:
             max_connections=options.max_connections,
             fast=self.handlers.is_fast,
             min_rate_bps=options.rpc_min_rate_bps,
+            penalty=self.handlers.penalty,
         )
         self.metrics.contexts.set_function(self.registry.context_count)
         self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ import orjson
 from kinetoscope import __version__
 from kinetoscope.daemon import stacks as stack_snapshots
 from kinetoscope.daemon.metrics import DaemonMetrics
+from kinetoscope.daemon.auth_throttle import AuthThrottle
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.paths import PathRefused, TraceRoot, confine, ensure_dir_under
 from kinetoscope.daemon.registry import (
@@ -177,6 +179,8 @@ class RpcHandlers:
         self.include_launchers = include_launchers
         self._counter = itertools.count()
         self._rl = RateLimitedLogger(log)
+        self.auth_throttle = AuthThrottle()
+        self._tls = threading.local()  # whether this thread's last request failed the token check
         self._functions: dict[str, Callable[[dict], dict[str, Any]]] = {
             "getStatus": self.get_status,
             "getVersion": self.get_version,
@@ -192,12 +196,21 @@ class RpcHandlers:
     # ------------------------------------------------------------------ entry points
     def handle_frame(self, body: bytes) -> bytes:
         """One request frame's JSON body -> one response body. Never raises."""
+        self._tls.unauthorized = False
         try:
             response = self._handle(body)
         except Exception as exc:  # a bug: still answer, keep serving (one traceback per minute)
             self._rl.exception("internal", "RPC handler failed")
             response = failure(f"internal error: {type(exc).__name__}: {str(exc)[:200]}")
         return encode_rpc_json(response)
+
+    def penalty(self, peer: object) -> float:
+        """Seconds to hold back the answer this thread just computed for ``peer``: 0 unless it
+        failed the token check (then logged and slowed per address: daemon/auth_throttle.py)."""
+        if not getattr(self._tls, "unauthorized", False):
+            return 0.0
+        self._tls.unauthorized = False
+        return self.auth_throttle.failed(peer)
 
     def is_fast(self, body: bytes) -> bool:
         """Whether answering ``body`` is cheap enough for the RPC loop itself: ``getStatus``,
@@ -240,6 +253,7 @@ class RpcHandlers:
             given = req.get("token")
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
                 self.metrics.rpc_requests.labels(fn if handler else "<unknown>", "unauthorized").inc()
+                self._tls.unauthorized = True
                 reason = "missing" if given is None else "wrong"
                 return failure(
                     f"unauthorized: {reason} 'token' (this daemon runs with --token)", **dyno_extra
