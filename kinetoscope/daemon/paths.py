@@ -201,6 +201,8 @@ def confine(path: object, root: str | TraceRoot, what: str = "path") -> str:
     if ".." in path.split("/"):
         raise PathRefused(f"{what} {path!r} contains '..'")
     norm = os.path.normpath(path)
+    if isinstance(root, TraceRoot):
+        root.check()  # a root replaced since start: say so, not "outside the root"
     try:
         parts = relative_parts(norm, root)
     except PathRefused:
