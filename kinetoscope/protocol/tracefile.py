@@ -162,14 +162,7 @@ def json_object_complete(fd: int, size: int) -> bool:
     if os.pread(fd, 2, 0) == b"\x1f\x8b":
         return _gzip_complete(fd)
     if size <= SYNTAX_CHECK_LIMIT:
-        data = _read_at(fd, 0, size)
-        if not data.lstrip().startswith(b"{"):
-            return False
-        try:
-            msgspec.json.decode(data, type=msgspec.Raw)
-        except (msgspec.DecodeError, RecursionError):
-            return False
-        return True
+        return _whole_object(_read_at(fd, 0, size))
     head = _read_at(fd, 0, END_BYTES)
     tail = _read_at(fd, max(0, size - END_BYTES), END_BYTES)
     return _ends_ok(head, tail)
@@ -193,9 +186,11 @@ def _read_at(fd: int, offset: int, n: int) -> bytes:
 
 
 def _gzip_complete(fd: int) -> bool:
-    """Inflate (bounded) and check both ends; a stream that does not end within the limit,
-    does not end at all, fails its CRC or is followed by other bytes is not complete."""
+    """Inflate (bounded) and check: a stream that does not end within GZIP_CHECK_LIMIT, does not
+    end at all, fails its CRC or is followed by other bytes is not complete; one that inflates to
+    at most SYNTAX_CHECK_LIMIT is syntax-checked whole, a larger one at both ends."""
     inflater = zlib.decompressobj(wbits=31)  # gzip header and trailer (CRC-32, size) checked
+    kept: list[bytes] | None = []  # the whole document while it is small enough to check
     head = tail = b""
     inflated = offset = 0
     try:
@@ -208,6 +203,8 @@ def _gzip_complete(fd: int) -> bool:
             inflated += len(out)
             if inflated > GZIP_CHECK_LIMIT:
                 return False
+            if kept is not None:
+                kept = kept + [out] if inflated <= SYNTAX_CHECK_LIMIT else None
             if len(head) < 4096:
                 head += out[: 4096 - len(head)]
             tail = (tail + out[-4096:])[-4096:]
@@ -215,4 +212,17 @@ def _gzip_complete(fd: int) -> bool:
         return False
     if inflater.unused_data.strip(b"\0") or os.pread(fd, 1, offset):
         return False  # another member or trailing bytes: not what a trace writer produces
+    if kept is not None:
+        return _whole_object(b"".join(kept))
     return _ends_ok(head, tail)
+
+
+def _whole_object(data: bytes) -> bool:
+    """Whether ``data`` is one JSON object (validated without building it)."""
+    if not data.lstrip().startswith(b"{"):
+        return False
+    try:
+        msgspec.json.decode(data, type=msgspec.Raw)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
