@@ -171,7 +171,9 @@ def planted(kinds: list[str]) -> None:
 
     sockdir = tempfile.mkdtemp(prefix="ksp", dir="/tmp")
     root = tempfile.mkdtemp() + "/t"
-    d = Daemon(DaemonOptions(port=0, ipc_socket_dir=sockdir, trace_root=root, metrics_port=None, gpu_metrics=False))
+    d = Daemon(
+        DaemonOptions(port=0, ipc_socket_dir=sockdir, trace_root=root, metrics_port=None, gpu_metrics=False)
+    )
     d.start()
     client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     client.bind(os.path.join(sockdir, "c" + uuid.uuid4().hex[:8]))
@@ -189,7 +191,9 @@ def planted(kinds: list[str]) -> None:
         base_s = None
         for i, kind in enumerate(["baseline", *kinds]):
             tid = f"b32-{i}-{kind}"
-            res, _ = _rpc(d.rpc_port, {"fn": "kscopeTrace", "trace_id": tid, "pids": [4242], "duration_ms": 100})
+            res, _ = _rpc(
+                d.rpc_port, {"fn": "kscopeTrace", "trace_id": tid, "pids": [4242], "duration_ms": 100}
+            )
             assert res and res.get("triggered") == 1, res
             poll([4242, 1])  # picked up: the next request is not "busy"
             _plant(kind, res["matched"][0]["path"])
@@ -204,14 +208,18 @@ def planted(kinds: list[str]) -> None:
             print(
                 f"planted {kind:>8}: status in {took:.3f} s ({took / base_s:.1f}x the 1 MiB trace's), "
                 f"RSS +{rss1 - rss0:.1f} MB, peak +{hwm1 - hwm0:.1f} MB; complete={f.get('complete')} "
-                f"reason={f.get('reason')!r}" if st else f"planted {kind:>8}: no answer within 30 s"
+                f"reason={f.get('reason')!r}"
+                if st
+                else f"planted {kind:>8}: no answer within 30 s"
             )
             if kind == "array":
                 _reset_peak()
                 rss0, hwm0 = _status_mem()
                 t0 = time.perf_counter()
                 threads = [
-                    threading.Thread(target=_rpc, args=(d.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": tid}))
+                    threading.Thread(
+                        target=_rpc, args=(d.rpc_port, {"fn": "kscopeTraceStatus", "trace_id": tid})
+                    )
                     for _ in range(16)
                 ]
                 for t in threads:

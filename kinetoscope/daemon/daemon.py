@@ -96,9 +96,7 @@ class Daemon:
         self.trace_root = os.path.normpath(root)
         check_exposure(options.bind, options.token, options.insecure)
         self.metrics = DaemonMetrics()
-        self.registry = Registry(
-            gc_timeout_s=options.gc_timeout_s, max_per_uid=options.max_processes_per_uid
-        )
+        self.registry = Registry(gc_timeout_s=options.gc_timeout_s, max_per_uid=options.max_processes_per_uid)
         self.metrics.registered.set_function(lambda: len(self.registry))
         self.metrics.info.labels(VERSION, self.hostname).set(1)
         self.book = TraceBook()

@@ -27,9 +27,9 @@ import orjson
 
 from kinetoscope import __version__
 from kinetoscope.daemon import stacks as stack_snapshots
-from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.auth_throttle import AuthThrottle
 from kinetoscope.daemon.logsetup import RateLimitedLogger
+from kinetoscope.daemon.metrics import DaemonMetrics
 from kinetoscope.daemon.paths import PathRefused, TraceRoot, confine, ensure_dir_under
 from kinetoscope.daemon.registry import (
     BUSY,
@@ -528,7 +528,9 @@ class RpcHandlers:
         self.metrics.triggered.inc(len(record.files))
         manifest = None
         if record.files:
-            manifest = write_manifest(record, self.hostname, [file_status(f.path, record.root) for f in record.files])
+            manifest = write_manifest(
+                record, self.hostname, [file_status(f.path, record.root) for f in record.files]
+            )
         else:
             self.book.discard(trace_id)
             for d in reversed(created):

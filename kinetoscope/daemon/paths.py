@@ -158,12 +158,7 @@ def check_root_chain(path: str) -> None:
                     "choose a --trace-root whose directories root (or you) own"
                 )
             above = i < len(probes) - 1
-            if (
-                above
-                and stat.S_ISDIR(st.st_mode)
-                and st.st_mode & 0o002
-                and not st.st_mode & stat.S_ISVTX
-            ):
+            if above and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
                 raise PathRefused(
                     f"trace root {path}: {probe} is writable by every user (mode "
                     f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit): anyone could replace the directories "

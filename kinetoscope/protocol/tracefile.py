@@ -26,6 +26,7 @@ import stat
 import threading
 import zlib
 from collections import OrderedDict
+
 import msgspec
 
 SYNTAX_CHECK_LIMIT = 16 << 20  # files up to this size are syntax-checked whole; larger: both ends
@@ -56,7 +57,7 @@ class FileRefused(OSError):
 
 
 def kind_of(mode: int) -> str:
-    """"regular file", "fifo", "character device", ... of an ``st_mode``."""
+    """ "regular file", "fifo", "character device", ... of an ``st_mode``."""
     if stat.S_ISREG(mode):
         return "regular file"
     if stat.S_ISLNK(mode):

@@ -21,7 +21,7 @@ import pytest
 from daemon_helpers import IpcClient, rpc
 
 from kinetoscope.daemon.auth_throttle import MAX_DELAY_S, STEP_S, AuthThrottle
-from kinetoscope.daemon.daemon import Daemon, DaemonOptions
+from kinetoscope.daemon.daemon import Daemon
 from kinetoscope.daemon.paths import PathRefused, check_root_chain
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.errors import KinetoscopeError
@@ -167,7 +167,9 @@ def test_a_gzip_bomb_at_a_trace_path_stops_at_the_inflate_limit(tmp_path, monkey
 
 # ------------------------------------------------------------------ the trace root
 @pytest.mark.timeout(60)
-def test_a_trace_root_swapped_for_a_symlink_after_start_is_refused(make_daemon, sockdir, trace_root, tmp_path):
+def test_a_trace_root_swapped_for_a_symlink_after_start_is_refused(
+    make_daemon, sockdir, trace_root, tmp_path
+):
     d = make_daemon()
     c = IpcClient(d.ipc.endpoint.address, sockdir)
     try:
@@ -325,7 +327,9 @@ def test_trace_ids_with_a_trailing_newline_are_refused(daemon):
 
 
 def test_a_negative_profile_start_time_is_refused(daemon, trace_root):
-    config = f"ACTIVITIES_LOG_FILE={trace_root}/n/t.json\nPROFILE_START_TIME=-5\nACTIVITIES_DURATION_MSECS=100"
+    config = (
+        f"ACTIVITIES_LOG_FILE={trace_root}/n/t.json\nPROFILE_START_TIME=-5\nACTIVITIES_DURATION_MSECS=100"
+    )
     res = rpc(daemon.rpc_port, {"fn": "setKinetOnDemandRequest", "config": config, "pids": [], "job_id": 0})
     assert res["status"] == "failed" and "negative" in res["error"], res
 

@@ -33,9 +33,31 @@ from . import fuzz_settings
 
 NAME = "rank-0_4242.pt.trace.json"
 GZIP_LIMIT = 8 << 20  # the inflate limit while fuzzing (256 MiB by default: same code, less CPU)
-LINK_TARGETS = ["/dev/zero", "/dev/urandom", "/dev/null", "/proc/self/mem", "{secret}", "{outside}", "/nonexistent", "{self}"]
+LINK_TARGETS = [
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/null",
+    "/proc/self/mem",
+    "{secret}",
+    "{outside}",
+    "/nonexistent",
+    "{self}",
+]
 SPARSE_SIZES = [0, 1, 4095, tracefile.SYNTAX_CHECK_LIMIT, tracefile.SYNTAX_CHECK_LIMIT + 1, 1 << 30, 4 << 30]
-FRAGMENTS = [b"{", b"}", b"[", b"]", b"{}", b"[{},{}]", b'{"traceEvents": []}', b"  \n", b"\x00", b'"', b"1e999", b","]
+FRAGMENTS = [
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"{}",
+    b"[{},{}]",
+    b'{"traceEvents": []}',
+    b"  \n",
+    b"\x00",
+    b'"',
+    b"1e999",
+    b",",
+]
 
 planted = st.one_of(
     st.tuples(st.just("symlink"), st.sampled_from(LINK_TARGETS)),
@@ -124,9 +146,7 @@ def _is_object(data: bytes) -> bool:
 @pytest.mark.timeout(600)
 @fuzz_settings(150)
 @given(planted)
-def test_planted_files_are_checked_without_blocking_following_or_reading_unbounded(
-    place, fuzz_counts, thing
-):
+def test_planted_files_are_checked_without_blocking_following_or_reading_unbounded(place, fuzz_counts, thing):
     directory, extra, root = place
     kind, arg = thing
     for child in directory.iterdir():
