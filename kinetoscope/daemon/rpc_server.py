@@ -45,7 +45,7 @@ DEFAULT_MIN_RATE_BPS = 1024  # a request must average this after the grace perio
 RATE_GRACE_S = 1.0
 DRAIN_S = 0.5  # after an error reply, read (and discard) what the client still sends
 MAX_BUFFERED_BYTES = 64 << 20  # all partly received requests together
-MAX_DEFERRED = 256  # answers held back (failed token attempts); beyond, closed unanswered
+MAX_DEFERRED = 256  # answers held back (failed token attempts); beyond, new requests are "busy"
 _SWEEP_S = 0.2
 
 
@@ -238,10 +238,10 @@ class RpcServer:
         return timeout
 
     def _defer(self, conn: socket.socket, answer: bytes, delay_s: float) -> None:
-        """Answer ``conn`` ``delay_s`` from now, on the loop (no thread waits meanwhile)."""
-        if len(self._deferred) >= MAX_DEFERRED:
-            conn.close()  # a flood of failed attempts: those beyond the bound get no answer
-            return
+        """Answer ``conn`` ``delay_s`` from now, on the loop (no thread waits meanwhile).
+
+        Never answered early nor dropped: an early close would tell a guesser "wrong token" at
+        once. The bound is kept at the door instead (:meth:`_dispatch`)."""
         self._seq += 1
         heapq.heappush(self._deferred, (time.monotonic() + delay_s, self._seq, conn, answer))
 
@@ -358,6 +358,13 @@ class RpcServer:
         """A whole request: answer it here if cheap, else on a worker thread (or say busy)."""
         self._forget(p)
         body = p.frame.body
+        if len(self._deferred) + len(self._handoff) >= MAX_DEFERRED:
+            # a flood of failed token attempts is being answered: refuse before evaluating
+            # anything (so the refusal says nothing about the token)
+            self._rl.warning("deferred", "%d answers held back; refusing %s", len(self._deferred), p.peer)
+            self._send_small(p.conn, self._frame_error("server busy: too many failed token attempts"))
+            p.conn.close()
+            return
         if self._fast(body):
             answer = self._handle(body)
             delay = self._penalty(p.peer)

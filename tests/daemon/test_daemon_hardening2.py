@@ -356,3 +356,38 @@ def test_failed_token_attempts_are_logged_rate_limited_and_answered(make_daemon,
     lines = [r for r in caplog.records if "wrong token" in r.getMessage()]
     assert 1 <= len(lines) <= 5 and "127.0.0.1" in lines[0].getMessage()
     assert d.handlers.auth_throttle.total == 6
+
+
+@pytest.mark.timeout(120)
+def test_held_back_answers_are_bounded_at_the_door(monkeypatch):
+    """Past MAX_DEFERRED held-back answers, new requests are refused as busy *before* they are
+    evaluated; the held-back ones are neither dropped nor answered early (that would tell a
+    guesser "wrong token" at once)."""
+    from kinetoscope.daemon import rpc_server
+    from kinetoscope.protocol import wire
+
+    monkeypatch.setattr(rpc_server, "MAX_DEFERRED", 2)
+    server = rpc_server.RpcServer(
+        [rpc_server.BindSpec("127.0.0.1")], 0, lambda body: b'{"status":"failed","error":"unauthorized"}',
+        lambda msg: orjson.dumps({"status": "failed", "error": msg}), penalty=lambda peer: 60.0,
+    )  # fmt: skip
+    server.start()
+    conns = []
+    try:
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            s.sendall(wire.frame_rpc(b'{"fn":"getStatus"}'))
+            conns.append(s)
+        while len(server._deferred) < 2:  # both reached the loop and wait there
+            rpc_server.time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as third:
+            third.sendall(wire.frame_rpc(b'{"fn":"getStatus"}'))
+            assert b"server busy" in wire.read_rpc_frame(third)
+        for s in conns:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)  # still held back: not answered, not closed
+    finally:
+        for s in conns:
+            s.close()
+        server.stop()
