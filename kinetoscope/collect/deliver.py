@@ -86,6 +86,8 @@ def refused_local_files(trace_dir: Path, entries: Sequence[Mapping[str, Any]]) -
             try:
                 fd, _st = open_regular(name, dir_fd)
             except FileNotFoundError:
+                if _names_a_file_elsewhere(trace_dir, e):  # the upload would fall back to it
+                    out[name] = f"its manifest names a file outside {trace_dir}: {e.get('path')}"
                 continue  # not on this machine (another host's file)
             except FileRefused as exc:
                 out[name] = exc.reason
@@ -97,6 +99,16 @@ def refused_local_files(trace_dir: Path, entries: Sequence[Mapping[str, Any]]) -
     finally:
         os.close(dir_fd)
     return out
+
+
+def _names_a_file_elsewhere(trace_dir: Path, entry: Mapping[str, Any]) -> bool:
+    """Whether ``entry``'s ``path`` is an existing file outside ``trace_dir`` (any manifest in the
+    folder - one a traced process planted too - may say so; it is never uploaded from here)."""
+    path = entry.get("path")
+    if not isinstance(path, str) or not path:
+        return False
+    inside = os.path.dirname(os.path.normpath(path)) == os.path.normpath(trace_dir)
+    return not inside and os.path.lexists(path)
 
 
 def _note_refused(result: TraceResult, refused: Mapping[str, str]) -> None:

@@ -138,3 +138,27 @@ def test_store_refuses_a_file_swapped_for_a_symlink_after_its_check(live, tmp_pa
     assert [p.kind for p in result.errors] == ["store"]
     assert "symlink refused" in result.errors[0].message
     assert not [p for p in store.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
+
+
+@pytest.mark.timeout(120)
+def test_store_refuses_a_planted_manifest_naming_a_file_elsewhere(live, tmp_path):
+    """A traced process can write into its trace folder: a ``manifest.<x>.json`` it plants there
+    naming an operator's file by ``path`` must not get that file uploaded."""
+    d, c = live
+    secret = tmp_path / "operator-secret.json"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    result = _trigger(d, c, "manifest-store")
+    Path(result.files[0].path).write_bytes(b'{"traceEvents": []}\n')
+    wait_for_trace(result, timeout=30, poll_interval=0.2)
+    assert result.ok
+    planted = {
+        "kinetoscope_manifest": 1,
+        "trace_id": "manifest-store",
+        "files": [{"file": "loot.pt.trace.json", "path": str(secret), "complete": True}],
+    }
+    (Path(result.files[0].path).parent / "manifest.evil.json").write_bytes(orjson.dumps(planted))
+    store = tmp_path / "store"
+    assert store_trace_result(result, str(store)) == []
+    assert [p.kind for p in result.errors] == ["store"] and "outside" in result.errors[0].message
+    assert not [p for p in store.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
