@@ -83,6 +83,12 @@ def register(app: typer.Typer) -> None:
             "--rpc-timeout",
             help="Seconds a client has to send its whole request (from connect to the last byte).",
         ),
+        max_processes_per_uid: int = typer.Option(
+            1024,
+            "--max-processes-per-uid",
+            help="Registered processes one user may have; beyond it, that user's new processes are not "
+            "registered (docs/security.md).",
+        ),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_json: bool = typer.Option(False, "--log-json", help="Log JSON lines to stderr."),
         catalog: str | None = typer.Option(
@@ -104,6 +110,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--metrics-port must be -1 (off) or 0-65535, got {metrics_port}")
         if gc_timeout <= 0 or metrics_interval <= 0 or rpc_timeout <= 0:
             raise UsageError("--gc-timeout, --metrics-interval and --rpc-timeout must be positive")
+        if max_processes_per_uid < 1:
+            raise UsageError(f"--max-processes-per-uid must be at least 1, got {max_processes_per_uid}")
         if token is None and "KSCOPE_TOKEN" in os.environ:
             token = os.environ["KSCOPE_TOKEN"]  # click drops an empty variable; the daemon refuses it
         configure_logging(log_level, json_lines=log_json)
@@ -123,6 +131,7 @@ def register(app: typer.Typer) -> None:
             include_launchers=trace_launchers,
             rpc_timeout_s=rpc_timeout,
             catalog_url=catalog,
+            max_processes_per_uid=max_processes_per_uid,
         )
 
         def ready(d: Daemon) -> None:

@@ -192,10 +192,27 @@ class DaemonClient:
         return self.call("getVersion")
 
     # -- kscope extensions (docs/protocol.md §9; typed requests in kinetoscope.protocol.rpc) --
-    def list_processes(self, job_id: int | None = None) -> dict[str, Any]:
-        return self.call(
+    def list_processes(self, job_id: int | None = None, max_pages: int = 64) -> dict[str, Any]:
+        """Every registered process (of ``job_id``): the daemon answers pages of at most
+        ``rpc.MAX_LIST_PROCESSES``; at most ``max_pages`` are fetched (``next_offset`` is kept in
+        the answer when more remain)."""
+        answer = self.call(
             rpc.LIST_PROCESSES, **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id))
         )
+        for _ in range(max_pages - 1):
+            offset = answer.get("next_offset")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset <= 0:
+                break
+            page = self.call(
+                rpc.LIST_PROCESSES,
+                **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id, offset=offset)),
+            )
+            more = page.get("processes")
+            if not isinstance(more, list) or not more or not isinstance(answer.get("processes"), list):
+                break
+            answer["processes"].extend(more)
+            answer["next_offset"] = page.get("next_offset")
+        return answer
 
     def trace(self, request: rpc.KscopeTraceRequest) -> dict[str, Any]:
         return self.call(rpc.TRACE, **rpc.request_fields(request))

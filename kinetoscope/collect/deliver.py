@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kinetoscope.collect.trigger import TraceProblem, TraceResult, build_manifest
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol.manifest import MANIFEST_NAME, host_manifests, load_trace_dir, manifest_to_dict
+from kinetoscope.protocol.tracefile import FileRefused, open_regular
 from kinetoscope.store.storage import parse_store_options  # noqa: F401 - part of this API
 
 if TYPE_CHECKING:
@@ -65,6 +66,56 @@ def _retry_hint(
         if not any(w in k.lower() for w in _SECRET_WORDS) and isinstance(v, (str, int, bool))
     )
     return f"kscope catalog import {trace_dir} --store {store_url}{opts}"
+
+
+def refused_local_files(trace_dir: Path, entries: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """file name -> why it must not be uploaded, for the entries whose file is in ``trace_dir``.
+
+    Each is opened the way the upload may read it - relative to the folder, without following a
+    symlink (``O_NOFOLLOW``), without waiting on a FIFO (``O_NONBLOCK``) - and only a regular
+    file with one link passes (:func:`kinetoscope.protocol.tracefile.open_regular`): a traced
+    process that planted a symlink to an operator's file must not get it stored (issue 32)."""
+    out: dict[str, str] = {}
+    try:
+        dir_fd = os.open(trace_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return {str(e["file"]): f"cannot open {trace_dir}: {exc.strerror or exc}" for e in entries}
+    try:
+        for e in entries:
+            name = str(e["file"])
+            try:
+                fd, _st = open_regular(name, dir_fd)
+            except FileNotFoundError:
+                if _names_a_file_elsewhere(trace_dir, e):  # the upload would fall back to it
+                    out[name] = f"its manifest names a file outside {trace_dir}: {e.get('path')}"
+                continue  # not on this machine (another host's file)
+            except FileRefused as exc:
+                out[name] = exc.reason
+                continue
+            except OSError as exc:
+                out[name] = f"cannot open: {exc.strerror or exc}"
+                continue
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+    return out
+
+
+def _names_a_file_elsewhere(trace_dir: Path, entry: Mapping[str, Any]) -> bool:
+    """Whether ``entry``'s ``path`` is an existing file outside ``trace_dir`` (any manifest in the
+    folder - one a traced process planted too - may say so; it is never uploaded from here)."""
+    path = entry.get("path")
+    if not isinstance(path, str) or not path:
+        return False
+    inside = os.path.dirname(os.path.normpath(path)) == os.path.normpath(trace_dir)
+    return not inside and os.path.lexists(path)
+
+
+def _note_refused(result: TraceResult, refused: Mapping[str, str]) -> None:
+    for f in result.files:
+        reason = refused.get(os.path.basename(f.path))
+        if reason:
+            f.refused, f.complete = reason, False
 
 
 def store_trace_result(
@@ -114,6 +165,22 @@ def store_trace_result(
         result.store_url = ts.url
         entries = load_trace_dir(trace_dir)["files"]
         expected = [e for e in entries if e.get("complete") is not False]
+        refused = refused_local_files(trace_dir, expected)
+        if refused:
+            _note_refused(result, refused)
+            listed = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
+            result.errors.append(
+                TraceProblem(
+                    kind="store",
+                    path=str(trace_dir),
+                    message=(
+                        f"nothing of trace {result.trace_id} was stored in {url}: {len(refused)} file(s) "
+                        f"listed as complete are not regular trace files now ({listed}); a traced process "
+                        "replaced them after they were checked, so they are not read (docs/security.md)"
+                    ),
+                )
+            )
+            return []
         # The trigger's user may not own the daemon-made folder: then only the stored manifest.json
         # carries sha256/url (and the catalog gets them from the stored objects).
         writable = os.access(trace_dir, os.W_OK) and (
@@ -154,6 +221,13 @@ def store_trace_result(
             )
         )
     skipped = len(entries) - len(expected)
+    planted = [e for e in entries if e.get("refused")]
+    if planted:
+        _add_note(
+            result,
+            f"{len(planted)} file(s) not stored because they are not regular trace files: "
+            + "; ".join(f"{e['file']}: {e['refused']}" for e in planted),
+        )
     if skipped > 0:
         _add_note(result, f"{skipped} incomplete trace file(s) were not stored; they stay in {trace_dir}")
     return objs
@@ -337,6 +411,7 @@ __all__ = [
     "waiter_info",
     "parse_store_options",
     "record_trace_result",
+    "refused_local_files",
     "store_trace_result",
     "trace_result_manifest",
 ]

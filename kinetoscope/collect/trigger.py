@@ -37,7 +37,7 @@ from kinetoscope.protocol.manifest import Manifest, ManifestFile, dumps_manifest
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject
 
-TRACE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+TRACE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9-]{0,63}\Z")
 _JOB_ID_RE = re.compile(r"^\s*([+-]?\d+)(.*)$")
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 
@@ -342,6 +342,9 @@ class TraceFile:
     tmp_bytes: int | None = None  # size of that "<path>.tmp"
     last_poll_s_ago: float | None = None  # when the process last polled its daemon
     retries: int = 0  # times the daemon re-sent the config after Kineto dropped it
+    # why what is at the path is not read ("symlink refused", "not a regular file: fifo", ...):
+    # the daemon's or this machine's check; a refused file is never complete nor uploaded
+    refused: str | None = None
     # time.monotonic() at which the process picked up the config (from the daemon's
     # delivered_s_ago, else when this trigger first saw it delivered); None until then
     delivered_mono: float | None = field(default=None, repr=False)
@@ -354,13 +357,14 @@ class TraceFile:
             "path": self.path,
             "bytes": self.bytes,
             "complete": self.complete,
+            **({"refused": self.refused} if self.refused else {}),
         }
 
 
 @dataclass
 class TraceProblem:
     """Why something did not work. ``kind``: unreachable | no_answer | failed | no_match | busy |
-    timeout | exited | stalled | manifest (docs/collect.md)."""
+    timeout | exited | stalled | refused | manifest (docs/collect.md)."""
 
     kind: str
     message: str
@@ -526,7 +530,8 @@ def check_trace_file(path: str | os.PathLike[str]) -> tuple[bool, int | None, bo
 
     The daemon's own check (:func:`kinetoscope.daemon.traces.file_status`): Kineto writes
     ``<path>.tmp`` and renames it when done, so an existing final file is complete; we still check
-    that it is one whole JSON object (gzip files: decompress to the end)."""
+    that it is one whole JSON object (bounded reads; gzip files: decompress to the end). A
+    symlink, FIFO, device or hard link at ``path`` is never followed nor read: not complete."""
     st = file_status(os.fspath(path))
     return st["exists"], st["bytes"], st["complete"]
 
@@ -851,6 +856,7 @@ def build_manifest(result: TraceResult) -> Manifest:
                 cmdline=m.cmdline if m else None,
                 bytes=f.bytes,
                 complete=f.complete,
+                refused=f.refused,
             )
         )
     request = {
@@ -941,6 +947,10 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             poll_ago = entry.get("last_poll_s_ago")
             f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
             f.retries = _as_int(entry.get("retries")) or 0
+            reason = entry.get("reason")
+            f.refused = reason[:300] if isinstance(reason, str) and reason else None
+            if f.refused:
+                f.complete = False
             ago = entry.get("delivered_s_ago")
             if isinstance(ago, (int, float)):  # the daemon's clock; restarts when it re-sends the config
                 f.delivered_mono = now - float(ago)
@@ -954,13 +964,14 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
             addr = address_of.get(f.host)
             if f.complete or addr is None or not is_local_host(addr):
                 continue
-            st = file_status(f.path)
+            st = file_status(f.path)  # O_NOFOLLOW, regular files only, bounded reads
             if st["exists"]:
                 f.exists, f.bytes, f.complete = True, st["bytes"], st["complete"]
+                f.refused = f.refused or st["reason"]
             f.partial = f.partial or st["writing"]
             if st["writing"] and f.tmp_bytes is None:
                 with contextlib.suppress(OSError):
-                    f.tmp_bytes = os.stat(f.path + ".tmp").st_size
+                    f.tmp_bytes = os.lstat(f.path + ".tmp").st_size
     return problems
 
 
@@ -1104,6 +1115,17 @@ def settled_problem(f: TraceFile, result: TraceResult, now: float) -> TraceProbl
       written: that is waited for (up to the timeout)."""
     if f.complete:
         return None
+    if f.refused:
+        return TraceProblem(
+            kind="refused",
+            host=f.host,
+            pid=f.pid,
+            path=f.path,
+            message=(
+                f"pid {f.pid} on {f.host}: {f.path}: {f.refused}; it is not read, counted complete or "
+                "stored (a trace file must be a regular file written by Kineto; see docs/security.md)"
+            ),
+        )
     if f.alive is False:
         return TraceProblem(
             kind="exited", host=f.host, pid=f.pid, path=f.path, message=_exited_message(f, result)

@@ -19,8 +19,8 @@ from types import FrameType
 from kinetoscope.daemon.handlers import VERSION, RpcHandlers
 from kinetoscope.daemon.ipc_server import IpcEndpoint, IpcServer
 from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter
-from kinetoscope.daemon.paths import ensure_dir
-from kinetoscope.daemon.registry import Registry
+from kinetoscope.daemon.paths import PathRefused, TraceRoot, check_root_chain, ensure_dir
+from kinetoscope.daemon.registry import MAX_PROCESSES_PER_UID, Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
@@ -53,6 +53,7 @@ class DaemonOptions:
     max_connections: int = 64  # requests handled at once (status is answered besides)
     catalog_url: str | None = None  # announce this daemon to the autopilot's catalog (daemon/announce.py)
     announce_interval_s: float = 30.0
+    max_processes_per_uid: int = MAX_PROCESSES_PER_UID  # registrations one user may hold (issue 32)
 
 
 def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
@@ -95,7 +96,7 @@ class Daemon:
         self.trace_root = os.path.normpath(root)
         check_exposure(options.bind, options.token, options.insecure)
         self.metrics = DaemonMetrics()
-        self.registry = Registry(gc_timeout_s=options.gc_timeout_s)
+        self.registry = Registry(gc_timeout_s=options.gc_timeout_s, max_per_uid=options.max_processes_per_uid)
         self.metrics.registered.set_function(lambda: len(self.registry))
         self.metrics.info.labels(VERSION, self.hostname).set(1)
         self.book = TraceBook()
@@ -123,21 +124,20 @@ class Daemon:
             max_connections=options.max_connections,
             fast=self.handlers.is_fast,
             min_rate_bps=options.rpc_min_rate_bps,
+            penalty=self.handlers.penalty,
         )
         self.metrics.contexts.set_function(self.registry.context_count)
         self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)
         self.exporter: MetricsExporter | None = None
+        self.root: TraceRoot | None = None
         self._started: list[object] = []
         self._stop_event = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        try:
-            ensure_dir(self.trace_root)
-        except OSError as exc:
-            raise KinetoscopeError(f"cannot create the trace root {self.trace_root}: {exc}") from exc
+        self._pin_trace_root()
         try:
             self.ipc.start()
             self._started.append(self.ipc)
@@ -160,6 +160,22 @@ class Daemon:
             self.options.gc_timeout_s,
             "traced" if self.options.include_launchers else "excluded from targets",
         )
+
+    def _pin_trace_root(self) -> None:
+        """Check who controls the trace root's directories, create it, and pin it (issue 32):
+        resolved and opened once here; requests use that directory or are refused."""
+        try:
+            check_root_chain(self.trace_root)
+            ensure_dir(self.trace_root)
+            check_root_chain(self.trace_root)  # what ensure_dir found or made
+            root = TraceRoot(self.trace_root)
+        except PathRefused as exc:
+            raise KinetoscopeError(str(exc)) from None
+        except OSError as exc:
+            raise KinetoscopeError(f"cannot create the trace root {self.trace_root}: {exc}") from exc
+        self.root = root
+        self.handlers.root = root
+        self._started.append(root)
 
     def _start_exporter(self) -> None:
         addr = self.rpc.addresses[0][0]
@@ -208,7 +224,10 @@ class Daemon:
         while self._started:
             part = self._started.pop()
             try:
-                part.stop()  # type: ignore[attr-defined]
+                if isinstance(part, TraceRoot):
+                    part.close()
+                else:
+                    part.stop()  # type: ignore[attr-defined]
             except Exception:  # pragma: no cover
                 log.exception("error while stopping %s", type(part).__name__)
         self._stop_event.set()

@@ -16,6 +16,8 @@ import itertools
 import logging
 import os
 import re
+import stat
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +27,10 @@ import orjson
 
 from kinetoscope import __version__
 from kinetoscope.daemon import stacks as stack_snapshots
+from kinetoscope.daemon.auth_throttle import AuthThrottle
+from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.metrics import DaemonMetrics
-from kinetoscope.daemon.paths import PathRefused, confine, ensure_dir_under
+from kinetoscope.daemon.paths import PathRefused, TraceRoot, confine, ensure_dir_under
 from kinetoscope.daemon.registry import (
     BUSY,
     LAUNCHER,
@@ -116,18 +120,23 @@ def _pids(req: dict, name: str = "pids") -> list[int]:
     return value
 
 
+# Kineto's job id is an int64 (SLURM_JOB_ID read with strtoll); a longer one is no job's id.
+_JOB_ID_RE = re.compile(r"-?[0-9]{1,20}")
+_JOB_ID_ERROR = "'job_id' must be a 64-bit integer or a decimal string of at most 20 digits"
+
+
 def _job_id(req: dict) -> str | None:
     """kscope job ids: absent/null = any job; an int or a decimal string = that job."""
     value = req.get("job_id")
     if value is None:
         return None
     if isinstance(value, bool):
-        raise RequestError("'job_id' must be an integer or a decimal string")
-    if isinstance(value, int):
+        raise RequestError(_JOB_ID_ERROR)
+    if isinstance(value, int) and -(2**63) <= value < 2**64:
         return str(value)
-    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
+    if isinstance(value, str) and _JOB_ID_RE.fullmatch(value):
         return str(int(value))
-    raise RequestError("'job_id' must be an integer or a decimal string")
+    raise RequestError(_JOB_ID_ERROR)
 
 
 DROP_GRACE_S = 3.0  # Kineto activates a duration request 1-2 s after it got it (see _resend_dropped)
@@ -135,11 +144,13 @@ MAX_RESENDS = 2
 
 
 def _tmp_bytes(path: str) -> int | None:
-    """Size of Kineto's ``<path>.tmp`` (it writes the trace there, then renames it), or None."""
+    """Size of Kineto's ``<path>.tmp`` (it writes the trace there, then renames it), or None
+    (also when it is not a regular file: its size then says nothing)."""
     try:
-        return os.stat(path + ".tmp").st_size
+        st = os.lstat(path + ".tmp")
     except OSError:
         return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 # ----------------------------------------------------------------------- handlers
@@ -162,9 +173,14 @@ class RpcHandlers:
         self.metrics = metrics
         self.hostname = hostname
         self.trace_root = trace_root
+        # the pinned root (paths.TraceRoot) once the daemon has started; the path before that
+        self.root: str | TraceRoot = trace_root
         self.token = token
         self.include_launchers = include_launchers
         self._counter = itertools.count()
+        self._rl = RateLimitedLogger(log)
+        self.auth_throttle = AuthThrottle()
+        self._tls = threading.local()  # whether this thread's last request failed the token check
         self._functions: dict[str, Callable[[dict], dict[str, Any]]] = {
             "getStatus": self.get_status,
             "getVersion": self.get_version,
@@ -180,12 +196,21 @@ class RpcHandlers:
     # ------------------------------------------------------------------ entry points
     def handle_frame(self, body: bytes) -> bytes:
         """One request frame's JSON body -> one response body. Never raises."""
+        self._tls.unauthorized = False
         try:
             response = self._handle(body)
-        except Exception as exc:  # a bug: still answer, keep serving
-            log.exception("RPC handler failed")
-            response = failure(f"internal error: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug: still answer, keep serving (one traceback per minute)
+            self._rl.exception("internal", "RPC handler failed")
+            response = failure(f"internal error: {type(exc).__name__}: {str(exc)[:200]}")
         return encode_rpc_json(response)
+
+    def penalty(self, peer: object) -> float:
+        """Seconds to hold back the answer this thread just computed for ``peer``: 0 unless it
+        failed the token check (then logged and slowed per address: daemon/auth_throttle.py)."""
+        if not getattr(self._tls, "unauthorized", False):
+            return 0.0
+        self._tls.unauthorized = False
+        return self.auth_throttle.failed(peer)
 
     def is_fast(self, body: bytes) -> bool:
         """Whether answering ``body`` is cheap enough for the RPC loop itself: ``getStatus``,
@@ -228,6 +253,7 @@ class RpcHandlers:
             given = req.get("token")
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
                 self.metrics.rpc_requests.labels(fn if handler else "<unknown>", "unauthorized").inc()
+                self._tls.unauthorized = True
                 reason = "missing" if given is None else "wrong"
                 return failure(
                     f"unauthorized: {reason} 'token' (this daemon runs with --token)", **dyno_extra
@@ -337,7 +363,7 @@ class RpcHandlers:
         dirs = []
         for value in files:
             try:
-                path = confine(value, self.trace_root, kc.ACTIVITIES_LOG_FILE)
+                path = confine(value, self.root, kc.ACTIVITIES_LOG_FILE)
             except PathRefused as exc:
                 raise RequestError(str(exc)) from None
             if path == self.trace_root:
@@ -357,6 +383,11 @@ class RpcHandlers:
             raise RequestError(
                 f"{kc.PROFILE_START_TIME}={value!r} is not an integer (ms since the epoch)"
             ) from None
+        if start < 0:
+            raise RequestError(
+                f"{kc.PROFILE_START_TIME}={start} is negative; use 0 (start after the warmup) or a time "
+                "in ms since the epoch at least 10 s ahead"
+            )
         now_ms = int(time.time() * 1000)
         if 0 < start < now_ms:
             raise RequestError(
@@ -368,7 +399,7 @@ class RpcHandlers:
         uids = {p.info.uid if p.info else None for p in targets}
         for d in dict.fromkeys(dirs):
             try:
-                created = ensure_dir_under(self.trace_root, d, uids)
+                created = ensure_dir_under(self.root, d, uids)
             except (OSError, PathRefused) as exc:
                 raise RequestError(f"cannot create trace directory {d}: {exc}") from None
             if created:
@@ -406,10 +437,25 @@ class RpcHandlers:
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:
+        """One page of the registered processes: ``offset`` (default 0) and ``limit`` (default
+        and at most ``rpc.MAX_LIST_PROCESSES``); ``total`` and ``next_offset`` (null on the last
+        page) say how to get the rest. A bounded answer however many processes registered."""
         job_id = _job_id(req)
+        offset = _int(req, "offset", 0, minimum=0)
+        limit = _int(req, "limit", rpc.MAX_LIST_PROCESSES, minimum=1)
+        limit = min(limit, rpc.MAX_LIST_PROCESSES)
         now = time.monotonic()
-        procs = [self._process_info(p, launcher, now) for p, launcher in self.registry.snapshot(job_id)]
-        return rpc.response_fields(rpc.KscopeListProcessesResponse(hostname=self.hostname, processes=procs))
+        snap = self.registry.snapshot(job_id)
+        page = snap[offset : offset + limit]
+        procs = [self._process_info(p, launcher, now) for p, launcher in page]
+        more = offset + len(page) < len(snap)
+        response = rpc.KscopeListProcessesResponse(
+            hostname=self.hostname,
+            processes=procs,
+            total=len(snap),
+            next_offset=offset + len(page) if more else None,
+        )
+        return rpc.response_fields(response)
 
     def kscope_trace(self, req: dict) -> dict[str, Any]:
         trace_id = req.get("trace_id")
@@ -439,8 +485,8 @@ class RpcHandlers:
             raise RequestError(str(exc)) from None
         output_dir = req.get("output_dir") or self.trace_root
         try:
-            output_dir = confine(output_dir, self.trace_root, "output_dir")
-            trace_dir = confine(os.path.join(output_dir, trace_id), self.trace_root, "output_dir/trace_id")
+            output_dir = confine(output_dir, self.root, "output_dir")
+            trace_dir = confine(os.path.join(output_dir, trace_id), self.root, "output_dir/trace_id")
         except PathRefused as exc:
             raise RequestError(str(exc)) from None
         host = safe_name(self.hostname)
@@ -449,7 +495,7 @@ class RpcHandlers:
             output_dir=output_dir,
             trace_dir=trace_dir,
             config=shared_config,
-            root=self.trace_root,
+            root=self.root,
         )
         if not self.book.reserve(record):
             raise RequestError(f"trace_id {trace_id!r} was already used on this daemon")
@@ -459,7 +505,7 @@ class RpcHandlers:
         if candidates:
             try:
                 created = ensure_dir_under(
-                    self.trace_root, trace_dir, {p.info.uid if p.info else None for p in candidates}
+                    self.root, trace_dir, {p.info.uid if p.info else None for p in candidates}
                 )
             except (OSError, PathRefused) as exc:
                 self.book.discard(trace_id)
@@ -482,7 +528,9 @@ class RpcHandlers:
         self.metrics.triggered.inc(len(record.files))
         manifest = None
         if record.files:
-            manifest = write_manifest(record, self.hostname, [file_status(f.path) for f in record.files])
+            manifest = write_manifest(
+                record, self.hostname, [file_status(f.path, record.root) for f in record.files]
+            )
         else:
             self.book.discard(trace_id)
             for d in reversed(created):
@@ -593,7 +641,7 @@ class RpcHandlers:
             )
             return rpc.response_fields(unknown)
         self._resend_dropped(record)
-        statuses = [file_status(f.path) for f in record.files]
+        statuses = [file_status(f.path, record.root) for f in record.files]
         files = []
         now_wall, now_mono = time.time(), time.monotonic()
         for tf, st in zip(record.files, statuses):
@@ -621,6 +669,7 @@ class RpcHandlers:
                     last_poll_s_ago=round(now_mono - tf.process.last_poll, 3),
                     tmp_bytes=_tmp_bytes(tf.path) if st["writing"] else None,
                     retries=tf.retries,
+                    reason=st["reason"],
                 )
             )
         manifest = write_manifest(record, self.hostname, statuses)

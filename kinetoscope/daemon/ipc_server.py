@@ -14,6 +14,7 @@ daemon's pid namespace, so /proc can be read for containerised clients too.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import selectors
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.loop_thread import LoopThread
 from kinetoscope.daemon.metrics import DaemonMetrics
-from kinetoscope.daemon.registry import Registry
+from kinetoscope.daemon.registry import MAX_PIDS_PER_PROCESS, Registry
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol import wire
 
@@ -64,6 +65,54 @@ class IpcEndpoint:
         return f"@{self.name} (abstract)"
 
 
+def lock_endpoint(endpoint: IpcEndpoint) -> int | None:
+    """Hold ``<socket dir>/<name>.lock`` (``flock``, with this daemon's pid in it) for a
+    filesystem endpoint; None for an abstract one (the kernel refuses a second bind there).
+
+    Why: binding a filesystem socket unlinks the old one first, so a second daemon on the same
+    directory used to take the socket from a running one, which kept running, deaf (issue 32).
+    Raises KinetoscopeError naming the running daemon's pid. The caller closes the fd to unlock.
+    """
+    if not endpoint.socket_dir:
+        return None
+    os.makedirs(endpoint.socket_dir, exist_ok=True)
+    path = os.path.join(endpoint.socket_dir, endpoint.name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise KinetoscopeError(f"cannot open the IPC lock file {path}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise KinetoscopeError(
+                f"IPC endpoint {endpoint.describe()} is in use by another kscope daemon (pid {holder}, "
+                f"lock {path}); its socket is left alone. Stop it, or give this one another "
+                "--ipc-socket-dir"
+            ) from None
+        raise KinetoscopeError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _refuse_live_socket(path: str, endpoint: IpcEndpoint) -> None:
+    """Refuse when something (a dynolog, which takes no lock) still receives on ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return  # nothing there, or a stale socket nobody receives on
+    finally:
+        probe.close()
+    raise KinetoscopeError(
+        f"IPC endpoint {endpoint.describe()} is in use: a process (dynolog --enable_ipc_monitor?) "
+        "receives on it; its socket is left alone. Stop it, or use another --ipc-socket-dir"
+    )
+
+
 def bind_endpoint(endpoint: IpcEndpoint) -> socket.socket:
     """Create, bind and configure the datagram socket. Raises KinetoscopeError with advice."""
     if not endpoint.name or "/" in endpoint.name or "\0" in endpoint.name:
@@ -80,6 +129,7 @@ def bind_endpoint(endpoint: IpcEndpoint) -> socket.socket:
                     _MAX_SOCKET_DIR,
                 )
             os.makedirs(endpoint.socket_dir, exist_ok=True)
+            _refuse_live_socket(path, endpoint)
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -88,8 +138,10 @@ def bind_endpoint(endpoint: IpcEndpoint) -> socket.socket:
             os.chmod(path, 0o666)  # clients run as other users (docs/protocol.md §1.1)
         else:
             sock.bind(endpoint.address)
-    except OSError as exc:
+    except (OSError, KinetoscopeError) as exc:
         sock.close()
+        if isinstance(exc, KinetoscopeError):
+            raise
         if exc.errno == errno.EADDRINUSE:
             raise KinetoscopeError(
                 f"IPC endpoint {endpoint.describe()} is already in use: another kscope daemon or "
@@ -122,11 +174,17 @@ class IpcServer:
         # GC runs inside this loop (no extra thread): a quarter of the timeout, 0.05-15 s.
         self.gc_period_s = gc_period_s or min(15.0, max(0.05, registry.gc_timeout_s / 4))
         self._sock: socket.socket | None = None
+        self._lock_fd: int | None = None
         self._loop_thread = LoopThread("kscope-ipc")
         self._rl = RateLimitedLogger(log)
 
     def start(self) -> None:
-        self._sock = bind_endpoint(self.endpoint)
+        self._lock_fd = lock_endpoint(self.endpoint)
+        try:
+            self._sock = bind_endpoint(self.endpoint)
+        except BaseException:
+            self._unlock()
+            raise
         self._loop_thread.start(self._loop)
         log.info("IPC fabric listening on %s", self.endpoint.describe())
 
@@ -141,7 +199,13 @@ class IpcServer:
                     os.unlink(str(self.endpoint.address))
                 except OSError:
                     pass
+        self._unlock()
         self._loop_thread.close()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock; the file stays (removing it would race)
+            self._lock_fd = None
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
@@ -210,19 +274,22 @@ class IpcServer:
         except wire.FrameError as exc:
             self._drop("malformed", "%s", exc)
             return
-        sender_pid = None
+        sender_pid = sender_uid = None
         for level, ctype, cdata in anc:
             if level == _SOL_SOCKET and ctype == _SCM_CREDENTIALS and len(cdata) >= _UCRED.size:
-                sender_pid = _UCRED.unpack_from(cdata)[0] or None
+                pid, uid, _gid = _UCRED.unpack_from(cdata)
+                sender_pid, sender_uid = pid or None, uid
         # Dynolog compares the tag by prefix (memcmp "req"/3, "ctxt"/4).
         if msg_type[:3] == b"req":
-            self._handle_req(payload, addr, sender_pid, t0)
+            self._handle_req(payload, addr, sender_pid, t0, sender_uid)
         elif msg_type[:4] == b"ctxt":
             self._handle_ctxt(payload, addr, t0)
         else:
             self._drop("unknown_type", "type %r", msg_type[:32])
 
-    def _handle_req(self, payload: bytes, addr: object, sender_pid: int | None, t0: float) -> None:
+    def _handle_req(
+        self, payload: bytes, addr: object, sender_pid: int | None, t0: float, sender_uid: int | None = None
+    ) -> None:
         try:
             req = wire.parse_request(payload)
         except wire.FrameError as exc:
@@ -232,9 +299,12 @@ class IpcServer:
             # Dynolog logs "Missing pids parameter" and does not answer (docs/protocol.md §1.3).
             self._drop("no_pids", "req with n=0")
             return
+        if len(req.pids) > MAX_PIDS_PER_PROCESS:  # Kineto sends 11 at most
+            self._drop("too_many_pids", "req with %d pids (at most %d)", len(req.pids), MAX_PIDS_PER_PROCESS)
+            return
         stats = self.stats
         stats.polls += 1
-        reply = self.registry.poll(req.job_id, req.pids, req.config_type, sender_pid)
+        reply = self.registry.poll(req.job_id, req.pids, req.config_type, sender_pid, sender_uid)
         if reply:
             stats.delivered += 1
             log.info("config delivered to pid %d (job %d)", req.pids[0], req.job_id)

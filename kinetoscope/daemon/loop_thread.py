@@ -23,6 +23,21 @@ class LoopThread:
         self._thread = threading.Thread(target=target, name=self.name, daemon=True)
         self._thread.start()
 
+    def poke(self) -> None:
+        """Wake the loop (from another thread) without stopping it; see :meth:`drain_wake`."""
+        try:
+            self._wake_w.send(b"p", socket.MSG_DONTWAIT)
+        except OSError:
+            pass  # its buffer is full: the loop has wake-ups pending anyway
+
+    def drain_wake(self) -> None:
+        """Read the wake-up bytes (the loop calls this when ``wake`` is readable)."""
+        try:
+            while self.wake.recv(4096, socket.MSG_DONTWAIT):
+                pass
+        except OSError:
+            pass
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the loop to end, wake it and wait for it (the caller closes its own sockets)."""
         self.stopping.set()

@@ -15,6 +15,12 @@ and the daemon itself (often root) creates directories and writes manifests ther
   ``write_file_under``): a symlink planted between the check and the write makes the write
   fail instead of landing outside the root.
 
+The root itself is resolved and pinned once, at start (:class:`TraceRoot`): an ``O_DIRECTORY``
+descriptor walks start from, and its identity (device, inode), checked on every request, so a
+root swapped for a symlink after start is refused instead of followed (issue 32). Before that,
+:func:`check_root_chain` refuses a root whose directories another user owns or may rename
+entries of (whoever created ``/tmp/kinetoscope`` first must not decide where a root daemon writes).
+
 Directories are created so that the traced processes (maybe another uid) can write into them.
 """
 
@@ -59,20 +65,121 @@ def check_config_value(value: str, what: str) -> None:
         raise PathRefused(f"{what} {value!r} has leading or trailing blanks (Kineto strips them)")
 
 
+class TraceRoot:
+    """The trace root, resolved and opened once (at daemon start) and checked on every use.
+
+    ``path`` is the root as configured (normalised), ``real`` its resolved path then. ``fd()``
+    gives a fresh descriptor of the *pinned* directory after :meth:`check` confirmed that
+    ``path`` still leads to it; walks below the root start there, never at a path looked up again.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.normpath(path)
+        self.real = os.path.realpath(self.path)
+        self._fd = os.open(self.real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(self._fd)
+        self.ident = (st.st_dev, st.st_ino)
+
+    def __str__(self) -> str:
+        return self.path
+
+    def check(self) -> None:
+        """Raise PathRefused when ``path`` no longer leads to the pinned directory."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise PathRefused(
+                f"the trace root {self.path} is gone since the daemon started ({exc.strerror}); restart the daemon"
+            ) from None
+        if (st.st_dev, st.st_ino) != self.ident:
+            raise PathRefused(
+                f"the trace root {self.path} changed since the daemon started (it now leads to another "
+                "directory, e.g. it was replaced by a symlink); refusing to write there - restart the daemon"
+            )
+
+    def fd(self) -> int:
+        """A new O_DIRECTORY descriptor of the pinned root (the caller closes it)."""
+        self.check()
+        return os.dup(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _root_path(root: str | TraceRoot) -> str:
+    return root.path if isinstance(root, TraceRoot) else root
+
+
+def _root_real(root: str | TraceRoot) -> str:
+    if isinstance(root, TraceRoot):
+        root.check()
+        return root.real
+    return os.path.realpath(root)
+
+
+def _root_fd(root: str | TraceRoot) -> int:
+    if isinstance(root, TraceRoot):
+        return root.fd()
+    return os.open(os.path.realpath(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _trusted_uids() -> set[int]:
+    return {0, os.geteuid()}
+
+
+def check_root_chain(path: str) -> None:
+    """Refuse a trace root that another user controls: every existing directory on its path
+    (as configured and as resolved), the root and any symlink on the way must be owned by root
+    or by the daemon's user, and no directory above the root may be writable by others without
+    the sticky bit (``/tmp`` is fine: others cannot rename what they do not own there).
+
+    Raises PathRefused naming the directory, its owner or mode, and what to do."""
+    trusted = _trusted_uids()
+    seen: set[str] = set()
+    for chain in (os.path.normpath(path), os.path.realpath(path)):
+        parts = chain.strip("/").split("/") if chain != "/" else []
+        probes = ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+        for i, probe in enumerate(probes):
+            if probe in seen:
+                continue
+            seen.add(probe)
+            try:
+                st = os.lstat(probe)
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                raise PathRefused(f"trace root {path}: cannot inspect {probe}: {exc.strerror}") from None
+            if st.st_uid not in trusted:
+                raise PathRefused(
+                    f"trace root {path}: {probe} is owned by uid {st.st_uid}, not by root or this daemon's "
+                    f"user (uid {os.geteuid()}): its owner decides where the daemon writes. Remove it, or "
+                    "choose a --trace-root whose directories root (or you) own"
+                )
+            above = i < len(probes) - 1
+            if above and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+                raise PathRefused(
+                    f"trace root {path}: {probe} is writable by every user (mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit): anyone could replace the directories "
+                    "below it. Fix its mode, or choose another --trace-root"
+                )
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def relative_parts(path: str, root: str) -> list[str]:
+def relative_parts(path: str, root: str | TraceRoot) -> list[str]:
     """The components of normalised ``path`` below ``root`` (given as configured or resolved)."""
-    for prefix in dict.fromkeys((root, os.path.realpath(root))):
+    for prefix in dict.fromkeys((_root_path(root), _root_real(root))):
         if _inside(path, prefix):
             rest = path[len(prefix.rstrip("/")) :].strip("/")
             return rest.split("/") if rest else []
     raise PathRefused(f"{path!r} is outside the daemon's trace root {root} (see --trace-root)")
 
 
-def confine(path: object, root: str, what: str = "path") -> str:
+def confine(path: object, root: str | TraceRoot, what: str = "path") -> str:
     """``path`` normalised, if it lies under ``root`` (an absolute, normalised directory).
 
     Raises PathRefused when it is not a string, is relative, contains ``..``, control
@@ -89,13 +196,15 @@ def confine(path: object, root: str, what: str = "path") -> str:
     if ".." in path.split("/"):
         raise PathRefused(f"{what} {path!r} contains '..'")
     norm = os.path.normpath(path)
+    if isinstance(root, TraceRoot):
+        root.check()  # a root replaced since start: say so, not "outside the root"
     try:
         parts = relative_parts(norm, root)
     except PathRefused:
         raise PathRefused(
-            f"{what} {path!r} is outside the daemon's trace root {root} (see --trace-root)"
+            f"{what} {path!r} is outside the daemon's trace root {_root_path(root)} (see --trace-root)"
         ) from None
-    probe = os.path.realpath(root)
+    probe = _root_real(root)
     for i, name in enumerate(parts):
         probe = os.path.join(probe, name)
         try:
@@ -140,7 +249,7 @@ def _open_child(parent_fd: int, name: str, path: str) -> int:
 
 
 def open_dir_under(
-    root: str, path: str, *, create: bool = False, writer_uids: Iterable[int | None] = ()
+    root: str | TraceRoot, path: str, *, create: bool = False, writer_uids: Iterable[int | None] = ()
 ) -> tuple[int, list[str]]:
     """Open (and with ``create`` make) directory ``path`` below ``root`` without following
     any symlink below the root. Returns (an O_DIRECTORY fd the caller closes, dirs created).
@@ -149,9 +258,9 @@ def open_dir_under(
     (``writer_uids``) as :func:`ensure_dir` describes. Raises PathRefused or OSError.
     """
     parts = relative_parts(os.path.normpath(path), root)
-    fd = os.open(os.path.realpath(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = _root_fd(root)
     created: list[str] = []
-    here = root.rstrip("/")
+    here = _root_path(root).rstrip("/")
     try:
         for i, name in enumerate(parts):
             _check_name(name, path)
@@ -175,14 +284,14 @@ def open_dir_under(
     return fd, created
 
 
-def ensure_dir_under(root: str, path: str, writer_uids: Iterable[int | None] = ()) -> list[str]:
+def ensure_dir_under(root: str | TraceRoot, path: str, writer_uids: Iterable[int | None] = ()) -> list[str]:
     """Create directory ``path`` below ``root`` (no symlinks followed); return those created."""
     fd, created = open_dir_under(root, path, create=True, writer_uids=writer_uids)
     os.close(fd)
     return created
 
 
-def write_file_under(root: str, path: str, data: bytes, mode: int = 0o644) -> None:
+def write_file_under(root: str | TraceRoot, path: str, data: bytes, mode: int = 0o644) -> None:
     """Write ``path`` (below ``root``) atomically: a fresh temporary file created with
     ``O_EXCL|O_NOFOLLOW`` in the directory's fd, then renamed over the final name (rename
     replaces a symlink planted there; it never writes through it). Raises PathRefused/OSError.

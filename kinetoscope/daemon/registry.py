@@ -35,6 +35,12 @@ ContextKey = tuple[str, int, int]  # (job, gpu, pid) of one "ctxt" registration
 # polling processes and a few contexts per GPU. Beyond these, the least recently seen goes.
 MAX_PROCESSES = 16384
 MAX_CONTEXTS = 4096
+# Per user (the sender's uid, from the kernel): one local user must not fill the registry and
+# slow every other job's polls (issue 32: 16,384 fake processes x 64 pids in seconds). Beyond
+# it, that user's *new* keys are not registered (its registered processes keep being served).
+MAX_PROCESSES_PER_UID = 1024
+# Kineto sends its own pid and at most 10 ancestors (docs/protocol.md §1.3).
+MAX_PIDS_PER_PROCESS = 16
 # "registered process" lines per minute before they are counted instead of logged.
 REGISTER_LOG_BURST = 200
 
@@ -71,6 +77,7 @@ class Process:
     polls: int = 0
     last_type: int = 0
     pending: PendingConfig | None = None
+    uid: int | None = None  # the sender's uid as the kernel reported it (SO_PASSCRED)
 
     @property
     def pid(self) -> int:
@@ -114,6 +121,34 @@ def default_info_reader(leaf_pid: int, sender_pid: int | None) -> ProcInfo | Non
     return procinfo.read_proc_info(sender_pid if sender_pid else leaf_pid)
 
 
+def _launcher_keys(procs: Iterable[Process]) -> set[ProcessKey]:
+    """Keys of processes whose leaf pid is an ancestor of another registered process.
+
+    Pids are only comparable within one job and one pid namespace (the namespace is known
+    when the daemon can see the process; unknown counts as one namespace).
+    """
+    procs = list(procs)
+    ancestors: set[tuple[str, str | None, int]] = set()
+    for p in procs:
+        ns = p.info.pid_ns if p.info else None
+        for a in p.pids[1:]:
+            ancestors.add((p.job_id, ns, a))
+    out: set[ProcessKey] = set()
+    for p in procs:
+        ns = p.info.pid_ns if p.info else None
+        if (p.job_id, ns, p.pid) in ancestors:
+            out.add(p.key)
+    return out
+
+
+SUMMARY_ITEMS = 20  # jobs, and pids per job, named in a "nothing matched" answer
+
+
+def _some(pids: list[int]) -> str:
+    shown = ", ".join(map(str, pids[:SUMMARY_ITEMS]))
+    return shown + (f" and {len(pids) - SUMMARY_ITEMS} more" if len(pids) > SUMMARY_ITEMS else "")
+
+
 class Registry:
     """Registered processes, pending configs and per-GPU contexts. See module docstring."""
 
@@ -124,6 +159,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         max_processes: int = MAX_PROCESSES,
         max_contexts: int = MAX_CONTEXTS,
+        max_per_uid: int = MAX_PROCESSES_PER_UID,
     ) -> None:
         self.gc_timeout_s = gc_timeout_s
         self._read_info = info_reader
@@ -131,19 +167,28 @@ class Registry:
         self._lock = threading.Lock()
         self.max_processes = max_processes
         self.max_contexts = max_contexts
+        self.max_per_uid = max_per_uid
+        self._per_uid: dict[int | None, int] = {}
+        self.refused = 0  # new registrations refused by the per-uid limit
         # Least recently polled first (every poll moves its process to the end).
         self._procs: OrderedDict[ProcessKey, Process] = OrderedDict()
         # "ctxt" registrations, least recently touched first -> when; and per (job, gpu) counts.
         self._contexts: OrderedDict[ContextKey, float] = OrderedDict()
         self._context_counts: dict[tuple[str, int], int] = {}
         self._rl = RateLimitedLogger(log, burst=REGISTER_LOG_BURST)
+        self._rl_limit = RateLimitedLogger(log)  # per-uid refusals: 5 lines a minute
         self.evicted = 0
         self.polls = 0
         self.delivered = 0
 
     # ----------------------------------------------------------------- IPC side
     def poll(
-        self, job_id: int, pids: tuple[int, ...], config_type: int, sender_pid: int | None = None
+        self,
+        job_id: int,
+        pids: tuple[int, ...],
+        config_type: int,
+        sender_pid: int | None = None,
+        sender_uid: int | None = None,
     ) -> str:
         """Handle one "req": register or refresh, return the reply text ("" = nothing pending).
 
@@ -157,13 +202,27 @@ class Registry:
             proc = self._procs.get(key)
             if proc is not None:
                 return self._serve(proc, config_type, now)
+            over = self._per_uid.get(sender_uid, 0) >= self.max_per_uid
+            self.refused += over
+        if over:
+            self._rl_limit.warning(
+                "uid_limit", "uid %s has %d registered processes (the per-user limit, --max-processes-per-uid): "
+                "not registering pid %d (job %s)", sender_uid, self.max_per_uid, pids[0], job_id,
+            )  # fmt: skip
+            return ""
         # New process: read /proc without holding the lock (the only slow step, done once).
         info = self._read_info(pids[0], sender_pid)
         with self._lock:
             proc = self._procs.get(key)
             if proc is None:
-                proc = Process(job_id=key[0], pids=tuple(pids), info=info, first_seen=now, last_poll=now)
+                if self._per_uid.get(sender_uid, 0) >= self.max_per_uid:
+                    self.refused += 1
+                    return ""
+                proc = Process(
+                    job_id=key[0], pids=tuple(pids), info=info, first_seen=now, last_poll=now, uid=sender_uid
+                )
                 self._procs[key] = proc
+                self._per_uid[sender_uid] = self._per_uid.get(sender_uid, 0) + 1
                 new = True
                 evicted = self._evict_processes()
             else:
@@ -192,8 +251,16 @@ class Registry:
         if len(self._procs) <= self.max_processes:
             return None
         _key, oldest = self._procs.popitem(last=False)
+        self._forget_uid(oldest)
         self.evicted += 1
         return oldest
+
+    def _forget_uid(self, proc: Process) -> None:
+        left = self._per_uid.get(proc.uid, 0) - 1
+        if left > 0:
+            self._per_uid[proc.uid] = left
+        else:
+            self._per_uid.pop(proc.uid, None)
 
     def _serve(self, proc: Process, config_type: int, now: float) -> str:
         self._procs.move_to_end(proc.key)
@@ -253,6 +320,7 @@ class Registry:
             dead = [p for p in self._procs.values() if p.last_poll < cutoff]
             for p in dead:
                 del self._procs[p.key]
+                self._forget_uid(p)
             live = {(p.job_id, pid) for p in self._procs.values() for pid in p.pids}
             stale = [
                 k for k, touched in self._contexts.items() if touched < cutoff and (k[0], k[2]) not in live
@@ -263,34 +331,23 @@ class Registry:
 
     # ----------------------------------------------------------------- RPC side
     def snapshot(self, job_id: str | None = None) -> list[tuple[Process, bool]]:
-        """(process, is_launcher) in Dynolog's map order, optionally for one job only."""
+        """(process, is_launcher) in Dynolog's map order, optionally for one job only.
+
+        The lock is held only to copy the list: sorting and finding launchers happen outside
+        it, so a listing never makes the IPC thread (every rank's poll) wait for them."""
         with self._lock:
-            launchers = self._launcher_keys()
-            procs = [p for p in self._procs.values() if job_id is None or p.job_id == job_id]
-            procs.sort(key=lambda p: p.map_order)
-            return [(p, p.key in launchers) for p in procs]
+            everyone = list(self._procs.values())
+        launchers = _launcher_keys(everyone)
+        procs = [p for p in everyone if job_id is None or p.job_id == job_id]
+        procs.sort(key=lambda p: p.map_order)
+        return [(p, p.key in launchers) for p in procs]
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._procs)
 
     def _launcher_keys(self) -> set[ProcessKey]:
-        """Keys of processes whose leaf pid is an ancestor of another registered process.
-
-        Pids are only comparable within one job and one pid namespace (the namespace is known
-        when the daemon can see the process; unknown counts as one namespace).
-        """
-        ancestors: set[tuple[str, str | None, int]] = set()
-        for p in self._procs.values():
-            ns = p.info.pid_ns if p.info else None
-            for a in p.pids[1:]:
-                ancestors.add((p.job_id, ns, a))
-        out: set[ProcessKey] = set()
-        for p in self._procs.values():
-            ns = p.info.pid_ns if p.info else None
-            if (p.job_id, ns, p.pid) in ancestors:
-                out.add(p.key)
-        return out
+        return _launcher_keys(self._procs.values())
 
     def trigger(
         self,
@@ -373,5 +430,7 @@ class Registry:
         for p, is_launcher in snap:
             jobs.setdefault(p.job_id, []).append(p.pid)
             n_launchers += is_launcher
-        parts = [f"job {j}: pids {', '.join(map(str, sorted(ps)))}" for j, ps in sorted(jobs.items())]
+        parts = [f"job {j}: pids {_some(sorted(ps))}" for j, ps in sorted(jobs.items())[:SUMMARY_ITEMS]]
+        if len(jobs) > SUMMARY_ITEMS:
+            parts.append(f"and {len(jobs) - SUMMARY_ITEMS} more jobs")
         return f"{len(snap)} processes registered ({n_launchers} launchers); " + "; ".join(parts)

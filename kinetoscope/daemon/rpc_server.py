@@ -22,6 +22,7 @@ localhost`` connects to the *first* address ``localhost`` resolves to, which may
 from __future__ import annotations
 
 import errno
+import heapq
 import ipaddress
 import logging
 import resource
@@ -44,6 +45,7 @@ DEFAULT_MIN_RATE_BPS = 1024  # a request must average this after the grace perio
 RATE_GRACE_S = 1.0
 DRAIN_S = 0.5  # after an error reply, read (and discard) what the client still sends
 MAX_BUFFERED_BYTES = 64 << 20  # all partly received requests together
+MAX_DEFERRED = 256  # answers held back (failed token attempts); beyond, new requests are "busy"
 _SWEEP_S = 0.2
 
 
@@ -129,12 +131,20 @@ class RpcServer:
         fast: Callable[[bytes], bool] = lambda body: False,
         max_pending: int | None = None,
         min_rate_bps: float = DEFAULT_MIN_RATE_BPS,
+        penalty: Callable[[object], float] = lambda peer: 0.0,
     ) -> None:
         self.binds = binds
         self.port = port
         self._handle = handle
         self._frame_error = frame_error
         self._fast = fast
+        # seconds to hold back the answer just computed (on this thread) for ``peer``: failed
+        # token attempts are slowed without a worker or the loop waiting (see _defer)
+        self._penalty = penalty
+        self._deferred: list[tuple[float, int, socket.socket, bytes]] = []  # heap by due time
+        self._handoff: list[tuple[float, socket.socket, bytes]] = []  # from workers, under _handoff_lock
+        self._handoff_lock = threading.Lock()
+        self._seq = 0
         self.timeout_s = timeout_s
         self.min_rate_bps = min_rate_bps
         self.max_pending = max_pending or default_max_pending()
@@ -197,14 +207,16 @@ class RpcServer:
         last_sweep = time.monotonic()
         try:
             while not self._loop_thread.stopping.is_set():
-                for key, _ in sel.select(_SWEEP_S if self._pending else None):
+                for key, _ in sel.select(self._select_timeout()):
                     if key.fileobj is self._loop_thread.wake:
+                        self._loop_thread.drain_wake()
                         continue
                     if key.data is None:
                         self._accept(key.fileobj)  # type: ignore[arg-type]
                     else:
                         self._guarded(key.data)
                 now = time.monotonic()
+                self._send_deferred(now)
                 if now - last_sweep >= _SWEEP_S:
                     self._sweep(now)
                     last_sweep = now
@@ -212,7 +224,37 @@ class RpcServer:
             for p in list(self._pending.values()):
                 self._forget(p)
                 p.conn.close()
+            self._send_deferred(float("inf"))
             sel.close()
+
+    # ------------------------------------------------------------------ held-back answers
+    def _select_timeout(self) -> float | None:
+        timeout = _SWEEP_S if self._pending else None
+        if self._handoff:
+            return 0.0
+        if self._deferred:
+            due = max(0.0, self._deferred[0][0] - time.monotonic())
+            timeout = due if timeout is None else min(timeout, due)
+        return timeout
+
+    def _defer(self, conn: socket.socket, answer: bytes, delay_s: float) -> None:
+        """Answer ``conn`` ``delay_s`` from now, on the loop (no thread waits meanwhile).
+
+        Never answered early nor dropped: an early close would tell a guesser "wrong token" at
+        once. The bound is kept at the door instead (:meth:`_dispatch`)."""
+        self._seq += 1
+        heapq.heappush(self._deferred, (time.monotonic() + delay_s, self._seq, conn, answer))
+
+    def _send_deferred(self, now: float) -> None:
+        if self._handoff:
+            with self._handoff_lock:
+                handed, self._handoff = self._handoff, []
+            for due, conn, answer in handed:
+                self._defer(conn, answer, max(0.0, due - time.monotonic()))
+        while self._deferred and self._deferred[0][0] <= now:
+            _due, _seq, conn, answer = heapq.heappop(self._deferred)
+            self._send_small(conn, answer)
+            conn.close()
 
     def _guarded(self, p: _Pending) -> None:
         """Serve one readable connection; a bug costs that connection, never the loop."""
@@ -316,8 +358,20 @@ class RpcServer:
         """A whole request: answer it here if cheap, else on a worker thread (or say busy)."""
         self._forget(p)
         body = p.frame.body
+        if len(self._deferred) + len(self._handoff) >= MAX_DEFERRED:
+            # a flood of failed token attempts is being answered: refuse before evaluating
+            # anything (so the refusal says nothing about the token)
+            self._rl.warning("deferred", "%d answers held back; refusing %s", len(self._deferred), p.peer)
+            self._send_small(p.conn, self._frame_error("server busy: too many failed token attempts"))
+            p.conn.close()
+            return
         if self._fast(body):
-            self._send_small(p.conn, self._handle(body))
+            answer = self._handle(body)
+            delay = self._penalty(p.peer)
+            if delay > 0:
+                self._defer(p.conn, answer, delay)
+                return
+            self._send_small(p.conn, answer)
             p.conn.close()
             return
         if not self._slots.acquire(blocking=False):
@@ -325,19 +379,31 @@ class RpcServer:
             self._send_small(p.conn, self._frame_error("server busy: too many concurrent requests"))
             p.conn.close()
             return
-        t = threading.Thread(target=self._serve, args=(p.conn, body), name="kscope-rpc-conn", daemon=True)
+        t = threading.Thread(
+            target=self._serve, args=(p.conn, body, p.peer), name="kscope-rpc-conn", daemon=True
+        )
         t.start()
 
-    def _serve(self, conn: socket.socket, body: bytes) -> None:
+    def _serve(self, conn: socket.socket, body: bytes, peer: object = None) -> None:
+        handed_off = False
         try:
-            response = wire.frame_rpc(self._handle(body))
+            answer = self._handle(body)
+            delay = self._penalty(peer)
+            if delay > 0:  # the loop sends it later; this worker is free now
+                with self._handoff_lock:
+                    self._handoff.append((time.monotonic() + delay, conn, answer))
+                handed_off = True
+                self._loop_thread.poke()
+                return
+            response = wire.frame_rpc(answer)
             conn.setblocking(True)
             conn.settimeout(self.timeout_s)
             conn.sendall(response)
         except OSError:
             pass
         finally:
-            conn.close()
+            if not handed_off:
+                conn.close()
             self._slots.release()
 
     def _frame_failed(self, p: _Pending, message: str) -> None:

@@ -18,9 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from kinetoscope.daemon.paths import PathRefused, write_file_under
+from kinetoscope.daemon.paths import PathRefused, TraceRoot, open_dir_under, write_file_under
 from kinetoscope.daemon.registry import PendingConfig, Process
 from kinetoscope.protocol.manifest import (
     Manifest,
@@ -29,6 +27,7 @@ from kinetoscope.protocol.manifest import (
     format_time,
     write_bytes_atomic,
 )
+from kinetoscope.protocol.tracefile import FileCheck, check_file
 
 log = logging.getLogger("kinetoscope.daemon.traces")
 
@@ -38,9 +37,6 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 def safe_name(text: str) -> str:
     """A host name usable in a file name."""
     return _SAFE_NAME.sub("_", text) or "host"
-
-
-FULL_PARSE_LIMIT = 64 << 20  # parse files up to this size; above, check the JSON's two ends
 
 
 @dataclass
@@ -67,6 +63,7 @@ class TraceFile:
             cmdline=info.cmdline if info else None,
             bytes=status["bytes"],
             complete=bool(status["complete"]),
+            refused=status.get("reason"),
         )
 
 
@@ -76,9 +73,8 @@ class TraceRecord:
     output_dir: str
     trace_dir: str
     config: str  # the part shared by every process (no ACTIVITIES_LOG_FILE line)
-    root: str | None = (
-        None  # the daemon's trace root: the manifest is written without following symlinks below it
-    )
+    # the daemon's trace root: the manifest is written without following symlinks below it
+    root: str | TraceRoot | None = None
     created_at: float = field(default_factory=time.time)
     files: list[TraceFile] = field(default_factory=list)
     manifest_path: str | None = None
@@ -115,67 +111,40 @@ class TraceBook:
 # ---------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------
-_complete_cache: dict[tuple[str, int, int], bool] = {}
-_cache_lock = threading.Lock()
+def file_status(path: str, root: str | TraceRoot | None = None) -> dict[str, Any]:
+    """``exists`` (final name), ``bytes``, ``complete`` (whole JSON), ``writing`` (.tmp present)
+    and ``reason`` (why a file that is there was not read: "symlink refused", "not a regular
+    file: fifo", ...; else None).
 
-
-def _json_complete(path: str, size: int) -> bool:
-    """Whether the file is a whole JSON object: parsed in full up to FULL_PARSE_LIMIT bytes;
-    larger files must start with ``{`` and end with ``}`` (Kineto writes them atomically via a
-    rename, so a final name never holds a half-written file unless something else broke).
-    A gzip file (``.json.gz``) must decompress to the end (its CRC checks out) and hold the same."""
-    try:
-        with open(path, "rb") as f:
-            if f.read(2) == b"\x1f\x8b":
-                f.seek(0)
-                return _gzip_json_complete(f)
-            f.seek(0)
-            if size <= FULL_PARSE_LIMIT:
-                try:
-                    return isinstance(orjson.loads(f.read()), dict)
-                except orjson.JSONDecodeError:
-                    return False
-            head = f.read(4096).lstrip()
-            f.seek(max(0, size - 4096))
-            tail = f.read().rstrip()
-            return head.startswith(b"{") and tail.endswith(b"}")
-    except OSError:
-        return False
-
-
-def _gzip_json_complete(f: Any) -> bool:
-    import gzip
-    import zlib
-
-    head = b""
-    tail = b""
-    try:
-        with gzip.open(f) as gz:
-            while chunk := gz.read(1 << 20):
-                if len(head) < 4096:
-                    head += chunk[: 4096 - len(head)]
-                tail = (tail + chunk)[-4096:]
-    except (OSError, EOFError, zlib.error):
-        return False
-    return head.lstrip().startswith(b"{") and tail.rstrip().endswith(b"}")
-
-
-def file_status(path: str) -> dict[str, Any]:
-    """``exists`` (final name), ``bytes``, ``complete`` (whole JSON), ``writing`` (.tmp present)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {"exists": False, "bytes": None, "complete": False, "writing": os.path.exists(path + ".tmp")}
-    key = (path, st.st_size, st.st_mtime_ns)
-    with _cache_lock:
-        complete = _complete_cache.get(key)
-    if complete is None:
-        complete = _json_complete(path, st.st_size)
-        with _cache_lock:
-            if len(_complete_cache) > 4096:
-                _complete_cache.clear()
-            _complete_cache[key] = complete
-    return {"exists": True, "bytes": st.st_size, "complete": complete, "writing": False}
+    The traced process controls what is at ``path``: it is opened without following symlinks
+    (below ``root`` when given, directories included), only a regular file is read, and only a
+    bounded part of it (:mod:`kinetoscope.protocol.tracefile`)."""
+    directory, name = os.path.split(path)
+    check: FileCheck
+    if root is None:
+        check = check_file(path)
+    else:
+        try:
+            dir_fd, _ = open_dir_under(root, directory)
+        except PathRefused as exc:
+            check = FileCheck(exists=True, reason=str(exc))
+        except FileNotFoundError:
+            check = FileCheck(exists=False)
+        except OSError as exc:
+            check = FileCheck(exists=False, reason=f"cannot open {directory}: {exc.strerror or exc}")
+        else:
+            try:
+                check = check_file(name, dir_fd)
+            finally:
+                os.close(dir_fd)
+    writing = not check.exists and os.path.lexists(path + ".tmp")
+    return {
+        "exists": check.exists,
+        "bytes": check.bytes,
+        "complete": check.complete,
+        "writing": writing,
+        "reason": check.reason,
+    }
 
 
 def write_manifest(record: TraceRecord, hostname: str, statuses: list[dict[str, Any]]) -> str | None:

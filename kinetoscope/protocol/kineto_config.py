@@ -147,9 +147,9 @@ def kineto_output_path(log_file: str, pid: int) -> str:
     return log_file
 
 
-_TRACE_ID_RE = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+_TRACE_ID_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
 
 
 def valid_trace_id(trace_id: object) -> bool:
     """``kscope`` trace ids: letters, digits and ``-`` (docs/architecture.md), at most 128."""
-    return isinstance(trace_id, str) and bool(_TRACE_ID_RE.match(trace_id))
+    return isinstance(trace_id, str) and _TRACE_ID_RE.fullmatch(trace_id) is not None

@@ -38,10 +38,10 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 # What readers accept as a trace id (a folder name and a storage key segment). New ids made by
 # ``kscope trace`` are stricter (kinetoscope.collect.trigger.validate_trace_id).
-TRACE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+TRACE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
 
 _INT_FIELDS = ("pid", "rank", "local_rank", "world_size", "bytes", "iterations", "group_rank")
-_STR_FIELDS = ("host", "job_id", "cmdline", "path", "sha256", "url", "key")
+_STR_FIELDS = ("host", "job_id", "cmdline", "path", "sha256", "url", "key", "refused")
 _TOP_STR_FIELDS = ("config", "requested_by", "status", "job_id", "store_url", "host", "updated")
 
 
@@ -112,6 +112,9 @@ class ManifestFile(msgspec.Struct, kw_only=True, omit_defaults=False):
     sha256: str | None = None  # added by the upload, with url/key
     url: str | None = None
     key: str | None = None
+    # why the file at this name was not read or uploaded ("symlink refused", "not a regular
+    # file: fifo", ...): a traced process controls what it leaves there (docs/security.md)
+    refused: str | None = None
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -25,15 +25,20 @@ STACKS = "kscopeStacks"
 # "timeout"); the client waits this long plus a margin.
 STACKS_MAX_REQUEST_S = 120.0
 STATUS_OK = "ok"
+# kscopeListProcesses answers at most this many processes per call (page with offset/limit)
+MAX_LIST_PROCESSES = 1000
 
 
 # ---------------------------------------------------------------------------------------
 # Requests
 # ---------------------------------------------------------------------------------------
 class KscopeListProcessesRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """§9.1: the registered processes, of one job when ``job_id`` is given."""
+    """§9.1: the registered processes, of one job when ``job_id`` is given; one page of at most
+    ``MAX_LIST_PROCESSES`` from ``offset`` (the answer's ``next_offset`` asks for the next)."""
 
     job_id: int | str | None = None
+    offset: int | None = None
+    limit: int | None = None
 
 
 class KscopeTraceRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -139,6 +144,8 @@ class KscopeListProcessesResponse(msgspec.Struct, kw_only=True):
     status: str = STATUS_OK
     hostname: str
     processes: list[ProcessInfo]
+    total: int | None = None  # processes registered (of the job); older daemons: null
+    next_offset: int | None = None  # the ``offset`` of the next page; null on the last
 
 
 class KscopeTraceResponse(msgspec.Struct, kw_only=True):
@@ -172,6 +179,9 @@ class FileStatus(msgspec.Struct, kw_only=True):
     last_poll_s_ago: float
     tmp_bytes: int | None
     retries: int
+    # why a file that is at the path was not read ("symlink refused", "not a regular file:
+    # fifo", "hard link refused ..."): the traced process controls what it leaves there
+    reason: str | None = None
 
 
 class KscopeTraceStatusResponse(msgspec.Struct, kw_only=True):

@@ -67,9 +67,9 @@ def test_invented_poll_keys_are_capped_least_recently_polled_first():
 
 
 def test_unique_key_polls_do_not_flood_the_log(make_daemon, sockdir, caplog):
-    d = make_daemon(gc_timeout_s=1.0)
-    c = IpcClient(d.ipc.endpoint.address, sockdir)
     n = REGISTER_LOG_BURST + 1000
+    d = make_daemon(gc_timeout_s=1.0, max_processes_per_uid=n)  # all from this test's uid
+    c = IpcClient(d.ipc.endpoint.address, sockdir)
     try:
         with caplog.at_level(logging.INFO, logger="kinetoscope"):
             for pid in range(100_000, 100_000 + n):

@@ -165,16 +165,28 @@ def test_confine_and_ensure_dir(tmp_path):
 
 def test_file_status(tmp_path, monkeypatch):
     p = tmp_path / "t_1.json"
-    assert file_status(str(p)) == {"exists": False, "bytes": None, "complete": False, "writing": False}
+    assert file_status(str(p)) == {
+        "exists": False,
+        "bytes": None,
+        "complete": False,
+        "writing": False,
+        "reason": None,
+    }
     (tmp_path / "t_1.json.tmp").write_text("{")
     assert file_status(str(p))["writing"] is True
     p.write_text('{"traceEvents": [')
     assert file_status(str(p))["complete"] is False
     p.write_text('{"traceEvents": []}\n')
-    assert file_status(str(p)) == {"exists": True, "bytes": 20, "complete": True, "writing": False}
-    import kinetoscope.daemon.traces as traces
+    assert file_status(str(p)) == {
+        "exists": True,
+        "bytes": 20,
+        "complete": True,
+        "writing": False,
+        "reason": None,
+    }
+    import kinetoscope.protocol.tracefile as tracefile
 
-    monkeypatch.setattr(traces, "FULL_PARSE_LIMIT", 4)  # large-file path: check both ends
+    monkeypatch.setattr(tracefile, "SYNTAX_CHECK_LIMIT", 4)  # large-file path: check both ends
     big = tmp_path / "big_1.json"
     big.write_text('{"traceEvents": [' + "1," * 5000 + "1]}\n")
     assert file_status(str(big))["complete"] is True
