@@ -1,0 +1,208 @@
+"""What-if replays: the job replayed with chosen local work made ideal, and the figures read off them.
+
+Definitions (after *Understanding Stragglers in Large Model Training Using What-if Analysis*,
+OSDI '25; our own code):
+
+``T_obs`` / ``T_ideal``
+    Mean step time of the replay with the observed durations / with every item (and every
+    sync's transfer) at its ideal value, i.e. every lane working like the typical peer.
+slowdown ``S``
+    ``T_obs / T_ideal``: how much longer the job takes than if nobody straggled.
+``S_w`` (per lane) / ``S_t`` (per operation type)
+    ``T_add / T_ideal`` where ``T_add`` replays the ideal job with only lane ``w``'s (type
+    ``t``'s) work at its observed durations: that lane's own slowdown, unmasked by others.
+removal fraction ``rem`` of a selection
+    ``(T_obs - T_rem) / (T_obs - T_ideal)``, ``T_rem`` the observed job with the selection made
+    ideal: the part of the slowdown that fixing the selection recovers. It can exceed 1 when the
+    selection was slower than ideal and the rest faster (e.g. the last pipeline stage).
+``M_W`` / ``M_S``
+    ``rem`` of the worst few workers (the top 3 %, at least one, by ``S_w``) / of the last
+    pipeline stage: worker issues and stage-partitioning imbalance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kinetoscope.diagnosis.whatif.model import F64, B, ReplayModel
+from kinetoscope.diagnosis.whatif.replay import Schedule, build_schedule, incidence_work, replay
+
+_CHUNK_ELEMS = 16_000_000  # scenarios x incidences per replay call: bounds memory
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One what-if: start from ideal (``from_ideal``) or observed, and flip the selected parts."""
+
+    from_ideal: bool
+    items: B  # items whose duration is flipped to the other side
+    syncs: B  # syncs whose transfer is flipped
+
+
+@dataclass
+class WhatIf:
+    """Replays of one model; caches the observed and ideal replays."""
+
+    model: ReplayModel
+    schedule: Schedule = field(init=False)
+    t_obs: F64 = field(init=False)  # step times, observed durations
+    t_ideal: F64 = field(init=False)  # step times, all ideal
+
+    def __post_init__(self) -> None:
+        self.schedule = build_schedule(self.model)
+        none_i = np.zeros(self.model.item_work.shape[0], dtype=bool)
+        none_s = np.zeros(self.model.n_syncs, dtype=bool)
+        both = self.run([Scenario(False, none_i, none_s), Scenario(True, none_i, none_s)])
+        self.t_obs, self.t_ideal = both[0], both[1]
+
+    def run(self, scenarios: Sequence[Scenario]) -> F64:
+        """Step times of each scenario (scenarios x steps), in memory-bounded chunks."""
+        m = self.model
+        chunk = max(1, _CHUNK_ELEMS // max(1, m.inc_lane.shape[0]))
+        out = []
+        for i in range(0, len(scenarios), chunk):
+            part = scenarios[i : i + chunk]
+            ideal_i = np.stack([s.items ^ s.from_ideal for s in part], axis=1)
+            ideal_s = np.stack([s.syncs ^ s.from_ideal for s in part], axis=1)
+            items = np.where(ideal_i, m.item_ideal[:, None], m.item_work[:, None])
+            transfer = np.where(ideal_s, m.sync_ideal_transfer[:, None], m.sync_transfer[:, None])
+            out.append(replay(m, self.schedule, incidence_work(m, items), transfer))
+        return np.concatenate(out, axis=0) if out else np.zeros((0, m.n_steps))
+
+    @property
+    def slowdown(self) -> float:
+        """``T_obs / T_ideal`` (1.0 = no slowdown)."""
+        return float(self.t_obs.mean() / max(self.t_ideal.mean(), 1e-12))
+
+    def lane_items(self, lanes: Sequence[int]) -> B:
+        """Items of the given lanes."""
+        return self._lane_mask(lanes)[self.model.item_lane]
+
+    def _lane_mask(self, lanes: Sequence[int]) -> B:
+        mask = np.zeros(self.model.n_lanes, dtype=bool)
+        mask[np.asarray(lanes, dtype=np.int64)] = True
+        return mask
+
+    def lane_syncs(self, lanes: Sequence[int]) -> B:
+        """Syncs whose members are all among the given lanes: their transfer is the selection's.
+
+        (A transfer shared with a lane outside the selection stays observed: the selection alone
+        cannot make it faster.)
+        """
+        sel = np.ones(self.model.n_syncs, dtype=bool)
+        inc = self._lane_mask(lanes)[self.model.inc_lane]
+        np.logical_and.at(sel, self.model.inc_sync, inc)
+        return sel
+
+    def selection(self, lanes: Sequence[int], with_transfer: bool) -> tuple[B, B]:
+        """(items, syncs) of a lane set; syncs only when transfer is part of the what-if."""
+        syncs = self.lane_syncs(lanes) if with_transfer else np.zeros(self.model.n_syncs, dtype=bool)
+        return self.lane_items(lanes), syncs
+
+    def removal(self, selections: Sequence[tuple[B, B]]) -> tuple[F64, F64]:
+        """``rem`` and ``add`` fractions of each selection (see the module docstring)."""
+        scen = [Scenario(False, i, s) for i, s in selections]
+        scen += [Scenario(True, i, s) for i, s in selections]
+        times = self.run(scen).mean(axis=1)
+        n = len(selections)
+        t_obs, t_ideal = float(self.t_obs.mean()), float(self.t_ideal.mean())
+        gap = t_obs - t_ideal
+        if abs(gap) < 1e-12:
+            zeros = np.zeros(n)
+            return zeros, zeros.copy()
+        return (t_obs - times[:n]) / gap, (times[n:] - t_ideal) / gap
+
+    def per_lane_add(self, lanes: Sequence[int], with_transfer: bool = False) -> F64:
+        """Step times (lanes x steps) with only each lane's work observed (add direction)."""
+        scen = [Scenario(True, *self.selection([w], with_transfer)) for w in lanes]
+        return self.run(scen)
+
+    def per_label(self) -> dict[str, float]:
+        """``S_t`` per operation type present: ideal job with that type's items observed."""
+        m = self.model
+        codes = np.unique(m.item_label)
+        none_s = np.zeros(m.n_syncs, dtype=bool)
+        scen = [Scenario(True, m.item_label == c, none_s) for c in codes]
+        times = self.run(scen).mean(axis=1)
+        base = max(float(self.t_ideal.mean()), 1e-12)
+        return {m.labels[int(c)]: float(t / base) for c, t in zip(codes, times, strict=True)}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The smallest lane set whose idealisation recovers most of the slowdown.
+
+    ``candidates`` (most costly first) carry their own cost per step: ``cost[i, s]`` is lane
+    ``candidates[i]``'s ``T_add / T_ideal - 1`` in step ``s`` (its slowdown when it alone is
+    observed); ``recovered`` is the ``rem`` of the first ``n`` candidates, for every ``n``.
+    """
+
+    candidates: tuple[int, ...]
+    cost: F64  # candidates x steps
+    recovered: F64  # prefix sizes 1..K
+    chosen: int  # size of the explaining set (a prefix of ``candidates``)
+
+    @property
+    def lanes(self) -> tuple[int, ...]:
+        """The explaining set."""
+        return self.candidates[: self.chosen]
+
+    @property
+    def recovered_fraction(self) -> float:
+        """``rem`` of the explaining set (0 when empty)."""
+        return float(self.recovered[self.chosen - 1]) if self.chosen else 0.0
+
+
+def excess_work(model: ReplayModel) -> F64:
+    """Per lane: local work above the typical peer's, summed (a cheap pre-filter)."""
+    over = np.maximum(model.item_work - model.item_ideal, 0.0)
+    return np.bincount(model.item_lane, weights=over, minlength=model.n_lanes).astype(np.float64)
+
+
+def explain(
+    w: WhatIf,
+    max_candidates: int = 8,
+    target: float = 0.9,
+    tie: float = 0.8,
+    min_cost: float = 0.0,
+) -> Explanation:
+    """Set-level what-if search (two batched replays).
+
+    1. Candidates: the ``max_candidates`` lanes with the most excess work; each is replayed
+       alone on the ideal job (add direction), which shows a straggler even when a bigger one
+       masks it in the observed job. They are ranked by that own cost.
+    2. Prefixes of the ranking are made ideal in the observed job (remove direction); the set is
+       the shortest prefix recovering ``target`` of what the longest recovers, extended by the
+       candidates whose own cost is within ``tie`` of the last member's (ties are shared).
+       Candidates costing less than ``min_cost`` are never named.
+    """
+    m = w.model
+    excess = excess_work(m)
+    order = [int(x) for x in np.argsort(-excess, kind="stable")[:max_candidates] if excess[x] > 0]
+    if not order:
+        return Explanation((), np.zeros((0, m.n_steps)), np.zeros(0), 0)
+    t_ideal = np.maximum(w.t_ideal, 1e-12)
+    cost = w.per_lane_add(order) / t_ideal[None, :] - 1.0
+    rank = np.argsort(-cost.mean(axis=1), kind="stable")
+    cand = tuple(order[i] for i in rank)
+    cost = cost[rank]
+    prefixes = [w.selection(cand[: n + 1], with_transfer=False) for n in range(len(cand))]
+    rem, _ = w.removal(prefixes)
+    chosen = _choose(rem, cost.mean(axis=1), target, tie, min_cost)
+    return Explanation(cand, cost, rem, chosen)
+
+
+def _choose(rem: F64, own: F64, target: float, tie: float, min_cost: float) -> int:
+    """Size of the explaining set from prefix recoveries and own costs (see :func:`explain`)."""
+    best = float(rem.max()) if rem.size else 0.0
+    if best <= 0.0:
+        return 0
+    n = int(np.argmax(rem >= target * best)) + 1
+    while n < own.size and own[n] >= tie * own[n - 1] and own[n] > 0:
+        n += 1
+    while n > 0 and own[n - 1] < min_cost:
+        n -= 1
+    return n
