@@ -168,10 +168,12 @@ def explain(
     target: float = 0.9,
     tie: float = 0.8,
     min_cost: float = 0.0,
+    min_excess_share: float = 0.2,
 ) -> Explanation:
     """Set-level what-if search (two batched replays).
 
-    1. Candidates: the ``max_candidates`` lanes with the most excess work; each is replayed
+    1. Candidates: the ``max_candidates`` lanes with the most excess work (at least
+       ``min_excess_share`` of the largest: a cheap pre-filter); each is replayed
        alone on the ideal job (add direction), which shows a straggler even when a bigger one
        masks it in the observed job. They are ranked by that own cost.
     2. Prefixes of the ranking are made ideal in the observed job (remove direction); the set is
@@ -181,7 +183,9 @@ def explain(
     """
     m = w.model
     excess = excess_work(m)
-    order = [int(x) for x in np.argsort(-excess, kind="stable")[:max_candidates] if excess[x] > 0]
+    floor = max(float(excess.max(initial=0.0)) * min_excess_share, 1e-300)
+    top = np.argsort(-excess, kind="stable")[:max_candidates]
+    order = [int(x) for x in top if excess[x] >= floor]
     if not order:
         return Explanation((), np.zeros((0, m.n_steps)), np.zeros(0), 0)
     t_ideal = np.maximum(w.t_ideal, 1e-12)
