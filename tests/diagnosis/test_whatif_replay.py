@@ -93,7 +93,7 @@ def test_hand_built_two_lanes_replay_and_ideal():
         np.array([6.0]),
     )
     m = assemble(v, items, info)
-    assert m.sync_transfer[:2].tolist() == [0.5, 0.5]
+    assert m.inc_transfer[:4].tolist() == [0.5, 0.5, 0.5, 0.5]
     assert observed_replay(m, build_schedule(m)).tolist() == [6.0]
     w = WhatIf(m)
     assert w.t_ideal.tolist() == [1.5 + 0.5 + 2.0 + 0.5]
@@ -112,12 +112,12 @@ def test_replay_reproduces_the_reference_timeline(slow):
 def test_clean_job_has_no_material_slowdown_and_names_nobody():
     w = WhatIf(_job(12, 4, {}))
     assert w.slowdown < 1.08
-    assert explain(w, min_cost=0.05).lanes == ()
+    assert explain(w, min_gain=0.05).lanes == ()
 
 
 def test_one_straggler_is_named_alone_and_recovers_most():
     w = WhatIf(_job(16, 5, {6: 1.5}))
-    exp = explain(w, min_cost=0.05)
+    exp = explain(w, min_gain=0.05)
     assert exp.lanes == (6,)
     assert exp.recovered_fraction > 0.8
 
@@ -125,7 +125,7 @@ def test_one_straggler_is_named_alone_and_recovers_most():
 def test_masked_co_straggler_is_found():
     # lane 3 masks lane 10 (both in the job-wide sync); removing 3 alone leaves 10's cost
     w = WhatIf(_job(16, 5, {3: 1.5, 10: 1.45}))
-    exp = explain(w, min_cost=0.05)
+    exp = explain(w, min_gain=0.05)
     assert set(exp.lanes) == {3, 10}
     rem, _ = w.removal([w.selection([3], False), w.selection([3, 10], False)])
     assert rem[1] > rem[0] + 0.2

@@ -32,8 +32,9 @@ class Visits:
     step: I64
     chain: I64  # position of the visit in its lane's chain (increasing in time)
     sync: I64
-    arrival: F64
+    arrival: F64  # when the lane could start the sync (for asynchronous visits: also after its previous one)
     finish: F64
+    is_async: B | None = None
 
 
 @dataclass(frozen=True)
@@ -59,17 +60,17 @@ class JobInfo:
     lane_name: tuple[str, ...]
     lane_stage: I64
     observed_step_time: F64
+    ideal_transfer_by_sync: bool = False  # typical transfer: of the sync's members, else of its kind
+    clip_transfer: bool = True  # a member leaving before the last arrival (clock noise) -> 0
 
 
-def sync_transfer(visits: Visits, n_syncs: int) -> tuple[F64, F64]:
-    """Per sync: observed start (last arrival) and transfer (median finish after it, >= 0)."""
+def sync_transfer(visits: Visits, n_syncs: int, clip: bool = True) -> tuple[F64, F64]:
+    """Per sync: observed start (last arrival); per visit: its transfer (end after it; >= 0
+    with ``clip``, else exact, so the replay reproduces every end)."""
     start = np.full(n_syncs, -np.inf)
     np.maximum.at(start, visits.sync, visits.arrival)
-    after = np.maximum(visits.finish - start[visits.sync], 0.0)
-    med = typical(after, visits.sync)
-    transfer = np.zeros(n_syncs)
-    transfer[visits.sync] = med
-    return start, transfer
+    after = visits.finish - start[visits.sync]
+    return start, np.maximum(after, 0.0) if clip else after
 
 
 def topological_rank(visits: Visits, start: F64, n_syncs: int) -> I64:
@@ -95,7 +96,7 @@ def topological_rank(visits: Visits, start: F64, n_syncs: int) -> I64:
 def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
     """Build the model: topological sync ids, incidences sorted by sync, items by incidence."""
     n_syncs = int(info.sync_label.shape[0])
-    start, transfer = sync_transfer(visits, n_syncs)
+    start, transfer = sync_transfer(visits, n_syncs, info.clip_transfer)
     sync_step = np.zeros(n_syncs, dtype=np.int64)
     sync_step[visits.sync] = visits.step
     span = float(np.ptp(visits.finish)) + float(np.ptp(visits.arrival)) + 1.0
@@ -107,11 +108,13 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
     inc_lane = visits.lane[inc_order]
     inc_sync = new_sync[inc_order]
     inc_step = visits.step[inc_order]
+    n_inc = inc_order.shape[0]
+    inc_async = visits.is_async[inc_order] if visits.is_async is not None else np.zeros(n_inc, dtype=bool)
     item_inc, label, work, ideal = _items_per_incidence(items, inv, inc_order.shape[0])
     by_rank = np.empty(n_syncs, dtype=np.int64)
     by_rank[rank] = np.arange(n_syncs)
     s_label = info.sync_label[by_rank]
-    s_transfer = transfer[by_rank]
+    inc_transfer = transfer[inc_order]
     return ReplayModel(
         n_lanes=info.n_lanes,
         n_steps=info.n_steps,
@@ -120,8 +123,11 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         inc_sync=inc_sync,
         inc_step=inc_step,
         inc_prev=previous_incidence(inc_lane, inc_step, info.independent_steps),
-        sync_transfer=s_transfer,
-        sync_ideal_transfer=typical(s_transfer, s_label),
+        inc_async=inc_async,
+        inc_transfer=inc_transfer,
+        inc_ideal_transfer=typical(
+            inc_transfer, inc_sync if info.ideal_transfer_by_sync else s_label[inc_sync]
+        ),
         sync_label=s_label,
         sync_is_end=info.sync_is_end[by_rank],
         item_inc=item_inc,

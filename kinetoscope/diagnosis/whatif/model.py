@@ -8,14 +8,19 @@ Terms (used across ``whatif/``):
     synchronisation points.
 *synchronisation point* (sync)
     A collective instance of one process group, a pipeline send/recv pair, or a lane's end of a
-    step (a sync with one member). It starts when its last member arrives and finishes
-    ``transfer`` later on every member.
+    step (a sync with one member). It starts when its last member arrives; each member leaves it
+    its own ``transfer`` later (observed: its end minus the last arrival).
 *incidence*
     One lane's visit of one sync: the lane arrives after its local work (``work`` of the
     incidence, summed from its *items*) and leaves when the sync finishes.
 *item*
     One piece of local work with an operation-type label (forward, backward, optimizer,
     dataloader, host gap, ...) and an *ideal* duration: what the typical peer takes for it.
+*asynchronous visit*
+    A collective a lane issues without waiting for it (gloo buckets): the lane's own clock goes
+    on from the arrival, while its next collective cannot start before this one finished (one
+    communication thread). A blocking visit (GPU stream order, step end) moves the clock to the
+    finish.
 *step origin*
     With ``independent_steps`` every lane restarts each step at time 0 (the artifact's traces
     hold unrelated steps); otherwise a lane carries on from where its previous step ended.
@@ -52,8 +57,9 @@ class ReplayModel:
     inc_sync: I64
     inc_step: I64
     inc_prev: I64  # index of the same lane's previous incidence, -1 at a step origin
-    sync_transfer: F64
-    sync_ideal_transfer: F64
+    inc_async: B  # the lane issues the collective and goes on (gloo): its clock is the arrival
+    inc_transfer: F64  # how long after the sync's last arrival this member leaves it
+    inc_ideal_transfer: F64  # the typical transfer of the sync's kind
     sync_label: I64  # index into ``labels`` (collective type / send-recv / step end)
     sync_is_end: B  # a lane's end of step (one member)
     item_inc: I64
@@ -68,7 +74,7 @@ class ReplayModel:
     @property
     def n_syncs(self) -> int:
         """Number of synchronisation points, step ends included."""
-        return int(self.sync_transfer.shape[0])
+        return int(self.sync_label.shape[0])
 
     @cached_property
     def item_lane(self) -> I64:

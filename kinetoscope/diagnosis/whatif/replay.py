@@ -82,9 +82,11 @@ def incidence_work(model: ReplayModel, item_work: F64) -> F64:
 def replay(model: ReplayModel, schedule: Schedule, work: F64, transfer: F64) -> F64:
     """Replay every scenario: returns the step times (scenarios x steps).
 
-    ``work``: local work per incidence (incidences x scenarios); ``transfer``: per sync (syncs x
-    scenarios). Incidence-major, so gathers of previous finishes and per-sync maxima move rows.
+    ``work`` and ``transfer``: per incidence (incidences x scenarios): the local work before the
+    visit, and how long after the sync's last arrival the member leaves. Incidence-major, so gathers of previous finishes and per-sync maxima move rows.
     """
+    if model.inc_async.any():
+        return _replay_async(model, schedule, work, transfer)
     n_inc, n_scen = work.shape
     finish = np.zeros((n_inc + 1, n_scen))  # last row: the origin (0) of first visits
     prev = np.where(model.inc_prev >= 0, model.inc_prev, n_inc)
@@ -94,16 +96,40 @@ def replay(model: ReplayModel, schedule: Schedule, work: F64, transfer: F64) -> 
         arrive = finish[prev[a:b]]
         arrive += work[a:b]
         if width == 1:  # every sync of the batch has a single member
-            arrive += transfer[ka:kb]
+            arrive += transfer[a:b]
             finish[a:b] = arrive
-        elif width:
+            continue
+        if width:
             start = _fold_max(arrive.reshape(kb - ka, width, n_scen))
-            start += transfer[ka:kb]
             finish[a:b].reshape(kb - ka, width, n_scen)[:] = start[:, None, :]
         else:
             start = np.maximum.reduceat(arrive, first[ka:kb] - a, axis=0)
-            start += transfer[ka:kb]
             finish[a:b] = np.repeat(start, counts[ka:kb], axis=0)
+        finish[a:b] += transfer[a:b]
+    return _step_times(model, schedule, finish[:n_inc].T)
+
+
+def _replay_async(model: ReplayModel, schedule: Schedule, work: F64, transfer: F64) -> F64:
+    """``replay`` with asynchronous visits: each lane keeps its own clock (issue time) beside
+    the finish of its last sync. An asynchronous visit is ready at ``max(clock + work, previous
+    finish)`` (issued, and the communication thread free); a blocking one first waits for the
+    previous sync, then works: ``max(clock, previous finish) + work``."""
+    n_inc, n_scen = work.shape
+    finish = np.zeros((n_inc + 1, n_scen))
+    clock = np.zeros((n_inc + 1, n_scen))
+    prev = np.where(model.inc_prev >= 0, model.inc_prev, n_inc)
+    is_async = model.inc_async[:, None]
+    first, counts = schedule.sync_first_inc, schedule.sync_count
+    for (a, b), (ka, kb) in zip(schedule.batch_inc, schedule.batch_sync, strict=True):
+        p = prev[a:b]
+        asy = is_async[a:b]
+        f_prev = finish[p]
+        own = np.where(asy, clock[p], np.maximum(clock[p], f_prev)) + work[a:b]
+        ready = np.where(asy, np.maximum(own, f_prev), own)
+        start = np.maximum.reduceat(ready, first[ka:kb] - a, axis=0)
+        fin = np.repeat(start, counts[ka:kb], axis=0) + transfer[a:b]
+        finish[a:b] = fin
+        clock[a:b] = np.where(asy, own, fin)
     return _step_times(model, schedule, finish[:n_inc].T)
 
 
@@ -130,5 +156,5 @@ def _step_times(model: ReplayModel, schedule: Schedule, finish: F64) -> F64:
 def observed_replay(model: ReplayModel, schedule: Schedule) -> F64:
     """Step times of the replay with every observed duration (one scenario)."""
     work = incidence_work(model, model.item_work[:, None])
-    out = replay(model, schedule, work, model.sync_transfer[:, None])
+    out = replay(model, schedule, work, model.inc_transfer[:, None])
     return np.asarray(out[0], dtype=np.float64)

@@ -39,7 +39,7 @@ class Scenario:
 
     from_ideal: bool
     items: B  # items whose duration is flipped to the other side
-    syncs: B  # syncs whose transfer is flipped
+    transfers: B  # incidences whose transfer is flipped
 
 
 @dataclass
@@ -54,7 +54,7 @@ class WhatIf:
     def __post_init__(self) -> None:
         self.schedule = build_schedule(self.model)
         none_i = np.zeros(self.model.item_work.shape[0], dtype=bool)
-        none_s = np.zeros(self.model.n_syncs, dtype=bool)
+        none_s = np.zeros(self.model.inc_lane.shape[0], dtype=bool)
         both = self.run([Scenario(False, none_i, none_s), Scenario(True, none_i, none_s)])
         self.t_obs, self.t_ideal = both[0], both[1]
 
@@ -66,9 +66,9 @@ class WhatIf:
         for i in range(0, len(scenarios), chunk):
             part = scenarios[i : i + chunk]
             ideal_i = np.stack([s.items ^ s.from_ideal for s in part], axis=1)
-            ideal_s = np.stack([s.syncs ^ s.from_ideal for s in part], axis=1)
+            ideal_s = np.stack([s.transfers ^ s.from_ideal for s in part], axis=1)
             items = np.where(ideal_i, m.item_ideal[:, None], m.item_work[:, None])
-            transfer = np.where(ideal_s, m.sync_ideal_transfer[:, None], m.sync_transfer[:, None])
+            transfer = np.where(ideal_s, m.inc_ideal_transfer[:, None], m.inc_transfer[:, None])
             out.append(replay(m, self.schedule, incidence_work(m, items), transfer))
         return np.concatenate(out, axis=0) if out else np.zeros((0, m.n_steps))
 
@@ -86,8 +86,9 @@ class WhatIf:
         mask[np.asarray(lanes, dtype=np.int64)] = True
         return mask
 
-    def lane_syncs(self, lanes: Sequence[int]) -> B:
-        """Syncs whose members are all among the given lanes: their transfer is the selection's.
+    def lane_transfers(self, lanes: Sequence[int]) -> B:
+        """Incidences of syncs whose members are all among the given lanes: their transfers are
+        the selection's.
 
         (A transfer shared with a lane outside the selection stays observed: the selection alone
         cannot make it faster.)
@@ -95,12 +96,13 @@ class WhatIf:
         sel = np.ones(self.model.n_syncs, dtype=bool)
         inc = self._lane_mask(lanes)[self.model.inc_lane]
         np.logical_and.at(sel, self.model.inc_sync, inc)
-        return sel
+        return np.asarray(sel[self.model.inc_sync], dtype=np.bool_)
 
     def selection(self, lanes: Sequence[int], with_transfer: bool) -> tuple[B, B]:
-        """(items, syncs) of a lane set; syncs only when transfer is part of the what-if."""
-        syncs = self.lane_syncs(lanes) if with_transfer else np.zeros(self.model.n_syncs, dtype=bool)
-        return self.lane_items(lanes), syncs
+        """(items, transfers) of a lane set; transfers only when they are part of the what-if."""
+        n_inc = self.model.inc_lane.shape[0]
+        tr = self.lane_transfers(lanes) if with_transfer else np.zeros(n_inc, dtype=bool)
+        return self.lane_items(lanes), tr
 
     def removal(self, selections: Sequence[tuple[B, B]]) -> tuple[F64, F64]:
         """``rem`` and ``add`` fractions of each selection (see the module docstring)."""
@@ -124,7 +126,7 @@ class WhatIf:
         """``S_t`` per operation type present: ideal job with that type's items observed."""
         m = self.model
         codes = np.unique(m.item_label)
-        none_s = np.zeros(m.n_syncs, dtype=bool)
+        none_s = np.zeros(m.inc_lane.shape[0], dtype=bool)
         scen = [Scenario(True, m.item_label == c, none_s) for c in codes]
         times = self.run(scen).mean(axis=1)
         base = max(float(self.t_ideal.mean()), 1e-12)
@@ -137,23 +139,21 @@ class Explanation:
 
     ``candidates`` (most costly first) carry their own cost per step: ``cost[i, s]`` is lane
     ``candidates[i]``'s ``T_add / T_ideal - 1`` in step ``s`` (its slowdown when it alone is
-    observed); ``recovered`` is the ``rem`` of the first ``n`` candidates, for every ``n``.
+    observed). ``lanes``: the explaining set in naming order; ``gains[i]``: what naming
+    ``lanes[i]`` saved, as a share of the observed step time (members of a tie share it).
     """
 
     candidates: tuple[int, ...]
     cost: F64  # candidates x steps
-    recovered: F64  # prefix sizes 1..K
-    chosen: int  # size of the explaining set (a prefix of ``candidates``)
+    lanes: tuple[int, ...]
+    gains: tuple[float, ...]
+    recovered_fraction: float  # rem of the explaining set (0 when empty)
 
-    @property
-    def lanes(self) -> tuple[int, ...]:
-        """The explaining set."""
-        return self.candidates[: self.chosen]
-
-    @property
-    def recovered_fraction(self) -> float:
-        """``rem`` of the explaining set (0 when empty)."""
-        return float(self.recovered[self.chosen - 1]) if self.chosen else 0.0
+    def own_cost(self, lane: int) -> float:
+        """Mean own cost of a candidate lane (0 when not a candidate)."""
+        if lane not in self.candidates:
+            return 0.0
+        return float(self.cost[self.candidates.index(lane)].mean())
 
 
 def excess_work(model: ReplayModel) -> F64:
@@ -162,24 +162,12 @@ def excess_work(model: ReplayModel) -> F64:
     return np.bincount(model.item_lane, weights=over, minlength=model.n_lanes).astype(np.float64)
 
 
-def explain(
-    w: WhatIf,
-    max_candidates: int = 8,
-    target: float = 0.9,
-    tie: float = 0.8,
-    min_cost: float = 0.0,
-    min_excess_share: float = 0.2,
-) -> Explanation:
-    """Set-level what-if search (two batched replays).
+def candidates(w: WhatIf, max_candidates: int = 8, min_excess_share: float = 0.2) -> tuple[list[int], F64]:
+    """Lanes worth replaying and their own cost per step, most costly first.
 
-    1. Candidates: the ``max_candidates`` lanes with the most excess work (at least
-       ``min_excess_share`` of the largest: a cheap pre-filter); each is replayed
-       alone on the ideal job (add direction), which shows a straggler even when a bigger one
-       masks it in the observed job. They are ranked by that own cost.
-    2. Prefixes of the ranking are made ideal in the observed job (remove direction); the set is
-       the shortest prefix recovering ``target`` of what the longest recovers, extended by the
-       candidates whose own cost is within ``tie`` of the last member's (ties are shared).
-       Candidates costing less than ``min_cost`` are never named.
+    The ``max_candidates`` lanes with the most excess work (at least ``min_excess_share`` of the
+    largest: a cheap pre-filter), each replayed alone on the ideal job (add direction), which
+    shows a straggler even when a bigger one masks it in the observed job.
     """
     m = w.model
     excess = excess_work(m)
@@ -187,26 +175,64 @@ def explain(
     top = np.argsort(-excess, kind="stable")[:max_candidates]
     order = [int(x) for x in top if excess[x] >= floor]
     if not order:
-        return Explanation((), np.zeros((0, m.n_steps)), np.zeros(0), 0)
-    t_ideal = np.maximum(w.t_ideal, 1e-12)
-    cost = w.per_lane_add(order) / t_ideal[None, :] - 1.0
+        return [], np.zeros((0, m.n_steps))
+    cost = w.per_lane_add(order) / np.maximum(w.t_ideal, 1e-12)[None, :] - 1.0
     rank = np.argsort(-cost.mean(axis=1), kind="stable")
-    cand = tuple(order[i] for i in rank)
-    cost = cost[rank]
-    prefixes = [w.selection(cand[: n + 1], with_transfer=False) for n in range(len(cand))]
-    rem, _ = w.removal(prefixes)
-    chosen = _choose(rem, cost.mean(axis=1), target, tie, min_cost)
-    return Explanation(cand, cost, rem, chosen)
+    return [order[i] for i in rank], cost[rank]
 
 
-def _choose(rem: F64, own: F64, target: float, tie: float, min_cost: float) -> int:
-    """Size of the explaining set from prefix recoveries and own costs (see :func:`explain`)."""
-    best = float(rem.max()) if rem.size else 0.0
-    if best <= 0.0:
-        return 0
-    n = int(np.argmax(rem >= target * best)) + 1
-    while n < own.size and own[n] >= tie * own[n - 1] and own[n] > 0:
-        n += 1
-    while n > 0 and own[n - 1] < min_cost:
-        n -= 1
-    return n
+def explain(
+    w: WhatIf,
+    max_candidates: int = 8,
+    min_gain: float = 0.02,
+    tie: float = 0.8,
+    per_round: int = 4,
+    max_rounds: int = 8,
+) -> Explanation:
+    """Set-level what-if search: greedy removal with shared ties.
+
+    Round by round, with the lanes named so far made ideal, each of the ``per_round`` most
+    costly remaining candidates is made ideal too, and so is the *tie*: the most costly one with
+    every candidate whose own cost is within ``tie`` of it (when it is itself within ``tie`` of
+    the first named lane). Two equal stragglers mask each other (fixing one alone saves nothing);
+    fixed together they do, so both are named. The option saving the most step time is named;
+    the search stops when it saves less than ``min_gain`` of the observed step time.
+    """
+    cand, cost = candidates(w, max_candidates)
+    own = {c: float(cost[i].mean()) for i, c in enumerate(cand)}
+    t_obs = float(w.t_obs.mean())
+    t_cur = t_obs
+    named: list[int] = []
+    gains: list[float] = []
+    for _ in range(max_rounds):
+        options = _options([c for c in cand if c not in named], own, named, tie, per_round)
+        if not options:
+            break
+        scen = [Scenario(False, *w.selection(named + opt, with_transfer=False)) for opt in options]
+        times = w.run(scen).mean(axis=1)
+        best = int(np.argmax(t_cur - times))
+        gain = (t_cur - float(times[best])) / max(t_obs, 1e-12)
+        if gain < min_gain:
+            break
+        named += options[best]
+        gains += [gain / len(options[best])] * len(options[best])
+        t_cur = float(times[best])
+    gap = t_obs - float(w.t_ideal.mean())
+    rec = (t_obs - t_cur) / gap if named and gap > 0 else 0.0
+    return Explanation(tuple(cand), cost, tuple(named), tuple(gains), float(rec))
+
+
+def _options(
+    rest: list[int], own: dict[int, float], named: list[int], tie: float, per_round: int
+) -> list[list[int]]:
+    """This round's what-ifs: the most costly remaining candidates alone, and their tie."""
+    if not rest:
+        return []
+    opts = [[c] for c in rest[:per_round]]
+    top = rest[0]
+    ref = own[named[0]] if named else own[top]
+    if own[top] > 0 and own[top] >= tie * ref:
+        unit = [c for c in rest if own[c] >= tie * own[top]]
+        if len(unit) > 1:
+            opts.append(unit)
+    return opts
