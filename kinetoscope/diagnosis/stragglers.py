@@ -186,7 +186,12 @@ def analyze_stragglers(
     behind = _steady_among_many(mx, j, float(T_ns.mean()), th)
     if behind:  # most ranks named for arriving after a few early ones, some steadily behind all
         j = _judge(rep, su, behind, th, (sigma, thr_p, thr_i), hosts, per_step_late)
-    wi = whatif_report(su.inst, step_spans, host_issued) if step_spans is not None else None
+    wi = None
+    if step_spans is not None:
+        try:
+            wi = whatif_report(su.inst, step_spans, host_issued)
+        except ValueError:  # the ranks' orders of collectives contradict each other: no replay
+            wi = None
     rep.whatif = wi.to_dict() if wi is not None else None
     roles = {nm.rank: ("persistent" if nm in j.persistent else "intermittent") for nm in j.named}
     if not _verdict_none(rep, mx, r0, j.named, j.persistent, th, j.stalled, j.early):

@@ -6,7 +6,8 @@ instances are keyed per process group, matching stays within the group. A rank's
 (ProfilerStep / optimizer delimiters, aligned) is a one-member sync. The local work before a
 visit is the time from the rank's previous visit's end to its arrival: compute, data loading,
 host gaps; before a step end it is the step's tail (optimizer, next batch). Its ideal is the
-typical member's (median over the sync's members; over the ranks for step tails), and so is a
+typical member's (lower median over the sync's members, as the typical arrival of the
+attribution: of two ranks, the faster; over the ranks for step tails), and so is a
 member's transfer (the time it spends in the collective after the last arrival).
 
 Asynchronous collectives (gloo buckets issued without waiting) make that time negative; the
@@ -109,7 +110,7 @@ def _assemble(
         is_async=asy,
     )
     label = is_end.astype(np.int64)
-    items = Items(np.arange(work.shape[0]), label, work, typical(work, group))
+    items = Items(np.arange(work.shape[0]), label, work, typical(work, group, how="lower"))
     step_end = per.group_by("step").agg(pl.col("end").max()).sort("step")["end"].to_numpy() - origin
     info = JobInfo(
         n_lanes=len(ranks),

@@ -88,7 +88,8 @@ class ReplayModel:
 
 
 def typical(values: F64, groups: I64, how: str = "median") -> F64:
-    """Per element, the median (or mean) of its group: what the typical peer takes.
+    """Per element, the median (``lower``: the lower median, of two the smaller; or ``mean``)
+    of its group: what the typical peer takes.
 
     Vectorised over any number of groups (one sort); ``groups`` are non-negative codes.
     """
@@ -104,7 +105,7 @@ def typical(values: F64, groups: I64, how: str = "median") -> F64:
     starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
     counts = np.diff(np.r_[starts, g_sorted.size])
     lo = v_sorted[starts + (counts - 1) // 2]
-    hi = v_sorted[starts + counts // 2]
+    hi = lo if how == "lower" else v_sorted[starts + counts // 2]
     med = np.empty(int(groups.max()) + 1)
     med[g_sorted[starts]] = (lo + hi) / 2.0
     return np.asarray(med[groups], dtype=np.float64)
