@@ -17,7 +17,9 @@ chosen ranks working like the typical peer (``whatif.search``). Figures (JSON co
 ``explaining_set``
     the smallest set whose idealisation recovers most of the slowdown (greedy, ties shared),
     each rank with its own ``cost`` (share of step time saved when it is fixed), ``late_steps``
-    and ``kind``.
+    (steps in which it alone costs ``LATE_COST`` of the observed step and ``LATE_OF_WORST`` of
+    its cost in its worst step: a steady straggler is late in every step, one with stalls only in
+    those) and ``kind``.
 ``kind``
     ``persistent`` (every named rank late in at least half of the steps), ``intermittent``,
     ``mixed`` (both), ``rotating`` (two or more ranks, none persistent, each stalling in its
@@ -37,7 +39,8 @@ from kinetoscope.diagnosis.straggler_model import StragglerReport, StragglerThre
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain
 
-LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the ideal step
+LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
+LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
 STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
 COMPARABLE = 0.5  # an unnamed rank joins the named ones when it costs half as much
 
@@ -90,7 +93,10 @@ def whatif_report(
     ranks = [int(x) for x in model.lane_name]
     steps = sorted(set(step_spans["step"].to_list()))[: model.n_steps]
     step_labels = sorted(set(instances["step"].drop_nulls().to_list()) & set(steps))
-    named = [_named(exp, lane, g, ranks, step_labels) for lane, g in zip(exp.lanes, exp.gains, strict=True)]
+    scale = w.t_ideal / np.maximum(w.t_obs, 1e-12)  # own cost per step as a share of the observed step
+    named = [
+        _named(exp, lane, g, ranks, step_labels, scale) for lane, g in zip(exp.lanes, exp.gains, strict=True)
+    ]
     per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
     m_w = _m_w(w, exp)
     fid = float(np.abs(w.t_obs / np.maximum(model.observed_step_time, 1e-12) - 1.0).max())
@@ -109,15 +115,16 @@ def whatif_report(
     )
 
 
-def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int]) -> NamedRank:
+def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int], scale: Any) -> NamedRank:
     i = exp.candidates.index(lane)
-    per_step = exp.cost[i]
-    late = [steps[k] for k in np.flatnonzero(per_step >= LATE_COST) if k < len(steps)]
+    share = exp.cost[i] * scale
+    bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
+    late = [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
     persistent = len(late) * 2 >= max(len(steps), 1) and (len(late) >= 2 or len(steps) == 1)
     return NamedRank(
         rank=ranks[lane],
         cost=float(gain),
-        own_cost=float(per_step.mean()),
+        own_cost=float(exp.cost[i].mean()),
         late_steps=late,
         kind="persistent" if persistent else "intermittent",
     )
