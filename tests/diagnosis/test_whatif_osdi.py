@@ -56,8 +56,9 @@ def test_named_worker_and_stage_match_the_paper(job):
         assert fig.worst_stage == 3 and fig.m_s > 1.1
 
 
-def test_replay_reproduces_the_traces_step_times():
-    m = osdi.load(ART / "trace-ST.parquet", with_gaps=True).model
+@pytest.mark.parametrize("name", ["AR", "ST", "SE"])
+def test_replay_reproduces_the_traces_step_times(name):
+    m = osdi.load(ART / f"trace-{name}.parquet", with_gaps=True).model
     got = observed_replay(m, build_schedule(m))
     assert np.abs(got / m.observed_step_time - 1.0).max() < 0.01
 

@@ -128,8 +128,10 @@ class _Union:
 
 
 def load(path: Path, with_gaps: bool = False) -> ArtifactJob:
-    """Import an artifact trace. ``with_gaps``: keep host gaps (True reproduces the trace's
-    own step times; the artifact's what-if figures are computed without them)."""
+    """Import an artifact trace. ``with_gaps``: keep host gaps and negative transfers (a
+    member leaving a transfer before its peer's arrival, clock noise) so that the replay
+    reproduces the trace's own step times; the artifact's what-if figures are computed without
+    host gaps and with negative transfers set to 0, as here by default."""
     df = read_trace(path)
     n_stages = int(df["stage"].max()) + 1  # type: ignore[arg-type]
     df = df.with_columns(
@@ -171,7 +173,7 @@ def _walk(df: pl.DataFrame, gcode: np.ndarray, n_stages: int, with_gaps: bool) -
     n_steps = int(step.max()) + 1
     obs = df.group_by("si").agg(pl.col("e").max()).sort("si")["e"].to_numpy()
     lane_ids = np.arange(n_lanes)
-    job = b.finish(n_lanes, n_steps, obs, n_stages)
+    job = b.finish(n_lanes, n_steps, obs, n_stages, clip_transfer=not with_gaps)
     return ArtifactJob(
         model=job,
         lane_dp=lane_ids // n_stages,
@@ -246,7 +248,9 @@ class _Builder:
         for lab, w in pending:
             self._item(end, lab, w)
 
-    def finish(self, n_lanes: int, n_steps: int, obs: np.ndarray, n_stages: int) -> ReplayModel:
+    def finish(
+        self, n_lanes: int, n_steps: int, obs: np.ndarray, n_stages: int, clip_transfer: bool = True
+    ) -> ReplayModel:
         """Assemble the model with the artifact's ideal (type mean; host gaps 0)."""
         v, it = self.v, self.it
         label = np.asarray(it["label"], dtype=np.int64)
@@ -270,6 +274,7 @@ class _Builder:
             n_lanes=n_lanes,
             n_steps=n_steps,
             independent_steps=True,
+            clip_transfer=clip_transfer,
             labels=names,
             sync_label=np.asarray(self.sync_label, dtype=np.int64),
             sync_is_end=np.asarray(self.sync_is_end, dtype=bool),
