@@ -42,7 +42,8 @@ from kinetoscope.diagnosis.whatif.search import WhatIf, explain
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
 STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
-COMPARABLE = 0.5  # an unnamed rank joins the named ones when it costs half as much
+COMPARABLE = 0.5  # a rank of the rules' intermittent ones joins the named ones when it costs half as much
+MIN_RECURRING = 3  # ... and was late in this many steps at least (one or two host stalls are no straggler)
 
 
 class NamedRank(msgspec.Struct, frozen=True):
@@ -162,16 +163,26 @@ def reconcile(
 ) -> None:
     """What the replays add to the verdict (in place):
 
-    * a rank the replay names beside the verdict's ranks, costing at least ``COMPARABLE`` of
-      the least costly of them (two near-equal stragglers, or one masked by another), joins
-      them; with ranks of both kinds the verdict is ``mixed``;
+    * a rank the rules named intermittent beside persistent ones (so not in ``ranks``), late in
+      ``MIN_RECURRING`` steps or more, that the replay also names, costing at least
+      ``COMPARABLE`` of the least costly named rank (two near-equal stragglers of different
+      kinds), joins them; with ranks of both kinds the verdict is ``mixed``. The rules' noise
+      decisions stand: a rank they did not name, or named for one or two stalls, does not join;
     * a ``none`` verdict (arrivals compared) becomes ``rotating`` when the replay finds stalls
       moving between ranks costing ``min_intermittent_lost_fraction`` of step time or more.
     """
     costs = {n.rank: n for n in wi.explaining_set}
     if rep.kind in ("persistent", "intermittent") and rep.ranks:
         floor = COMPARABLE * min((costs[r].cost for r in rep.ranks if r in costs), default=np.inf)
-        extra = [r for r in wi.ranks() if r not in rep.ranks and costs[r].cost >= floor]
+        late = rep.per_rank_column("late_steps")
+        extra = [
+            r
+            for r in wi.ranks()
+            if r not in rep.ranks
+            and r in rep.intermittent_ranks
+            and costs[r].cost >= floor
+            and (late.get(str(r)) or 0) >= MIN_RECURRING
+        ]
         if not extra:
             return
         rep.ranks = rep.ranks + extra

@@ -62,15 +62,38 @@ def test_cheap_rotation_or_unassessed_job_stays_none():
     assert rep.kind == "none"
 
 
+def _per_rank(late: dict[int, int]) -> pl.DataFrame:
+    return pl.DataFrame({"rank": list(late), "late_steps": list(late.values())})
+
+
 def test_near_equal_co_straggler_joins_and_the_kind_is_mixed():
     rep = StragglerReport(kind="persistent", ranks=[2], intermittent_ranks=[5], skew_fraction=0.3)
+    rep.per_rank = _per_rank({2: 8, 5: 4})
     wi = _wi("mixed", [(2, 0.20, list(range(8)), "persistent"), (5, 0.17, [1, 4], "intermittent")])
     reconcile(rep, wi, StragglerThresholds(), _bd(), {2: "persistent", 5: "intermittent"})
     assert rep.ranks == [2, 5] and rep.kind == "mixed"
 
 
 def test_a_minor_rank_of_the_set_does_not_join():
-    rep = StragglerReport(kind="persistent", ranks=[7], skew_fraction=0.3)
+    rep = StragglerReport(kind="persistent", ranks=[7], intermittent_ranks=[5], skew_fraction=0.3)
+    rep.per_rank = _per_rank({7: 8, 5: 5})
     wi = _wi("persistent", [(7, 0.30, [0], "persistent"), (5, 0.05, [0], "persistent")])
     reconcile(rep, wi, StragglerThresholds(), _bd(), {7: "persistent"})
     assert rep.ranks == [7] and rep.kind == "persistent"
+
+
+def test_host_stalls_and_ranks_the_rules_did_not_name_do_not_join():
+    # two stalls (late in 2 steps), and a rank the rules left out: the rules' noise decisions stand
+    rep = StragglerReport(kind="persistent", ranks=[1, 3], intermittent_ranks=[4], skew_fraction=0.3)
+    rep.per_rank = _per_rank({1: 13, 3: 13, 4: 2, 0: 0})
+    wi = _wi(
+        "mixed",
+        [
+            (1, 0.11, [0], "persistent"),
+            (3, 0.11, [0], "persistent"),
+            (4, 0.12, [2, 9], "intermittent"),
+            (0, 0.1, [5], "intermittent"),
+        ],
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 3: "persistent", 4: "intermittent"})
+    assert rep.ranks == [1, 3] and rep.kind == "persistent"
