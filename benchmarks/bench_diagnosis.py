@@ -40,7 +40,7 @@ without the jobs whose label it contradicts.
 ``--rediagnose`` scores again the traces a ``--keep --workdir`` run left, with this version of
 the diagnosis (the same real CPU jobs before and after a change: real jobs differ from run to
 run). ``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
-docs/diagnosis.md under "### Results: LABEL" (replacing a subsection of the same label).
+docs/validation-diagnosis.md under "### Results: LABEL" (replacing a subsection of the same label).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import kinetoscope  # noqa: E402
 from benchmarks.diag_scenarios import cpu, gpu, seeds, truth  # noqa: E402
 from benchmarks.diag_scenarios.score import Outcome, misses, summary_by_type, table  # noqa: E402
 
-DOCS = ROOT / "docs" / "diagnosis.md"
+DOCS = ROOT / "docs" / "validation-diagnosis.md"
 SECTION = "## Accuracy benchmark"
 QUICK_BASES = ["dlrm8", "nccl_parser", "sampled128"]
 
@@ -444,7 +444,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--update-docs",
         default=None,
         metavar="LABEL",
-        help="write the tables into docs/diagnosis.md under '### Results: LABEL'",
+        help="write the tables into docs/validation-diagnosis.md under '### Results: LABEL'",
     )
     p.add_argument(
         "--from-json",

@@ -84,7 +84,7 @@ STEP_FRACTION: dict[str, float] = {"small": 0.08}
 # How "small" holds its delay: busy (``compute``, the default) or asleep (``sleep``, how the runs
 # before diag15 held it). A rank asleep on a host with more runnable processes than cores gets its
 # CPU share back when it wakes, so the host absorbs much of a small sleep and its label is false
-# by the arrival-order truth (docs/diagnosis.md "Results: diag15"); extra host work does not.
+# by the arrival-order truth (docs/validation-diagnosis.md "Results: diag15"); extra host work does not.
 SMALL_MODES = ("compute", "sleep")
 WORLDS = (2, 3, 4, 5, 6, 8)
 

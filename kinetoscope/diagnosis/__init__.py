@@ -138,6 +138,7 @@ def diagnose(
         first_step=first_step,
         dropped_steps=dropped,
         host_issued=bool(signals) and "kernel" not in signals,
+        step_spans=steps,
     )
     mfu = compute_mfu(
         job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision

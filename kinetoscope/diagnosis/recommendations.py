@@ -7,8 +7,8 @@ Each is ``{"id", "severity", "title", "evidence", "action"}``; severity is ``hig
 =====================  ==========================================================  ==========
 id                     trigger                                                     severity
 =====================  ==========================================================  ==========
-straggler-persistent   straggler kind ``persistent``                               high if lost >= 10 %, else medium
-straggler-intermittent straggler kind ``intermittent``                             medium if lost >= 10 %, else low (hierarchical SGD not worth it)
+straggler-persistent   straggler kind ``persistent`` or ``mixed``                  high if lost >= 10 %, else medium
+straggler-intermittent straggler kind ``intermittent`` or ``rotating``             medium if lost >= 10 %, else low (hierarchical SGD not worth it); rotating: high if lost >= 10 % (the plan first), else medium
 sync-jitter            no straggler, but arrival skew (``skew_fraction``) >= 15 %    low
 launch-bound           GPU idle waiting on kernel launches >= 10 % of step time     high >= 30 %, medium >= 15 %, else low
 exposed-comm           collective transfer time not hidden by compute >= 10 %       high >= 25 %, else medium
@@ -123,7 +123,7 @@ def _together(groups: list[dict[str, Any]]) -> str:
 def straggler_persistent(ri: RuleInput) -> list[Recommendation]:
     """``straggler-persistent``: the same rank(s) make the others wait (seed 000)."""
     s = ri.stragglers
-    if s.kind != "persistent" or p2p_is_pipeline(ri):
+    if s.kind not in ("persistent", "mixed") or p2p_is_pipeline(ri):
         return []
     lost = s.lost_fraction or 0.0
     pr = s.per_rank.filter(pl.col("rank").is_in(s.ranks))
@@ -238,12 +238,13 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
     """``straggler-intermittent``: different ranks late at different times; hierarchical SGD
     when it is worth it (seed 000)."""
     s = ri.stragglers
-    if s.kind != "intermittent" or p2p_is_pipeline(ri):
+    if s.kind not in ("intermittent", "rotating") or p2p_is_pipeline(ri):
         return []
     lost = s.lost_fraction or 0.0
     worth = lost >= 0.10
-    share = late_rank_frequency(ri)
-    frequent = share >= 0.3
+    rotating = s.kind == "rotating"  # the replay's verdict: stalls moving between ranks
+    share = 1 / max(len(ri.job.traces), 1) if rotating else late_rank_frequency(ri)
+    frequent = share >= 0.3 and not rotating
     limits = HSGD_LIMITS
     plan = _hsgd_plan(ri, share) if worth and not frequent else None
     if worth and not frequent:
@@ -295,7 +296,7 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
     return [
         _rec(
             "straggler-intermittent",
-            "medium" if worth else "low",
+            "high" if rotating and worth else "medium" if worth or rotating else "low",
             "Intermittent stragglers: different ranks arrive late in some steps"
             if len(s.ranks) != 1
             else f"Intermittent straggler: rank {s.ranks[0]} arrives late in some steps",

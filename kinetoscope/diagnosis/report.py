@@ -14,6 +14,7 @@ from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.straggler_model import StragglerReport
+from kinetoscope.diagnosis.straggler_whatif import rotating_line
 
 # A sentence ends at ". " before a capital letter (so "e.g. the" does not end one).
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
@@ -211,7 +212,9 @@ class Diagnosis(Mapping[str, Any]):
         if len(self.job.traces) == 1 and self.steps.height:
             return single_process_lines(self.steps, self.recommendations)
         s = self.stragglers
-        if s.kind in ("persistent", "intermittent"):
+        if s.kind == "rotating":
+            return [rotating_line(s, s.whatif or {}), self._what_if_line()]
+        if s.kind in ("persistent", "intermittent", "mixed"):
             return [self._named_line(), self._what_if_line()]
         if s.skew_fraction is None:  # no arrival was compared: no verdict either way
             return [f"STRAGGLERS NOT ASSESSED: {s.reason or 'nothing to compare'}."]

@@ -87,7 +87,7 @@ PER_STEP_SCHEMA: dict[str, pl.DataType] = {
 
 @dataclass
 class StragglerReport:
-    kind: str = "none"  # persistent | intermittent | none
+    kind: str = "none"  # persistent | intermittent | mixed | rotating | none
     ranks: list[int] = field(default_factory=list)
     hosts: dict[int, str | None] = field(default_factory=dict)
     recurrent_ranks: list[int] = field(default_factory=list)
@@ -116,6 +116,7 @@ class StragglerReport:
     per_rank: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_RANK_SCHEMA))
     per_step: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_STEP_SCHEMA))
     thresholds: StragglerThresholds = field(default_factory=StragglerThresholds)
+    whatif: dict[str, Any] | None = None  # straggler_whatif.WhatIfReport.to_dict()
 
     def rank_row(self, r: int) -> dict[str, Any]:
         """The per-rank row of rank ``r`` (empty dict when absent)."""
@@ -172,4 +173,5 @@ class StragglerReport:
             "thresholds": {k: getattr(th, k) for k in th.__dataclass_fields__},
             "per_rank": frame_rows(self.per_rank),
             "per_step": frame_rows(self.per_step),
+            "whatif": self.whatif,
         }

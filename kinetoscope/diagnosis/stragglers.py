@@ -112,6 +112,7 @@ from kinetoscope.diagnosis.straggler_naming import (
     steadily_late,
 )
 from kinetoscope.diagnosis.straggler_tables import lost_shares, next_ranks, per_rank_table, per_step_table
+from kinetoscope.diagnosis.straggler_whatif import reconcile, whatif_report
 
 # former private names, kept for callers and tests that import them from here
 _Matrix = Matrix
@@ -153,12 +154,15 @@ def analyze_stragglers(
     first_step: int | None = None,
     dropped_steps: int = 0,
     host_issued: bool = False,
+    step_spans: pl.DataFrame | None = None,
 ) -> StragglerReport:
     """The straggler verdict (module docstring). ``first_step``: the label of a trace-start
     delimited first step included in the analysis (its thresholds are ``first_step_factor``
     times the others: it carries the profiler's start-up); ``dropped_steps``: steps left out
     because not every rank holds them (reported); ``host_issued``: the arrivals are host issue
-    times (gloo, host ops), so a step loses its largest wait, not the union of its waits."""
+    times (gloo, host ops), so a step loses its largest wait, not the union of its waits;
+    ``step_spans`` (rank, step, start, end on the aligned clock): when given, the job is also
+    replayed (``straggler_whatif``): ``whatif`` in the report, and what it adds to the verdict."""
     th = thresholds or StragglerThresholds()
     hosts = hosts or {}
     rep = StragglerReport(thresholds=th, dropped_steps=dropped_steps)
@@ -182,9 +186,18 @@ def analyze_stragglers(
     behind = _steady_among_many(mx, j, float(T_ns.mean()), th)
     if behind:  # most ranks named for arriving after a few early ones, some steadily behind all
         j = _judge(rep, su, behind, th, (sigma, thr_p, thr_i), hosts, per_step_late)
-    if _verdict_none(rep, mx, r0, j.named, j.persistent, th, j.stalled, j.early):
-        return rep
-    _verdict(rep, su, j.named, j.persistent, j.intermittent, j.skew_spikes, hosts, th)
+    wi = None
+    if step_spans is not None:
+        try:
+            wi = whatif_report(su.inst, step_spans, host_issued)
+        except ValueError:  # the ranks' orders of collectives contradict each other: no replay
+            wi = None
+    rep.whatif = wi.to_dict() if wi is not None else None
+    roles = {nm.rank: ("persistent" if nm in j.persistent else "intermittent") for nm in j.named}
+    if not _verdict_none(rep, mx, r0, j.named, j.persistent, th, j.stalled, j.early):
+        _verdict(rep, su, j.named, j.persistent, j.intermittent, j.skew_spikes, hosts, th)
+    if wi is not None:
+        reconcile(rep, wi, th, su.bd, roles)
     return rep
 
 

@@ -1,0 +1,224 @@
+"""The straggler verdict read off replays: ``stragglers.whatif`` and what it adds to the verdict.
+
+The job is replayed over its collective instances (``whatif.kineto``), then replayed again with
+chosen ranks working like the typical peer (``whatif.search``). Figures (JSON contract in
+``docs/diagnosis.md``, "What-if verdict"):
+
+``slowdown``
+    ``T_obs / T_ideal``: observed mean step time over the replay with every rank's local work
+    at the typical peer's (median over the members of each collective).
+``per_rank``
+    ``S_w`` of each candidate rank: ``T_add / T_ideal`` with only that rank's work observed.
+``per_optype``
+    ``S_t`` of each kind of local work (``between-collectives``, ``step-tail``).
+``m_w`` / ``m_s``
+    share of the slowdown recovered by idealising the worst 3 % of ranks (at least one) / the
+    last pipeline stage (``null``: no stages in a Kineto job's instances).
+``explaining_set``
+    the smallest set whose idealisation recovers most of the slowdown (greedy, ties shared),
+    each rank with its own ``cost`` (share of step time saved when it is fixed), ``late_steps``
+    (steps in which it alone costs ``LATE_COST`` of the observed step and ``LATE_OF_WORST`` of
+    its cost in its worst step: a steady straggler is late in every step, one with stalls only in
+    those) and ``kind``.
+``kind``
+    ``persistent`` (every named rank late in at least half of the steps), ``intermittent``,
+    ``mixed`` (both), ``rotating`` (two or more ranks, none persistent, each stalling in its
+    own steps, three stalls or more: the slowdown moves between ranks), or ``none``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import polars as pl
+
+from kinetoscope.diagnosis.straggler_causes import rank_cause
+from kinetoscope.diagnosis.straggler_model import StragglerReport, StragglerThresholds
+from kinetoscope.diagnosis.whatif.kineto import model_from_instances
+from kinetoscope.diagnosis.whatif.search import WhatIf, explain
+
+LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
+LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
+STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
+COMPARABLE = 0.5  # a rank of the rules' intermittent ones joins the named ones when it costs half as much
+MIN_RECURRING = 3  # ... and was late in this many steps at least (one or two host stalls are no straggler)
+
+
+class NamedRank(msgspec.Struct, frozen=True):
+    """One rank of the explaining set."""
+
+    rank: int
+    cost: float  # share of observed step time saved by fixing it (ties share)
+    own_cost: float  # S_w - 1: its slowdown when it alone is observed
+    late_steps: list[int]
+    kind: str  # persistent | intermittent
+
+
+class WhatIfReport(msgspec.Struct, frozen=True):
+    """``stragglers.whatif`` (module docstring)."""
+
+    slowdown: float
+    per_rank: dict[str, float]
+    per_optype: dict[str, float]
+    m_w: float | None
+    m_s: float | None
+    explaining_set: list[NamedRank]
+    recovered_fraction: float
+    kind: str
+    lost_fraction: float  # summed cost of the explaining set
+    fidelity: float  # largest relative error of the unmodified replay's step times
+    steps: int
+
+    def ranks(self) -> list[int]:
+        """The explaining set's ranks, in naming order."""
+        return [n.rank for n in self.explaining_set]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+def whatif_report(
+    instances: pl.DataFrame, step_spans: pl.DataFrame, host_issued: bool = False
+) -> WhatIfReport | None:
+    """Replay the job and read the verdict; ``None`` when there is no model (one rank, no
+    shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives."""
+    model = model_from_instances(instances, step_spans, asynchronous=host_issued)
+    if model is None:
+        return None
+    w = WhatIf(model)
+    exp = explain(w)
+    ranks = [int(x) for x in model.lane_name]
+    steps = sorted(set(step_spans["step"].to_list()))[: model.n_steps]
+    step_labels = sorted(set(instances["step"].drop_nulls().to_list()) & set(steps))
+    scale = w.t_ideal / np.maximum(w.t_obs, 1e-12)  # own cost per step as a share of the observed step
+    named = [
+        _named(exp, lane, g, ranks, step_labels, scale) for lane, g in zip(exp.lanes, exp.gains, strict=True)
+    ]
+    per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
+    m_w = _m_w(w, exp)
+    fid = float(np.abs(w.t_obs / np.maximum(model.observed_step_time, 1e-12) - 1.0).max())
+    return WhatIfReport(
+        slowdown=w.slowdown,
+        per_rank=per_rank,
+        per_optype=w.per_label(),
+        m_w=m_w,
+        m_s=None,
+        explaining_set=named,
+        recovered_fraction=exp.recovered_fraction,
+        kind=_kind(named, exp, len(step_labels)),
+        lost_fraction=float(sum(exp.gains)),
+        fidelity=fid,
+        steps=model.n_steps,
+    )
+
+
+def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int], scale: Any) -> NamedRank:
+    i = exp.candidates.index(lane)
+    share = exp.cost[i] * scale
+    bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
+    late = [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
+    persistent = len(late) * 2 >= max(len(steps), 1) and (len(late) >= 2 or len(steps) == 1)
+    return NamedRank(
+        rank=ranks[lane],
+        cost=float(gain),
+        own_cost=float(exp.cost[i].mean()),
+        late_steps=late,
+        kind="persistent" if persistent else "intermittent",
+    )
+
+
+def _m_w(w: WhatIf, exp: Any) -> float | None:
+    """``rem`` of the worst 3 % of ranks (at least one) by own cost."""
+    if not exp.candidates:
+        return None
+    k = max(1, int(np.ceil(w.model.n_lanes * 3 / 100)))
+    rem, _ = w.removal([w.selection(list(exp.candidates[:k]), with_transfer=False)])
+    return float(rem[0])
+
+
+def _kind(named: list[NamedRank], exp: Any, n_steps: int) -> str:
+    if not named:
+        return "none"
+    kinds = {n.kind for n in named}
+    if kinds == {"persistent"}:
+        return "persistent"
+    if "persistent" in kinds:
+        return "mixed"
+    stalls = [s for n in named for s in n.late_steps]
+    if len(named) >= 2 and len(stalls) >= 3 and len(set(stalls)) == len(stalls):
+        return "rotating"
+    return "intermittent"
+
+
+def reconcile(
+    rep: StragglerReport,
+    wi: WhatIfReport,
+    th: StragglerThresholds,
+    bd: pl.DataFrame,
+    named_roles: dict[int, str],
+) -> None:
+    """What the replays add to the verdict (in place):
+
+    * a rank the rules named intermittent beside persistent ones (so not in ``ranks``), late in
+      ``MIN_RECURRING`` steps or more, that the replay also names, costing at least
+      ``COMPARABLE`` of the least costly named rank (two near-equal stragglers of different
+      kinds), joins them; with ranks of both kinds the verdict is ``mixed``. The rules' noise
+      decisions stand: a rank they did not name, or named for one or two stalls, does not join;
+    * a ``none`` verdict (arrivals compared) becomes ``rotating`` when the replay finds stalls
+      moving between ranks costing ``min_intermittent_lost_fraction`` of step time or more.
+    """
+    costs = {n.rank: n for n in wi.explaining_set}
+    if rep.kind in ("persistent", "intermittent") and rep.ranks:
+        floor = COMPARABLE * min((costs[r].cost for r in rep.ranks if r in costs), default=np.inf)
+        late = rep.per_rank_column("late_steps")
+        extra = [
+            r
+            for r in wi.ranks()
+            if r not in rep.ranks
+            and r in rep.intermittent_ranks
+            and costs[r].cost >= floor
+            and (late.get(str(r)) or 0) >= MIN_RECURRING
+        ]
+        if not extra:
+            return
+        rep.ranks = rep.ranks + extra
+        roles = {named_roles.get(r) or costs[r].kind for r in rep.ranks}
+        if len(roles) > 1:
+            rep.kind = "mixed"
+        rep.hosts.update({r: None for r in extra if r not in rep.hosts})
+        for r in extra:
+            rep.causes.setdefault(r, rank_cause(bd, r, costs[r].late_steps))
+        rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
+        return
+    if rep.kind != "none" or rep.skew_fraction is None or wi.kind != "rotating":
+        return
+    if wi.lost_fraction < th.min_intermittent_lost_fraction:
+        return
+    rep.kind = "rotating"
+    rep.ranks = wi.ranks()
+    rep.intermittent_ranks = list(rep.ranks)
+    rep.lost_fraction = wi.lost_fraction
+    if rep.mean_step_time_us:
+        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - wi.lost_fraction)
+    rep.causes = {n.rank: rank_cause(bd, n.rank, n.late_steps) for n in wi.explaining_set}
+    rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
+    rep.reason = (
+        f"the replay finds stalls moving between ranks {rep.ranks} (each late in its own steps), "
+        f"together costing {100 * wi.lost_fraction:.1f}% of step time"
+    )
+
+
+def rotating_line(rep: StragglerReport, wi: dict[str, Any]) -> str:
+    """The headline of a ``rotating`` verdict: every rank with its own cost and steps."""
+    segs = [
+        f"rank {n['rank']}: {100 * n['cost']:.1f}% of step time (late in steps {n['late_steps']})"
+        for n in wi.get("explaining_set", [])
+    ]
+    return (
+        f"ROTATING STRAGGLERS: the slowdown moves between {len(segs)} ranks, costing "
+        f"{100 * (rep.lost_fraction or 0.0):.1f}% of step time together; " + "; ".join(segs) + "."
+    )
