@@ -258,6 +258,8 @@ _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _SALVAGE_END = re.compile(rb"\}[ \t\r\n]*(?:,|\Z)")
 _WS = b" \t\r\n"
 _WS_COMMA = b" \t\r\n,"
+# what may follow the start of a boundary match that began before a search window
+_STRADDLE_TAIL = re.compile(rb"[ \t\r\n,]*\{?")
 _SCALAR_END = re.compile(rb"[ \t\r\n,}\]]")
 SEP_MAX_WS = 64  # whitespace kept in the preferred separator (self.sep)
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -960,8 +962,11 @@ class EventStream:
                 return best.start()
             if a == lo:
                 return None
-            # a match straddling ``a`` starts before it: overlap the next window
-            hi = min(hi, a + 256)
+            # a match straddling ``a`` starts before it and ends at most where the blanks and
+            # commas from ``a`` (and one '{') end: the next window must reach that far, however
+            # long that run (each run of whitespace may be up to the value limit)
+            tail = _STRADDLE_TAIL.match(buf, a, hi)
+            hi = min(hi, max(a + 256, tail.end() if tail is not None else a))
             window *= 4
         return None
 
