@@ -103,9 +103,9 @@ class Limits:
             if dense < cap:
                 cap = dense
                 hint = (
-                    f"the limit of {self.max_gzip_events_per_mib} events per MiB of a gzip file "
-                    f"({cap} for its {gzip_bytes} compressed bytes; a gzip bomb of events?) "
-                    f"({GZIP_EVENTS_ENV}, or kscope --max-trace-events)"
+                    f"the limit of {self.max_gzip_events_per_mib} events per MiB of a gzip file, {cap} for "
+                    f"its {gzip_bytes} compressed bytes (a gzip bomb of events? {GZIP_EVENTS_ENV} or "
+                    "kscope --max-trace-events raises it)"
                 )
         return cap, hint
 
