@@ -104,13 +104,17 @@ def event_bomb(millions: float, workdir: Path, unbounded: bool) -> None:
             f.write(c.compress(block))
         f.write(c.compress(b"]}") + c.flush())
     size = p.stat().st_size
-    print(f"event bomb: {size / 1e6:.1f} MB gzip, {n * 100_000 + 1:,} events, {(n * 100_000 * 53) / 1e9:.1f} GB JSON")
+    print(
+        f"event bomb: {size / 1e6:.1f} MB gzip, {n * 100_000 + 1:,} events, {(n * 100_000 * 53) / 1e9:.1f} GB JSON"
+    )
     runs = [("default limits", {})]
     if unbounded:
         runs.append(("density limit lifted", {"KSCOPE_MAX_GZIP_EVENTS_PER_MIB": str(1 << 40)}))
     for label, extra in runs:
         env = {**os.environ, **extra}
-        out = subprocess.run([sys.executable, "-c", BOMB, str(p)], capture_output=True, text=True, check=False, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", BOMB, str(p)], capture_output=True, text=True, check=False, env=env
+        )
         print(f"event bomb, {label}:", (out.stdout or out.stderr).strip())
 
 
@@ -133,7 +137,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200])
     ap.add_argument("--bomb-gb", type=float, default=1.0)
     ap.add_argument("--event-bomb-m", type=float, default=40.0, help="millions of events in the event bomb")
-    ap.add_argument("--no-unbounded", action="store_true", help="skip the event bomb without the density limit")
+    ap.add_argument(
+        "--no-unbounded", action="store_true", help="skip the event bomb without the density limit"
+    )
     ap.add_argument("--blank-runs", type=int, default=4)
     ap.add_argument("--only", choices=["whitespace", "bomb", "event-bomb", "blank-runs"], nargs="+")
     args = ap.parse_args()

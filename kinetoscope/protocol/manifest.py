@@ -372,7 +372,11 @@ class _NotRegular(Exception):
 
 
 def read_regular_bytes(
-    path: str | os.PathLike[str], *, limit: int = MAX_MANIFEST_BYTES, follow: bool = True, what: str = "manifest"
+    path: str | os.PathLike[str],
+    *,
+    limit: int = MAX_MANIFEST_BYTES,
+    follow: bool = True,
+    what: str = "manifest",
 ) -> bytes:
     """The bytes of a regular file, at most ``limit`` of them: a FIFO, device or directory (or,
     with ``follow=False``, a symlink) is a :class:`ManifestError`, never a blocked or endless
@@ -402,9 +406,7 @@ def read_manifest_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return loads_manifest(read_regular_bytes(p), str(p))
 
 
-def folder_file(
-    trace_dir: str | os.PathLike[str], name: str, *, source: str, field: str
-) -> Path | None:
+def folder_file(trace_dir: str | os.PathLike[str], name: str, *, source: str, field: str) -> Path | None:
     """The regular file ``name`` (a file name, or a path relative to ``trace_dir`` or absolute)
     names inside the request folder ``trace_dir``, every symlink resolved; None when nothing is
     there (another host's file). What leads outside the folder (an absolute path elsewhere,

@@ -38,9 +38,9 @@ from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol.manifest import (
     MANIFEST_NAME,
     ManifestError,
-    read_regular_bytes,
     format_time,
     parse_time,
+    read_regular_bytes,
     validate_manifest,
 )
 from kinetoscope.store.models import analyses, jobs, trace_files, trace_requests

@@ -108,7 +108,9 @@ def upload_trace_request(
     return out
 
 
-def _partial(doc: dict[str, Any], stored: list[StoredObject], total: int, exc: StoreError) -> PartialUploadError:
+def _partial(
+    doc: dict[str, Any], stored: list[StoredObject], total: int, exc: StoreError
+) -> PartialUploadError:
     """The error of an upload that stopped after ``stored`` of ``total`` files, with the manifest
     the catalog records for it (status ``partial``, the reason in ``store_error``)."""
     reason = str(exc)

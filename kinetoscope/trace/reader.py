@@ -60,7 +60,9 @@ def open_trace_file(path: str) -> BinaryIO:
         if stat.S_ISDIR(mode):
             raise TraceError(path, "is a directory, not a trace file")
         if not stat.S_ISREG(mode):
-            raise TraceError(path, f"is {_kind(mode)}, not a regular file: trace files are read from regular files only")
+            raise TraceError(
+                path, f"is {_kind(mode)}, not a regular file: trace files are read from regular files only"
+            )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -43,6 +43,7 @@ from isal import igzip
 
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.model import Trace
+from kinetoscope.trace.reader import open_trace_file
 from kinetoscope.trace.rules import (
     EXACT_DECODER,
     PROCESS_META_NAMES,
@@ -62,7 +63,6 @@ from kinetoscope.trace.schema import (
     PROCESSES_SCHEMA,
     THREADS_SCHEMA,
 )
-from kinetoscope.trace.reader import open_trace_file
 from kinetoscope.trace.tables import assemble_trace
 
 

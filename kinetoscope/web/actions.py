@@ -284,7 +284,9 @@ def trigger_and_collect(
         tasks.update(
             task,
             errors=task.errors
-            + [f"{len(outside)} reported file(s) lie outside the serving roots (first: {outside[0]}): not hashed"],
+            + [
+                f"{len(outside)} reported file(s) lie outside the serving roots (first: {outside[0]}): not hashed"
+            ],
         )
     rec = record_trace_result(result, catalog, raise_errors=True, hash_local_files=not outside)
     assert rec is not None  # result.files is not empty

@@ -97,7 +97,9 @@ def default_serve_roots(catalog: Any) -> list[str]:
 # A Host header is ``host[:port]`` (RFC 9110 / 3986): a DNS name or IPv4 literal, or an IPv6
 # literal in brackets, and an optional port. Anything else (``127.0.0.1:80@evil.com``, spaces, a
 # path, userinfo) is refused outright rather than split into a name that happens to pass.
-_HOST_HEADER = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9](?:[a-z0-9._-]{0,252}[a-z0-9])?))(?::[0-9]{1,5})?\Z")
+_HOST_HEADER = re.compile(
+    r"(?:\[([0-9a-f:.]+)\]|([a-z0-9](?:[a-z0-9._-]{0,252}[a-z0-9])?))(?::[0-9]{1,5})?\Z"
+)
 
 
 def host_name(header: str) -> str:

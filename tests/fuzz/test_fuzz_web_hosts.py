@@ -114,9 +114,9 @@ def _stranger_hosts(port: int) -> st.SearchStrategy[str]:
             ]
         ),
         st.text(max_size=30),
-        st.tuples(st.sampled_from(["127.0.0.1", "localhost", "::1", "[::1]", "x"]), st.integers(-5, 70000)).map(
-            lambda t: f"{t[0]}:{t[1]}"
-        ),
+        st.tuples(
+            st.sampled_from(["127.0.0.1", "localhost", "::1", "[::1]", "x"]), st.integers(-5, 70000)
+        ).map(lambda t: f"{t[0]}:{t[1]}"),
     )
 
 
@@ -139,7 +139,13 @@ def test_trigger_never_contacts_an_unconfigured_host(web, data, form):
     if form:
         r = client.post(
             "/trigger",
-            data={"hosts": ",".join(hosts), "target": "all", "mode": "iterations", "iterations": "1", "timeout_s": "1"},
+            data={
+                "hosts": ",".join(hosts),
+                "target": "all",
+                "mode": "iterations",
+                "iterations": "1",
+                "timeout_s": "1",
+            },
             follow_redirects=False,
         )
     else:
@@ -158,8 +164,14 @@ HOST_RE = re.compile(r"(?:\[[0-9a-f:.]+\]|[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?)(?::
 @given(
     host=st.one_of(
         st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40),
-        st.sampled_from(["127.0.0.1:18080@evil.com", "testserver", "testserver:80", "[::1]:8000", "127.0.0.1"]),
-        st.tuples(st.sampled_from(["127.0.0.1", "testserver", "evil.com"]), st.sampled_from(["@", "/", "\\", "#", "?", ":"]), st.text(max_size=10)).map("".join),
+        st.sampled_from(
+            ["127.0.0.1:18080@evil.com", "testserver", "testserver:80", "[::1]:8000", "127.0.0.1"]
+        ),
+        st.tuples(
+            st.sampled_from(["127.0.0.1", "testserver", "evil.com"]),
+            st.sampled_from(["@", "/", "\\", "#", "?", ":"]),
+            st.text(max_size=10),
+        ).map("".join),
     )
 )
 def test_host_header_is_validated_strictly(web, host):

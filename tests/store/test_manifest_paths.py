@@ -189,7 +189,9 @@ def test_a_disk_full_upload_is_recorded_as_partial(tmp_path: Path, cli_env: dict
     m = make_manifest("kst-full-1", hosts=("node1",), ranks_per_host=5)
     d = write_trace_dir(tmp_path / "out", m)
     for i, e in enumerate(m["files"]):  # files 3 and 4 are over the child's file size limit
-        (d / e["file"]).write_bytes(b'{"traceEvents": [], "pad": "' + b"x" * (200_000 if i >= 3 else 100) + b'"}')
+        (d / e["file"]).write_bytes(
+            b'{"traceEvents": [], "pad": "' + b"x" * (200_000 if i >= 3 else 100) + b'"}'
+        )
         e.pop("bytes")
     (d / "manifest.json").write_bytes(orjson.dumps(m))
     catalog_url = f"sqlite:///{tmp_path}/c.db"

@@ -74,8 +74,16 @@ def _in_child(code: str, path: Path) -> str:
     return out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("call", ["load_trace(P)", "load_trace(P, cache=False)", "parse_trace(P)",
-                                  "load_trace_reference(P)", "load_traces([P])"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "load_trace(P)",
+        "load_trace(P, cache=False)",
+        "parse_trace(P)",
+        "load_trace_reference(P)",
+        "load_traces([P])",
+    ],
+)
 def test_a_fifo_is_refused_with_one_line(tmp_path, call):
     """Regression: ``load_trace`` on a FIFO blocked forever in ``open()`` (no writer). Now it is
     opened non-blocking, ``fstat`` says FIFO, and the error says so."""
@@ -145,8 +153,11 @@ def test_a_gzip_bomb_of_valid_events_stops_at_the_density_limit(tmp_path):
 def test_the_absolute_event_limit_names_its_flag(tmp_path):
     p = tmp_path / "plain.json"
     p.write_bytes(doc(b",".join([EV] * 5000)))
-    with pytest.raises(TraceError, match=r"more than 1000 events: over the limit of 1000 events per file "
-                       r"\(KSCOPE_MAX_TRACE_EVENTS / kscope --max-trace-events\)"):
+    with pytest.raises(
+        TraceError,
+        match=r"more than 1000 events: over the limit of 1000 events per file "
+        r"\(KSCOPE_MAX_TRACE_EVENTS / kscope --max-trace-events\)",
+    ):
         parse_trace(p, workers=0, limits=Limits(max_events=1000), chunk_bytes=4 * KIB)
 
 

@@ -97,7 +97,9 @@ def test_trigger_refuses_a_host_it_was_not_configured_with(tmp_path: Path, stran
         assert r.status_code == 403, r.text
         detail = r.json()["detail"]
         assert stranger.address in detail and "--allow-daemon" in detail and "--daemon" in detail
-        r = c.post("/api/trigger", json={"hosts": ["127.0.0.1:9", stranger.address], "all": True, "iterations": 1})
+        r = c.post(
+            "/api/trigger", json={"hosts": ["127.0.0.1:9", stranger.address], "all": True, "iterations": 1}
+        )
         assert r.status_code == 403
         r = c.post(
             "/trigger",
@@ -215,7 +217,9 @@ def _record(client: Any, trace_id: str, files: list[dict], **top: Any) -> None:
 
 
 @pytest.mark.parametrize("where", ["store_url", "storage_url"])
-def test_analyze_fetches_nothing_from_an_unconfigured_url(tmp_path: Path, stranger: Listener, where: str) -> None:
+def test_analyze_fetches_nothing_from_an_unconfigured_url(
+    tmp_path: Path, stranger: Listener, where: str
+) -> None:
     """Regression: the Analyze action fetched a manifest's ``store_url`` (a request to any URL,
     the answer written into the download cache, itself a serving root). Now the task fails
     naming the URL and the flag, and the listener at that URL sees nothing."""
@@ -259,10 +263,11 @@ def test_a_malformed_host_header_is_refused(tmp_path: Path, host: str) -> None:
     """Regression: ``Host: 127.0.0.1:18080@evil.com`` was accepted (its name part read as
     ``127.0.0.1``). A Host header is ``host[:port]`` or nothing."""
     from kinetoscope.cli.serve_cmd import allowed_hosts
-
     from kinetoscope.web import WebSettings, create_app
 
-    app = create_app(WebSettings(catalog_url=str(tmp_path / "c.db"), allowed_hosts=allowed_hosts("127.0.0.1", True, [])))
+    app = create_app(
+        WebSettings(catalog_url=str(tmp_path / "c.db"), allowed_hosts=allowed_hosts("127.0.0.1", True, []))
+    )
     with _client(app, base_url="http://127.0.0.1:18080") as c:
         assert c.get("/api/traces").status_code == 200
         r = c.get("/api/traces", headers={"Host": host})
