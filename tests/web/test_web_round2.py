@@ -272,3 +272,21 @@ def test_a_malformed_host_header_is_refused(tmp_path: Path, host: str) -> None:
         assert c.get("/api/traces").status_code == 200
         r = c.get("/api/traces", headers={"Host": host})
         assert r.status_code == 400 and "not allowed" in r.json()["detail"]
+
+
+def test_serve_daemon_flags_are_parsed_like_hosts() -> None:
+    """``kscope serve --daemon/--allow-daemon``: repeated and comma-separated ``host[:port]``
+    (default port 1778); a bad value is a usage error naming the flag."""
+    from kinetoscope.cli.serve_cmd import _addresses
+    from kinetoscope.errors import UsageError
+    from kinetoscope.web.actions import daemon_allow_list
+
+    assert _addresses(["node1:1779,node2", " [::1]:9 "], "--allow-daemon") == [
+        "node1:1779",
+        "node2:1778",
+        "[::1]:9",
+    ]
+    with pytest.raises(UsageError, match="--allow-daemon"):
+        _addresses(["node1:99999"], "--allow-daemon")
+    assert daemon_allow_list([], []) == ["localhost:1778"]
+    assert daemon_allow_list(["a:1"], ["b:2", "a:1"]) == ["a:1", "b:2"]
