@@ -103,7 +103,7 @@ def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> str | None
     return None if 200 <= status < 300 else f"HTTP {status}"
 
 
-def _body(store: FleetStore, alert: Mapping[str, Any]) -> dict[str, Any]:
+def _body(store: FleetStore, alert: dict[str, Any]) -> dict[str, Any]:
     """The webhook body of ``alert`` (a hang alert carries its stacks and outlier ranks)."""
     body = payload(alert, store.job(alert["job_key"]))
     if alert["kind"] == "hang":  # the stacks and the outlier ranks (kinetoscope.autopilot.hang)
