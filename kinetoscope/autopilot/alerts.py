@@ -11,9 +11,11 @@ cycle (at least once; receivers can de-duplicate on ``alert_id``). The JSON body
 from __future__ import annotations
 
 import logging
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import orjson
@@ -101,18 +103,61 @@ def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> str | None
     return None if 200 <= status < 300 else f"HTTP {status}"
 
 
+def _body(store: FleetStore, alert: dict[str, Any]) -> dict[str, Any]:
+    """The webhook body of ``alert`` (a hang alert carries its stacks and outlier ranks)."""
+    body = payload(alert, store.job(alert["job_key"]))
+    if alert["kind"] == "hang":  # the stacks and the outlier ranks (kinetoscope.autopilot.hang)
+        from kinetoscope.autopilot.hang import alert_details
+
+        body.update(alert_details(store.cat, alert))
+    return body
+
+
+MAX_SENDERS = 32  # webhook POSTs in flight at once
+DEADLINE_MARGIN_S = 2.0  # the cycle waits for its POSTs at most timeout_s + this
+
+
 def send_pending(store: FleetStore, alerts: Alerts) -> tuple[int, int]:
-    """POST every unsent episode (at most ``max_attempts`` tries each); returns (sent, failed)."""
+    """POST every unsent episode (at most ``max_attempts`` tries each); returns (sent, failed).
+
+    The POSTs run concurrently (up to ``MAX_SENDERS``) under one deadline for the whole batch,
+    ``timeout_s + DEADLINE_MARGIN_S``: a webhook that hangs costs the cycle that much once, not
+    ``timeout_s`` per alert. A POST still unanswered at the deadline counts as failed (retried at
+    the next cycle; its thread ends by its own socket timeout); one that had not started is not
+    counted as an attempt. Catalog reads and writes stay in this thread."""
     if not alerts.webhook:
         return 0, 0
-    sent = failed = 0
-    for alert in store.unsent_alerts(alerts.max_attempts):
-        body = payload(alert, store.job(alert["job_key"]))
-        if alert["kind"] == "hang":  # the stacks and the outlier ranks (kinetoscope.autopilot.hang)
-            from kinetoscope.autopilot.hang import alert_details
+    pending = [(a, _body(store, a)) for a in store.unsent_alerts(alerts.max_attempts)]
+    if not pending:
+        return 0, 0
+    url, timeout = alerts.webhook, alerts.timeout_s
+    started: set[int] = set()
+    lock = threading.Lock()
 
-            body.update(alert_details(store.cat, alert))
-        error = post_json(alerts.webhook, body, alerts.timeout_s)
+    def post(alert_id: int, body: Mapping[str, Any]) -> str | None:
+        with lock:
+            started.add(alert_id)
+        try:
+            return post_json(url, body, timeout)
+        except Exception as exc:  # noqa: BLE001 - a bad answer (http.client errors) is a failed POST
+            return f"{type(exc).__name__}: {exc}"
+
+    pool = ThreadPoolExecutor(max_workers=min(MAX_SENDERS, len(pending)), thread_name_prefix="kscope-webhook")
+    try:
+        futures = {a["id"]: pool.submit(post, a["id"], body) for a, body in pending}
+        wait(futures.values(), timeout=timeout + DEADLINE_MARGIN_S)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    sent = failed = 0
+    for alert, _ in pending:
+        fut = futures[alert["id"]]
+        if fut.done() and not fut.cancelled():
+            error = fut.result()
+        else:
+            with lock:
+                if alert["id"] not in started:
+                    continue  # never attempted: the next cycle sends it, no attempt used
+            error = f"no answer within {timeout + DEADLINE_MARGIN_S:g} s"
         store.alert_attempt(alert["id"], sent=error is None)
         if error is None:
             sent += 1
@@ -123,5 +168,5 @@ def send_pending(store: FleetStore, alerts: Alerts) -> tuple[int, int]:
             )
         else:
             failed += 1
-            log.warning("alert %s not delivered to %s: %s", alert["id"], alerts.webhook, error)
+            log.warning("alert %s not delivered to %s: %s", alert["id"], url, error)
     return sent, failed

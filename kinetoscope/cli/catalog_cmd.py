@@ -313,9 +313,14 @@ def register(app: typer.Typer) -> None:
         with _open(catalog) as cat:
             for d in dirs:
                 if store:
-                    from kinetoscope.store.upload import upload_trace_request
+                    from kinetoscope.store.upload import PartialUploadError, upload_trace_request
 
-                    objs = upload_trace_request(d, store, storage_options=storage_options)
+                    try:
+                        objs = upload_trace_request(d, store, storage_options=storage_options)
+                    except PartialUploadError as exc:
+                        # say so in the catalog (status "partial", the reason), then fail
+                        cat.record_trace_request(exc.manifest, exc.stored, base_dir=d.absolute())
+                        raise
                     from kinetoscope.protocol.manifest import load_trace_dir
 
                     records.append(cat.record_trace_request(load_trace_dir(d), objs, base_dir=d.absolute()))

@@ -133,6 +133,13 @@ def _root(
         metavar="SIZE",
         help="Largest decompressed JSON of one trace file, e.g. 32G (default 16G; $KSCOPE_MAX_TRACE_BYTES).",
     ),
+    max_trace_events: str | None = typer.Option(
+        None,
+        "--max-trace-events",
+        metavar="COUNT",
+        help="Most events of one trace file, e.g. 200M (default 64M, and for gzip files 512K per MiB "
+        "compressed; $KSCOPE_MAX_TRACE_EVENTS, $KSCOPE_MAX_GZIP_EVENTS_PER_MIB).",
+    ),
 ) -> None:
     if version:
         typer.echo(__version__)
@@ -141,6 +148,10 @@ def _root(
         from kinetoscope.trace.limits import set_max_trace_bytes
 
         set_max_trace_bytes(max_trace_bytes)
+    if max_trace_events is not None:
+        from kinetoscope.trace.limits import set_max_trace_events
+
+        set_max_trace_events(max_trace_events)
 
 
 def main() -> None:

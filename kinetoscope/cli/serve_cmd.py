@@ -52,6 +52,13 @@ def allowed_hosts(bind: str, loopback: bool, extra: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _addresses(values: list[str] | None, what: str) -> list[str]:
+    """``--daemon``/``--allow-daemon`` values (repeated, comma-separated) as ``host:port``."""
+    from kinetoscope.collect.client import parse_host
+
+    return [str(parse_host(p, what=what)) for v in values or [] for p in v.split(",") if p.strip()]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve", epilog=EXAMPLES)
     def serve(
@@ -67,6 +74,13 @@ def register(app: typer.Typer) -> None:
             "--daemon",
             "-d",
             help="Daemon HOST:PORT offered by the trigger form (repeatable, comma-separated).",
+        ),
+        allow_daemon: list[str] = typer.Option(
+            None,
+            "--allow-daemon",
+            metavar="HOST:PORT",
+            help="Another daemon the trigger may contact besides --daemon (repeatable, comma-separated). "
+            "The trigger refuses every other host: the daemon token goes only to these.",
         ),
         token: str | None = typer.Option(None, "--token", envvar="KSCOPE_TOKEN", help="Daemon token."),
         model_flops: float | None = typer.Option(
@@ -110,7 +124,6 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.markup import escape
 
-        from kinetoscope.collect.client import parse_host
         from kinetoscope.pipeline import diagnosis_options
         from kinetoscope.web import WebSettings, create_app
 
@@ -118,11 +131,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--port must be between 0 and 65535")
         if workers < 1:
             raise UsageError("--workers must be at least 1")
-        daemons: list[str] = []
-        for value in daemon or []:
-            for part in value.split(","):
-                if part.strip():
-                    daemons.append(str(parse_host(part)))
+        daemons = _addresses(daemon, "--daemon")
+        allow_daemons = _addresses(allow_daemon, "--allow-daemon")
         if max_body_bytes < 1024:
             raise UsageError("--max-body-bytes must be at least 1024")
         loopback = _is_loopback(host)
@@ -133,6 +143,7 @@ def register(app: typer.Typer) -> None:
         settings = WebSettings(
             catalog_url=catalog,
             daemons=daemons,
+            allow_daemons=allow_daemons,
             token=token,
             allowed_hosts=allowed,
             analysis_options=opts,

@@ -11,6 +11,12 @@ The one module that reads and writes the manifest format, for every part of kine
   rewrites it with ``sha256``/``url``/``key`` per file and ``store_url`` (:func:`dumps_manifest`);
 * the analyzer reads ranks from it (typed: :func:`read_manifest`, :func:`read_manifests`).
 
+Files a manifest names are read only inside the manifest's folder (:func:`folder_file`,
+:func:`find_local_file`): a ``path`` or ``file`` that leads elsewhere (absolute, ``..``, a symlink)
+is refused with a :class:`ManifestError` naming the manifest and the field, and only regular files
+are opened (``O_NOFOLLOW``/``O_NONBLOCK``, ``fstat``). Manifests themselves are read the same way,
+bounded (:func:`read_regular_bytes`).
+
 Readers are tolerant (unknown keys are kept in the JSON view and ignored by the typed view, optional
 fields may be missing) but refuse what would make the catalog or storage keys wrong: a missing or
 unsafe ``trace_id``, a ``files`` entry without a plain file name, fields of the wrong type, a
@@ -21,8 +27,10 @@ file and what is wrong.
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -36,6 +44,7 @@ from kinetoscope.errors import KinetoscopeError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files: real ones are kilobytes
 # What readers accept as a trace id (a folder name and a storage key segment). New ids made by
 # ``kscope trace`` are stricter (kinetoscope.collect.trigger.validate_trace_id).
 TRACE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
@@ -331,16 +340,103 @@ def write_manifest(
 # ---------------------------------------------------------------------------------------------
 # Reading files and request folders
 # ---------------------------------------------------------------------------------------------
-def read_manifest_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse and validate one manifest file (the JSON view)."""
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: str | os.PathLike[str], *, follow: bool) -> int:
+    """A descriptor of ``path`` opened without blocking (a FIFO would wait for a writer) and
+    checked with ``fstat`` to be a regular file; ``follow=False`` refuses a symlink as the last
+    component (``O_NOFOLLOW``). Raises ``OSError`` (``ENXIO``-style errors) or ``_NotRegular``."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _NotRegular(_kind(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _NotRegular(Exception):
+    pass
+
+
+def read_regular_bytes(
+    path: str | os.PathLike[str],
+    *,
+    limit: int = MAX_MANIFEST_BYTES,
+    follow: bool = True,
+    what: str = "manifest",
+) -> bytes:
+    """The bytes of a regular file, at most ``limit`` of them: a FIFO, device or directory (or,
+    with ``follow=False``, a symlink) is a :class:`ManifestError`, never a blocked or endless
+    read. Used for every manifest this package reads."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        fd = _open_regular(p, follow=follow)
     except FileNotFoundError as exc:
-        raise ManifestError(f"no manifest at {p}") from exc
+        raise ManifestError(f"no {what} at {p}") from exc
+    except _NotRegular as exc:
+        raise ManifestError(f"{what} {p} is {exc}, not a regular file: refused") from None
     except OSError as exc:
-        raise ManifestError(f"cannot read manifest {p}: {exc.strerror or exc}") from exc
-    return loads_manifest(raw, str(p))
+        if not follow and exc.errno == errno.ELOOP:  # ELOOP: O_NOFOLLOW met a symlink
+            raise ManifestError(f"{what} {p} is a symlink: refused (only regular files are read)") from None
+        raise ManifestError(f"cannot read {what} {p}: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise ManifestError(f"{what} {p} is larger than {limit} bytes: refused")
+    return data
+
+
+def read_manifest_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse and validate one manifest file (the JSON view); a regular file of at most
+    ``MAX_MANIFEST_BYTES``."""
+    p = Path(path)
+    return loads_manifest(read_regular_bytes(p), str(p))
+
+
+def folder_file(trace_dir: str | os.PathLike[str], name: str, *, source: str, field: str) -> Path | None:
+    """The regular file ``name`` (a file name, or a path relative to ``trace_dir`` or absolute)
+    names inside the request folder ``trace_dir``, every symlink resolved; None when nothing is
+    there (another host's file). What leads outside the folder (an absolute path elsewhere,
+    ``..``, a symlink out) or is not a regular file (FIFO, device, directory) is a
+    :class:`ManifestError` naming ``source`` (the manifest) and ``field`` (``files[3].path``):
+    manifests come from traced hosts and imports, so nothing they say may widen what is read."""
+    root = Path(trace_dir).resolve()
+    raw = Path(name)
+    cand = raw if raw.is_absolute() else root / raw
+    if not os.path.lexists(cand):
+        return None
+    try:
+        real = cand.resolve(strict=True)
+    except (OSError, RuntimeError):  # a dangling or looping symlink: nothing readable there
+        return None
+    if real == root or not real.is_relative_to(root):
+        raise ManifestError(
+            f"{source}: {field} {name!r} leads outside the request folder {root} (to {real}): refused; "
+            "only files inside the manifest's folder are read"
+        )
+    try:
+        os.close(_open_regular(real, follow=False))
+    except _NotRegular as exc:
+        raise ManifestError(f"{source}: {field} {name!r} is {exc}, not a regular file: refused") from None
+    except OSError as exc:
+        raise ManifestError(f"{source}: {field} {name!r}: cannot open: {exc.strerror or exc}") from None
+    return real
 
 
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
@@ -352,8 +448,17 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
 
 
 def host_manifests(trace_dir: str | os.PathLike[str]) -> list[Path]:
-    """The daemons' ``manifest.<host>.json`` files of a request folder, sorted."""
-    return sorted(p for p in Path(trace_dir).glob("manifest.*.json") if p.is_file())
+    """The daemons' ``manifest.<host>.json`` files of a request folder, sorted (symlinks and
+    anything but regular files left out: a manifest is read only from the folder itself)."""
+    out = []
+    for p in Path(trace_dir).glob("manifest.*.json"):
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(p)
+    return sorted(out)
 
 
 def merge_manifests(
@@ -421,9 +526,13 @@ def load_trace_dir(trace_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not d.is_dir():
         raise ManifestError(f"{d}: not a directory")
     main_p = d / MANIFEST_NAME
-    main = read_manifest_file(main_p) if main_p.exists() else None
+    main = (
+        loads_manifest(read_regular_bytes(main_p, follow=False), str(main_p))
+        if os.path.lexists(main_p)
+        else None
+    )
     host_paths = host_manifests(d)
-    per_host = [read_manifest_file(p) for p in host_paths]
+    per_host = [loads_manifest(read_regular_bytes(p, follow=False), str(p)) for p in host_paths]
     if main is None and not per_host:
         raise ManifestError(f"{d}: no {MANIFEST_NAME} (not a kscope trace folder)")
     names = ([MANIFEST_NAME] if main is not None else []) + [p.name for p in host_paths]
@@ -436,15 +545,29 @@ def read_manifests(directory: str | os.PathLike[str]) -> Manifest:
     return manifest_from_dict(load_trace_dir(directory), str(directory))
 
 
-def find_local_file(trace_dir: str | os.PathLike[str], entry: Mapping[str, Any]) -> Path | None:
-    """Where a manifest entry's file is on this machine: beside the manifest, else its ``path``."""
-    cand = Path(trace_dir) / str(entry["file"])
-    if cand.is_file():
-        return cand
+def find_local_file(
+    trace_dir: str | os.PathLike[str], entry: Mapping[str, Any], *, source: str | None = None, index: int = 0
+) -> Path | None:
+    """Where a manifest entry's file is on this machine: beside the manifest (its ``file``
+    name), else its ``path`` when that lies inside the folder; None when neither is there.
+    Anything leading outside the folder is a :class:`ManifestError` (:func:`folder_file`)."""
+    src = source or str(Path(trace_dir) / MANIFEST_NAME)
+    found = folder_file(trace_dir, str(entry["file"]), source=src, field=f"files[{index}].file")
+    if found is not None:
+        return found
     p = entry.get("path")
-    if isinstance(p, str) and p and Path(p).is_file():
-        return Path(p)
+    if isinstance(p, str) and p:
+        return folder_file(trace_dir, p, source=src, field=f"files[{index}].path")
     return None
+
+
+def path_inside(trace_dir: str | os.PathLike[str], path: str) -> bool:
+    """``path`` (absolute, or relative to ``trace_dir``) names a place inside the folder once
+    resolved (it need not exist)."""
+    root = Path(trace_dir).resolve()
+    raw = Path(path)
+    real = (raw if raw.is_absolute() else root / raw).resolve()
+    return real != root and real.is_relative_to(root)
 
 
 __all__ = [
@@ -458,6 +581,7 @@ __all__ = [
     "dumps_manifest",
     "encode_manifest",
     "find_local_file",
+    "folder_file",
     "format_time",
     "host_manifests",
     "load_trace_dir",
@@ -466,9 +590,11 @@ __all__ = [
     "manifest_to_dict",
     "merge_manifests",
     "parse_time",
+    "path_inside",
     "read_manifest",
     "read_manifest_file",
     "read_manifests",
+    "read_regular_bytes",
     "utc_now_iso",
     "validate_manifest",
     "write_bytes_atomic",

@@ -40,6 +40,7 @@ from kinetoscope.protocol.manifest import (
     ManifestError,
     format_time,
     parse_time,
+    read_regular_bytes,
     validate_manifest,
 )
 from kinetoscope.store.models import analyses, jobs, trace_files, trace_requests
@@ -759,15 +760,22 @@ class Catalog:
 
         Files found beside the manifest get their real ``bytes`` (and ``sha256`` unless
         ``compute_sha256=False``) and ``path``; an entry without ``complete`` is marked complete
-        when its file exists."""
-        from kinetoscope.protocol.manifest import find_local_file, load_trace_dir
+        when its file exists. Only files inside the folder are read (a ``path`` leading elsewhere
+        is a ``ManifestError`` naming the manifest and field, or, when nothing is there, is not
+        recorded)."""
+        from kinetoscope.protocol.manifest import find_local_file, load_trace_dir, path_inside
         from kinetoscope.store.storage import sha256_file
 
         d = Path(trace_dir).absolute()
         doc = load_trace_dir(d)
-        for e in doc["files"]:
-            local = find_local_file(d, e)
+        for i, e in enumerate(doc["files"]):
+            local = find_local_file(d, e, index=i)  # inside the folder only (ManifestError else)
             if local is None:
+                p = e.get("path")
+                if isinstance(p, str) and p and not path_inside(d, p):
+                    # not here: record where it would be in this folder, never a path elsewhere
+                    # on this machine (a later `kscope analyze <trace_id>` would read it)
+                    e["path"] = None
                 continue
             e["path"] = str(local)
             try:
@@ -887,7 +895,8 @@ class Catalog:
                 m = d / MANIFEST_NAME
                 if m.is_file():
                     try:
-                        tid = validate_manifest(orjson.loads(m.read_bytes()))["trace_id"]
+                        raw = read_regular_bytes(m, follow=False)  # no FIFO, device or symlink
+                        tid = validate_manifest(orjson.loads(raw))["trace_id"]
                     except (ValueError, ManifestError):
                         tid = None
             if tid is None:

@@ -36,6 +36,23 @@ def _as_store(
     return TraceStore(store, storage_options=storage_options, retry=retry)
 
 
+class PartialUploadError(StoreError):
+    """An upload stopped part-way (disk full, lost credentials...): ``stored`` holds the objects
+    that did reach the store, ``total`` how many files the request has to upload, ``reason`` the
+    one-line cause, and ``manifest`` the request's manifest with those objects' ``url``/``sha256``
+    and ``"status": "partial"``/``"store_error"`` set, ready for ``Catalog.record_trace_request``
+    (the store has no ``manifest.json`` for it: readers treat it as not uploaded)."""
+
+    def __init__(
+        self, message: str, *, stored: list[StoredObject], total: int, reason: str, manifest: dict[str, Any]
+    ) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.total = total
+        self.reason = reason
+        self.manifest = manifest
+
+
 def upload_trace_request(
     trace_dir: str | os.PathLike[str],
     store_url: TraceStore | str | os.PathLike[str],
@@ -53,6 +70,8 @@ def upload_trace_request(
     * Each uploaded entry gains ``sha256``, ``bytes``, ``url`` (its storage URL) and ``key``; the
       manifest gains ``store_url``. With ``update_local`` the folder's ``manifest.json`` is
       rewritten (atomically) with those fields, so the catalog can record them.
+    * Only files inside ``trace_dir`` are read: a ``file``/``path`` leading elsewhere (absolute,
+      ``..``, a symlink out) or naming a FIFO/device is a ``ManifestError`` naming the field.
     * Idempotent: re-running after a failure uploads only what is missing or different.
 
     Returns the stored objects, the manifest last.
@@ -62,13 +81,18 @@ def upload_trace_request(
     doc = load_trace_dir(d)
     trace_id = doc["trace_id"]
     out: list[StoredObject] = []
-    for entry in doc["files"]:
+    todo: list[tuple[dict[str, Any], Path]] = []
+    for i, entry in enumerate(doc["files"]):
         if entry.get("complete") is False and not include_incomplete:
             continue
-        local = find_local_file(d, entry)
-        if local is None:
-            continue
-        obj = store.put_file(local, f"{trace_id}/{entry['file']}")
+        local = find_local_file(d, entry, index=i)  # inside the folder only (ManifestError else)
+        if local is not None:
+            todo.append((entry, local))
+    for entry, local in todo:
+        try:
+            obj = store.put_file(local, f"{trace_id}/{entry['file']}")
+        except StoreError as exc:
+            raise _partial(doc, out, len(todo), exc) from exc
         entry.update(sha256=obj.sha256, bytes=obj.bytes, url=obj.url, key=obj.key)
         out.append(obj)
     for hm in host_manifests(d):
@@ -82,6 +106,22 @@ def upload_trace_request(
             raise StoreError(f"cannot update {d / MANIFEST_NAME}: {exc.strerror or exc}") from exc
     out.append(store.put_bytes(data, f"{trace_id}/{MANIFEST_NAME}"))
     return out
+
+
+def _partial(
+    doc: dict[str, Any], stored: list[StoredObject], total: int, exc: StoreError
+) -> PartialUploadError:
+    """The error of an upload that stopped after ``stored`` of ``total`` files, with the manifest
+    the catalog records for it (status ``partial``, the reason in ``store_error``)."""
+    reason = str(exc)
+    manifest = dict(doc)
+    manifest["status"] = "partial"
+    manifest["store_error"] = f"{len(stored)} of {total} files stored: {reason}"
+    msg = (
+        f"upload of {doc['trace_id']} stopped after {len(stored)} of {total} files: {reason} "
+        "(re-run the same command to finish: what is stored is kept)"
+    )
+    return PartialUploadError(msg, stored=list(stored), total=total, reason=reason, manifest=manifest)
 
 
 def split_request_url(url: str) -> tuple[str, str]:

@@ -258,6 +258,8 @@ _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _SALVAGE_END = re.compile(rb"\}[ \t\r\n]*(?:,|\Z)")
 _WS = b" \t\r\n"
 _WS_COMMA = b" \t\r\n,"
+# what may follow the start of a boundary match that began before a search window (then '{')
+_WS_COMMA_RUN = re.compile(rb"[ \t\r\n,]*")
 _SCALAR_END = re.compile(rb"[ \t\r\n,}\]]")
 SEP_MAX_WS = 64  # whitespace kept in the preferred separator (self.sep)
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -951,6 +953,7 @@ class EventStream:
             if i >= 0:
                 return i
         window = 1 << 16
+        prev_a = prev_end = hi
         while hi > lo:
             a = max(lo, hi - window)
             best = None
@@ -960,8 +963,16 @@ class EventStream:
                 return best.start()
             if a == lo:
                 return None
-            # a match straddling ``a`` starts before it: overlap the next window
-            hi = min(hi, a + 256)
+            # a match straddling ``a`` starts before it and ends at most where the blanks and
+            # commas from ``a`` (and one '{') end: the next window must reach that far, however
+            # long that run (each run of whitespace may be up to the value limit). The run is
+            # scanned up to the previous window's start only (each byte once): reaching it, it
+            # ends where the previous one did.
+            run = _WS_COMMA_RUN.match(buf, a, prev_a)
+            stop = run.end() if run is not None else a
+            end = prev_end if stop == prev_a else stop + (buf[stop : stop + 1] == b"{")
+            hi = min(hi, max(a + 256, end))
+            prev_a, prev_end = a, end
             window *= 4
         return None
 

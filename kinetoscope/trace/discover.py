@@ -64,6 +64,10 @@ class PathResolver:
             return found
         if p.is_file():
             return [p]
+        if p.exists():  # a FIFO, socket or device: say what it is (reading it could block)
+            from kinetoscope.trace.reader import check_trace_file
+
+            check_trace_file(str(p))
         if raw.startswith("file://") or "/" in raw or raw.endswith(TRACE_SUFFIXES):
             raise InputError(f"{raw}: no such file or folder")
         return None

@@ -28,7 +28,7 @@ from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.limits import Limits
 from kinetoscope.trace.metadata import apply_location
 from kinetoscope.trace.model import Trace
-from kinetoscope.trace.reader import BLOCK_BYTES, BlockReader
+from kinetoscope.trace.reader import BLOCK_BYTES, BlockReader, check_trace_file
 from kinetoscope.trace.tables import TableBuilder, assemble_trace
 
 if TYPE_CHECKING:
@@ -172,6 +172,7 @@ def parse_trace(
     tables and columns (:data:`~kinetoscope.trace.compact.Columns`; None: all): what is not
     kept is dropped chunk by chunk, so it never takes memory."""
     spath = os.fspath(path)
+    check_trace_file(spath)  # a FIFO or device is refused before anything opens it
     pool = _pool_for(spath, workers, salvage)
     try:
         return _parse(spath, salvage, locate, chunk_bytes, block_bytes, pool, limits, columns)
@@ -190,18 +191,22 @@ def _parse(
     limits: Limits | None,
     columns: Columns | None = None,
 ) -> Trace:
+    limits = limits or Limits.from_env()
     with (
         _gc_paused(),
-        BlockReader(
-            spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES, limits=limits or Limits.from_env()
-        ) as reader,
+        BlockReader(spath, salvage=salvage, block_bytes=block_bytes or BLOCK_BYTES, limits=limits) as reader,
     ):
         stream = EventStream(
             spath, reader, salvage=salvage, chunk_bytes=chunk_bytes or CHUNK_BYTES, pool=pool
         )
         builder = TableBuilder(spath, columns)
+        cap, hint = limits.event_cap(reader.compressed_size())
         for chunk in stream.chunks():
             builder.add(chunk)
+            if builder.n_events > cap:
+                raise TraceError(
+                    spath, f"traceEvents holds more than {cap} events: over {hint}", event_index=cap
+                )
         tables = builder.finish()
         state = stream.state
         warnings = list(state.warnings)
@@ -244,6 +249,7 @@ def load_trace(
     index for anything that is not a readable trace.
     """
     spath = os.fspath(path)
+    check_trace_file(spath)  # before the cache hashes it: a FIFO would block that read
     store = _cache.TraceCache(cache_dir) if cache else None
     key = None
     if store is not None:

@@ -59,9 +59,11 @@ def is_manifest_name(name: str) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _load_manifest(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
-    try:
-        doc = orjson.loads(Path(path).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+    from kinetoscope.protocol.manifest import ManifestError, read_regular_bytes
+
+    try:  # a regular file in the folder, bounded: never a FIFO, a device or a symlink out
+        doc = orjson.loads(read_regular_bytes(path, follow=False))
+    except (ManifestError, orjson.JSONDecodeError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
         return None

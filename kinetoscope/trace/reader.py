@@ -11,6 +11,7 @@ good byte and :attr:`BlockReader.problem` says why, so the JSON layer can keep w
 from __future__ import annotations
 
 import os
+import stat
 from typing import BinaryIO, cast
 
 from isal import isal_zlib
@@ -26,9 +27,26 @@ READ_BYTES = 1 << 20  # compressed bytes per read
 BLOCK_BYTES = 4 << 20  # at most this many decompressed bytes per block
 
 
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def open_trace_file(path: str) -> BinaryIO:
+    """Open ``path`` for reading without blocking (``O_NONBLOCK``: opening a FIFO would wait for
+    a writer forever) and refuse anything but a regular file (checked with ``fstat`` on the open
+    descriptor, so a swap between check and read changes nothing). Symlinks to regular files
+    are followed: the user named the file."""
     try:
-        fh = open(path, "rb")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:
@@ -37,10 +55,25 @@ def open_trace_file(path: str) -> BinaryIO:
         raise TraceError(path, "permission denied") from None
     except OSError as exc:
         raise TraceError(path, f"cannot open: {exc.strerror or exc}") from None
-    if os.path.isdir(path):  # pragma: no cover - open() raises first on Linux
-        fh.close()
-        raise TraceError(path, "is a directory, not a trace file")
-    return fh
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise TraceError(path, "is a directory, not a trace file")
+        if not stat.S_ISREG(mode):
+            raise TraceError(
+                path, f"is {_kind(mode)}, not a regular file: trace files are read from regular files only"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_trace_file(path: str) -> None:
+    """Raise the :func:`open_trace_file` error for ``path`` now (before anything else opens it:
+    the cache's content hash, the size estimate)."""
+    open_trace_file(path).close()
 
 
 def gzip_header_length(head: bytes) -> int | None:
@@ -97,6 +130,15 @@ class BlockReader:
         self._tail = b""  # compressed bytes not yet consumed
 
     # ---- public -------------------------------------------------------------------------
+    def compressed_size(self) -> int | None:
+        """The size on disk of a gzip file (None for plain JSON)."""
+        if not self.gzip:
+            return None
+        try:
+            return os.fstat(self.fh.fileno()).st_size
+        except OSError:  # pragma: no cover - an open descriptor
+            return None
+
     def read_block(self) -> bytes:
         if self._done:
             return b""

@@ -43,6 +43,7 @@ from isal import igzip
 
 from kinetoscope.trace.errors import TraceError
 from kinetoscope.trace.model import Trace
+from kinetoscope.trace.reader import open_trace_file
 from kinetoscope.trace.rules import (
     EXACT_DECODER,
     PROCESS_META_NAMES,
@@ -72,7 +73,7 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
     """Raw JSON bytes of a ``.json`` or ``.json.gz`` file (gzip detected by magic bytes)."""
     p = Path(path)
     try:
-        with open(p, "rb") as fh:
+        with open_trace_file(str(p)) as fh:  # regular files only, never blocks on a FIFO
             head = fh.read(2)
             fh.seek(0)
             if head == b"\x1f\x8b":

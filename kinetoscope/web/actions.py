@@ -47,13 +47,17 @@ class TriggerParams:
     timeout_s: float = 120.0
     analyze: bool = False
 
-    def build(self, default_hosts: list[str]) -> TraceRequest:
+    def build(self, default_hosts: list[str], allowed: list[str] | None = None) -> TraceRequest:
         """The :class:`~kinetoscope.collect.trigger.TraceRequest`, validated like the CLI's
-        (``UsageError`` with the reason)."""
+        (``UsageError`` with the reason). ``allowed``: the daemon addresses this server may
+        contact (:func:`check_daemons_allowed`); None skips the check (library callers that
+        chose the hosts themselves)."""
         from kinetoscope.collect.client import parse_hosts
         from kinetoscope.collect.trigger import TraceOptions, parse_trace_request
 
-        parse_hosts(self.hosts or default_hosts or None)  # an unusable address is the first thing to say
+        asked = parse_hosts(self.hosts or default_hosts or None)  # an unusable address is said first
+        if allowed is not None:
+            check_daemons_allowed([str(h) for h in asked], allowed)
         job_id = self.job_id.strip() if self.job_id and self.job_id.strip() else None
         pids = self.pids if self.pids and self.pids.strip() else None
         if sum([job_id is not None, pids is not None, bool(self.all)]) != 1:
@@ -76,6 +80,39 @@ class TriggerParams:
         return request
 
 
+class DaemonNotAllowed(UsageError):
+    """A trigger named a daemon the server was not configured with (HTTP 403)."""
+
+
+def daemon_allow_list(daemons: list[str], extra: list[str]) -> list[str]:
+    """The daemon addresses (``host:port``, normalised) the web app may contact: its ``--daemon``
+    list plus ``--allow-daemon``; with neither, the default local daemon (what an empty host
+    field means). The daemon token goes to these and to nothing else."""
+    from kinetoscope.collect.client import parse_host, parse_hosts
+
+    listed = [str(parse_host(a)) for a in [*daemons, *extra]]
+    return list(dict.fromkeys(listed)) or [str(h) for h in parse_hosts(None)]
+
+
+def check_daemons_allowed(hosts: list[str], allowed: list[str]) -> None:
+    """Raise :class:`DaemonNotAllowed` naming the first of ``hosts`` (``host:port``) that is not
+    in ``allowed`` (compared as parsed addresses, host names case-insensitively). Nothing is
+    resolved or contacted: this runs before any connection."""
+    from kinetoscope.collect.client import parse_host
+
+    def key(a: str) -> tuple[str, int]:
+        h = parse_host(a)
+        return h.host.lower(), h.port
+
+    ok = {key(a) for a in allowed}
+    for h in hosts:
+        if key(h) not in ok:
+            raise DaemonNotAllowed(
+                f"daemon {h} is not one this server may contact (configured: {', '.join(allowed)}); "
+                "start kscope serve with --daemon HOST:PORT or --allow-daemon HOST:PORT"
+            )
+
+
 def analyze_request(
     tasks: TaskManager,
     task: Task,
@@ -95,6 +132,8 @@ def analyze_request(
     tasks.update(
         task, phase="fetching", message="locating the trace files", log=f"{len(rec.files)} file(s) recorded"
     )
+    if roots is not None:
+        check_fetch_urls(rec, roots)  # before anything is downloaded
     paths = request_files(rec)
     if roots is not None:
         outside = [p for p in paths if roots.local_file(p) is None]
@@ -125,6 +164,28 @@ def analyze_request(
     )
 
 
+def check_fetch_urls(rec: Any, roots: Any) -> None:
+    """Refuse (``KinetoscopeError``) before any download when a file of the request would be
+    fetched from a URL outside the configured stores: the request's ``store_url`` or a file's
+    ``storage_url`` come from manifests (daemons, imports), and the server must not send a
+    request to whatever they name (SSRF) nor put its answer in the download cache, which it
+    serves. The configured stores are the remote serving roots (``kscope serve --serve-root
+    s3://bucket/prefix``); a file already on this machine is not fetched."""
+    from kinetoscope.store.storage import is_local_url, join_url
+
+    for f in rec.files:
+        if f.complete is False or (f.path and Path(f.path).is_file()):
+            continue
+        url = join_url(rec.store_url, rec.trace_id) + "/" if rec.store_url else f.storage_url
+        if not url or is_local_url(url):
+            continue
+        if not roots.allows_url(url):
+            raise KinetoscopeError(
+                f"trace {rec.trace_id}: {f.file} would be fetched from {url}, which is not a configured "
+                "store: refused (add the store with kscope serve --serve-root URL)"
+            )
+
+
 def _files_json(result: Any) -> list[dict[str, Any]]:
     out = []
     for f in result.files:
@@ -144,6 +205,17 @@ def _files_json(result: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _outside_roots(result: Any, roots: Any) -> list[str]:
+    """Paths the daemons reported that exist on this machine but not under ``roots``."""
+    import os
+
+    out = []
+    for f in result.files:
+        if f.path and os.path.lexists(f.path) and roots.local_file(f.path) is None:
+            out.append(str(f.path))
+    return out
+
+
 def trigger_and_collect(
     tasks: TaskManager,
     task: Task,
@@ -151,13 +223,18 @@ def trigger_and_collect(
     params: TriggerParams,
     *,
     default_hosts: list[str],
+    allowed: list[str],
+    roots: Any,
     token: str | None = None,
     analysis_options: dict[str, Any] | None = None,
 ) -> None:
+    """``allowed``: the daemons this server may contact (checked again here, before any
+    connection); ``roots`` (:class:`kinetoscope.web.guards.ServeRoots`): files the daemons
+    report outside them are neither hashed nor analysed."""
     from kinetoscope.collect.deliver import record_trace_result
     from kinetoscope.collect.trigger import trigger_trace, wait_for_trace
 
-    request = params.build(default_hosts)
+    request = params.build(default_hosts, allowed)
     hosts = ", ".join(map(str, request.hosts))
     tasks.update(
         task,
@@ -202,7 +279,16 @@ def trigger_and_collect(
         message="recording the request in the catalog",
         log=f"{complete}/{total} file(s) complete",
     )
-    rec = record_trace_result(result, catalog, raise_errors=True, hash_local_files=True)
+    outside = _outside_roots(result, roots)
+    if outside:  # a daemon named files elsewhere on this machine: record, never hash or analyse
+        tasks.update(
+            task,
+            errors=task.errors
+            + [
+                f"{len(outside)} reported file(s) lie outside the serving roots (first: {outside[0]}): not hashed"
+            ],
+        )
+    rec = record_trace_result(result, catalog, raise_errors=True, hash_local_files=not outside)
     assert rec is not None  # result.files is not empty
     tasks.update(
         task,
@@ -212,7 +298,7 @@ def trigger_and_collect(
     if complete == 0:
         raise KinetoscopeError("no trace file was written: " + "; ".join(e.message for e in result.errors))
     if params.analyze:
-        analyze_request(tasks, task, catalog, rec.trace_id, analysis_options=analysis_options)
+        analyze_request(tasks, task, catalog, rec.trace_id, analysis_options=analysis_options, roots=roots)
     elif result.errors:
         tasks.update(task, message=f"{complete}/{total} files complete; see the errors")
     else:

@@ -32,9 +32,10 @@ import kinetoscope
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.web import api, fleet, pages, perfetto
 from kinetoscope.web import stacks as stacks_web
+from kinetoscope.web.actions import DaemonNotAllowed
 from kinetoscope.web.context import WebContext, WebSettings
 from kinetoscope.web.guards import BodyLimit, HostCheck, ServeRoots, default_serve_roots
-from kinetoscope.web.perfetto import mount_perfetto, perfetto_dist
+from kinetoscope.web.perfetto import mount_perfetto, perfetto_csp, perfetto_dist
 from kinetoscope.web.tasks import TaskManager
 
 _HERE = Path(__file__).resolve().parent
@@ -47,8 +48,9 @@ def _wants_html(request: Request) -> bool:
     return not request.url.path.startswith("/api/")
 
 
-def _add_guards(app: FastAPI, host_check: HostCheck) -> None:
-    """Host-header check, CSRF refusal of cross-site actions, and the safety headers."""
+def _add_guards(app: FastAPI, host_check: HostCheck, ui_csp: str) -> None:
+    """Host-header check, CSRF refusal of cross-site actions, and the safety headers (the
+    Perfetto UI gets its own Content-Security-Policy, ``ui_csp``)."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
@@ -71,8 +73,9 @@ def _add_guards(app: FastAPI, host_check: HostCheck) -> None:
         response: Response = await call_next(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
-        if not request.url.path.startswith("/perfetto"):
-            response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
+        response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
+        if request.url.path.startswith("/perfetto"):
+            response.headers.setdefault("Content-Security-Policy", ui_csp)
         return response
 
 
@@ -89,7 +92,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(KinetoscopeError)
     async def k_error(request: Request, exc: KinetoscopeError) -> Response:
-        status = 400 if exc.exit_code == 2 else 500
+        status = 403 if isinstance(exc, DaemonNotAllowed) else 400 if exc.exit_code == 2 else 500
         if _wants_html(request):
             return pages.error_page(request, status, "Error", str(exc))
         return JSONResponse({"detail": str(exc)}, status_code=status)
@@ -131,7 +134,7 @@ def create_app(settings: WebSettings | None = None) -> FastAPI:
     app.state.serve_roots = roots
     app.state.ctx = WebContext(settings=settings, catalog=catalog, tasks=tasks, perfetto=ui, roots=roots)
 
-    _add_guards(app, HostCheck(settings.allowed_hosts))
+    _add_guards(app, HostCheck(settings.allowed_hosts), perfetto_csp(ui))
     _add_error_handlers(app)
 
     app.include_router(pages.router)

@@ -18,7 +18,7 @@ from fastapi import HTTPException, Request
 
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol.defaults import TRACE_SUFFIXES
-from kinetoscope.web.actions import TriggerParams, analyze_request, trigger_and_collect
+from kinetoscope.web.actions import TriggerParams, analyze_request, daemon_allow_list, trigger_and_collect
 from kinetoscope.web.guards import DEFAULT_MAX_BODY_BYTES, ServeRoots
 from kinetoscope.web.tasks import Task, TaskManager
 
@@ -27,6 +27,9 @@ from kinetoscope.web.tasks import Task, TaskManager
 class WebSettings:
     catalog_url: str | None = None  # None: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db
     daemons: list[str] = field(default_factory=list)  # host:port of daemons offered by the trigger form
+    # more daemons the trigger may contact besides ``daemons`` (kscope serve --allow-daemon); the
+    # trigger refuses any other host (the daemon token goes only to these)
+    allow_daemons: list[str] = field(default_factory=list)
     token: str | None = None  # daemon token (also $KSCOPE_TOKEN)
     # Host header names accepted besides IP literals and loopback names (None: any host; see
     # kinetoscope.web.guards.HostCheck)
@@ -141,9 +144,14 @@ class WebContext:
             trace_id=trace_id,
         )
 
+    def allowed_daemons(self) -> list[str]:
+        """The daemons this server may contact (``--daemon`` + ``--allow-daemon``)."""
+        return daemon_allow_list(self.settings.daemons, self.settings.allow_daemons)
+
     def start_trigger(self, params: TriggerParams) -> Task:
-        settings, tasks, catalog = self.settings, self.tasks, self.catalog
-        params.build(settings.daemons)  # validate now: the form shows the error at once
+        settings, tasks, catalog, roots = self.settings, self.tasks, self.catalog, self.roots
+        allowed = self.allowed_daemons()
+        params.build(settings.daemons, allowed)  # validate now: the form shows the error at once
         what = (
             f"job {params.job_id}"
             if params.job_id
@@ -160,6 +168,8 @@ class WebContext:
                 catalog,
                 params,
                 default_hosts=settings.daemons,
+                allowed=allowed,
+                roots=roots,
                 token=settings.token,
                 analysis_options=settings.analysis_options,
             ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,14 +94,21 @@ def default_serve_roots(catalog: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Host header
 # ---------------------------------------------------------------------------------------------
+# A Host header is ``host[:port]`` (RFC 9110 / 3986): a DNS name or IPv4 literal, or an IPv6
+# literal in brackets, and an optional port. Anything else (``127.0.0.1:80@evil.com``, spaces, a
+# path, userinfo) is refused outright rather than split into a name that happens to pass.
+_HOST_HEADER = re.compile(
+    r"(?:\[([0-9a-f:.]+)\]|([a-z0-9](?:[a-z0-9._-]{0,252}[a-z0-9])?))(?::[0-9]{1,5})?\Z"
+)
+
+
 def host_name(header: str) -> str:
-    """The name part of a Host header (``[::1]:80`` -> ``::1``), lower case."""
-    h = header.strip().lower()
-    if h.startswith("["):
-        return h[1:].split("]", 1)[0]
-    if h.count(":") == 1:
-        h = h.rsplit(":", 1)[0]
-    return h
+    """The name part of a well-formed Host header (``[::1]:80`` -> ``::1``), lower case; ``""``
+    for a malformed one."""
+    m = _HOST_HEADER.match(header.strip().lower())
+    if m is None:
+        return ""
+    return m.group(1) or m.group(2) or ""
 
 
 def is_ip_literal(name: str) -> bool:
@@ -129,16 +137,18 @@ class HostCheck:
     rewrites Host)."""
 
     def __init__(self, allowed: Iterable[str] | None) -> None:
-        self.any = allowed is None
-        self.names = {host_name(h) for h in allowed or ()} | set(LOOPBACK_NAMES)
-        if "*" in self.names:
-            self.any = True
+        given = [h.strip() for h in allowed or ()]
+        self.any = allowed is None or "*" in given
+        self.names = {host_name(h) or h.lower() for h in given if h != "*"} | set(LOOPBACK_NAMES)
 
     def allows(self, header: str | None) -> bool:
-        if self.any:
-            return True
+        """A malformed header is refused even when any name is accepted."""
+        if not (header or "").strip():
+            return self.any
         name = host_name(header or "")
-        return bool(name) and (name in self.names or is_ip_literal(name))
+        if not name:
+            return False
+        return self.any or name in self.names or is_ip_literal(name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,34 @@ def trace_perfetto(request: Request, trace_id: str, file_name: str, web: WebCont
     return RedirectResponse(f"/perfetto/#!/?url={quote(url, safe='')}", status_code=303)
 
 
+def perfetto_csp(perfetto: Path | None) -> str:
+    """The Content-Security-Policy of ``/perfetto/``: the UI's own files only (``'self'``; the
+    boot script inline in its ``index.html`` by hash; ``'unsafe-eval'`` for its WebAssembly
+    trace processor, as Perfetto's own policy has), no other origin to fetch from, post to or be
+    framed by (``frame-ancestors 'self'``, as ``X-Frame-Options: SAMEORIGIN``)."""
+    import base64
+    import hashlib
+    import re
+
+    hashes = []
+    if perfetto is not None:
+        try:
+            html = (perfetto / "index.html").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            html = ""
+        for m in re.finditer(r"<script[^>]*>(.*?)</script>", html, re.S):
+            if m.group(1).strip():
+                digest = base64.b64encode(hashlib.sha256(m.group(1).encode()).digest()).decode()
+                hashes.append(f"'sha256-{digest}'")
+    return (
+        "default-src 'self'; "
+        f"script-src 'self' 'unsafe-eval' 'wasm-unsafe-eval' {' '.join(hashes)}; ".replace(" ;", ";")
+        + "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; "
+        "connect-src 'self' blob: data:; worker-src 'self' blob:; object-src 'none'; base-uri 'self'; "
+        "form-action 'self'; frame-ancestors 'self'"
+    )
+
+
 def mount_perfetto(app: FastAPI, perfetto: Path | None) -> None:
     """Serve the Perfetto UI build at ``/perfetto/`` (nothing when it is not installed)."""
     if perfetto is not None:

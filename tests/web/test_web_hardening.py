@@ -170,7 +170,9 @@ def test_rebinding_host_is_refused_on_the_api(tmp_path):
 def test_oversized_bodies_get_413(tmp_path):
     from kinetoscope.web import WebSettings, create_app
 
-    app = create_app(WebSettings(catalog_url=str(tmp_path / "c.db"), max_body_bytes=4096))
+    app = create_app(
+        WebSettings(catalog_url=str(tmp_path / "c.db"), max_body_bytes=4096, daemons=["127.0.0.1:9"])
+    )
     with _client(app, base_url="http://127.0.0.1") as c:
         big = b'{"hosts": ["' + b"a" * 10_000 + b'"]}'
         r = c.post("/api/trigger", content=big, headers={"Content-Type": "application/json"})
