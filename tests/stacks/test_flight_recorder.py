@@ -95,3 +95,19 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     _dump(nameless, [], {"0": [0]})
     with pytest.raises(FlightRecorderError, match="no 'rank' field"):
         analyse([nameless])
+
+
+REAL_NCCL = Path(__file__).resolve().parents[1] / "data" / "flight_recorder" / "nccl_h200_rank0.json"
+
+
+def test_a_real_nccl_dump_reads_as_finished() -> None:
+    """A real NCCL Flight Recorder dump (one rank on an H200, torch 2.11+cu130, NCCL 2.28.9,
+    written by ``benchmarks/device/fr_nccl.py``): the reader finds its six collectives and,
+    every one completed, no rank that failed to enter."""
+    doc = json.loads(REAL_NCCL.read_bytes())
+    assert doc["comm_lib_version"].startswith("2.28")
+    assert {e["profiling_name"] for e in doc["entries"]} == {"nccl:all_reduce", "nccl:broadcast"}
+    report = analyse([REAL_NCCL])
+    assert report.ranks == [0]
+    assert report.culprits == []
+    assert "every rank reached the same last collective" in report.verdict
