@@ -30,6 +30,7 @@ from kinetoscope.daemon.registry import (
     BUSY,
     LAUNCHER,
     TRIGGERED,
+    UNREACHABLE,
     Match,
     PendingConfig,
     Process,
@@ -43,6 +44,7 @@ from kinetoscope.daemon.traces import (
     safe_name,
     write_manifest,
 )
+from kinetoscope.protocol import jobident
 from kinetoscope.protocol import kineto_config as kc
 from kinetoscope.protocol import rpc
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES, encode_rpc_json
@@ -116,17 +118,49 @@ def _pids(req: dict, name: str = "pids") -> list[int]:
 
 
 def _job_id(req: dict) -> str | None:
-    """kscope job ids: absent/null = any job; an int or a decimal string = that job."""
+    """kscope job ids: absent/null = any job; an int or a decimal string = that Kineto/Slurm
+    job id; another job identity (``torchrun:...``, ``k8s:...``: protocol/jobident.py) = that job."""
     value = req.get("job_id")
     if value is None:
         return None
     if isinstance(value, bool):
-        raise RequestError("'job_id' must be an integer or a decimal string")
+        raise RequestError("'job_id' must be an integer, a decimal string or a job identity")
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
         return str(int(value))
-    raise RequestError("'job_id' must be an integer or a decimal string")
+    if jobident.valid_identity(value):
+        return str(value)
+    raise RequestError(
+        "'job_id' must be an integer, a decimal string or a job identity (1-200 of A-Z a-z 0-9 . _ : -)"
+    )
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def trace_root_unreachable(p: Process, trace_root: str, own_mnt_ns: str | None) -> str | None:
+    """Why process ``p`` cannot write under ``trace_root`` at the same path, or None.
+
+    A process in another mount namespace (a container) writes its trace file at the path the
+    daemon gives it, resolved in *its* file system: the daemon's trace root must be bind-mounted
+    there at the same path (docs/deploy.md). Checked by comparing the directory the process sees
+    (``/proc/<host pid>/root/<trace root>``) with the daemon's: same device and inode."""
+    info = p.info
+    if info is None or info.mnt_ns is None or own_mnt_ns is None or info.mnt_ns == own_mnt_ns:
+        return None
+    seen_by_process = f"/proc/{info.pid}/root{os.path.realpath(trace_root)}"
+    if _same_dir(seen_by_process, trace_root):
+        return None
+    return (
+        f"unreachable: pid {p.pid} (host pid {info.pid}) runs in another mount namespace that does not "
+        f"see the trace root {trace_root} at the same path; bind-mount it into the container there"
+    )
 
 
 DROP_GRACE_S = 3.0  # Kineto activates a duration request 1-2 s after it got it (see _resend_dropped)
@@ -164,6 +198,10 @@ class RpcHandlers:
         self.token = token
         self.include_launchers = include_launchers
         self._counter = itertools.count()
+        try:
+            self._mnt_ns: str | None = os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            self._mnt_ns = None
         self._functions: dict[str, Callable[[dict], dict[str, Any]]] = {
             "getStatus": self.get_status,
             "getVersion": self.get_version,
@@ -375,10 +413,11 @@ class RpcHandlers:
     # ------------------------------------------------------------------ kscope functions
     def _process_info(self, p: Process, is_launcher: bool, now: float) -> rpc.ProcessInfo:
         info = p.info
+        ident = p.identity
         return rpc.ProcessInfo(
             pid=p.pid,
             pids=list(p.pids),
-            job_id=p.job_id,
+            job_id=ident.id,
             cmdline=info.cmdline if info else None,
             rank=info.rank if info else None,
             local_rank=info.local_rank if info else None,
@@ -400,6 +439,13 @@ class RpcHandlers:
             registered_s_ago=round(now - p.first_seen, 3),
             tracing=p.polls > 0 and not (p.last_type & 2),
             autopilot=info.autopilot if info else None,
+            kineto_job_id=p.job_id,
+            job_source=ident.source,
+            container_pid=info.container_pid if info and info.in_other_pid_ns else None,
+            pod=ident.pod,
+            namespace=ident.namespace,
+            pod_uid=ident.pod_uid,
+            job_owner=ident.owner,
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:
@@ -472,8 +518,16 @@ class RpcHandlers:
             files[id(p)] = TraceFile(p, log_file, kc.kineto_output_path(log_file, p.pid), pending)
             return pending
 
+        def refuse(p: Process) -> str | None:
+            return trace_root_unreachable(p, self.trace_root, self._mnt_ns)
+
         matches = self.registry.trigger(
-            job_id=job_id, pids=pids, limit=limit, include_launchers=include_launchers, make_config=make
+            job_id=job_id,
+            pids=pids,
+            limit=limit,
+            include_launchers=include_launchers,
+            make_config=make,
+            refuse=refuse,
         )
         record.files = [files[id(m.process)] for m in matches if m.outcome == TRIGGERED]
         self.metrics.triggered.inc(len(record.files))
@@ -514,6 +568,8 @@ class RpcHandlers:
         reason = None if m.outcome == TRIGGERED else m.outcome
         if m.outcome == LAUNCHER:
             reason = "launcher (its children are registered; pass include_launchers to trace it)"
+        elif m.outcome == UNREACHABLE:
+            reason = m.reason
         return rpc.MatchedProcess(
             **msgspec.structs.asdict(info),
             path=tf.path if tf else None,

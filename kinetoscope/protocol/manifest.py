@@ -40,8 +40,12 @@ MANIFEST_VERSION = 1
 # ``kscope trace`` are stricter (kinetoscope.collect.trigger.validate_trace_id).
 TRACE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
-_INT_FIELDS = ("pid", "rank", "local_rank", "world_size", "bytes", "iterations", "group_rank")
-_STR_FIELDS = ("host", "job_id", "cmdline", "path", "sha256", "url", "key")
+_INT_FIELDS = (
+    "pid", "rank", "local_rank", "world_size", "bytes", "iterations", "group_rank", "host_pid", "container_pid",
+)  # fmt: skip
+_STR_FIELDS = (
+    "host", "job_id", "cmdline", "path", "sha256", "url", "key", "job_source", "kineto_job_id", "pod", "namespace",
+)  # fmt: skip
 _TOP_STR_FIELDS = ("config", "requested_by", "status", "job_id", "store_url", "host", "updated")
 
 
@@ -112,6 +116,16 @@ class ManifestFile(msgspec.Struct, kw_only=True, omit_defaults=False):
     sha256: str | None = None  # added by the upload, with url/key
     url: str | None = None
     key: str | None = None
+    # Namespaces and job identity (docs/deploy.md): ``pid`` is the pid the process has itself
+    # (in a container: the container's pid, the one in the file name); ``host_pid`` the daemon's
+    # view of it; ``container_pid`` only when the two differ. ``job_id`` is the job identity
+    # (kinetoscope.protocol.jobident), ``kineto_job_id`` what libkineto reported (SLURM_JOB_ID or 0).
+    host_pid: int | None = None
+    container_pid: int | None = None
+    job_source: str | None = None
+    kineto_job_id: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=False):
