@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, apply_client_tls
 from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.collect.deliver import (
     job_step_rate,
@@ -236,8 +237,12 @@ def register(app: typer.Typer) -> None:
             False, "--no-catalog", help="Do not record the request in a catalog."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document (see docs/collect.md)."),
+        tls_ca: str | None = TLS_CA,
+        tls_cert: str | None = TLS_CERT,
+        tls_key: str | None = TLS_KEY,
     ) -> None:
         """Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`."""
+        apply_client_tls(tls_ca, tls_cert, tls_key)
         options = TraceOptions(
             duration_ms=duration_ms,
             iterations=iterations,

@@ -22,6 +22,7 @@ from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExport
 from kinetoscope.daemon.paths import ensure_dir
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
+from kinetoscope.daemon.tls import server_tls
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol.defaults import DEFAULT_PORT, DEFAULT_TRACE_ROOT
@@ -53,10 +54,14 @@ class DaemonOptions:
     max_connections: int = 64  # requests handled at once (status is answered besides)
     catalog_url: str | None = None  # announce this daemon to the autopilot's catalog (daemon/announce.py)
     announce_interval_s: float = 30.0
+    tls_cert: str | None = None  # RPC over TLS (daemon/tls.py); with tls_key
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # mutual TLS: clients need a certificate signed by this CA
 
 
-def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
-    """Refuse an empty token, and a non-loopback ``--bind`` without a token unless ``insecure``.
+def check_exposure(bind: list[str], token: str | None, insecure: bool, mutual_tls: bool = False) -> None:
+    """Refuse an empty token, and a non-loopback ``--bind`` without a token (or mutual TLS, whose
+    client certificates authenticate callers) unless ``insecure``.
 
     Why: whoever reaches the RPC port can trigger traces, choose directories under the trace
     root and list every registered process with its command line; an empty token used to
@@ -68,7 +73,7 @@ def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
             "without authentication on loopback"
         )
     exposed = [h for h in bind if not is_loopback(h)]
-    if not exposed or token is not None:
+    if not exposed or token is not None or mutual_tls:
         return
     if not insecure:
         raise KinetoscopeError(
@@ -93,7 +98,9 @@ class Daemon:
         if not root or not os.path.isabs(root):
             raise KinetoscopeError(f"--trace-root must be an absolute path, got {root!r}")
         self.trace_root = os.path.normpath(root)
-        check_exposure(options.bind, options.token, options.insecure)
+        tls = server_tls(options.tls_cert, options.tls_key, options.tls_client_ca)
+        check_exposure(options.bind, options.token, options.insecure, mutual_tls=bool(tls and tls.mutual))
+        self.tls = tls
         self.metrics = DaemonMetrics()
         self.registry = Registry(gc_timeout_s=options.gc_timeout_s)
         self.metrics.registered.set_function(lambda: len(self.registry))
@@ -123,6 +130,7 @@ class Daemon:
             max_connections=options.max_connections,
             fast=self.handlers.is_fast,
             min_rate_bps=options.rpc_min_rate_bps,
+            tls=tls.context() if tls else None,
         )
         self.metrics.contexts.set_function(self.registry.context_count)
         self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)
@@ -264,4 +272,5 @@ class Daemon:
         return (
             f"kscope daemon ready: rpc_port={self.rpc_port} rpc={rpc} ipc={self.ipc.endpoint.describe()} "
             f"metrics_port={metrics} trace_root={self.trace_root}"
+            + (f" tls={'mutual' if self.tls.mutual else 'on'}" if self.tls else "")
         )
