@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kinetoscope.cli.examples import examples
-from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, apply_client_tls
+from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.collect.deliver import (
     job_step_rate,
@@ -240,9 +240,10 @@ def register(app: typer.Typer) -> None:
         tls_ca: str | None = TLS_CA,
         tls_cert: str | None = TLS_CERT,
         tls_key: str | None = TLS_KEY,
+        tls_server_name: str | None = TLS_SERVER_NAME,
     ) -> None:
         """Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`."""
-        apply_client_tls(tls_ca, tls_cert, tls_key)
+        apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
         options = TraceOptions(
             duration_ms=duration_ms,
             iterations=iterations,

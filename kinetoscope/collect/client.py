@@ -156,7 +156,7 @@ class DaemonClient:
         if self.tls is None:
             return sock
         try:
-            return self.tls.context.wrap_socket(sock, server_hostname=self.address.host)
+            return self.tls.context.wrap_socket(sock, server_hostname=self.tls.server_name or self.address.host)
         except ssl.SSLError as exc:
             sock.close()
             raise self._tls_error(fn, exc) from exc

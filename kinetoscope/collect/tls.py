@@ -24,11 +24,14 @@ from kinetoscope.errors import UsageError
 @dataclass(frozen=True)
 class TlsClientOptions:
     """``ca``: the CA file that signed the daemons' certificates (turns TLS on); ``cert`` and
-    ``key``: this client's certificate and key, for daemons that require one (mutual TLS)."""
+    ``key``: this client's certificate and key, for daemons that require one (mutual TLS);
+    ``server_name``: check the daemons' certificate against this name instead of the host name
+    or address dialed (a fleet of daemons sharing one certificate, reached by pod IP)."""
 
     ca: str
     cert: str | None = None
     key: str | None = None
+    server_name: str | None = None  # the name the daemons' certificate must carry (default: the host dialed)
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -56,14 +59,16 @@ def _why(exc: BaseException) -> str:
     return str(getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc)
 
 
-def client_tls(ca: str | None, cert: str | None, key: str | None) -> TlsClientOptions | None:
+def client_tls(
+    ca: str | None, cert: str | None, key: str | None, server_name: str | None = None
+) -> TlsClientOptions | None:
     """Options from the three flags; None without ``--tls-ca``. Raises UsageError for a
     client certificate without a CA (it would silently go unused)."""
     if ca is None:
         if cert is not None or key is not None:
             raise UsageError("--tls-cert/--tls-key need --tls-ca (the CA that signed the daemons' certificates)")
         return None
-    options = TlsClientOptions(ca, cert, key)
+    options = TlsClientOptions(ca, cert, key, server_name or None)
     _ = options.context  # bad files are a usage error now, not one per host later
     return options
 

@@ -177,8 +177,9 @@ def parse_job_id(text: str) -> tuple[int | str, str | None]:
     match = _JOB_ID_RE.match(text)
     if not match:
         raise UsageError(
-            f"--job-id {text!r}: must be a Slurm job id (a number; 36199 for the array id 36199_0) or "
-            "a job identity as `kscope jobs` or the daemon's process list shows it (torchrun:..., k8s:..., ...)"
+            f"--job-id {text!r}: must start with a number (Kineto registers the numeric prefix of "
+            "SLURM_JOB_ID, e.g. 36199 for the Slurm array id 36199_0) or be a job identity as "
+            "`kscope jobs` shows it (torchrun:..., k8s:..., launcher:...)"
         )
     value = int(match.group(1))
     if value < 0:

@@ -13,12 +13,13 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from types import FrameType
 
 from kinetoscope.daemon.handlers import VERSION, RpcHandlers
 from kinetoscope.daemon.ipc_server import IpcEndpoint, IpcServer
-from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter
+from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter, ProcessMetrics, ProcessRow
 from kinetoscope.daemon.paths import ensure_dir
 from kinetoscope.daemon.registry import Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
@@ -136,6 +137,7 @@ class Daemon:
         self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)
+        self.metrics.registry.register(ProcessMetrics(self._process_rows))
         self.exporter: MetricsExporter | None = None
         self._started: list[object] = []
         self._stop_event = threading.Event()
@@ -255,6 +257,26 @@ class Daemon:
                 signal.signal(sig, handler)
         log.info("kscope daemon stopped")
         return 0
+
+    def _process_rows(self) -> list[ProcessRow]:
+        """The registered processes, labelled for the per-process metrics (ranks only)."""
+        now = time.monotonic()
+        rows = []
+        for p, is_launcher in self.registry.snapshot():
+            if is_launcher:
+                continue
+            info, ident = p.info, p.identity
+            labels = (
+                str(p.pid),
+                str(info.pid) if info else "",
+                "" if info is None or info.rank is None else str(info.rank),
+                ident.id,
+                ident.source,
+                ident.pod or "",
+                ident.namespace or "",
+            )
+            rows.append(ProcessRow(labels, p.polls, round(now - p.last_poll, 3), p.polls > 0 and not p.last_type & 2))
+        return rows
 
     # ------------------------------------------------------------------ facts
     @property
