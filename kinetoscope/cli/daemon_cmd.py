@@ -96,7 +96,10 @@ def register(app: typer.Typer) -> None:
             help="Announce this daemon (address, GPUs, heartbeat) to kscope autopilot's catalog (docs/autopilot.md).",
         ),
         tls_cert: str | None = typer.Option(
-            None, "--tls-cert", metavar="PEM", help="Serve RPC over TLS with this certificate (with --tls-key)."
+            None,
+            "--tls-cert",
+            metavar="PEM",
+            help="Serve RPC over TLS with this certificate (with --tls-key).",
         ),
         tls_key: str | None = typer.Option(None, "--tls-key", metavar="PEM", help="The key of --tls-cert."),
         tls_client_ca: str | None = typer.Option(

@@ -145,7 +145,9 @@ class DaemonClient:
         self.tls = tls if tls is not None else default_tls()
 
     def _tls_error(self, fn: str, exc: ssl.SSLError) -> DaemonError:
-        return DaemonError(self.address, "failed", f"{fn}: {tls_reason(exc, self.tls.ca if self.tls else None)}")
+        return DaemonError(
+            self.address, "failed", f"{fn}: {tls_reason(exc, self.tls.ca if self.tls else None)}"
+        )
 
     def _open(self, fn: str) -> socket.socket:
         """A connected socket, TLS-wrapped (handshake done) when TLS is configured."""
@@ -156,7 +158,9 @@ class DaemonClient:
         if self.tls is None:
             return sock
         try:
-            return self.tls.context.wrap_socket(sock, server_hostname=self.tls.server_name or self.address.host)
+            return self.tls.context.wrap_socket(
+                sock, server_hostname=self.tls.server_name or self.address.host
+            )
         except ssl.SSLError as exc:
             sock.close()
             raise self._tls_error(fn, exc) from exc

@@ -66,7 +66,9 @@ def client_tls(
     client certificate without a CA (it would silently go unused)."""
     if ca is None:
         if cert is not None or key is not None:
-            raise UsageError("--tls-cert/--tls-key need --tls-ca (the CA that signed the daemons' certificates)")
+            raise UsageError(
+                "--tls-cert/--tls-key need --tls-ca (the CA that signed the daemons' certificates)"
+            )
         return None
     options = TlsClientOptions(ca, cert, key, server_name or None)
     _ = options.context  # bad files are a usage error now, not one per host later
@@ -112,7 +114,9 @@ def tls_reason(exc: ssl.SSLError, ca: str | None = None) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError):
         detail = exc.verify_message or "verification failed"
         hint = f"is it signed by the CA in --tls-ca {ca}" if ca else "is it signed by the CA in --tls-ca"
-        return f"TLS: the daemon's certificate was not accepted ({detail}; {hint}, and does it name this host?)"
+        return (
+            f"TLS: the daemon's certificate was not accepted ({detail}; {hint}, and does it name this host?)"
+        )
     reason = getattr(exc, "reason", None) or ""
     text = _REASONS.get(reason)
     if text is None and isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):

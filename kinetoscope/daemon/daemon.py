@@ -275,7 +275,9 @@ class Daemon:
                 ident.pod or "",
                 ident.namespace or "",
             )
-            rows.append(ProcessRow(labels, p.polls, round(now - p.last_poll, 3), p.polls > 0 and not p.last_type & 2))
+            rows.append(
+                ProcessRow(labels, p.polls, round(now - p.last_poll, 3), p.polls > 0 and not p.last_type & 2)
+            )
         return rows
 
     # ------------------------------------------------------------------ facts

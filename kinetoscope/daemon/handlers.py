@@ -44,9 +44,8 @@ from kinetoscope.daemon.traces import (
     safe_name,
     write_manifest,
 )
-from kinetoscope.protocol import jobident
+from kinetoscope.protocol import jobident, rpc
 from kinetoscope.protocol import kineto_config as kc
-from kinetoscope.protocol import rpc
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES, encode_rpc_json
 
 log = logging.getLogger("kinetoscope.daemon.rpc")

@@ -158,7 +158,9 @@ class ProcessMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
-            "kscope_daemon_process_info", "Constant 1 per registered process, with its labels", labels=PROCESS_LABELS
+            "kscope_daemon_process_info",
+            "Constant 1 per registered process, with its labels",
+            labels=PROCESS_LABELS,
         )
         polls = CounterMetricFamily(
             "kscope_daemon_process_polls", "Polls received from this process", labels=PROCESS_LABELS
@@ -169,7 +171,9 @@ class ProcessMetrics(Collector):
             labels=PROCESS_LABELS,
         )
         tracing = GaugeMetricFamily(
-            "kscope_daemon_process_tracing", "1 while the process reports it is tracing", labels=PROCESS_LABELS
+            "kscope_daemon_process_tracing",
+            "1 while the process reports it is tracing",
+            labels=PROCESS_LABELS,
         )
         for row in self._rows():
             labels = list(row.labels)

@@ -169,9 +169,7 @@ def _launcher(pid: int, ppid: int, start_time: int, env: dict[str, str], proc: s
     return Launcher(host_pid=pid, start_time=start_time, boot_id=boot_id(proc))
 
 
-def read_identity(
-    pid: int, ppid: int, start_time: int, env: dict[str, str], proc: str = PROC
-) -> JobIdentity:
+def read_identity(pid: int, ppid: int, start_time: int, env: dict[str, str], proc: str = PROC) -> JobIdentity:
     """The job identity of ``pid`` (kinetoscope.protocol.jobident) from its environment,
     its cgroup and its launcher."""
     raw = _read_limited(f"{proc}/{pid}/cgroup", MAX_CGROUP)

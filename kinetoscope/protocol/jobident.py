@@ -77,7 +77,9 @@ ENV_VARS = frozenset(
 )
 # kubelet cgroup paths: ".../kubepods-burstable-pod<uid with _>.slice/..." (systemd driver) or
 # ".../kubepods/burstable/pod<uid>/<container>" (cgroupfs driver).
-_POD_UID_RE = re.compile(r"kubepods[^\n]*?[/-]pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_POD_UID_RE = re.compile(
+    r"kubepods[^\n]*?[/-]pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
+)
 _PYTORCHJOB_MASTER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)-master-0(\..*)?$")
 
 
@@ -139,7 +141,9 @@ def _kubernetes(env: Mapping[str, str], cgroup: str | None) -> JobIdentity | Non
     ns = sanitise(namespace or "default", 63)
     if owner is not None:
         ident = f"k8s:{ns}:{sanitise(owner.split('/', 1)[1])}"
-        return JobIdentity(id=ident, source=KUBERNETES, pod=pod, namespace=namespace, pod_uid=uid, owner=owner)
+        return JobIdentity(
+            id=ident, source=KUBERNETES, pod=pod, namespace=namespace, pod_uid=uid, owner=owner
+        )
     name = pod or uid or "pod"
     return JobIdentity(id=f"k8s:{ns}:{sanitise(name)}", source=POD, pod=pod, namespace=namespace, pod_uid=uid)
 

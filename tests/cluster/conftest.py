@@ -25,7 +25,9 @@ def kscope_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_kscope(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_kscope(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m kinetoscope.cli.main ARGS`` (the real CLI)."""
     return subprocess.run(
         [sys.executable, "-m", "kinetoscope.cli.main", *args],

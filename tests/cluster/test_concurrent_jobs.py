@@ -50,7 +50,9 @@ def test_four_torchrun_jobs_are_four_jobs_with_their_own_traces(tmp_path: Path) 
             def ranks() -> list[dict] | None:
                 for j in jobs:
                     assert j.poll() is None, f"{j.name} stopped:\n{j.tail()}"
-                procs = [p for p in daemon.list_processes() if p.get("rank") is not None and not p["is_launcher"]]
+                procs = [
+                    p for p in daemon.list_processes() if p.get("rank") is not None and not p["is_launcher"]
+                ]
                 return procs if len(procs) >= 4 else None
 
             procs = wait_for(ranks, 240, "4 ranks to register")
@@ -61,10 +63,29 @@ def test_four_torchrun_jobs_are_four_jobs_with_their_own_traces(tmp_path: Path) 
             assert len(launchers) == 4  # each rank under its own torchrun agent
             runs = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "kinetoscope.cli.main", "trace", "--host", str(daemon.address),
-                     "--job-id", job_id, "--iterations", "2", "--wait", "--timeout", "200",
-                     "--catalog", catalog, "--json"],
-                    cwd=REPO_ROOT, env=kscope_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "kinetoscope.cli.main",
+                        "trace",
+                        "--host",
+                        str(daemon.address),
+                        "--job-id",
+                        job_id,
+                        "--iterations",
+                        "2",
+                        "--wait",
+                        "--timeout",
+                        "200",
+                        "--catalog",
+                        catalog,
+                        "--json",
+                    ],
+                    cwd=REPO_ROOT,
+                    env=kscope_env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
                 )  # fmt: skip
                 for job_id in sorted(ids)
             ]

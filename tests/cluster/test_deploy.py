@@ -63,7 +63,9 @@ def by_kind(kind: str, name: str | None = None) -> Any:
     raise AssertionError(f"no {kind} {name or ''} in deploy/kubernetes")
 
 
-@pytest.mark.parametrize(("file", "doc"), OBJECTS, ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in OBJECTS])
+@pytest.mark.parametrize(
+    ("file", "doc"), OBJECTS, ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in OBJECTS]
+)
 def test_every_object_loads_into_the_kubernetes_models_losslessly(file: str, doc: dict[str, Any]) -> None:
     model = _model(doc)
     assert type(model).__name__.endswith(doc["kind"])
@@ -240,7 +242,9 @@ def _exported_names() -> set[str]:
     from kinetoscope.daemon.metrics import DaemonMetrics, ProcessMetrics, ProcessRow
 
     daemon = DaemonMetrics()
-    daemon.registry.register(ProcessMetrics(lambda: [ProcessRow(("1", "2", "0", "j", "launcher", "", ""), 3, 0.5, False)]))
+    daemon.registry.register(
+        ProcessMetrics(lambda: [ProcessRow(("1", "2", "0", "j", "launcher", "", ""), 3, 0.5, False)])
+    )
     names: set[str] = set()
     for registry in (daemon.registry, AutopilotMetrics().registry):
         for line in generate_latest(registry).decode().splitlines():

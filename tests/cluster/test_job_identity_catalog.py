@@ -42,9 +42,18 @@ def _manifest(trace_id: str, job: str, source: str, pids: tuple[int, int]) -> di
         "created": "2026-11-28T10:00:00Z",
         "files": [
             {
-                "file": f"rank-{r}_{pids[0] + r}.pt.trace.json", "host": "node1", "pid": pids[0] + r,
-                "rank": r, "world_size": 2, "job_id": job, "job_source": source, "kineto_job_id": "0",
-                "host_pid": pids[1] + r, "container_pid": pids[0] + r, "complete": True, "bytes": 10,
+                "file": f"rank-{r}_{pids[0] + r}.pt.trace.json",
+                "host": "node1",
+                "pid": pids[0] + r,
+                "rank": r,
+                "world_size": 2,
+                "job_id": job,
+                "job_source": source,
+                "kineto_job_id": "0",
+                "host_pid": pids[1] + r,
+                "container_pid": pids[0] + r,
+                "complete": True,
+                "bytes": 10,
             }  # fmt: skip
             for r in (0, 1)
         ],
@@ -60,6 +69,8 @@ def test_jobs_of_other_launchers_stay_apart(tmp_path: Path) -> None:
         assert jobs["torchrun:aaa"].source == "torchrun" and jobs["torchrun:aaa"].traces == 1
         with cat.engine.connect() as conn:
             rows = conn.execute(
-                sa.text("SELECT pid, host_pid, container_pid FROM trace_files WHERE trace_id = 'kst-b' ORDER BY pid")
+                sa.text(
+                    "SELECT pid, host_pid, container_pid FROM trace_files WHERE trace_id = 'kst-b' ORDER BY pid"
+                )
             ).all()
         assert [tuple(r) for r in rows] == [(7, 5100, 7), (8, 5101, 8)]

@@ -67,7 +67,10 @@ def test_right_client_certificate_is_served(mtls_daemon: Daemon, certs: Certs) -
     ("case", "expected"),
     [
         ("no client certificate", r"TLS: the daemon requires a client certificate"),
-        ("client certificate of another CA", r"TLS: the daemon refused our client certificate: it is not signed by a CA"),
+        (
+            "client certificate of another CA",
+            r"TLS: the daemon refused our client certificate: it is not signed by a CA",
+        ),
         ("daemon certificate from another CA", r"daemon's certificate was not accepted"),
         ("plain text", r"this daemon requires TLS"),
     ],
@@ -109,7 +112,9 @@ def test_tls_client_against_plain_daemon_says_so(tmp_path: Path, certs: Certs) -
     )  # fmt: skip
     with Daemon(options) as d:
         with pytest.raises(DaemonError, match="does not speak TLS"):
-            _client(d, TlsClientOptions(certs.ca, certs.client.cert, certs.client.key), token=None).get_status()
+            _client(
+                d, TlsClientOptions(certs.ca, certs.client.cert, certs.client.key), token=None
+            ).get_status()
 
 
 def test_bad_tls_files_are_one_line_errors(tmp_path: Path, certs: Certs) -> None:
@@ -139,9 +144,25 @@ def test_kscope_trace_over_mutual_tls_traces_a_real_process(tmp_path: Path, cert
     trace_root = tmp_path / "traces"
     daemon = subprocess.Popen(
         [
-            sys.executable, "-m", "kinetoscope.cli.main", "daemon", "--port", "0", "--metrics-port", "-1",
-            "--no-gpu-metrics", "--trace-root", str(trace_root), "--ipc-socket-dir", sockdir,
-            "--tls-cert", certs.server.cert, "--tls-key", certs.server.key, "--tls-client-ca", certs.ca,
+            sys.executable,
+            "-m",
+            "kinetoscope.cli.main",
+            "daemon",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--no-gpu-metrics",
+            "--trace-root",
+            str(trace_root),
+            "--ipc-socket-dir",
+            sockdir,
+            "--tls-cert",
+            certs.server.cert,
+            "--tls-key",
+            certs.server.key,
+            "--tls-client-ca",
+            certs.ca,
         ],  # fmt: skip
         cwd=REPO_ROOT,
         env=kscope_env(),
@@ -160,8 +181,13 @@ def test_kscope_trace_over_mutual_tls_traces_a_real_process(tmp_path: Path, cert
         worker = subprocess.Popen(
             [sys.executable, str(REPO_ROOT / "tests/daemon/torch_worker.py"), "--lifetime", "120"],
             env=kscope_env(
-                {"KINETO_USE_DAEMON": "1", "KINETO_IPC_SOCKET_DIR": sockdir, "KINETO_CONFIG": str(conf),
-                 "RANK": "0", "WORLD_SIZE": "1"}
+                {
+                    "KINETO_USE_DAEMON": "1",
+                    "KINETO_IPC_SOCKET_DIR": sockdir,
+                    "KINETO_CONFIG": str(conf),
+                    "RANK": "0",
+                    "WORLD_SIZE": "1",
+                }
             ),  # fmt: skip
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -175,7 +201,9 @@ def test_kscope_trace_over_mutual_tls_traces_a_real_process(tmp_path: Path, cert
             return out.returncode == 0 and json.loads(out.stdout)["files"][0]["complete"]
 
         assert wait_for(registered, 120, "a complete trace over mutual TLS")
-        no_cert = run_kscope("trace", *host, "--tls-ca", certs.ca, "--all", "--duration-ms", "500", "--no-catalog")
+        no_cert = run_kscope(
+            "trace", *host, "--tls-ca", certs.ca, "--all", "--duration-ms", "500", "--no-catalog"
+        )
         plain = run_kscope("trace", *host, "--all", "--duration-ms", "500", "--no-catalog")
         for refused, why in ((no_cert, "client certificate"), (plain, "requires TLS")):
             assert refused.returncode != 0

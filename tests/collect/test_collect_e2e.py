@@ -66,7 +66,9 @@ def test_cli_duration_trace_by_pid_json(single_torch_job, run_kscope):
     assert [(m["pid"], m["rank"]) for m in doc["matched"]] == [(pid, None)]
     assert doc["matched"][0]["cmdline"].endswith("--quiet") and doc["matched"][0]["kineto_job_id"] == "0"
     # outside Slurm the job is named by its launcher (docs/deploy.md §5), never "0"
-    assert doc["matched"][0]["job_id"].startswith("launcher:") and doc["matched"][0]["job_source"] == "launcher"
+    assert (
+        doc["matched"][0]["job_id"].startswith("launcher:") and doc["matched"][0]["job_source"] == "launcher"
+    )
     (f,) = doc["files"]
     assert f["complete"] is True and f["bytes"] > 0 and f["pid"] == pid
     assert os.path.dirname(f["path"]) == doc["output_dir"]
