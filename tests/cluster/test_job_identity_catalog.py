@@ -74,3 +74,29 @@ def test_jobs_of_other_launchers_stay_apart(tmp_path: Path) -> None:
                 )
             ).all()
         assert [tuple(r) for r in rows] == [(7, 5100, 7), (8, 5101, 8)]
+
+
+def test_web_pages_show_jobs_by_identity(tmp_path: Path) -> None:
+    """The web app lists both jobs and serves each one's page at its identity."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    from kinetoscope.web import WebSettings, create_app
+
+    url = str(tmp_path / "c.db")
+    with Catalog.open(url) as cat:
+        cat.record_trace_request(_manifest("kst-a", "torchrun:aaa", "torchrun", (7, 4100)))
+        cat.record_trace_request(_manifest("kst-b", "k8s:ml:bert", "kubernetes", (7, 5100)))
+    app = create_app(WebSettings(catalog_url=url, daemons=["127.0.0.1:9"]))
+    with TestClient(app) as client:
+        listing = client.get("/jobs")
+        assert listing.status_code == 200
+        assert "torchrun:aaa" in listing.text and "k8s:ml:bert" in listing.text
+        for job, trace in (("torchrun:aaa", "kst-a"), ("k8s:ml:bert", "kst-b")):
+            page = client.get(f"/jobs/{job}")
+            assert page.status_code == 200 and trace in page.text
+            api = client.get(f"/api/jobs/{job}")
+            assert api.status_code == 200, api.text

@@ -215,3 +215,12 @@ def test_kscope_trace_over_mutual_tls_traces_a_real_process(tmp_path: Path, cert
             worker.wait()
         daemon.terminate()
         daemon.wait(timeout=30)
+
+
+def test_server_name_overrides_the_host_dialed(mtls_daemon: Daemon, certs: Certs) -> None:
+    """A fleet sharing one certificate is dialed by address and checked for one name."""
+    named = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key, server_name="localhost")
+    assert _client(mtls_daemon, named).get_status() == {"status": 1}
+    wrong = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key, server_name="kscope.example.org")
+    with pytest.raises(DaemonError, match="certificate was not accepted"):
+        _client(mtls_daemon, wrong).get_status()
