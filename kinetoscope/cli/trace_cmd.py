@@ -148,8 +148,9 @@ def register(app: typer.Typer) -> None:
             None,
             "--job-id",
             "-j",
-            help="Trace the processes of this job (SLURM_JOB_ID; a Slurm array id like 36199_0 counts "
-            "by its numeric prefix, as in Kineto).",
+            help="Trace the processes of this job: SLURM_JOB_ID (a Slurm array id like 36199_0 counts "
+            "by its numeric prefix, as in Kineto), or a job identity as `kscope jobs` shows it "
+            "(torchrun:..., k8s:NS:NAME, launcher:...; docs/deploy.md).",
         ),
         pids: str | None = typer.Option(
             None,

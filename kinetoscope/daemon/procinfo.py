@@ -5,6 +5,10 @@ the daemon reads ``/proc/<pid>/{stat,cmdline,environ}`` **once** when a process 
 (the registry caches the result; polls arrive every 5 s from every rank, so nothing here runs
 per poll). ``environ`` is only readable for processes of the same user (or by root); fields
 are ``None`` when unknown, never guessed.
+
+The same single read gives the process's place in a container (``NSpid`` in ``status``: the
+host pid first, the container's own last), its mount namespace, its host ancestors, and its
+job identity (kinetoscope.protocol.jobident: environment, ``cgroup`` and launcher).
 """
 
 from __future__ import annotations

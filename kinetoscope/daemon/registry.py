@@ -211,7 +211,7 @@ class Registry:
                 "registered",
                 "registered process %d (job %s, ancestors %s, rank %s): %s",
                 proc.pid,
-                proc.job_id,
+                proc.identity.id,
                 list(proc.pids[1:]),
                 info.rank if info else None,
                 (info.cmdline or "")[:200] if info else "<not visible in /proc>",
