@@ -275,6 +275,7 @@ def register(app: typer.Typer) -> None:
         jid = request.target.job_id
         if (
             jid is not None
+            and str(jid) != "0"  # Kineto's "no job": many unrelated jobs, never one step rate
             and iterations is not None
             and iteration_roundup is None
             and not no_align
