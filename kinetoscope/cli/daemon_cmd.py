@@ -14,9 +14,8 @@ from kinetoscope.errors import UsageError
 EXAMPLES = examples(
     ("kscope daemon", "RPC on 127.0.0.1:1778, traces to /tmp/kinetoscope/traces"),
     ('kscope daemon --bind 0.0.0.0 --token "$KSCOPE_TOKEN"', "reachable from other hosts"),
-    ("kscope daemon --metrics-port 9464", "also export host/GPU metrics to Prometheus"),
     (
-        "kscope daemon --bind :: --tls-cert node.pem --tls-key node.key --tls-client-ca ca.pem",
+        "kscope daemon --tls-cert n.pem --tls-key n.key --tls-client-ca ca.pem",
         "mutual TLS on the RPC port (docs/deploy.md)",
     ),
 )
