@@ -267,7 +267,7 @@ class JobRecord:
     last_seen: datetime
     cmdline: str | None
     traces: int = 0
-    source: str | None = None  # where the job identity came from (docs/deploy.md §5)
+    job_source: str | None = None  # where the job identity came from (docs/deploy.md §5)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -366,7 +366,7 @@ def _schemas() -> dict[str, dict[str, Any]]:
             "last_seen": dt,
             "traces": pl.Int64,
             "cmdline": pl.Utf8,
-            "source": pl.Utf8,
+            "job_source": pl.Utf8,
         },
         "TRACES_SCHEMA": {
             "trace_id": pl.Utf8,
@@ -740,7 +740,7 @@ class Catalog:
                         first_seen=seen,
                         last_seen=seen,
                         cmdline=j_cmd,
-                        source=sources.get(job_id),
+                        job_source=sources.get(job_id),
                     )
                     .on_conflict_do_nothing(index_elements=["job_id"])
                 )
@@ -756,7 +756,7 @@ class Catalog:
                         first_seen=min(cur.first_seen, seen),
                         last_seen=max(cur.last_seen, seen),
                         cmdline=cur.cmdline or j_cmd,
-                        source=sources.get(job_id) or cur.source,
+                        job_source=sources.get(job_id) or cur.job_source,
                     )
                 )
         rec = self.get_trace_request(trace_id)
@@ -949,7 +949,7 @@ class Catalog:
                     r.last_seen,
                     r.cmdline,
                     int(r.traces),
-                    r.source,
+                    r.job_source,
                 )
                 for r in conn.execute(q)
             ]

@@ -62,7 +62,7 @@ class Job(Base):
     cmdline: Mapped[str | None] = mapped_column(sa.Text)
     # where the job identity came from (protocol/jobident.SOURCES; "unattributed": job "0" of a
     # catalog older than job identity, migration 0003)
-    source: Mapped[str | None] = mapped_column(sa.String(32))
+    job_source: Mapped[str | None] = mapped_column(sa.String(32))
 
 
 class TraceRequest(Base):

@@ -31,7 +31,7 @@ def test_old_catalog_migrates(tmp_path: Path) -> None:
     url = str(tmp_path / "old.db")
     _old_catalog(url)
     with Catalog.open(url) as cat:  # opening upgrades to head
-        sources = {j.job_id: j.source for j in cat.jobs()}
+        sources = {j.job_id: j.job_source for j in cat.jobs()}
     assert sources == {"0": "unattributed", "4242": "slurm"}
 
 
@@ -66,7 +66,7 @@ def test_jobs_of_other_launchers_stay_apart(tmp_path: Path) -> None:
         cat.record_trace_request(_manifest("kst-b", "launcher:0123456789abcdef", "launcher", (7, 5100)))
         jobs = {j.job_id: j for j in cat.jobs()}
         assert set(jobs) == {"torchrun:aaa", "launcher:0123456789abcdef"}
-        assert jobs["torchrun:aaa"].source == "torchrun" and jobs["torchrun:aaa"].traces == 1
+        assert jobs["torchrun:aaa"].job_source == "torchrun" and jobs["torchrun:aaa"].traces == 1
         with cat.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(

@@ -1,8 +1,8 @@
-"""Job identity (docs/deploy.md §5): jobs.source; trace_files.host_pid and container_pid.
+"""Job identity (docs/deploy.md §5): jobs.job_source; trace_files.host_pid and container_pid.
 
 Catalogs written before job identity kept every job outside Slurm as job "0" (libkineto's job
 id): those rows cannot be split after the fact (the processes are gone), so they are marked
-``source = 'unattributed'``; Slurm jobs (a non-zero number) are marked ``slurm``. New traces
+``job_source = 'unattributed'``; Slurm jobs (a non-zero number) are marked ``slurm``. New traces
 record the identity the daemon derived and its source.
 
 Revision ID: 0004_job_identity
@@ -23,16 +23,16 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("source", sa.String(32), nullable=True))
+        batch.add_column(sa.Column("job_source", sa.String(32), nullable=True))
     with op.batch_alter_table("trace_files") as batch:
         batch.add_column(sa.Column("host_pid", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("container_pid", sa.Integer(), nullable=True))
-    jobs = sa.table("jobs", sa.column("job_id", sa.String), sa.column("source", sa.String))
-    op.execute(jobs.update().where(jobs.c.job_id == "0").values(source="unattributed"))
-    rows = op.get_bind().execute(sa.select(jobs.c.job_id).where(jobs.c.source.is_(None))).all()
+    jobs = sa.table("jobs", sa.column("job_id", sa.String), sa.column("job_source", sa.String))
+    op.execute(jobs.update().where(jobs.c.job_id == "0").values(job_source="unattributed"))
+    rows = op.get_bind().execute(sa.select(jobs.c.job_id).where(jobs.c.job_source.is_(None))).all()
     slurm = [r.job_id for r in rows if r.job_id.isdigit()]
     if slurm:
-        op.execute(jobs.update().where(jobs.c.job_id.in_(slurm)).values(source="slurm"))
+        op.execute(jobs.update().where(jobs.c.job_id.in_(slurm)).values(job_source="slurm"))
 
 
 def downgrade() -> None:
@@ -40,4 +40,4 @@ def downgrade() -> None:
         batch.drop_column("container_pid")
         batch.drop_column("host_pid")
     with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("source")
+        batch.drop_column("job_source")
