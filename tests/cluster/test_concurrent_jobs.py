@@ -104,4 +104,6 @@ def test_four_torchrun_jobs_are_four_jobs_with_their_own_traces(tmp_path: Path) 
     assert listed.returncode == 0, listed.stderr
     catalog_jobs = {j["job_id"]: j for j in json.loads(listed.stdout)["jobs"]}
     assert set(catalog_jobs) == ids
-    assert all(j["traces"] == 1 and j.get("job_source") == "torchrun" for j in catalog_jobs.values()), catalog_jobs
+    assert all(j["traces"] == 1 and j.get("job_source") == "torchrun" for j in catalog_jobs.values()), (
+        catalog_jobs
+    )
