@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from cluster_helpers import REPO_ROOT
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes.client import ApiClient  # noqa: E402

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, run_kscope, trace_json, wait_for
+from cluster_helpers import REPO_ROOT, run_kscope, trace_json, wait_for
 
 from kinetoscope.demo.local import LocalDaemon, ManagedProcess, child_env
 

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from certs import Certs, make_certs
-from conftest import REPO_ROOT, kscope_env, run_kscope, wait_for
+from cluster_certs import Certs, make_certs
+from cluster_helpers import REPO_ROOT, kscope_env, run_kscope, wait_for
 
 from kinetoscope.collect.client import DaemonClient, DaemonError
 from kinetoscope.collect.tls import TlsClientOptions

@@ -1,4 +1,7 @@
-"""Fixtures for the cluster tests: the real CLI as a subprocess, and helpers to run jobs."""
+"""Helpers for the cluster tests: the real CLI as a subprocess, waiting, reading its JSON.
+
+(A module of its own, not conftest.py: `from conftest import` is ambiguous when pytest collects
+several test folders at once.)"""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,8 +57,3 @@ def trace_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert result.returncode == 0, f"kscope trace failed:\n{result.stdout}\n{result.stderr}"
     doc: dict[str, Any] = json.loads(result.stdout)
     return doc
-
-
-@pytest.fixture()
-def cluster_env() -> Callable[..., dict[str, str]]:
-    return kscope_env
