@@ -3,8 +3,9 @@
 One sweep calls ``kscopeListProcesses`` on every host concurrently (a bounded thread pool; a
 daemon costs one short TCP exchange) and turns the answers into :class:`SeenJob` records keyed by
 a **job key** (see ``kinetoscope.store.fleet_models``): Kineto's own job id is ``0`` for every job
-outside Slurm, so processes are grouped by Slurm job id, else by the torch rendezvous
-(``MASTER_ADDR:MASTER_PORT`` + ``TORCHELASTIC_RUN_ID``), else each process is its own job.
+outside Slurm, so processes are grouped by Slurm job id, else by the job identity the daemon
+derived (``job_source``/``job_id``, docs/deploy.md §5), else (older daemons) by the torch
+rendezvous (``MASTER_ADDR:MASTER_PORT`` + ``TORCHELASTIC_RUN_ID``), else each process alone.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def job_key(proc: dict[str, Any], hostname: str) -> str:
     slurm = proc.get("slurm_job_id")
     if slurm:
         return f"slurm:{slurm}"
+    # a daemon with job identity (docs/deploy.md §5) names the job itself: Kubernetes, Ray,
+    # torchrun, MPI or the launcher, the same on every host for multi-host launchers
+    if proc.get("job_source") not in (None, "kineto", "slurm") and proc.get("job_id"):
+        return f"job:{proc['job_id']}"
     world = proc.get("world_size")
     addr, port = proc.get("master_addr"), proc.get("master_port")
     if isinstance(world, int) and world > 1 and addr and port:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 
 if TYPE_CHECKING:
     from kinetoscope.autopilot.service import CycleReport
@@ -97,8 +98,13 @@ def register(app: typer.Typer) -> None:
             envvar="RAY_ADDRESS",
             help="With --backend ray/auto: the Ray cluster to use.",
         ),
+        tls_ca: str | None = TLS_CA,
+        tls_cert: str | None = TLS_CERT,
+        tls_key: str | None = TLS_KEY,
+        tls_server_name: str | None = TLS_SERVER_NAME,
     ) -> None:
         """Trace and diagnose every job of the fleet automatically, on a schedule."""
+        apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
         from kinetoscope.autopilot.policy import load_policy
         from kinetoscope.autopilot.service import (
             AnalyzeSettings,

@@ -14,7 +14,10 @@ from kinetoscope.errors import UsageError
 EXAMPLES = examples(
     ("kscope daemon", "RPC on 127.0.0.1:1778, traces to /tmp/kinetoscope/traces"),
     ('kscope daemon --bind 0.0.0.0 --token "$KSCOPE_TOKEN"', "reachable from other hosts"),
-    ("kscope daemon --metrics-port 9464", "also export host/GPU metrics to Prometheus"),
+    (
+        "kscope daemon --tls-cert n.pem --tls-key n.key --tls-client-ca ca.pem",
+        "mutual TLS on the RPC port (docs/deploy.md)",
+    ),
 )
 
 
@@ -97,6 +100,20 @@ def register(app: typer.Typer) -> None:
             metavar="URL",
             help="Announce this daemon (address, GPUs, heartbeat) to kscope autopilot's catalog (docs/autopilot.md).",
         ),
+        tls_cert: str | None = typer.Option(
+            None,
+            "--tls-cert",
+            metavar="PEM",
+            help="Serve RPC over TLS with this certificate (with --tls-key).",
+        ),
+        tls_key: str | None = typer.Option(None, "--tls-key", metavar="PEM", help="The key of --tls-cert."),
+        tls_client_ca: str | None = typer.Option(
+            None,
+            "--tls-client-ca",
+            metavar="PEM",
+            help="Mutual TLS: require a client certificate signed by this CA (authenticates clients; "
+            "allows a non-loopback --bind without --token).",
+        ),
     ) -> None:
         """Run the per-host daemon: PyTorch processes register over IPC, `dyno` and `kscope trace` trigger traces over RPC."""
         from kinetoscope.daemon.daemon import Daemon, DaemonOptions
@@ -132,6 +149,9 @@ def register(app: typer.Typer) -> None:
             rpc_timeout_s=rpc_timeout,
             catalog_url=catalog,
             max_processes_per_uid=max_processes_per_uid,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
         )
 
         def ready(d: Daemon) -> None:

@@ -13,6 +13,7 @@ import socket
 import typer
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.web.guards import (
     ALLOWED_HOSTS_ENV,
@@ -118,8 +119,13 @@ def register(app: typer.Typer) -> None:
             metavar="BYTES",
             help="Largest request body accepted (larger: 413).",
         ),
+        tls_ca: str | None = TLS_CA,
+        tls_cert: str | None = TLS_CERT,
+        tls_key: str | None = TLS_KEY,
+        tls_server_name: str | None = TLS_SERVER_NAME,
     ) -> None:
         """Serve the web app: catalog browser, HTML reports, trace trigger form and a local Perfetto UI."""
+        apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
         import uvicorn
         from rich.console import Console
         from rich.markup import escape

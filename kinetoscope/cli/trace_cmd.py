@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.collect.deliver import (
     job_step_rate,
@@ -147,8 +148,9 @@ def register(app: typer.Typer) -> None:
             None,
             "--job-id",
             "-j",
-            help="Trace the processes of this job (SLURM_JOB_ID; a Slurm array id like 36199_0 counts "
-            "by its numeric prefix, as in Kineto).",
+            help="Trace the processes of this job: SLURM_JOB_ID (a Slurm array id like 36199_0 counts "
+            "by its numeric prefix, as in Kineto), or a job identity as `kscope jobs` shows it "
+            "(torchrun:..., k8s:NS:NAME, launcher:...; docs/deploy.md).",
         ),
         pids: str | None = typer.Option(
             None,
@@ -236,8 +238,13 @@ def register(app: typer.Typer) -> None:
             False, "--no-catalog", help="Do not record the request in a catalog."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document (see docs/collect.md)."),
+        tls_ca: str | None = TLS_CA,
+        tls_cert: str | None = TLS_CERT,
+        tls_key: str | None = TLS_KEY,
+        tls_server_name: str | None = TLS_SERVER_NAME,
     ) -> None:
         """Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`."""
+        apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
         options = TraceOptions(
             duration_ms=duration_ms,
             iterations=iterations,
@@ -268,6 +275,7 @@ def register(app: typer.Typer) -> None:
         jid = request.target.job_id
         if (
             jid is not None
+            and str(jid) != "0"  # Kineto's "no job": many unrelated jobs, never one step rate
             and iterations is not None
             and iteration_roundup is None
             and not no_align

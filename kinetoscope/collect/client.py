@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from kinetoscope.collect.tls import TlsClientOptions, default_tls, tls_reason
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.protocol import rpc
 from kinetoscope.protocol.defaults import DEFAULT_PORT
@@ -131,11 +133,54 @@ class DaemonClient:
     """Calls one daemon. Thread-safe (a new connection per call)."""
 
     def __init__(
-        self, address: HostAddress | str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
+        self,
+        address: HostAddress | str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        tls: TlsClientOptions | None = None,
     ) -> None:
         self.address = parse_host(address) if isinstance(address, str) else address
         self.token = token
         self.timeout = timeout
+        # None: the process-wide setting (collect.tls.use_tls, set by the CLI's --tls-* flags)
+        self.tls = tls if tls is not None else default_tls()
+
+    def _tls_error(self, fn: str, exc: ssl.SSLError) -> DaemonError:
+        return DaemonError(
+            self.address, "failed", f"{fn}: {tls_reason(exc, self.tls.ca if self.tls else None)}"
+        )
+
+    def _open(self, fn: str) -> socket.socket:
+        """A connected socket, TLS-wrapped (handshake done) when TLS is configured."""
+        try:
+            sock = socket.create_connection((self.address.host, self.address.port), timeout=self.timeout)
+        except OSError as exc:
+            raise DaemonError(self.address, "unreachable", _connect_reason(self.address, exc)) from exc
+        if self.tls is None:
+            return sock
+        try:
+            return self.tls.context.wrap_socket(
+                sock, server_hostname=self.tls.server_name or self.address.host
+            )
+        except ssl.SSLError as exc:
+            sock.close()
+            raise self._tls_error(fn, exc) from exc
+        except OSError as exc:
+            sock.close()
+            raise DaemonError(
+                self.address, "no_answer", f"{fn}: TLS handshake failed ({exc.strerror or exc})"
+            ) from exc
+
+    def _refusal(self, fn: str, sock: socket.socket, exc: OSError) -> DaemonError:
+        """A failed send on a TLS connection: read the daemon's alert, which says why."""
+        if isinstance(sock, ssl.SSLSocket):
+            try:
+                sock.recv(1)
+            except ssl.SSLError as alert:
+                return self._tls_error(fn, alert)
+            except OSError:
+                pass
+        return DaemonError(self.address, "no_answer", f"{fn}: connection failed ({exc.strerror or exc})")
 
     def call(self, fn: str, *, max_reply_bytes: int = MAX_RPC_BYTES, **fields: Any) -> dict[str, Any]:
         """Send ``{"fn": fn, **fields}`` (plus ``token``) and return the decoded JSON object
@@ -148,15 +193,19 @@ class DaemonClient:
         if self.token:
             request["token"] = self.token
         body = orjson.dumps(request)
-        try:
-            sock = socket.create_connection((self.address.host, self.address.port), timeout=self.timeout)
-        except OSError as exc:
-            raise DaemonError(self.address, "unreachable", _connect_reason(self.address, exc)) from exc
+        sock = self._open(fn)
         try:
             with sock:
                 sock.settimeout(self.timeout)
-                sock.sendall(frame_rpc(body))
+                try:
+                    sock.sendall(frame_rpc(body))
+                except ssl.SSLError:
+                    raise
+                except OSError as exc:
+                    raise self._refusal(fn, sock, exc) from exc
                 raw = read_rpc_frame(sock, max_reply_bytes)
+        except ssl.SSLError as exc:
+            raise self._tls_error(fn, exc) from exc
         except FrameError as exc:
             raise DaemonError(
                 self.address,

@@ -81,7 +81,7 @@ def parse_stacks_request(
 ) -> tuple[StacksRequest, list[str]]:
     """A validated request from what a person typed, and notes (a Slurm array id, ...)."""
     notes: list[str] = []
-    jid: int | None = None
+    jid: int | str | None = None
     if job_id is not None:
         jid, note = parse_job_id(job_id)
         if note:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress, parse_hosts
 from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
-from kinetoscope.protocol import rpc
+from kinetoscope.protocol import jobident, rpc
 from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
 from kinetoscope.protocol.manifest import Manifest, ManifestFile, dumps_manifest, utc_now_iso, write_manifest
 
@@ -134,7 +134,7 @@ class TraceOptions:
 class Target:
     """Which processes: a job id, pids (a pid also matches its descendants), or all."""
 
-    job_id: int | None = None
+    job_id: int | str | None = None  # Kineto/Slurm job id, or a job identity (protocol/jobident.py)
     job_id_text: str | None = None  # as the user typed it (e.g. a Slurm array id "36199_0")
     pids: tuple[int, ...] = ()
     all: bool = False
@@ -165,16 +165,21 @@ class Target:
         return f"has job id {shown}"
 
 
-def parse_job_id(text: str) -> tuple[int, str | None]:
+def parse_job_id(text: str) -> tuple[int | str, str | None]:
     """A job id as Kineto sees it, and a note when it differs from what the user typed.
 
     Kineto reads ``SLURM_JOB_ID`` with ``strtoll``: only the leading number counts, so a Slurm
-    array id ``36199_0`` is registered as job 36199 (docs/protocol.md §1.3)."""
+    array id ``36199_0`` is registered as job 36199 (docs/protocol.md §1.3). A job identity of
+    another launcher (``torchrun:...``, ``k8s:ns:name``, ``launcher:...``: docs/deploy.md) is
+    passed as it is."""
+    if ":" in text and jobident.valid_identity(text.strip()):
+        return text.strip(), None
     match = _JOB_ID_RE.match(text)
     if not match:
         raise UsageError(
             f"--job-id {text!r}: must start with a number (Kineto registers the numeric prefix of "
-            "SLURM_JOB_ID, e.g. 36199 for the Slurm array id 36199_0)"
+            "SLURM_JOB_ID, e.g. 36199 for the Slurm array id 36199_0) or be a job identity as "
+            "`kscope jobs` shows it (torchrun:..., k8s:..., launcher:...)"
         )
     value = int(match.group(1))
     if value < 0:
@@ -266,7 +271,7 @@ def parse_trace_request(
     by its numeric prefix). Raises UsageError with the reason otherwise."""
     addresses = parse_hosts(hosts or None)
     notes: list[str] = []
-    jid: int | None = None
+    jid: int | str | None = None
     if job_id is not None:
         jid, note = parse_job_id(job_id)
         if note:
@@ -297,16 +302,23 @@ class MatchedProcess:
     busy: bool
     is_launcher: bool = False
     reason: str | None = None  # why not triggered: busy | launcher | limit (daemon's words)
+    host_pid: int | None = None  # the daemon's view of ``pid`` (differs in a container)
+    container_pid: int | None = None  # set when the process is in another pid namespace
+    job_source: str | None = None  # where the job identity came from (protocol/jobident.py)
+    kineto_job_id: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
 
     @property
     def state(self) -> str:
-        """triggered | busy | launcher | limit | not-triggered."""
+        """triggered | busy | launcher | limit | unreachable | not-triggered."""
         if self.triggered:
             return "triggered"
         if self.busy:
             return "busy"
-        if self.reason and self.reason.split()[0] in ("launcher", "limit"):
-            return self.reason.split()[0]
+        word = self.reason.split()[0].rstrip(":") if self.reason and self.reason.split() else ""
+        if word in ("launcher", "limit", "unreachable"):
+            return word
         return "not-triggered"
 
     def to_json(self) -> dict[str, Any]:
@@ -324,6 +336,12 @@ class MatchedProcess:
             "busy": self.busy,
             "state": self.state,
             "is_launcher": self.is_launcher,
+            "host_pid": self.host_pid,
+            "container_pid": self.container_pid,
+            "job_source": self.job_source,
+            "kineto_job_id": self.kineto_job_id,
+            "pod": self.pod,
+            "namespace": self.namespace,
         }
 
 
@@ -604,15 +622,26 @@ def poll_interval_of(proc: dict[str, Any]) -> float | None:
     return min(10.0, max(1.0, float(age) / polls))
 
 
+def _listed_pids(p: dict[str, Any]) -> set[int | None]:
+    """The pids a listed process is matched by: its pid chain, or in another pid namespace its
+    host pid (the daemon's rule, registry.Process.matches_pids; ancestors are not listed)."""
+    if p.get("container_pid") is not None:
+        return {_as_int(p.get("host_pid"))}
+    return {_as_int(x) for x in (p.get("pids") or [p.get("pid")])}
+
+
 def _targets(target: Target, procs: list[dict[str, Any]], include_launchers: bool) -> list[dict[str, Any]]:
     """The listed processes a request for ``target`` would trace (the daemon's matching rules)."""
     out = []
     for p in procs:
         if p.get("is_launcher") and not include_launchers:
             continue
-        if target.job_id is not None and str(p.get("job_id")) != str(target.job_id):
+        if target.job_id is not None and str(target.job_id) not in (
+            str(p.get("job_id")),
+            str(p.get("kineto_job_id")),
+        ):
             continue
-        if target.pids and not set(target.pids) & {_as_int(x) for x in (p.get("pids") or [p.get("pid")])}:
+        if target.pids and not set(target.pids) & _listed_pids(p):
             continue
         out.append(p)
     return out
@@ -780,6 +809,12 @@ def trigger_trace(
                 busy=bool(m.get("busy")),
                 is_launcher=bool(m.get("is_launcher")),
                 reason=_as_str(m.get("reason")),
+                host_pid=_as_int(m.get("host_pid")),
+                container_pid=_as_int(m.get("container_pid")),
+                job_source=_as_str(m.get("job_source")),
+                kineto_job_id=_as_str(m.get("kineto_job_id")),
+                pod=_as_str(m.get("pod")),
+                namespace=_as_str(m.get("namespace")),
             )
             result.matched.append(proc)
             if proc.triggered and proc.path:
@@ -857,6 +892,12 @@ def build_manifest(result: TraceResult) -> Manifest:
                 bytes=f.bytes,
                 complete=f.complete,
                 refused=f.refused,
+                host_pid=m.host_pid if m else None,
+                container_pid=m.container_pid if m else None,
+                job_source=m.job_source if m else None,
+                kineto_job_id=m.kineto_job_id if m else None,
+                pod=m.pod if m else None,
+                namespace=m.namespace if m else None,
             )
         )
     request = {

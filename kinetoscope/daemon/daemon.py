@@ -13,15 +13,17 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from types import FrameType
 
 from kinetoscope.daemon.handlers import VERSION, RpcHandlers
 from kinetoscope.daemon.ipc_server import IpcEndpoint, IpcServer
-from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter
+from kinetoscope.daemon.metrics import DaemonMetrics, HostSampler, MetricsExporter, ProcessMetrics, ProcessRow
 from kinetoscope.daemon.paths import PathRefused, TraceRoot, check_root_chain, ensure_dir
 from kinetoscope.daemon.registry import MAX_PROCESSES_PER_UID, Registry
 from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is_loopback
+from kinetoscope.daemon.tls import server_tls
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol.defaults import DEFAULT_PORT, DEFAULT_TRACE_ROOT
@@ -54,10 +56,14 @@ class DaemonOptions:
     catalog_url: str | None = None  # announce this daemon to the autopilot's catalog (daemon/announce.py)
     announce_interval_s: float = 30.0
     max_processes_per_uid: int = MAX_PROCESSES_PER_UID  # registrations one user may hold (issue 32)
+    tls_cert: str | None = None  # RPC over TLS (daemon/tls.py); with tls_key
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # mutual TLS: clients need a certificate signed by this CA
 
 
-def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
-    """Refuse an empty token, and a non-loopback ``--bind`` without a token unless ``insecure``.
+def check_exposure(bind: list[str], token: str | None, insecure: bool, mutual_tls: bool = False) -> None:
+    """Refuse an empty token, and a non-loopback ``--bind`` without a token (or mutual TLS, whose
+    client certificates authenticate callers) unless ``insecure``.
 
     Why: whoever reaches the RPC port can trigger traces, choose directories under the trace
     root and list every registered process with its command line; an empty token used to
@@ -69,7 +75,7 @@ def check_exposure(bind: list[str], token: str | None, insecure: bool) -> None:
             "without authentication on loopback"
         )
     exposed = [h for h in bind if not is_loopback(h)]
-    if not exposed or token is not None:
+    if not exposed or token is not None or mutual_tls:
         return
     if not insecure:
         raise KinetoscopeError(
@@ -94,7 +100,9 @@ class Daemon:
         if not root or not os.path.isabs(root):
             raise KinetoscopeError(f"--trace-root must be an absolute path, got {root!r}")
         self.trace_root = os.path.normpath(root)
-        check_exposure(options.bind, options.token, options.insecure)
+        tls = server_tls(options.tls_cert, options.tls_key, options.tls_client_ca)
+        check_exposure(options.bind, options.token, options.insecure, mutual_tls=bool(tls and tls.mutual))
+        self.tls = tls
         self.metrics = DaemonMetrics()
         self.registry = Registry(gc_timeout_s=options.gc_timeout_s, max_per_uid=options.max_processes_per_uid)
         self.metrics.registered.set_function(lambda: len(self.registry))
@@ -125,11 +133,13 @@ class Daemon:
             fast=self.handlers.is_fast,
             min_rate_bps=options.rpc_min_rate_bps,
             penalty=self.handlers.penalty,
+            tls=tls.context() if tls else None,
         )
         self.metrics.contexts.set_function(self.registry.context_count)
         self.metrics.rpc_pending.set_function(lambda: self.rpc.pending_count)
         self.sampler = HostSampler(options.metrics_interval_s, self.hostname, enable_gpu=options.gpu_metrics)
         self.metrics.registry.register(self.sampler)
+        self.metrics.registry.register(ProcessMetrics(self._process_rows))
         self.exporter: MetricsExporter | None = None
         self.root: TraceRoot | None = None
         self._started: list[object] = []
@@ -267,6 +277,28 @@ class Daemon:
         log.info("kscope daemon stopped")
         return 0
 
+    def _process_rows(self) -> list[ProcessRow]:
+        """The registered processes, labelled for the per-process metrics (ranks only)."""
+        now = time.monotonic()
+        rows = []
+        for p, is_launcher in self.registry.snapshot():
+            if is_launcher:
+                continue
+            info, ident = p.info, p.identity
+            labels = (
+                str(p.pid),
+                str(info.pid) if info else "",
+                "" if info is None or info.rank is None else str(info.rank),
+                ident.id,
+                ident.source,
+                ident.pod or "",
+                ident.namespace or "",
+            )
+            rows.append(
+                ProcessRow(labels, p.polls, round(now - p.last_poll, 3), p.polls > 0 and not p.last_type & 2)
+            )
+        return rows
+
     # ------------------------------------------------------------------ facts
     @property
     def rpc_port(self) -> int:
@@ -283,4 +315,5 @@ class Daemon:
         return (
             f"kscope daemon ready: rpc_port={self.rpc_port} rpc={rpc} ipc={self.ipc.endpoint.describe()} "
             f"metrics_port={metrics} trace_root={self.trace_root}"
+            + (f" tls={'mutual' if self.tls.mutual else 'on'}" if self.tls else "")
         )

@@ -35,6 +35,7 @@ from kinetoscope.daemon.registry import (
     BUSY,
     LAUNCHER,
     TRIGGERED,
+    UNREACHABLE,
     Match,
     PendingConfig,
     Process,
@@ -48,8 +49,8 @@ from kinetoscope.daemon.traces import (
     safe_name,
     write_manifest,
 )
+from kinetoscope.protocol import jobident, rpc
 from kinetoscope.protocol import kineto_config as kc
-from kinetoscope.protocol import rpc
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES, encode_rpc_json
 
 log = logging.getLogger("kinetoscope.daemon.rpc")
@@ -122,11 +123,15 @@ def _pids(req: dict, name: str = "pids") -> list[int]:
 
 # Kineto's job id is an int64 (SLURM_JOB_ID read with strtoll); a longer one is no job's id.
 _JOB_ID_RE = re.compile(r"-?[0-9]{1,20}")
-_JOB_ID_ERROR = "'job_id' must be a 64-bit integer or a decimal string of at most 20 digits"
+_JOB_ID_ERROR = (
+    "'job_id' must be a 64-bit integer, a decimal string of at most 20 digits or a job identity "
+    "(1-200 of A-Z a-z 0-9 . _ : -)"
+)
 
 
 def _job_id(req: dict) -> str | None:
-    """kscope job ids: absent/null = any job; an int or a decimal string = that job."""
+    """kscope job ids: absent/null = any job; an int or a decimal string = that Kineto/Slurm
+    job id; another job identity (``torchrun:...``, ``k8s:...``: protocol/jobident.py) = that job."""
     value = req.get("job_id")
     if value is None:
         return None
@@ -136,7 +141,36 @@ def _job_id(req: dict) -> str | None:
         return str(value)
     if isinstance(value, str) and _JOB_ID_RE.fullmatch(value):
         return str(int(value))
+    if isinstance(value, str) and jobident.valid_identity(value):
+        return value
     raise RequestError(_JOB_ID_ERROR)
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def trace_root_unreachable(p: Process, trace_root: str, own_mnt_ns: str | None) -> str | None:
+    """Why process ``p`` cannot write under ``trace_root`` at the same path, or None.
+
+    A process in another mount namespace (a container) writes its trace file at the path the
+    daemon gives it, resolved in *its* file system: the daemon's trace root must be bind-mounted
+    there at the same path (docs/deploy.md). Checked by comparing the directory the process sees
+    (``/proc/<host pid>/root/<trace root>``) with the daemon's: same device and inode."""
+    info = p.info
+    if info is None or info.mnt_ns is None or own_mnt_ns is None or info.mnt_ns == own_mnt_ns:
+        return None
+    seen_by_process = f"/proc/{info.pid}/root{os.path.realpath(trace_root)}"
+    if _same_dir(seen_by_process, trace_root):
+        return None
+    return (
+        f"unreachable: pid {p.pid} (host pid {info.pid}) runs in another mount namespace that does not "
+        f"see the trace root {trace_root} at the same path; bind-mount it into the container there"
+    )
 
 
 DROP_GRACE_S = 3.0  # Kineto activates a duration request 1-2 s after it got it (see _resend_dropped)
@@ -181,6 +215,10 @@ class RpcHandlers:
         self._rl = RateLimitedLogger(log)
         self.auth_throttle = AuthThrottle()
         self._tls = threading.local()  # whether this thread's last request failed the token check
+        try:
+            self._mnt_ns: str | None = os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            self._mnt_ns = None
         self._functions: dict[str, Callable[[dict], dict[str, Any]]] = {
             "getStatus": self.get_status,
             "getVersion": self.get_version,
@@ -408,10 +446,11 @@ class RpcHandlers:
     # ------------------------------------------------------------------ kscope functions
     def _process_info(self, p: Process, is_launcher: bool, now: float) -> rpc.ProcessInfo:
         info = p.info
+        ident = p.identity
         return rpc.ProcessInfo(
             pid=p.pid,
             pids=list(p.pids),
-            job_id=p.job_id,
+            job_id=ident.id,
             cmdline=info.cmdline if info else None,
             rank=info.rank if info else None,
             local_rank=info.local_rank if info else None,
@@ -434,6 +473,13 @@ class RpcHandlers:
             tracing=p.polls > 0 and not (p.last_type & 2),
             autopilot=info.autopilot if info else None,
             cpu_s=stack_snapshots.cpu_seconds(info.pid) if info else None,
+            kineto_job_id=p.job_id,
+            job_source=ident.source,
+            container_pid=info.container_pid if info and info.in_other_pid_ns else None,
+            pod=ident.pod,
+            namespace=ident.namespace,
+            pod_uid=ident.pod_uid,
+            job_owner=ident.owner,
         )
 
     def kscope_list_processes(self, req: dict) -> dict[str, Any]:
@@ -521,8 +567,16 @@ class RpcHandlers:
             files[id(p)] = TraceFile(p, log_file, kc.kineto_output_path(log_file, p.pid), pending)
             return pending
 
+        def refuse(p: Process) -> str | None:
+            return trace_root_unreachable(p, self.trace_root, self._mnt_ns)
+
         matches = self.registry.trigger(
-            job_id=job_id, pids=pids, limit=limit, include_launchers=include_launchers, make_config=make
+            job_id=job_id,
+            pids=pids,
+            limit=limit,
+            include_launchers=include_launchers,
+            make_config=make,
+            refuse=refuse,
         )
         record.files = [files[id(m.process)] for m in matches if m.outcome == TRIGGERED]
         self.metrics.triggered.inc(len(record.files))
@@ -565,6 +619,8 @@ class RpcHandlers:
         reason = None if m.outcome == TRIGGERED else m.outcome
         if m.outcome == LAUNCHER:
             reason = "launcher (its children are registered; pass include_launchers to trace it)"
+        elif m.outcome == UNREACHABLE:
+            reason = m.reason
         return rpc.MatchedProcess(
             **msgspec.structs.asdict(info),
             path=tf.path if tf else None,

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,59 @@ class DaemonMetrics:
         self.info = Gauge(
             "kscope_daemon_info", "Constant 1, labelled with versions", ["version", "hostname"], registry=r
         )
+
+
+# ---------------------------------------------------------------------------------------
+# Per-process metrics (labelled with job, pod and namespace: docs/deploy.md §6)
+# ---------------------------------------------------------------------------------------
+PROCESS_LABELS = ("pid", "host_pid", "rank", "job", "job_source", "pod", "namespace")
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    """One registered process as the per-process metrics show it (label values are strings;
+    "" where unknown, as Prometheus has no null)."""
+
+    labels: tuple[str, ...]  # in PROCESS_LABELS order
+    polls: int
+    last_poll_age_s: float
+    tracing: bool
+
+
+class ProcessMetrics(Collector):
+    """``kscope_daemon_process_*`` series, one per registered process, built at scrape time from
+    the registry (``rows``), so the labels a cluster already groups by (``job``, ``pod``,
+    ``namespace``) are the ones the daemon derived for that process (protocol/jobident.py)."""
+
+    def __init__(self, rows: Callable[[], list[ProcessRow]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "kscope_daemon_process_info",
+            "Constant 1 per registered process, with its labels",
+            labels=PROCESS_LABELS,
+        )
+        polls = CounterMetricFamily(
+            "kscope_daemon_process_polls", "Polls received from this process", labels=PROCESS_LABELS
+        )
+        age = GaugeMetricFamily(
+            "kscope_daemon_process_last_poll_age_seconds",
+            "Seconds since this process last polled",
+            labels=PROCESS_LABELS,
+        )
+        tracing = GaugeMetricFamily(
+            "kscope_daemon_process_tracing",
+            "1 while the process reports it is tracing",
+            labels=PROCESS_LABELS,
+        )
+        for row in self._rows():
+            labels = list(row.labels)
+            info.add_metric(labels, 1)
+            polls.add_metric(labels, row.polls)
+            age.add_metric(labels, row.last_poll_age_s)
+            tracing.add_metric(labels, 1 if row.tracing else 0)
+        yield from (info, polls, age, tracing)
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,9 +21,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from kinetoscope.daemon import procinfo
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.procinfo import ProcInfo
+from kinetoscope.protocol import jobident
+from kinetoscope.protocol.jobident import JobIdentity
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES
 
 log = logging.getLogger("kinetoscope.daemon.registry")
@@ -49,6 +53,7 @@ TRIGGERED = "triggered"
 BUSY = "busy"  # a previous config has not been picked up yet (Dynolog's meaning)
 LAUNCHER = "launcher"  # ancestor of another registered process; not a target by default
 LIMIT = "limit"  # matched after the process limit was reached
+UNREACHABLE = "unreachable"  # refused by the caller's check (e.g. cannot write the trace root)
 
 
 @dataclass(eq=False)
@@ -92,6 +97,31 @@ class Process:
         """Dynolog iterates ``map<string, map<set<int32>, ...>>``: job string, then sorted pids."""
         return (self.job_id, tuple(sorted(set(self.pids))))
 
+    @property
+    def identity(self) -> JobIdentity:
+        """The job this process belongs to (kinetoscope.protocol.jobident); never Kineto's ``0``."""
+        ident = self.info.job if self.info is not None else None
+        if ident is None:
+            return jobident.fallback_identity(self.job_id, self.pid)
+        if self.job_id not in ("0", "") and ident.source != jobident.SLURM:
+            # libkineto's job id is SLURM_JOB_ID's number: Slurm precedence, even when the
+            # environment could not be read
+            return msgspec.structs.replace(ident, id=self.job_id, source=jobident.SLURM, owner=None)
+        return ident
+
+    def in_job(self, job: str) -> bool:
+        """Whether ``job`` names this process's job: its identity or Kineto's job id."""
+        return job == self.job_id or job == self.identity.id
+
+    def matches_pids(self, wanted: set[int]) -> bool:
+        """Whether one of ``wanted`` is this process or an ancestor. A process in another pid
+        namespace (a container) is matched by its host pids (the ones ``ps`` shows on the host):
+        its own small pids would collide with unrelated host processes."""
+        info = self.info
+        if info is not None and info.in_other_pid_ns:
+            return info.pid in wanted or not wanted.isdisjoint(info.host_ancestors)
+        return not wanted.isdisjoint(self.pids)
+
     def alive(self) -> bool | None:
         """Whether the process still runs (pid + start time); None when /proc cannot tell."""
         if self.info is None:
@@ -104,9 +134,10 @@ class Match:
     """A process matched by a trace request and what happened to it."""
 
     process: Process
-    outcome: str  # TRIGGERED | BUSY | LAUNCHER | LIMIT
+    outcome: str  # TRIGGERED | BUSY | LAUNCHER | LIMIT | UNREACHABLE
     pending: PendingConfig | None = None
     is_launcher: bool = False
+    reason: str | None = None  # UNREACHABLE: why (from the caller's check)
 
 
 InfoReader = Callable[[int, int | None], ProcInfo | None]
@@ -239,7 +270,7 @@ class Registry:
                 "registered",
                 "registered process %d (job %s, ancestors %s, rank %s): %s",
                 proc.pid,
-                proc.job_id,
+                proc.identity.id,
                 list(proc.pids[1:]),
                 info.rank if info else None,
                 (info.cmdline or "")[:200] if info else "<not visible in /proc>",
@@ -338,7 +369,7 @@ class Registry:
         with self._lock:
             everyone = list(self._procs.values())
         launchers = _launcher_keys(everyone)
-        procs = [p for p in everyone if job_id is None or p.job_id == job_id]
+        procs = [p for p in everyone if job_id is None or p.in_job(job_id)]
         procs.sort(key=lambda p: p.map_order)
         return [(p, p.key in launchers) for p in procs]
 
@@ -357,6 +388,7 @@ class Registry:
         limit: int | None,
         include_launchers: bool,
         make_config: Callable[[Process], PendingConfig],
+        refuse: Callable[[Process], str | None] | None = None,
     ) -> list[Match]:
         """Match and queue configs atomically (docs/protocol.md §2.3), returning every match in map order.
 
@@ -367,6 +399,7 @@ class Registry:
         * A process with a config still pending is BUSY (does not consume the limit).
         * Launchers are LAUNCHER (neither triggered nor busy, no limit slot) unless
           ``include_launchers``, in which case they are ordinary targets, as in Dynolog.
+        * ``refuse(p)``, when given, returns why a target cannot be traced (UNREACHABLE), or None.
         """
         wanted = set(pids)
         trace_all = not wanted or wanted == {0}
@@ -376,15 +409,18 @@ class Registry:
         with self._lock:
             launchers = self._launcher_keys()
             procs = sorted(
-                (p for p in self._procs.values() if job_id is None or p.job_id == job_id),
+                (p for p in self._procs.values() if job_id is None or p.in_job(job_id)),
                 key=lambda p: p.map_order,
             )
             for p in procs:
-                if not trace_all and wanted.isdisjoint(p.pids):
+                if not trace_all and not p.matches_pids(wanted):
                     continue
                 is_launcher = p.key in launchers
+                refused = refuse(p) if refuse is not None else None
                 if is_launcher and not include_launchers:
                     out.append(Match(p, LAUNCHER, is_launcher=True))
+                elif refused is not None:
+                    out.append(Match(p, UNREACHABLE, is_launcher=is_launcher, reason=refused))
                 elif not unlimited and triggered >= limit:  # type: ignore[operator]
                     out.append(Match(p, LIMIT, is_launcher=is_launcher))
                 elif p.pending is not None:
@@ -415,8 +451,8 @@ class Registry:
             return [
                 p
                 for p in self._procs.values()
-                if (job_id is None or p.job_id == job_id)
-                and (trace_all or not wanted.isdisjoint(p.pids))
+                if (job_id is None or p.in_job(job_id))
+                and (trace_all or p.matches_pids(wanted))
                 and (include_launchers or p.key not in launchers)
             ]
 
@@ -428,7 +464,7 @@ class Registry:
         jobs: dict[str, list[int]] = {}
         n_launchers = 0
         for p, is_launcher in snap:
-            jobs.setdefault(p.job_id, []).append(p.pid)
+            jobs.setdefault(p.identity.id, []).append(p.pid)
             n_launchers += is_launcher
         parts = [f"job {j}: pids {_some(sorted(ps))}" for j, ps in sorted(jobs.items())[:SUMMARY_ITEMS]]
         if len(jobs) > SUMMARY_ITEMS:

@@ -14,6 +14,11 @@ dropped for a new one). A complete request is answered on the loop itself when i
 worker threads. So status stays answerable under any flood of slow connections. Every
 request - even an unreadable one - gets a JSON answer before the close.
 
+With TLS (``tls``, an ``ssl.SSLContext``: daemon/tls.py) every accepted connection is first
+peeked at: a first byte other than a TLS handshake record is a plain-text client, answered in
+plain text that TLS is required; otherwise the connection is wrapped and its handshake driven
+by the same loop without blocking (it counts against the same deadline).
+
 Listening addresses: loopback by default (127.0.0.1 and ::1, because ``dyno --hostname
 localhost`` connects to the *first* address ``localhost`` resolves to, which may be ::1);
 ``::`` means dual-stack on every interface like Dynolog.
@@ -28,6 +33,7 @@ import logging
 import resource
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 
 from kinetoscope.daemon.logsetup import RateLimitedLogger
 from kinetoscope.daemon.loop_thread import LoopThread
+from kinetoscope.daemon.tls import PLAIN_CLIENT_ERROR, TLS_HANDSHAKE_RECORD
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.protocol import wire
 
@@ -47,6 +54,12 @@ DRAIN_S = 0.5  # after an error reply, read (and discard) what the client still 
 MAX_BUFFERED_BYTES = 64 << 20  # all partly received requests together
 MAX_DEFERRED = 256  # answers held back (failed token attempts); beyond, new requests are "busy"
 _SWEEP_S = 0.2
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+# TLS states of a connection being read (None: plain text, no TLS configured)
+TLS_PEEK = "peek"  # nothing read yet: is it a TLS client at all?
+TLS_HANDSHAKE = "handshake"
+TLS_READY = "ready"
 
 
 def default_max_pending() -> int:
@@ -114,6 +127,7 @@ class _Pending:
     deadline: float
     frame: wire.FrameAssembler = field(default_factory=wire.FrameAssembler)
     draining_until: float | None = None
+    tls_state: str | None = None
 
 
 class RpcServer:
@@ -132,8 +146,11 @@ class RpcServer:
         max_pending: int | None = None,
         min_rate_bps: float = DEFAULT_MIN_RATE_BPS,
         penalty: Callable[[object], float] = lambda peer: 0.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.binds = binds
+        self.tls = tls
+        self.tls_failures = 0  # handshakes that failed (no/bad client certificate, plain text, ...)
         self.port = port
         self._handle = handle
         self._frame_error = frame_error
@@ -291,7 +308,7 @@ class RpcServer:
                     )
                 self._close(oldest)
             now = time.monotonic()
-            p = _Pending(conn, peer, now, now + self.timeout_s)
+            p = _Pending(conn, peer, now, now + self.timeout_s, tls_state=TLS_PEEK if self.tls else None)
             self._pending[conn] = p
             assert self._sel is not None
             self._sel.register(conn, selectors.EVENT_READ, p)
@@ -301,31 +318,95 @@ class RpcServer:
         if p.draining_until is not None:
             self._drain(p)
             return
+        if p.tls_state == TLS_PEEK and not self._tls_start(p):
+            return
+        if p.tls_state == TLS_HANDSHAKE and not self._tls_handshake(p):
+            return
+        while self._read_some(p):
+            # TLS decrypts whole records: what is left in the SSL buffer never wakes the selector
+            if not (isinstance(p.conn, ssl.SSLSocket) and p.conn.pending()):
+                return
+
+    def _read_some(self, p: _Pending) -> bool:
+        """One recv into the frame; True when the connection is still being read."""
         try:
             data = p.conn.recv(min(p.frame.wanted, 65536))
-        except (BlockingIOError, InterruptedError):
-            return
+        except _WOULD_BLOCK:
+            return False
         except OSError as exc:
             self._rl.debug("conn", "RPC connection from %s failed: %s", p.peer, exc)
             self._close(p)
-            return
+            return False
         if not data:
             expected = "?" if p.frame.length is None else str(p.frame.length + wire.RPC_LENGTH.size)
             self._frame_failed(p, f"connection closed after {p.frame.received} of {expected} bytes")
-            return
+            return False
         self._buffered += len(data)
         try:
             p.frame.feed(data)
         except wire.FrameError as exc:
             self._frame_failed(p, str(exc))
-            return
+            return False
         if self._buffered > MAX_BUFFERED_BYTES:
             self._rl.warning(
                 "memory", "RPC requests being read hold %d bytes; refusing %s", self._buffered, p.peer
             )
             self._fail(p, "server busy: too much request data in flight")
-        elif p.frame.done:
+            return False
+        if p.frame.done:
             self._dispatch(p)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ TLS
+    def _tls_start(self, p: _Pending) -> bool:
+        """Peek at the first byte: answer a plain-text client, wrap a TLS one. True = go on."""
+        try:
+            first = p.conn.recv(1, socket.MSG_PEEK)
+        except _WOULD_BLOCK:
+            return False
+        except OSError:
+            self._close(p)
+            return False
+        if not first:
+            self._close(p)
+            return False
+        if first[0] != TLS_HANDSHAKE_RECORD:
+            self.tls_failures += 1
+            self._rl.warning("tls", "plain-text RPC client %s on a TLS daemon; refused", p.peer)
+            p.tls_state = None
+            self._fail(p, PLAIN_CLIENT_ERROR)
+            return False
+        assert self.tls is not None and self._sel is not None
+        self._forget(p)
+        try:
+            p.conn = self.tls.wrap_socket(p.conn, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError) as exc:
+            self._rl.warning("tls", "cannot start TLS with %s: %s", p.peer, exc)
+            p.conn.close()
+            return False
+        p.tls_state = TLS_HANDSHAKE
+        self._pending[p.conn] = p
+        self._sel.register(p.conn, selectors.EVENT_READ, p)
+        return True
+
+    def _tls_handshake(self, p: _Pending) -> bool:
+        """Advance the handshake; True once done. A failed one is logged and closed (the
+        client's TLS library reports the alert: no certificate, unknown CA, ...)."""
+        conn = p.conn
+        assert isinstance(conn, ssl.SSLSocket)
+        try:
+            conn.do_handshake()
+        except _WOULD_BLOCK:
+            return False
+        except (ssl.SSLError, OSError) as exc:
+            self.tls_failures += 1
+            reason = getattr(exc, "reason", None) or exc
+            self._rl.warning("tls", "TLS handshake with RPC client %s failed: %s", p.peer, reason)
+            self._linger(p)
+            return False
+        p.tls_state = TLS_READY
+        return True
 
     def _sweep(self, now: float) -> None:
         """Answer and drop every connection past its deadline or below the minimum rate."""
@@ -424,12 +505,26 @@ class RpcServer:
         p.draining_until = time.monotonic() + DRAIN_S
         self._drain(p)
 
+    def _linger(self, p: _Pending) -> None:
+        """Close after a failed handshake without a reset: the client must be able to read the
+        TLS alert (it says why: no certificate, unknown CA), which a close with its unread
+        request still queued here would destroy. So: half-close, then drain like ``_fail``."""
+        try:
+            p.conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(p)
+            return
+        self._buffered -= p.frame.received
+        p.frame = wire.FrameAssembler()
+        p.draining_until = time.monotonic() + DRAIN_S
+        self._drain(p)
+
     def _drain(self, p: _Pending) -> None:
         for _ in range(16):
             try:
                 if not p.conn.recv(65536):
                     break
-            except (BlockingIOError, InterruptedError):
+            except _WOULD_BLOCK:
                 return
             except OSError:
                 break

@@ -51,6 +51,7 @@ class TraceFile:
 
     def manifest_entry(self, hostname: str, status: dict[str, Any]) -> ManifestFile:
         info = self.process.info
+        ident = self.process.identity
         return ManifestFile(
             file=os.path.basename(self.path),
             path=self.path,
@@ -59,11 +60,17 @@ class TraceFile:
             rank=info.rank if info else None,
             local_rank=info.local_rank if info else None,
             world_size=info.world_size if info else None,
-            job_id=self.process.job_id,
+            job_id=ident.id,
             cmdline=info.cmdline if info else None,
             bytes=status["bytes"],
             complete=bool(status["complete"]),
             refused=status.get("reason"),
+            host_pid=info.pid if info else None,
+            container_pid=info.container_pid if info and info.in_other_pid_ns else None,
+            job_source=ident.source,
+            kineto_job_id=self.process.job_id,
+            pod=ident.pod,
+            namespace=ident.namespace,
         )
 
 

@@ -49,8 +49,13 @@ MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files: real ones are kilobytes
 # ``kscope trace`` are stricter (kinetoscope.collect.trigger.validate_trace_id).
 TRACE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
 
-_INT_FIELDS = ("pid", "rank", "local_rank", "world_size", "bytes", "iterations", "group_rank")
-_STR_FIELDS = ("host", "job_id", "cmdline", "path", "sha256", "url", "key", "refused")
+_INT_FIELDS = (
+    "pid", "rank", "local_rank", "world_size", "bytes", "iterations", "group_rank", "host_pid", "container_pid",
+)  # fmt: skip
+_STR_FIELDS = (
+    "host", "job_id", "cmdline", "path", "sha256", "url", "key", "refused", "job_source", "kineto_job_id", "pod",
+    "namespace",
+)  # fmt: skip
 _TOP_STR_FIELDS = ("config", "requested_by", "status", "job_id", "store_url", "host", "updated")
 
 
@@ -124,6 +129,16 @@ class ManifestFile(msgspec.Struct, kw_only=True, omit_defaults=False):
     # why the file at this name was not read or uploaded ("symlink refused", "not a regular
     # file: fifo", ...): a traced process controls what it leaves there (docs/security.md)
     refused: str | None = None
+    # Namespaces and job identity (docs/deploy.md): ``pid`` is the pid the process has itself
+    # (in a container: the container's pid, the one in the file name); ``host_pid`` the daemon's
+    # view of it; ``container_pid`` only when the two differ. ``job_id`` is the job identity
+    # (kinetoscope.protocol.jobident), ``kineto_job_id`` what libkineto reported (SLURM_JOB_ID or 0).
+    host_pid: int | None = None
+    container_pid: int | None = None
+    job_source: str | None = None
+    kineto_job_id: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -127,6 +127,17 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     autopilot: str | None = None
     # user + system CPU seconds of the process (/proc), what the autopilot's hang check compares
     cpu_s: float | None = None
+    # Job identity and namespaces (docs/deploy.md): ``job_id`` is the job identity
+    # (kinetoscope.protocol.jobident), ``kineto_job_id`` what libkineto reported (SLURM_JOB_ID or
+    # "0"); ``pid`` is the process's own pid, ``container_pid`` set when it is in another pid
+    # namespace than the daemon (then ``host_pid`` differs from ``pid``).
+    kineto_job_id: str | None = None
+    job_source: str | None = None
+    container_pid: int | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    pod_uid: str | None = None
+    job_owner: str | None = None
 
 
 class MatchedProcess(ProcessInfo, kw_only=True):

@@ -268,6 +268,7 @@ class JobRecord:
     last_seen: datetime
     cmdline: str | None
     traces: int = 0
+    job_source: str | None = None  # where the job identity came from (docs/deploy.md §5)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -366,6 +367,7 @@ def _schemas() -> dict[str, dict[str, Any]]:
             "last_seen": dt,
             "traces": pl.Int64,
             "cmdline": pl.Utf8,
+            "job_source": pl.Utf8,
         },
         "TRACES_SCHEMA": {
             "trace_id": pl.Utf8,
@@ -621,8 +623,15 @@ class Catalog:
                     "complete": e.get("complete"),
                     "recorded_at": now,
                     "updated_at": now,
+                    "host_pid": _int_or_none(e.get("host_pid")),
+                    "container_pid": _int_or_none(e.get("container_pid")),
                 }
             )
+        sources = {
+            str(e["job_id"]): str(e["job_source"])
+            for e in doc["files"]
+            if e.get("job_id") is not None and isinstance(e.get("job_source"), str)
+        }
 
         with self._write() as conn:
             # 1. the request row (exists + locked before anything else: fixed lock order)
@@ -732,6 +741,7 @@ class Catalog:
                         first_seen=seen,
                         last_seen=seen,
                         cmdline=j_cmd,
+                        job_source=sources.get(job_id),
                     )
                     .on_conflict_do_nothing(index_elements=["job_id"])
                 )
@@ -747,6 +757,7 @@ class Catalog:
                         first_seen=min(cur.first_seen, seen),
                         last_seen=max(cur.last_seen, seen),
                         cmdline=cur.cmdline or j_cmd,
+                        job_source=sources.get(job_id) or cur.job_source,
                     )
                 )
         rec = self.get_trace_request(trace_id)
@@ -947,6 +958,7 @@ class Catalog:
                     r.last_seen,
                     r.cmdline,
                     int(r.traces),
+                    r.job_source,
                 )
                 for r in conn.execute(q)
             ]

@@ -60,6 +60,9 @@ class Job(Base):
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False, index=True)
     cmdline: Mapped[str | None] = mapped_column(sa.Text)
+    # where the job identity came from (protocol/jobident.SOURCES; "unattributed": job "0" of a
+    # catalog older than job identity, migration 0003)
+    job_source: Mapped[str | None] = mapped_column(sa.String(32))
 
 
 class TraceRequest(Base):
@@ -106,6 +109,8 @@ class TraceFile(Base):
     complete: Mapped[bool | None] = mapped_column(sa.Boolean)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    host_pid: Mapped[int | None] = mapped_column(sa.Integer)  # the daemon's view of ``pid``
+    container_pid: Mapped[int | None] = mapped_column(sa.Integer)  # set for a process in a container
 
 
 class Analysis(Base):

@@ -64,7 +64,11 @@ def test_cli_duration_trace_by_pid_json(single_torch_job, run_kscope):
     doc = orjson.loads(r.stdout)
     assert doc["errors"] == []
     assert [(m["pid"], m["rank"]) for m in doc["matched"]] == [(pid, None)]
-    assert doc["matched"][0]["cmdline"].endswith("--quiet") and doc["matched"][0]["job_id"] == "0"
+    assert doc["matched"][0]["cmdline"].endswith("--quiet") and doc["matched"][0]["kineto_job_id"] == "0"
+    # outside Slurm the job is named by its launcher (docs/deploy.md §5), never "0"
+    assert (
+        doc["matched"][0]["job_id"].startswith("launcher:") and doc["matched"][0]["job_source"] == "launcher"
+    )
     (f,) = doc["files"]
     assert f["complete"] is True and f["bytes"] > 0 and f["pid"] == pid
     assert os.path.dirname(f["path"]) == doc["output_dir"]
@@ -81,7 +85,7 @@ def test_cli_nothing_matched_says_what_is_registered(single_torch_job, run_kscop
     assert r.returncode == 1
     flat = " ".join(r.stderr.split())
     assert "no process on host " in flat and f"({daemon.address}) has job id 123; registered: " in flat
-    assert "job 0" in flat and "Traceback" not in r.stderr
+    assert "job launcher:" in flat and "Traceback" not in r.stderr  # job identity, never "job 0"
 
 
 def test_unreachable_host_among_good_ones(single_torch_job, free_port, run_kscope):

@@ -57,7 +57,8 @@ def test_import_then_list(tmp_path: Path, cli_env: dict[str, str]) -> None:
     assert doc["kinetoscope_catalog"] == 1 and "catalog" in doc
     assert [j["job_id"] for j in doc["jobs"]] == ["77", "4242"]
     j = doc["jobs"][1]
-    assert set(j) == {"job_id", "hosts", "world_size", "first_seen", "last_seen", "cmdline", "traces"}
+    keys = {"job_id", "hosts", "world_size", "first_seen", "last_seen", "cmdline", "traces", "job_source"}
+    assert set(j) == keys
     assert j["hosts"] == ["node07", "node08"] and j["world_size"] == 4 and j["traces"] == 1
     assert j["first_seen"] == "2026-11-21T05:30:12Z"
 

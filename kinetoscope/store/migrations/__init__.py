@@ -5,4 +5,4 @@ import alembic; ``tests/store/test_migrations.py`` checks it against the scripts
 every new revision.
 """
 
-HEAD = "0004_stacks"
+HEAD = "0005_job_identity"
