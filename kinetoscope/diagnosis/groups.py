@@ -20,11 +20,12 @@ told apart). In order of preference:
 ``inferred``
     nothing names the group (gloo traces taken on demand carry neither names nor ranks): each
     process group runs its work on its own worker threads (gloo) or stream (NCCL), so a rank's
-    collectives are split into *lanes* (threads with consecutive ids are one group's pair of
-    workers), and a lane's members are the ranks whose collectives end together with its own:
-    the median distance from each of the lane's ends to the nearest end of rank ``q`` is at
-    most ``INFER_TOL_NS`` and at most ``INFER_RATIO`` times that of the lane's closest peer (the
-    ranks of one instance finish it together; replicas of a group in lock-step are ms apart).
+    collectives are split into *lanes* (threads with ids at most 2 apart, taken in pairs, are one group's
+    pair of workers), and a lane's members are the ranks whose collectives end together with its own.
+    Per other rank ``q``, the median distance from each of the lane's ends to ``q``'s nearest
+    end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
+    (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that): the
+    ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
     Used only when every rank is on one host (one clock) and the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
@@ -46,8 +47,9 @@ import numpy as np
 import polars as pl
 
 JOB_WIDE = "*"
-INFER_TOL_NS = 2_000_000
-INFER_RATIO = 4.0
+INFER_TOL_NS = 5_000_000
+INFER_RATIO = 3.0
+INFER_FLOOR_NS = 50_000
 # A lane needs this many instances to be placed by inference.
 _MIN_LANE = 3
 
@@ -155,13 +157,14 @@ def _has_name() -> pl.Expr:
 
 def _lane_ids(c: pl.DataFrame) -> dict[str, str]:
     """A rank's lanes, merged where they are one group's workers: gloo runs each group's queue
-    on a pair of threads created one after the other (consecutive thread ids)."""
+    on a pair of threads created one after the other (thread ids 1 apart, 2 when another
+    thread started between them: seen on a real 8-rank job), merged in pairs."""
     lanes = sorted(set(c["lane"].to_list()))
     tids = sorted(int(x[4:]) for x in lanes if x.startswith("tid ") and x[4:].isdigit())
     out = {x: x for x in lanes}
     k = 0
     while k < len(tids):
-        if k + 1 < len(tids) and tids[k + 1] == tids[k] + 1:
+        if k + 1 < len(tids) and tids[k + 1] - tids[k] <= 2:
             out[f"tid {tids[k + 1]}"] = f"tid {tids[k]}"
             k += 2
         else:
@@ -187,21 +190,23 @@ def _infer_lanes(
         if u.height:
             merge = _lane_ids(u)
             todo[r] = u.with_columns(_lane=pl.col("lane").replace_strict(merge, default=pl.col("lane")))
-    if len(todo) < 3 or all(t["_lane"].n_unique() < 2 for t in todo.values()):
+    if len(todo) < 3:
         return {}
     if len({hosts.get(r) for r in todo}) > 1:  # no shared clock to compare ends on
         return {}
     ends = {r: np.sort(t["end"].to_numpy()) for r, t in todo.items()}
     found: dict[int, dict[str, str]] = {}
+    sizes: dict[tuple[int, str], int] = {}
     for r, t in todo.items():
         found[r] = {}
-        for lane, sub in t.group_by("_lane"):
+        for (lane,), sub in t.group_by("_lane"):
             if sub.height < _MIN_LANE:
                 continue
             members = _lane_members(r, np.sort(sub["end"].to_numpy()), ends)
+            sizes[(r, str(lane))] = sub.height
             for raw in sub["lane"].unique().to_list():
                 found[r][raw] = members
-            del lane
+    _complete_partition(found, todo, sizes)
     if not _consistent(found):
         return {}
     return found
@@ -222,9 +227,41 @@ def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) ->
         score[q] = float(np.median(gap))
     if not score:
         return str(r)
-    best = min(score.values())
-    tol = min(INFER_TOL_NS, max(INFER_RATIO * best, 50_000))
-    return ",".join(map(str, sorted({r, *(q for q, s in score.items() if s <= tol)})))
+    order = sorted(score.items(), key=lambda kv: kv[1])
+    members = {r}
+    for k, (q, v) in enumerate(order):
+        members.add(q)
+        nxt = order[k + 1][1] if k + 1 < len(order) else None
+        if nxt is not None and v <= INFER_TOL_NS and nxt >= INFER_RATIO * max(v, INFER_FLOOR_NS):
+            return ",".join(map(str, sorted(members)))
+    return ",".join(map(str, sorted({r, *score})))
+
+
+def _complete_partition(
+    found: dict[int, dict[str, str]], todo: dict[int, pl.DataFrame], sizes: dict[tuple[int, str], int]
+) -> None:
+    """Give the lanes left without a confirmed group (a set every member holds) the one group
+    their ranks can still form: when the confirmed groups of lanes of that many instances (within
+    20 %) all have ``k`` ranks and exactly ``k`` ranks are left (one group of a mesh dimension,
+    whose ends fell close to another group's). Mutates ``found``."""
+    held = {r: set(v.values()) for r, v in found.items()}
+    confirmed = {m for v in held.values() for m in v if all(m in held.get(int(q), set()) for q in m.split(","))}
+    lane_of = {r: dict(zip(t["lane"].to_list(), t["_lane"].to_list(), strict=True)) for r, t in todo.items()}
+    pending: list[tuple[int, str, int]] = []
+    by_size: list[tuple[int, str]] = []
+    for r, lanes in found.items():
+        for raw, m in lanes.items():
+            n = sizes.get((r, str(lane_of[r].get(raw, raw))), 0)
+            (by_size.append((n, m)) if m in confirmed else pending.append((r, raw, n)))
+    for n in sorted({p[2] for p in pending}):
+        near = {m for k, m in by_size if abs(k - n) <= 0.2 * max(k, n)}
+        left = sorted({r for r, _raw, k in pending if k == n} - {int(q) for m in near for q in m.split(",")})
+        ks = {len(m.split(",")) for m in near}
+        if len(ks) == 1 and len(left) == ks.pop() and len(left) >= 2:
+            group = ",".join(map(str, left))
+            for r, raw, k in pending:
+                if k == n and r in left:
+                    found[r][raw] = group
 
 
 def _consistent(found: dict[int, dict[str, str]]) -> bool:

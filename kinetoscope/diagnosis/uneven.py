@@ -120,8 +120,11 @@ def _unmatched_mode(steps: pl.DataFrame, colls: dict[int, pl.DataFrame]) -> Unev
         )
         for r, c in colls.items()
     }
+    pieces = [c.select("group", "coll") for c in keyed.values() if c.height]
+    if not pieces:
+        return None
     kinds = sorted(
-        set(pl.concat([c.select("group", "coll") for c in keyed.values() if c.height]).unique().iter_rows()),
+        set(pl.concat(pieces).unique().iter_rows()),
         key=lambda k: (str(k[1]), str(k[0])),
     )
     for group, coll in kinds:
