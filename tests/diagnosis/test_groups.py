@@ -9,6 +9,8 @@ design). Two ranks per host, each host with its own clock offset.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -173,3 +175,17 @@ def test_a_job_wide_group_is_as_before() -> None:
         c = c.sort("arrival", "end")
         assert (c["group"] == JOB_WIDE).all()
         assert c["ordinal"].to_list() == c.with_columns(o=pl.int_range(pl.len()).over("coll"))["o"].to_list()
+
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs" / "mesh_dp_tp_slow_rank5"
+
+
+def test_real_gloo_mesh_job_groups_are_inferred() -> None:
+    """A real DP x TP gloo job traced on demand (no group in the trace): the inferred groups are
+    the ones the job logged issuing its collectives in, and every instance is complete."""
+    want = json.loads((REAL / "groups.json").read_text())["groups_issued_by_the_job"]
+    d = diagnose(REAL)
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
+    assert found == want
+    assert d.stragglers.partial_instances == 0 and d.stragglers.instances > 0
+    assert d.extra.get("uneven_inputs") is None and d.extra.get("pipeline") is None
