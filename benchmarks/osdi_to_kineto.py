@@ -99,8 +99,19 @@ def _names(by: dict[str, dict[int, tuple[int, ...]]]) -> dict[tuple[int, ...], s
     return seen
 
 
-def _ev(name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": round(ts, 3), "dur": round(dur, 3), "args": args}
+def _ev(
+    name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": round(ts, 3),
+        "dur": round(dur, 3),
+        "args": args,
+    }
 
 
 def convert(src: Path, job: str, out: Path, steps: int | None, first_step: int = 1) -> list[Path]:
@@ -112,7 +123,9 @@ def convert(src: Path, job: str, out: Path, steps: int | None, first_step: int =
     workers = df.select("rank", "dp_rank", "stage").unique()
     world = int(meta.get("world_size", workers.height))
     if world % workers.height:
-        raise SystemExit(f"{src}/meta-{job}.yaml: world_size {world} is not a multiple of {workers.height} workers")
+        raise SystemExit(
+            f"{src}/meta-{job}.yaml: world_size {world} is not a multiple of {workers.height} workers"
+        )
     f = world // workers.height
     by = groups_of(workers, f)
     names = _names(by)
@@ -153,8 +166,12 @@ def _rank_doc(
     mine = {kind: by[kind][r] for kind in by if r in by[kind]}
     for k, s in enumerate(chosen):
         b = T0_US + base[s] * US
-        nxt = T0_US + (base[chosen[k + 1]] * US if k + 1 < len(chosen) else base[s] * US + _step_len(ops, s) * US)
-        events.append(_ev(f"ProfilerStep#{first_step + k}", "user_annotation", host_pid, host_tid, b, nxt - b, {}))
+        nxt = T0_US + (
+            base[chosen[k + 1]] * US if k + 1 < len(chosen) else base[s] * US + _step_len(ops, s) * US
+        )
+        events.append(
+            _ev(f"ProfilerStep#{first_step + k}", "user_annotation", host_pid, host_tid, b, nxt - b, {})
+        )
     corr = 0
     for step, optype, start, dur in ops.select("step", "optype", "start_ts", "duration").iter_rows():
         if dur is None or dur <= 0:
@@ -163,15 +180,45 @@ def _rank_doc(
         d = float(dur) * US
         corr += 1
         if optype in COMPUTE:
-            events.append(_ev(optype, "kernel", 0, STREAMS["compute"], ts, d, {"device": 0, "stream": STREAMS["compute"], "correlation": corr}))
+            events.append(
+                _ev(
+                    optype,
+                    "kernel",
+                    0,
+                    STREAMS["compute"],
+                    ts,
+                    d,
+                    {"device": 0, "stream": STREAMS["compute"], "correlation": corr},
+                )
+            )
         elif optype in P2P:
             op = "send" if optype.endswith("send") else "recv"
             g = mine["pp"]
             if len(g) < 2:
                 continue
             args = _pg_args(op, g, names, None)
-            events.append(_ev("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 0, STREAMS["pp"], ts, d, {"device": 0, "stream": STREAMS["pp"], "correlation": corr, **args}))
-            events.append(_ev("c10d::send" if op == "send" else "c10d::recv_", "cpu_op", host_pid, host_tid, ts, min(d, 5.0), {}))
+            events.append(
+                _ev(
+                    "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
+                    "kernel",
+                    0,
+                    STREAMS["pp"],
+                    ts,
+                    d,
+                    {"device": 0, "stream": STREAMS["pp"], "correlation": corr, **args},
+                )
+            )
+            events.append(
+                _ev(
+                    "c10d::send" if op == "send" else "c10d::recv_",
+                    "cpu_op",
+                    host_pid,
+                    host_tid,
+                    ts,
+                    min(d, 5.0),
+                    {},
+                )
+            )
         elif optype in COLLECTIVES:
             coll, kind, kernel = COLLECTIVES[optype]
             g = mine[kind]
@@ -180,7 +227,17 @@ def _rank_doc(
             name = names[g]
             seq[name] += 1
             args = _pg_args(coll, g, names, seq[name])
-            events.append(_ev(f"{kernel}(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 0, STREAMS[kind], ts, d, {"device": 0, "stream": STREAMS[kind], "correlation": corr, **args}))
+            events.append(
+                _ev(
+                    f"{kernel}(ncclDevComm*, unsigned long, ncclWork*)",
+                    "kernel",
+                    0,
+                    STREAMS[kind],
+                    ts,
+                    d,
+                    {"device": 0, "stream": STREAMS[kind], "correlation": corr, **args},
+                )
+            )
     groups = sorted({g for g in mine.values() if len(g) > 1}, key=lambda g: int(names[g]))
     kind_of = {g: kind for kind, g in mine.items()}
     return {
@@ -191,11 +248,28 @@ def _rank_doc(
             "world_size": world,
             "pg_count": len(names) + 1,
             "pg_config": [
-                {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world, "ranks": list(range(world))}
+                {
+                    "pg_name": "0",
+                    "pg_desc": "default_pg",
+                    "backend_config": "cuda:nccl",
+                    "pg_size": world,
+                    "ranks": list(range(world)),
+                }
             ]
-            + [{"pg_name": names[g], "pg_desc": kind_of[g], "backend_config": "cuda:nccl", "pg_size": len(g), "ranks": list(g)} for g in groups],
+            + [
+                {
+                    "pg_name": names[g],
+                    "pg_desc": kind_of[g],
+                    "backend_config": "cuda:nccl",
+                    "pg_size": len(g),
+                    "ranks": list(g),
+                }
+                for g in groups
+            ],
         },
-        "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8, "computeMinor": 0, "numSms": 108}],
+        "deviceProperties": [
+            {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8, "computeMinor": 0, "numSms": 108}
+        ],
         "traceEvents": events
         + [
             {"ph": "M", "name": "process_name", "pid": host_pid, "args": {"name": f"rank {r}"}},
@@ -209,7 +283,9 @@ def _step_len(ops: pl.DataFrame, s: int) -> float:
     return float(sub.select((pl.col("start_ts") + pl.col("duration")).max()).item() or 0.0)
 
 
-def _pg_args(coll: str, g: tuple[int, ...], names: dict[tuple[int, ...], str], seq: int | None) -> dict[str, Any]:
+def _pg_args(
+    coll: str, g: tuple[int, ...], names: dict[tuple[int, ...], str], seq: int | None
+) -> dict[str, Any]:
     args: dict[str, Any] = {
         "Collective name": coll,
         "Process Group Name": names[g],

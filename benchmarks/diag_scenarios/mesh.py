@@ -61,7 +61,9 @@ SCENARIOS = [
 ]
 
 
-def run(sc: MeshScenario, workdir: Path, world: int = 8, timeout_s: float = 300.0) -> tuple[Path, Path, list[int]]:
+def run(
+    sc: MeshScenario, workdir: Path, world: int = 8, timeout_s: float = 300.0
+) -> tuple[Path, Path, list[int]]:
     """Run and trace one scenario: (trace folder, progress folder, traced steps)."""
     dr = _daemon_runs()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +102,9 @@ def run(sc: MeshScenario, workdir: Path, world: int = 8, timeout_s: float = 300.
                 )
             )
             if res.errors or len(res.triggered) != world:
-                raise RuntimeError(f"trigger: {[e.message for e in res.errors]}, {len(res.triggered)}/{world}")
+                raise RuntimeError(
+                    f"trigger: {[e.message for e in res.errors]}, {len(res.triggered)}/{world}"
+                )
             res = wait_for_trace(res, timeout=left(120), poll_interval=0.3)
             if not res.ok:
                 raise RuntimeError("; ".join(e.message for e in res.errors) + f"\n{job.tail()}")

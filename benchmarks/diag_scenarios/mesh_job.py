@@ -74,10 +74,16 @@ class Log:
 
     def stepped(self, t0: float, ms: float) -> None:
         t1 = time.time()
-        self.steps.write(json.dumps({"step": self.step, "t0": t0, "dur_ms": (t1 - t0) * 1000, "straggle_ms": ms}) + "\n")
+        self.steps.write(
+            json.dumps({"step": self.step, "t0": t0, "dur_ms": (t1 - t0) * 1000, "straggle_ms": ms}) + "\n"
+        )
         self.step += 1
         tmp = self.folder / f"rank-{self.rank}.json.tmp"
-        tmp.write_text(json.dumps({"rank": self.rank, "world_size": self.world, "pid": os.getpid(), "step": self.step, "t": t1}))
+        tmp.write_text(
+            json.dumps(
+                {"rank": self.rank, "world_size": self.world, "pid": os.getpid(), "step": self.step, "t": t1}
+            )
+        )
         os.replace(tmp, self.folder / f"rank-{self.rank}.json")
 
 
@@ -119,7 +125,12 @@ class LoggedAllReduce(torch.autograd.Function):
 def tp_model(a: argparse.Namespace, tp: int) -> torch.nn.ModuleList:
     shard = a.width // tp
     return torch.nn.ModuleList(
-        [torch.nn.ModuleDict({"col": torch.nn.Linear(a.width, shard), "row": torch.nn.Linear(shard, a.width, bias=False)}) for _ in range(a.layers)]
+        [
+            torch.nn.ModuleDict(
+                {"col": torch.nn.Linear(a.width, shard), "row": torch.nn.Linear(shard, a.width, bias=False)}
+            )
+            for _ in range(a.layers)
+        ]
     )
 
 

@@ -220,7 +220,9 @@ def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -
     head = inst.filter(pl.col("step") == first)
     if "group_size" in head.columns:  # complete: every member of the instance's group
         head = head.with_columns(
-            _need=pl.when(pl.col("group").fill_null("*") == "*").then(len(ranks)).otherwise(pl.col("group_size"))
+            _need=pl.when(pl.col("group").fill_null("*") == "*")
+            .then(len(ranks))
+            .otherwise(pl.col("group_size"))
         )
     else:
         head = head.with_columns(_need=pl.lit(len(ranks)))

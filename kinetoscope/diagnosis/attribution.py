@@ -134,9 +134,13 @@ def build_matrix(
         inst = inst.with_columns(pl.lit("*").alias("group"))
     job_wide = pl.col("group").fill_null("*") == "*"
     inst = inst.with_columns(
-        group_size=pl.when(job_wide).then(pl.lit(n, dtype=pl.Int64)).otherwise(pl.col("group_size").clip(upper_bound=n))
+        group_size=pl.when(job_wide)
+        .then(pl.lit(n, dtype=pl.Int64))
+        .otherwise(pl.col("group_size").clip(upper_bound=n))
     )
-    per = inst.group_by("instance").agg(pl.len().alias("_n"), pl.col("step").first(), pl.col("group_size").first())
+    per = inst.group_by("instance").agg(
+        pl.len().alias("_n"), pl.col("step").first(), pl.col("group_size").first()
+    )
     complete = per.filter(pl.col("_n") >= pl.col("group_size"))
     partial = per.height - complete.height
     sub = inst.filter(pl.col("instance").is_in(complete["instance"].implode()))
@@ -148,7 +152,9 @@ def build_matrix(
         return Matrix(
             ranks, steps, np.zeros((0, n), np.int64), empty, empty, host_issued=host_issued
         ), partial
-    cols = [wide[str(r)].to_numpy() if str(r) in wide.columns else np.full(wide.height, np.nan) for r in ranks]
+    cols = [
+        wide[str(r)].to_numpy() if str(r) in wide.columns else np.full(wide.height, np.nan) for r in ranks
+    ]
     Af = np.column_stack([c.astype(np.float64) for c in cols])
     member = ~np.isnan(Af)
     full = bool(member.all())
@@ -165,7 +171,12 @@ def build_matrix(
             "step", "instance"
         )
         Ef = np.column_stack(
-            [ew[str(r)].to_numpy().astype(np.float64) if str(r) in ew.columns else np.full(ew.height, np.nan) for r in ranks]
+            [
+                ew[str(r)].to_numpy().astype(np.float64)
+                if str(r) in ew.columns
+                else np.full(ew.height, np.nan)
+                for r in ranks
+            ]
         )
         if not full:
             med = np.nanmedian(np.where(member, Ef, np.nan), axis=1)
@@ -178,7 +189,8 @@ def _lower_median(A: np.ndarray, member: np.ndarray) -> np.ndarray:
     """Per row, the lower median of the members' values (int64)."""
     srt = np.sort(np.where(member, A, np.inf), axis=1)
     k = (member.sum(axis=1) - 1) // 2
-    out: np.ndarray = srt[np.arange(A.shape[0]), np.maximum(k, 0)].astype(np.int64)
+    val = srt[np.arange(A.shape[0]), np.maximum(k, 0)]
+    out: np.ndarray = np.where(np.isfinite(val), val, 0.0).astype(np.int64)  # no member: 0 (unused)
     return out
 
 
@@ -225,7 +237,17 @@ def attribution_round(
         p0 = float(mx.chance_last(free_mask, size.astype(np.float64)).mean()) if size.any() else 1.0 / free
     else:
         p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
-    return Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free, chance=None if mx.member is None else mx.chance_last(np.array([r not in out for r in mx.ranks], dtype=bool), size.astype(np.float64)))
+    return Round(
+        last,
+        imposed,
+        step_imposed,
+        waiting,
+        min(p0, 1.0),
+        free,
+        chance=None
+        if mx.member is None
+        else mx.chance_last(np.array([r not in out for r in mx.ranks], dtype=bool), size.astype(np.float64)),
+    )
 
 
 def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
@@ -242,7 +264,9 @@ def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
     k = (len(free) - 1) // 2
     if mx.member is not None and free:
         mem = mx.member[:, free]
-        typ = np.where(mem.any(axis=1), _lower_median(A[:, free], mem).astype(np.float64), mx.m.astype(np.float64))
+        typ = np.where(
+            mem.any(axis=1), _lower_median(A[:, free], mem).astype(np.float64), mx.m.astype(np.float64)
+        )
     else:
         typ = np.partition(A[:, free], k, axis=1)[:, k] if free else mx.m.astype(np.float64)
     A[:, cols] = np.minimum(A[:, cols], typ[:, None])

@@ -213,9 +213,7 @@ def instance_table(
         g: (n_job if g == "*" else len({int(x) for x in g.split(",")} & present))
         for g in inst["group"].unique().to_list()
     }
-    inst = inst.with_columns(
-        group_size=pl.col("group").replace_strict(sizes, return_dtype=pl.Int64)
-    )
+    inst = inst.with_columns(group_size=pl.col("group").replace_strict(sizes, return_dtype=pl.Int64))
     ref = clock.reference
     # step of an instance = the step (of the reference rank, else any rank) containing its arrival
     inst_steps = []

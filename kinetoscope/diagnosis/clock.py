@@ -158,7 +158,8 @@ def _running_mode(lags: np.ndarray, half: int = 3) -> np.ndarray:
     Vectorised: O(m half^2)."""
     m = lags.size
     if m == 0:
-        return lags.copy()
+        empty: np.ndarray = lags.copy()
+        return empty
     width = 2 * half + 1
     pad = np.concatenate([np.zeros(half, dtype=lags.dtype), lags, np.zeros(half, dtype=lags.dtype)])
     valid_row = np.concatenate([np.zeros(half, bool), np.ones(m, bool), np.zeros(half, bool)])
@@ -169,7 +170,9 @@ def _running_mode(lags: np.ndarray, half: int = 3) -> np.ndarray:
     best = counts.max(axis=1)
     own = counts[:, half]
     dist = np.abs(win - lags[:, None]).astype(np.int64)
-    score = np.where(counts == best[:, None], dist * (1 << 32) + (win.astype(np.int64) + (1 << 31)), np.iinfo(np.int64).max)
+    score = np.where(
+        counts == best[:, None], dist * (1 << 32) + (win.astype(np.int64) + (1 << 31)), np.iinfo(np.int64).max
+    )
     pick = win[np.arange(m), np.argmin(score, axis=1)]
     out: np.ndarray = np.where(own == best, lags, pick).astype(lags.dtype)
     return out
@@ -547,7 +550,11 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def _groups_of(c: pl.DataFrame) -> set[str]:
-    return set(c["group"].drop_nulls().to_list()) if "group" in c.columns and c.height else ({"*"} if c.height else set())
+    return (
+        set(c["group"].drop_nulls().to_list())
+        if "group" in c.columns and c.height
+        else ({"*"} if c.height else set())
+    )
 
 
 def _in(c: pl.DataFrame, groups: set[str]) -> pl.DataFrame:
@@ -565,7 +572,9 @@ def _plan(colls: dict[int, pl.DataFrame], reference: int) -> tuple[list[int], di
     for r in sorted(colls):
         for g in _groups_of(colls[r]):
             members.setdefault(g, []).append(r)
-    order, parent, gref = [reference], {}, {}
+    order: list[int] = [reference]
+    parent: dict[int, int] = {}
+    gref: dict[str, int] = {}
     seen = {reference}
     k = 0
     while k < len(order):
@@ -658,14 +667,21 @@ def align_clocks(
             continue
         shared = _groups_of(colls[par]) & _groups_of(colls[r])
         base = 0.0 if par == reference else float(est[par]["measured"])
-        if same_host_shares_clock and hosts.get(par) is not None and par != reference and (
-            hosts.get(par) == hosts.get(reference)
+        if (
+            same_host_shares_clock
+            and hosts.get(par) is not None
+            and par != reference
+            and (hosts.get(par) == hosts.get(reference))
         ):
             base = 0.0
         known = (
             int(round(-base))
             if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
-            else (0 if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(par) else None)
+            else (
+                0
+                if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(par)
+                else None
+            )
         )
         p, method = match_instances(_in(colls[par], shared), _in(colls[r], shared), width, known_offset=known)
         if method != "none":
@@ -749,6 +765,8 @@ def _group_pairs(
             if owner is None or (r, g) in covered or r == owner:
                 continue
             known = int(offsets.get(r, 0) - offsets.get(owner, 0))
-            p, _method = match_instances(_in(colls[owner], {g}), _in(colls[r], {g}), width, known_offset=known)
+            p, _method = match_instances(
+                _in(colls[owner], {g}), _in(colls[r], {g}), width, known_offset=known
+            )
             rows += _pair_rows(r, p, {g})
     return rows

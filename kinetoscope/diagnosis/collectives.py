@@ -273,7 +273,9 @@ def extract_collectives(trace: Trace) -> pl.DataFrame:
         pl.col("kind").is_in(list(DEVICE_KINDS)) & pl.col("name").str.contains(COMMUNICATION_PATTERN)
     )
     if dev.height:
-        df = _instances(dev, pl.format("stream {}", pl.col("stream")), pl.format("stream {}", pl.col("stream")))
+        df = _instances(
+            dev, pl.format("stream {}", pl.col("stream")), pl.format("stream {}", pl.col("stream"))
+        )
         df = _with_launch_collective(trace, dev, df)
         return _with_config_ranks(trace, _finish(df, rank, "kernel"))
     ann = ev.filter(

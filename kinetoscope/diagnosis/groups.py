@@ -108,7 +108,11 @@ def assign_groups(
             group=pl.when(pl.col("group") == everyone).then(pl.lit(JOB_WIDE)).otherwise(pl.col("group"))
         ).with_columns(
             # a send/recv pairs two ranks of its group, not the group: no group instance
-            group=pl.when((pl.col("coll") == "sendrecv") & (pl.col("group") != JOB_WIDE) & pl.col("group").str.count_matches(",").gt(1))
+            group=pl.when(
+                (pl.col("coll") == "sendrecv")
+                & (pl.col("group") != JOB_WIDE)
+                & pl.col("group").str.count_matches(",").gt(1)
+            )
             .then(None)
             .otherwise(pl.col("group"))
         )
@@ -218,8 +222,10 @@ def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) ->
     for q, e in ends.items():
         if q == r or e.size == 0:
             continue
-        pos = np.clip(np.searchsorted(e, lane_ends), 1, e.size - 1) if e.size > 1 else np.zeros(
-            lane_ends.size, dtype=np.int64
+        pos = (
+            np.clip(np.searchsorted(e, lane_ends), 1, e.size - 1)
+            if e.size > 1
+            else np.zeros(lane_ends.size, dtype=np.int64)
         )
         gap = np.abs(e[pos] - lane_ends)
         if e.size > 1:
@@ -245,7 +251,9 @@ def _complete_partition(
     20 %) all have ``k`` ranks and exactly ``k`` ranks are left (one group of a mesh dimension,
     whose ends fell close to another group's). Mutates ``found``."""
     held = {r: set(v.values()) for r, v in found.items()}
-    confirmed = {m for v in held.values() for m in v if all(m in held.get(int(q), set()) for q in m.split(","))}
+    confirmed = {
+        m for v in held.values() for m in v if all(m in held.get(int(q), set()) for q in m.split(","))
+    }
     lane_of = {r: dict(zip(t["lane"].to_list(), t["_lane"].to_list(), strict=True)) for r, t in todo.items()}
     pending: list[tuple[int, str, int]] = []
     by_size: list[tuple[int, str]] = []

@@ -186,7 +186,9 @@ def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
     ).sort("ts")
     kern = ev.filter(pl.col("k") == "kernel")
     gpu = kern.height > 0
-    coll = kern.filter(pl.col("name").str.contains(COMMUNICATION_PATTERN) & ~pl.col("name").str.contains(P2P_SPAN))
+    coll = kern.filter(
+        pl.col("name").str.contains(COMMUNICATION_PATTERN) & ~pl.col("name").str.contains(P2P_SPAN)
+    )
     if not gpu:  # the backend's collective annotations (gloo:all_reduce): the spans a wait for them fills
         coll = ev.filter(
             (pl.col("k") == "user_annotation")
@@ -443,7 +445,9 @@ def _opens_with_send(cuts: dict[int, list[StepCut]], ranks: list[int]) -> float:
     return opens.count("send") / len(opens) if opens else 0.0
 
 
-def _stages_from_groups(cuts: dict[int, list[StepCut]], colls: dict[int, pl.DataFrame]) -> list[list[int]] | None:
+def _stages_from_groups(
+    cuts: dict[int, list[StepCut]], colls: dict[int, pl.DataFrame]
+) -> list[list[int]] | None:
     """Stages from the collective groups (data-parallel groups are the stages: each holds one
     replica of a stage): the groups that split the ranks into blocks of the first stage's size,
     one of them the first stage, the others ordered by their median first receive (a whole
@@ -452,9 +456,9 @@ def _stages_from_groups(cuts: dict[int, list[StepCut]], colls: dict[int, pl.Data
     if not first:
         return None
     blocks: set[tuple[int, ...]] = set()
-    for c in colls.values():
-        if "group" in c.columns and c.height:
-            for g in c.filter(pl.col("coll") != "sendrecv")["group"].drop_nulls().unique().to_list():
+    for frame in colls.values():
+        if "group" in frame.columns and frame.height:
+            for g in frame.filter(pl.col("coll") != "sendrecv")["group"].drop_nulls().unique().to_list():
                 if g != "*":
                     blocks.add(tuple(sorted(int(x) for x in g.split(","))))
     cand = [b for b in blocks if len(b) == len(first)]

@@ -131,7 +131,9 @@ def _unmatched_mode(steps: pl.DataFrame, colls: dict[int, pl.DataFrame]) -> Unev
         if group is None:
             continue
         members = [r for r in colls if group == "*" or r in _members(group)]
-        n = {r: keyed[r].filter((pl.col("group") == group) & (pl.col("coll") == coll)).height for r in members}
+        n = {
+            r: keyed[r].filter((pl.col("group") == group) & (pl.col("coll") == coll)).height for r in members
+        }
         if len(n) < 2:
             continue
         found = _unmatched_type(steps, colls, frames, keyed, group, coll, n)
@@ -159,9 +161,9 @@ def _unmatched_type(
         return None
     durs = pl.concat(
         [
-            keyed[r].filter((pl.col("group") == group) & (pl.col("coll") == coll)).select(
-                (pl.col("end") - pl.col("arrival")).alias("d")
-            )
+            keyed[r]
+            .filter((pl.col("group") == group) & (pl.col("coll") == coll))
+            .select((pl.col("end") - pl.col("arrival")).alias("d"))
             for r in n
         ]
     )

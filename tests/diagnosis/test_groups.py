@@ -58,11 +58,24 @@ def mesh_job(steps: int = 8, slow: dict[int, float] | None = None, record: bool 
         for c in range(4):  # tensor-parallel all-reduces: every pair together, with a little jitter
             for k, g in enumerate(TP):
                 plan.append(
-                    ("tp", g, c, {r: base + (2 + 3 * c) * MS + k * 700_000 + 10_000 * ((r + s + c) % 3) for r in g})
+                    (
+                        "tp",
+                        g,
+                        c,
+                        {r: base + (2 + 3 * c) * MS + k * 700_000 + 10_000 * ((r + s + c) % 3) for r in g},
+                    )
                 )
         for k, g in enumerate(DP):
             plan.append(
-                ("dp", g, 0, {r: base + 20 * MS + k * 1_300_000 + int(slow.get(r, 0.0) * MS) + 20_000 * (r % 3) for r in g})
+                (
+                    "dp",
+                    g,
+                    0,
+                    {
+                        r: base + 20 * MS + k * 1_300_000 + int(slow.get(r, 0.0) * MS) + 20_000 * (r % 3)
+                        for r in g
+                    },
+                )
             )
         plan.append(("emb", EMB, 0, {r: base + 45 * MS + 15_000 * (r % 2) for r in EMB}))
         for kind, g, _c, arr in plan:
@@ -71,7 +84,12 @@ def mesh_job(steps: int = 8, slow: dict[int, float] | None = None, record: bool 
                 corr += 1
                 off = HOST_OFFSET[r // 2]
                 lane = {"tp": 20, "dp": 24, "emb": 28}[kind]
-                args: dict[str, Any] = {"stream": lane, "device": 0, "correlation": corr, "collective_name": "allreduce"}
+                args: dict[str, Any] = {
+                    "stream": lane,
+                    "device": 0,
+                    "correlation": corr,
+                    "collective_name": "allreduce",
+                }
                 if record:
                     args.update(pg_name=f"{kind}{g[0]}", pg_ranks=str(g))
                 rows[r].append(
@@ -79,7 +97,9 @@ def mesh_job(steps: int = 8, slow: dict[int, float] | None = None, record: bool 
                 )
         for r in range(8):
             off = HOST_OFFSET[r // 2]
-            rows[r].append(_ev("kernel", "ampere_sgemm_128x64_nn", 7, base + MS + off, 15 * MS, stream=7, device=0))
+            rows[r].append(
+                _ev("kernel", "ampere_sgemm_128x64_nn", 7, base + MS + off, 15 * MS, stream=7, device=0)
+            )
             rows[r].append(_ev("user_annotation", f"ProfilerStep#{s}", 1, base + off, period - 1000))
     traces = []
     for r in range(8):
@@ -129,7 +149,9 @@ def test_instances_are_complete_within_their_groups_and_clocks_are_aligned() -> 
     job = assemble_jobs(traces)[0]
     job.figures = {r: figures_of(t) for r, t in job.traces.items()}
     inst = instance_table(colls, clock, step_table(job, clock))
-    per = inst.group_by("instance").agg(pl.len().alias("n"), pl.col("group_size").first(), pl.col("group").first())
+    per = inst.group_by("instance").agg(
+        pl.len().alias("n"), pl.col("group_size").first(), pl.col("group").first()
+    )
     assert per.height == 8 * (4 * 4 + 2 + 1)  # steps x (tensor-parallel, data-parallel, embedding)
     assert (per["n"] == per["group_size"]).all()  # every member of every group arrived
     assert set(per.filter(pl.col("group") == "0,4")["n"].to_list()) == {2}
@@ -142,7 +164,11 @@ def test_a_slow_rank_is_last_in_its_own_group_only() -> None:
     colls, _ = assign_groups(_colls(traces), d.job.hosts())
     clock = align_clocks(colls, d.job.hosts())
     inst = instance_table(colls, clock, step_table(d.job, clock))
-    mx, partial = build_matrix(inst.filter(pl.col("step").is_not_null()), list(range(8)), sorted(inst["step"].drop_nulls().unique().to_list()))
+    mx, partial = build_matrix(
+        inst.filter(pl.col("step").is_not_null()),
+        list(range(8)),
+        sorted(inst["step"].drop_nulls().unique().to_list()),
+    )
     assert partial == 0 and mx.member is not None
     last = np.argmax(np.where(mx.member, mx.A, np.iinfo(np.int64).min), axis=1)
     dp_rows = [k for k in range(mx.A.shape[0]) if mx.member[k].sum() == 4 and mx.member[k, 5]]
@@ -161,7 +187,9 @@ def test_groups_are_inferred_from_lanes_when_not_recorded() -> None:
         off = HOST_OFFSET[t.meta.rank // 2]  # type: ignore[operator]
         t.events = t.events.with_columns(pl.col("ts") - off)
     _colls_, info = assign_groups(_colls(traces), {r: "host0" for r in range(8)})
-    assert {g for g, src in info.source.items() if src == "inferred"} == {",".join(map(str, g)) for g in (*TP, *DP, EMB)}
+    assert {g for g, src in info.source.items() if src == "inferred"} == {
+        ",".join(map(str, g)) for g in (*TP, *DP, EMB)
+    }
 
 
 def test_a_job_wide_group_is_as_before() -> None:
