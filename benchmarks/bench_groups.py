@@ -25,15 +25,15 @@ DEFAULT_SRC = REPO.parent / "shared" / "traces" / "osdi25_whatif"
 
 def analyze(folder: Path) -> tuple[float, dict[str, object]]:
     """Wall seconds of ``kscope analyze --json`` on ``folder``, and the document."""
-    out = folder.parent / f"{folder.name}.json"
     t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", "analyze", str(folder), "--json", "-o", str(out)],
+    done = subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli.main", "analyze", str(folder), "--json"],
         check=True,
         cwd=REPO,
-        stdout=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
     )
-    return time.perf_counter() - t, json.loads(out.read_text())
+    return time.perf_counter() - t, json.loads(done.stdout)
 
 
 def _find(doc: object, key: str) -> object:
