@@ -51,15 +51,15 @@ def _find(doc: object, key: str) -> object:
 
 def figures(doc: dict[str, object]) -> dict[str, object]:
     """Matched instances, the largest clock offset (ms) and the verdict's first line."""
-    s = _find(doc, "stragglers")
+    s = _find(doc, "per_instance")
     clock = _find(doc, "clock")
     rows = clock.get("offsets", []) if isinstance(clock, dict) else []
     offsets = [abs(float(r.get("offset_us") or 0.0)) for r in rows if isinstance(r, dict)]
-    summary = _find(doc, "summary")
+    summary = _find(doc, "diagnosis_summary")
     first = summary[0] if isinstance(summary, list) and summary else summary
     return {
         "complete_instances": s.get("instances") if isinstance(s, dict) else None,
-        "partial_instances": s.get("partial_instances") if isinstance(s, dict) else None,
+        "partial_instances": s.get("partial_instances_dropped") if isinstance(s, dict) else None,
         "max_offset_ms": round(max(offsets) / 1000.0, 3) if offsets else None,
         "first_line": str(first)[:300] if first else None,
     }
