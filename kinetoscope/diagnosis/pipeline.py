@@ -112,9 +112,13 @@ def _intersection(a: Intervals, b: Intervals) -> int:
 
 
 def _clip(iv: Intervals, lo: int, hi: int) -> Intervals:
+    """``iv`` (sorted, disjoint) clipped to ``[lo, hi)``; only the rows that overlap it are read
+    (a step reads its own window, not the whole trace: linear in steps)."""
     if len(iv) == 0:
         return iv
-    c = np.clip(iv, lo, hi)
+    a = int(np.searchsorted(iv[:, 1], lo, side="right"))
+    b = int(np.searchsorted(iv[:, 0], hi, side="left"))
+    c = np.clip(iv[a:b], lo, hi)
     out: Intervals = c[c[:, 1] > c[:, 0]]
     return out
 
@@ -290,6 +294,15 @@ def _waits(p2p: Intervals, comp: Intervals, start: int, end: int) -> Intervals:
     return _union(np.asarray(out, dtype=np.int64)) if out else np.empty((0, 2), dtype=np.int64)
 
 
+def _window(df: pl.DataFrame, start: int, end: int) -> pl.DataFrame:
+    """The rows of ``df`` (sorted by ``ts``) with ``start <= ts < end``, by binary search."""
+    if df.is_empty():
+        return df
+    ts = df["ts"]
+    lo, hi = int(ts.search_sorted(start, side="left")), int(ts.search_sorted(end, side="left"))
+    return df.slice(lo, max(0, hi - lo))
+
+
 def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
     p2p = _clip(rp.p2p, start, end)
     comp = _clip(rp.compute, start, end)
@@ -304,12 +317,12 @@ def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
         if len(rp.coll):  # gaps between host ops inside a collective: waiting for its peers, not work
             in_coll = _waits(_clip(rp.coll, start, end), comp, start, end)
             coll_ns = _length(in_coll) - _intersection(in_coll, waits)
-    posts = rp.posts.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    posts = _window(rp.posts, start, end)
     ops = posts["op"].to_list()
     i = int(np.searchsorted(rp.recv_done, start))
     first_recv_end = int(rp.recv_done[i]) if i < len(rp.recv_done) and rp.recv_done[i] < end else None
     first_send = ops.index("send") if "send" in ops else len(ops)
-    marks = rp.marks.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    marks = _window(rp.marks, start, end)
     fwd: list[int] = []
     bwd: list[int] = []
     for ts, e, kind in marks.select("ts", "end", "kind").iter_rows():
