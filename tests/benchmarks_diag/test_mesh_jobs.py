@@ -26,9 +26,13 @@ def test_dp_pp_job_with_a_slowed_replica(tmp_path) -> None:
     assert truth["groups"] == ["0,4", "1,5", "2,6", "3,7"], truth  # the job's data-parallel groups
 
     d = diagnose(trace_dir)
-    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
+    # the send/recv of gloo name no group and stay job-wide ("*"): the collectives' groups
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g and g != "*")
     assert found == truth["groups"], (found, d.notes)
-    assert d.stragglers.instances > 0 and d.stragglers.partial_instances == 0, d.stragglers.reason
+    # every group's all-reduce of every analysed step is complete (the partial instances left
+    # are gloo's send/recv, which name no group and stay job-wide)
+    s = d.stragglers
+    assert s.instances >= len(found) * s.steps_analysed, (s.instances, s.partial_instances, s.steps_analysed)
     doc = d.to_dict()
     assert doc["uneven_inputs"] is None
     pipe = doc["pipeline"]
