@@ -25,6 +25,7 @@ from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
+from kinetoscope.diagnosis.groups import assign_groups
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
@@ -104,7 +105,8 @@ def diagnose(
         jobs = [Job(key="empty")]
     job = jobs[0]
     job.figures = {r: figures_of(t) for r, t in job.traces.items()}  # the only reads of the events
-    colls = {r: f.collectives_of(r) for r, f in job.figures.items()}
+    colls, groups = assign_groups({r: f.collectives_of(r) for r, f in job.figures.items()}, job.hosts())
+    notes += groups.notes
     clock = align_clocks(colls, job.hosts())
     steps = step_table(job, clock)
     instances = instance_table(colls, clock, steps)
@@ -176,7 +178,7 @@ def seed_analyses(
 ) -> dict[str, Any]:
     """The analyses added for the seeds' problems (docs/diagnosis.md section 11): the JSON values
     of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``)."""
-    pipe = analyze_pipeline(job, steps, clock.offsets)
+    pipe = analyze_pipeline(job, steps, clock.offsets, colls)
     uneven = analyze_uneven(job, steps, colls, clock.offsets)
     compiles = [
         e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))
@@ -216,7 +218,15 @@ def first_step_complete(instances: pl.DataFrame, bd: pl.DataFrame, first: int) -
         return False
     inst = instances.filter(pl.col("step").is_not_null())
     head = inst.filter(pl.col("step") == first)
-    if head.is_empty() or int(head["n_ranks"].min()) < len(ranks):  # type: ignore[arg-type]
+    if "group_size" in head.columns:  # complete: every member of the instance's group
+        head = head.with_columns(
+            _need=pl.when(pl.col("group").fill_null("*") == "*")
+            .then(len(ranks))
+            .otherwise(pl.col("group_size"))
+        )
+    else:
+        head = head.with_columns(_need=pl.lit(len(ranks)))
+    if head.is_empty() or bool((head["n_ranks"] < head["_need"]).any()):
         return False
     per = inst.group_by("rank", "step").agg(pl.len().alias("n"))
     for r in ranks:

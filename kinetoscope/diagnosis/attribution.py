@@ -41,7 +41,7 @@ def max_by_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_gro
 
 def union_by_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_groups: int) -> np.ndarray:
     """Length of the union of ``[start, end)`` per group id (``0..n_groups-1``); empty intervals
-    are ignored."""
+    are ignored. Vectorised: one sort, a running maximum of the ends within each group."""
     out = np.zeros(n_groups, dtype=np.float64)
     ok = ends > starts
     if not ok.any():
@@ -49,11 +49,19 @@ def union_by_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_g
     g, s, e = groups[ok], starts[ok].astype(np.float64), ends[ok].astype(np.float64)
     order = np.lexsort((s, g))
     g, s, e = g[order], s[order], e[order]
-    cut = np.flatnonzero(np.diff(g)) + 1
-    for gs, ss, es in zip(np.split(g, cut), np.split(s, cut), np.split(e, cut), strict=True):
-        run = np.maximum.accumulate(es)
-        prev = np.concatenate(([-np.inf], run[:-1]))
-        out[gs[0]] = float(np.clip(es - np.maximum(ss, prev), 0, None).sum())
+    first = np.ones(g.size, dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    # running maximum of the ends, restarted at each group: shift each group above the last
+    lo = float(min(s.min(), e.min()))
+    span = float(max(s.max(), e.max())) - lo + 1.0
+    rank = np.cumsum(first) - 1
+    key = (e - lo) + rank * span
+    top = np.maximum.accumulate(key)
+    at = np.maximum.accumulate(np.where(key >= top, np.arange(key.size), 0))
+    run = e[at]  # the running maximum itself, not a value rebuilt from the shifted one
+    prev = np.concatenate(([-np.inf], run[:-1]))
+    prev[first] = -np.inf
+    np.add.at(out, g, np.clip(e - np.maximum(s, prev), 0, None))
     return out
 
 
@@ -86,6 +94,18 @@ class Matrix:
     m: np.ndarray
     E: np.ndarray | None = None  # collective end (ns) per [instance, rank], same order as A
     host_issued: bool = False  # arrivals are host issue times (gloo, host ops), not kernel starts
+    # bool [instance, rank]: the rank is a member of the instance's process group. None: every
+    # rank is (job-wide collectives). A non-member's cell holds the earliest member arrival (and
+    # the members' median end), so it is never last nor moves the typical arrival ``m``.
+    member: np.ndarray | None = None
+
+    def chance_last(self, free: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Per instance, the chance that a given free member is in the last group: ``|G_i| /
+        (free members of instance i)``; ``free``: bool [rank] not fixed."""
+        mem = self.member if self.member is not None else np.ones(self.A.shape, dtype=bool)
+        n_free = np.maximum((mem & free[None, :]).sum(axis=1), 1)
+        out: np.ndarray = np.minimum(size / n_free, 1.0)
+        return out
 
     def per_step(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """A step's wait from its instances' intervals ``[start, end)``.
@@ -104,10 +124,24 @@ def build_matrix(
     inst: pl.DataFrame, ranks: list[int], steps: list[int], host_issued: bool = False
 ) -> tuple[Matrix, int]:
     """The complete-instance matrix, and how many partial instances were left out.
-    ``host_issued``: the arrivals are host issue times (``Matrix.per_step``)."""
+    An instance is complete when every member of its process group among ``ranks`` arrived
+    (``group_size``; without it, every rank). ``host_issued``: the arrivals are host issue
+    times (``Matrix.per_step``)."""
     n = len(ranks)
-    per = inst.group_by("instance").agg(pl.len().alias("_n"), pl.col("step").first())
-    complete = per.filter(pl.col("_n") == n)
+    if "group_size" not in inst.columns:
+        inst = inst.with_columns(pl.lit(n, dtype=pl.Int64).alias("group_size"))
+    if "group" not in inst.columns:
+        inst = inst.with_columns(pl.lit("*").alias("group"))
+    job_wide = pl.col("group").fill_null("*") == "*"
+    inst = inst.with_columns(
+        group_size=pl.when(job_wide)
+        .then(pl.lit(n, dtype=pl.Int64))
+        .otherwise(pl.col("group_size").clip(upper_bound=n))
+    )
+    per = inst.group_by("instance").agg(
+        pl.len().alias("_n"), pl.col("step").first(), pl.col("group_size").first()
+    )
+    complete = per.filter(pl.col("_n") >= pl.col("group_size"))
     partial = per.height - complete.height
     sub = inst.filter(pl.col("instance").is_in(complete["instance"].implode()))
     wide = sub.pivot(
@@ -118,10 +152,17 @@ def build_matrix(
         return Matrix(
             ranks, steps, np.zeros((0, n), np.int64), empty, empty, host_issued=host_issued
         ), partial
-    A = np.column_stack([wide[str(r)].to_numpy().astype(np.int64) for r in ranks])
-    order = np.argsort(A, axis=1, kind="stable")
-    srt = np.take_along_axis(A, order, axis=1)
-    m = srt[:, (n - 1) // 2]
+    cols = [
+        wide[str(r)].to_numpy() if str(r) in wide.columns else np.full(wide.height, np.nan) for r in ranks
+    ]
+    Af = np.column_stack([c.astype(np.float64) for c in cols])
+    member = ~np.isnan(Af)
+    full = bool(member.all())
+    m = _lower_median(Af, member)
+    if not full:
+        first = np.where(member, Af, np.inf).min(axis=1)
+        Af = np.where(member, Af, first[:, None])
+    A = Af.astype(np.int64)
     pos = {s: k for k, s in enumerate(steps)}
     step_idx = np.array([pos[s] for s in wide["step"].to_list()], dtype=np.int64)
     E = None
@@ -129,8 +170,28 @@ def build_matrix(
         ew = sub.pivot(on="rank", index=["instance", "step"], values="end", aggregate_function="first").sort(
             "step", "instance"
         )
-        E = np.column_stack([ew[str(r)].to_numpy().astype(np.int64) for r in ranks])
-    return Matrix(ranks, steps, A, step_idx, m, E, host_issued), partial
+        Ef = np.column_stack(
+            [
+                ew[str(r)].to_numpy().astype(np.float64)
+                if str(r) in ew.columns
+                else np.full(ew.height, np.nan)
+                for r in ranks
+            ]
+        )
+        if not full:
+            med = np.nanmedian(np.where(member, Ef, np.nan), axis=1)
+            Ef = np.where(member, Ef, med[:, None])
+        E = Ef.astype(np.int64)
+    return Matrix(ranks, steps, A, step_idx, m, E, host_issued, None if full else member), partial
+
+
+def _lower_median(A: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """Per row, the lower median of the members' values (int64)."""
+    srt = np.sort(np.where(member, A, np.inf), axis=1)
+    k = (member.sum(axis=1) - 1) // 2
+    val = srt[np.arange(A.shape[0]), np.maximum(k, 0)]
+    out: np.ndarray = np.where(np.isfinite(val), val, 0.0).astype(np.int64)  # no member: 0 (unused)
+    return out
 
 
 @dataclass
@@ -143,6 +204,7 @@ class Round:
     waiting: np.ndarray  # float [step] (ns): [m, L] per step (``Matrix.per_step``)
     p0: float
     free: int  # ranks not fixed: the chance of being last is 1 / free without ties
+    chance: np.ndarray | None = None  # float [inst]: a free member's chance of being last (groups)
 
 
 def attribution_round(
@@ -169,8 +231,23 @@ def attribution_round(
         step_imposed[:, j] = mx.per_step(L - imposed[:, j], L)
     waiting = mx.per_step(mx.m.astype(np.float64), L)
     free = max(n - len(out & set(mx.ranks)), 1)  # fixed ranks arrive like the typical rank: never last
-    p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
-    return Round(last, imposed, step_imposed, waiting, min(p0, 1.0), free)
+    if mx.member is not None and n_inst:
+        # a member's chance of being last is the group's, not the job's (a 4-rank group of 64)
+        free_mask = np.array([r not in out for r in mx.ranks], dtype=bool)
+        p0 = float(mx.chance_last(free_mask, size.astype(np.float64)).mean()) if size.any() else 1.0 / free
+    else:
+        p0 = float(size.mean()) / free if n_inst and size.any() else 1.0 / free
+    return Round(
+        last,
+        imposed,
+        step_imposed,
+        waiting,
+        min(p0, 1.0),
+        free,
+        chance=None
+        if mx.member is None
+        else mx.chance_last(np.array([r not in out for r in mx.ranks], dtype=bool), size.astype(np.float64)),
+    )
 
 
 def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
@@ -185,7 +262,13 @@ def fixed_arrivals(mx: Matrix, fixed: set[int]) -> np.ndarray:
         return A  # type: ignore[no-any-return]  # numpy's astype().copy() is typed Any
     # every rank fixed: all arrive like the typical rank of the job (nobody waits)
     k = (len(free) - 1) // 2
-    typ = np.partition(A[:, free], k, axis=1)[:, k] if free else mx.m.astype(np.float64)
+    if mx.member is not None and free:
+        mem = mx.member[:, free]
+        typ = np.where(
+            mem.any(axis=1), _lower_median(A[:, free], mem).astype(np.float64), mx.m.astype(np.float64)
+        )
+    else:
+        typ = np.partition(A[:, free], k, axis=1)[:, k] if free else mx.m.astype(np.float64)
     A[:, cols] = np.minimum(A[:, cols], typ[:, None])
     return A  # type: ignore[no-any-return]  # (as above)
 

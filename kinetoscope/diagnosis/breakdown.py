@@ -76,6 +76,8 @@ INSTANCE_SCHEMA: dict[str, pl.DataType] = {
     "typical": pl.Int64(),  # lower median arrival of the instance
     "last": pl.Int64(),  # last arrival of the instance
     "n_ranks": pl.Int64(),
+    "group": pl.String(),  # its process group (``groups.assign_groups``: "0,4,8" or "*" job-wide)
+    "group_size": pl.Int64(),  # members of that group among the job's ranks (complete: n_ranks == group_size)
 }
 
 BREAKDOWN_COLUMNS = [
@@ -191,14 +193,27 @@ def instance_table(
             continue
         off = clock.offsets.get(r, 0)
         p = clock.pairs.filter(pl.col("rank") == r)
-        j = c.join(p.drop("rank"), on=["coll", "ordinal"], how="inner").with_columns(
+        if "group" not in c.columns:
+            c = c.with_columns(pl.lit("*").alias("group"))
+        j = c.join(p.drop("rank"), on=["group", "coll", "ordinal"], how="inner").with_columns(
             pl.col("arrival") + off, pl.col("end") + off
         )
         if j.height:
-            frames.append(j.select("rank", "coll", "ref_ordinal", "arrival", "end"))
+            frames.append(j.select("rank", "group", "coll", "ref_ordinal", "arrival", "end"))
     if not frames:
         return pl.DataFrame(schema=INSTANCE_SCHEMA)
-    inst = pl.concat(frames).with_columns(instance=pl.format("{}#{}", pl.col("coll"), pl.col("ref_ordinal")))
+    inst = pl.concat(frames).with_columns(
+        instance=pl.when(pl.col("group") == "*")
+        .then(pl.format("{}#{}", pl.col("coll"), pl.col("ref_ordinal")))
+        .otherwise(pl.format("{}@{}#{}", pl.col("coll"), pl.col("group"), pl.col("ref_ordinal")))
+    )
+    n_job = len([r for r, c in colls.items() if not c.is_empty()])
+    present = set(inst["rank"].unique().to_list())
+    sizes = {
+        g: (n_job if g == "*" else len({int(x) for x in g.split(",")} & present))
+        for g in inst["group"].unique().to_list()
+    }
+    inst = inst.with_columns(group_size=pl.col("group").replace_strict(sizes, return_dtype=pl.Int64))
     ref = clock.reference
     # step of an instance = the step (of the reference rank, else any rank) containing its arrival
     inst_steps = []

@@ -68,6 +68,7 @@ _MAX_PAIRS = 4_000_000
 # One row per (rank, instance of that rank) matched to an instance of the reference rank.
 PAIRS_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
+    "group": pl.String(),  # the instance's process group (``groups.assign_groups``; "*": job-wide)
     "coll": pl.String(),
     "ordinal": pl.Int64(),
     "ref_ordinal": pl.Int64(),
@@ -83,6 +84,7 @@ CLOCK_SCHEMA: dict[str, pl.DataType] = {
     "matched": pl.Int64(),
     "residual_us": pl.Float64(),
     "method": pl.String(),
+    "aligned_via": pl.Int64(),  # the rank it was paired with (the reference, or a rank sharing a group)
 }
 
 
@@ -151,12 +153,28 @@ def vote_offsets(diffs: np.ndarray, width: int, k: int = 8) -> list[tuple[int, i
 
 
 def _running_mode(lags: np.ndarray, half: int = 3) -> np.ndarray:
-    out = np.empty_like(lags)
-    for j in range(lags.size):
-        win = lags[max(0, j - half) : j + half + 1]
-        vals, counts = np.unique(win, return_counts=True)
-        best = vals[counts == counts.max()]
-        out[j] = lags[j] if lags[j] in best else best[np.argmin(np.abs(best - lags[j]))]
+    """Each lag replaced by the most common lag of the ``2 half + 1`` around it (kept when it
+    is one of the most common; else the most common nearest to it, the smaller at a tie).
+    Vectorised: O(m half^2)."""
+    m = lags.size
+    if m == 0:
+        empty: np.ndarray = lags.copy()
+        return empty
+    width = 2 * half + 1
+    pad = np.concatenate([np.zeros(half, dtype=lags.dtype), lags, np.zeros(half, dtype=lags.dtype)])
+    valid_row = np.concatenate([np.zeros(half, bool), np.ones(m, bool), np.zeros(half, bool)])
+    win = np.lib.stride_tricks.sliding_window_view(pad, width)
+    valid = np.lib.stride_tricks.sliding_window_view(valid_row, width)
+    same = (win[:, :, None] == win[:, None, :]) & valid[:, None, :]
+    counts = np.where(valid, same.sum(axis=2), -1)
+    best = counts.max(axis=1)
+    own = counts[:, half]
+    dist = np.abs(win - lags[:, None]).astype(np.int64)
+    score = np.where(
+        counts == best[:, None], dist * (1 << 32) + (win.astype(np.int64) + (1 << 31)), np.iinfo(np.int64).max
+    )
+    pick = win[np.arange(m), np.argmin(score, axis=1)]
+    out: np.ndarray = np.where(own == best, lags, pick).astype(lags.dtype)
     return out
 
 
@@ -185,15 +203,19 @@ def _pair_by_lag(e_ref: np.ndarray, e_r: np.ndarray, offset: int) -> list[tuple[
     js = np.flatnonzero(ok)
     is_ = cand[ok]
     resid = np.abs(e_ref[is_] - shifted[js])
-    taken: dict[int, tuple[int, int]] = {}
-    for i, j, res in zip(is_.tolist(), js.tolist(), resid.tolist(), strict=True):
-        if i not in taken or res < taken[i][1]:
-            taken[i] = (j, res)
-    return sorted((i, j) for i, (j, _res) in taken.items())
+    # one-to-one: each reference instance keeps its nearest (then first) rank-r instance
+    order = np.lexsort((js, resid, is_))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = is_[order][1:] != is_[order][:-1]
+    keep = order[first]
+    return list(zip(is_[keep].tolist(), js[keep].tolist(), strict=True))
 
 
 @dataclass
 class _Typed:
+    """The instances of one (group, collective type) on the reference and on another rank, in
+    arrival order (``ordinal``)."""
+
     e_ref: np.ndarray
     a_ref: np.ndarray
     o_ref: np.ndarray
@@ -201,14 +223,25 @@ class _Typed:
     a_r: np.ndarray
     o_r: np.ndarray
     blocking: bool
+    group: str = "*"
+
+
+def _group_col(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with a ``group`` column (``"*"``: job-wide) when it has none."""
+    return df if "group" in df.columns else df.with_columns(pl.lit("*").alias("group"))
 
 
 def _by_type(ref: pl.DataFrame, other: pl.DataFrame) -> dict[str, _Typed]:
+    """Per (group, collective type) both ranks hold: their instances (key ``coll`` for the
+    job-wide group, ``coll@group`` otherwise)."""
+    ref, other = _group_col(ref), _group_col(other)
     out = {}
-    for c in sorted(set(ref["coll"].to_list()) & set(other["coll"].to_list())):
-        a = ref.filter(pl.col("coll") == c).sort("ordinal")
-        b = other.filter(pl.col("coll") == c).sort("ordinal")
-        out[c] = _Typed(
+    a_parts = {k: d for k, d in ref.sort("ordinal").partition_by(["group", "coll"], as_dict=True).items()}
+    b_parts = {k: d for k, d in other.sort("ordinal").partition_by(["group", "coll"], as_dict=True).items()}
+    for key in sorted(set(a_parts) & set(b_parts), key=lambda k: (str(k[1]), str(k[0]))):
+        g, c = str(key[0]), str(key[1])
+        a, b = a_parts[key], b_parts[key]
+        out[c if g == "*" else f"{c}@{g}"] = _Typed(
             a["end"].to_numpy(),
             a["arrival"].to_numpy(),
             a["ordinal"].to_numpy(),
@@ -216,6 +249,7 @@ def _by_type(ref: pl.DataFrame, other: pl.DataFrame) -> dict[str, _Typed]:
             b["arrival"].to_numpy(),
             b["ordinal"].to_numpy(),
             c in BLOCKING,
+            g,
         )
     return out
 
@@ -296,10 +330,29 @@ def _consistent(
     return ok, matched, ok & (dev <= max(5 * scale, 50_000))
 
 
-def _pair_const(n: int, m: int, lag: int) -> list[tuple[int, int]]:
+def _pair_const(n: int, m: int, lag: int) -> tuple[np.ndarray, np.ndarray]:
     """(i_ref, j_r) = (j + lag, j): every instance of r with the reference instance ``lag``
     positions later (same type, arrival order)."""
-    return [(j + lag, j) for j in range(max(0, -lag), min(m, n - lag))]
+    j = np.arange(max(0, -lag), max(max(0, -lag), min(m, n - lag)), dtype=np.int64)
+    return j + lag, j
+
+
+_Piece = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _piece(t: _Typed, offset: int, tol: int, lag: int | None) -> _Piece:
+    """One key's pairs: reference ordinals, rank-r ordinals, end differences and causality
+    bounds (vectorised)."""
+    if lag is None:
+        made = _pair_by_lag(t.e_ref, t.e_r, offset)
+        i = np.array([p[0] for p in made], dtype=np.int64)
+        j = np.array([p[1] for p in made], dtype=np.int64)
+    else:
+        i, j = _pair_const(t.e_ref.size, t.e_r.size, lag)
+    d = (t.e_ref[i] - t.e_r[j]).astype(np.int64)
+    lo = (t.a_ref[i] - t.e_r[j]).astype(np.int64) if t.blocking else d - tol
+    hi = (t.e_ref[i] - t.a_r[j]).astype(np.int64) if t.blocking else d + tol
+    return t.o_ref[i].astype(np.int64), t.o_r[j].astype(np.int64), d, lo, hi
 
 
 def _pairing(
@@ -309,46 +362,30 @@ def _pairing(
     tight_ends: bool = True,
     lags: dict[str, int] | None = None,
     known: bool = False,
+    cache: dict[tuple[str, int, int | None], _Piece] | None = None,
 ) -> Pairing:
     """Pairs at candidate ``offset`` (by end-time lags, ``_pair_by_lag``), or with one constant
-    ordinal lag per collective type when ``lags`` is given."""
+    ordinal lag per key when ``lags`` is given. ``cache``: pieces already made for (key,
+    offset, lag), so that trying one key's lag re-pairs that key alone (linear in events)."""
+    cache = {} if cache is None else cache
     colls: list[str] = []
-    ro: list[int] = []
-    o: list[int] = []
-    d: list[int] = []
-    lo: list[int] = []
-    hi: list[int] = []
+    parts: list[_Piece] = []
     for c, t in typed.items():
-        if lags is not None:
-            if c not in lags:
-                continue
-            made = _pair_const(t.e_ref.size, t.e_r.size, lags[c])
-        else:
-            made = _pair_by_lag(t.e_ref, t.e_r, offset)
-        for i, j in made:
-            colls.append(c)
-            ro.append(int(t.o_ref[i]))
-            o.append(int(t.o_r[j]))
-            dd = int(t.e_ref[i] - t.e_r[j])
-            d.append(dd)
-            lo.append(int(t.a_ref[i] - t.e_r[j]) if t.blocking else dd - tol)
-            hi.append(int(t.e_ref[i] - t.a_r[j]) if t.blocking else dd + tol)
-    d_ = np.array(d, dtype=np.int64)
-    lo_ = np.array(lo, dtype=np.int64)
-    hi_ = np.array(hi, dtype=np.int64)
+        if lags is not None and c not in lags:
+            continue
+        lag = None if lags is None else lags[c]
+        ck = (c, offset if lag is None else 0, lag)
+        if ck not in cache:
+            cache[ck] = _piece(t, offset, tol, lag)
+        piece = cache[ck]
+        colls += [c] * piece[0].size
+        parts.append(piece)
+    if parts:
+        ro_, o_, d_, lo_, hi_ = (np.concatenate([p[k] for p in parts]) for k in range(5))
+    else:
+        ro_ = o_ = d_ = lo_ = hi_ = np.zeros(0, dtype=np.int64)
     causal, matched, consistent = _consistent(d_, lo_, hi_, tight_ends, at=(offset, tol) if known else None)
-    return Pairing(
-        offset,
-        colls,
-        np.array(ro, dtype=np.int64),
-        np.array(o, dtype=np.int64),
-        d_,
-        lo_,
-        hi_,
-        causal,
-        matched,
-        consistent,
-    )
+    return Pairing(offset, colls, ro_, o_, d_, lo_, hi_, causal, matched, consistent)
 
 
 def _lags_of(p: Pairing) -> dict[str, list[int]]:
@@ -377,22 +414,24 @@ def _best_pairing(
     pairs made the correct offset lose to a one-step shift on a real 4-rank run. Per type, the
     lags the end-time pairing found and their neighbours are tried as constant lags (arrival
     order kept), greedily type by type; the end-time pairing stays when it is as good (it
-    handles a collective missing on one side)."""
-    p = _pairing(typed, offset, tol, tight, known=known)
+    handles a collective missing on one side). Each key's pairs are made once per lag
+    (``_pairing``'s cache)."""
+    cache: dict[tuple[str, int, int | None], _Piece] = {}
+    p = _pairing(typed, offset, tol, tight, known=known, cache=cache)
     seen = _lags_of(p)
     if not seen or all(len(v) == 1 for v in seen.values()):
         return p
     lags = {c: v[0] for c, v in seen.items()}
-    best = _pairing(typed, offset, tol, tight, lags=lags, known=known)
+    best = _pairing(typed, offset, tol, tight, lags=lags, known=known, cache=cache)
     for c, vals in seen.items():
         tries = sorted(
             {x for v in vals for x in (v - 1, v, v + 1)},
             key=lambda x: (vals.index(x) if x in vals else len(vals), abs(x)),
         )
-        for lag in tries:
+        for lag in tries[:9]:  # the three most common lags and their neighbours at most
             if lag == lags[c]:
                 continue
-            q = _pairing(typed, offset, tol, tight, lags={**lags, c: lag}, known=known)
+            q = _pairing(typed, offset, tol, tight, lags={**lags, c: lag}, known=known, cache=cache)
             if q.n_causal > best.n_causal:
                 best, lags = q, {**lags, c: lag}
     return best if best.n_causal > p.n_causal else p
@@ -409,9 +448,13 @@ def match_instances(
     Returns the pairing and the method: ``seq``, ``end_time`` or ``none`` (module docstring)."""
     if ref.height == 0 or other.height == 0:
         return None, "none"
+    ref, other = _group_col(ref), _group_col(other)
     if ref["seq"].null_count() < ref.height and other["seq"].null_count() < other.height:
         j = ref.filter(pl.col("seq").is_not_null()).join(
-            other.filter(pl.col("seq").is_not_null()), on=["pg", "coll", "seq"], how="inner", suffix="_r"
+            other.filter(pl.col("seq").is_not_null()),
+            on=["group", "pg", "coll", "seq"],
+            how="inner",
+            suffix="_r",
         )
         if j.height:
             blk = j["coll"].is_in(list(BLOCKING)).to_numpy()
@@ -419,9 +462,14 @@ def match_instances(
             lo = np.where(blk, (j["arrival"] - j["end_r"]).to_numpy(), d - width // 2)
             hi = np.where(blk, (j["end"] - j["arrival_r"]).to_numpy(), d + width // 2)
             ones = np.ones(d.size, dtype=bool)
+            keys = j.select(
+                pl.when(pl.col("group") == "*")
+                .then(pl.col("coll"))
+                .otherwise(pl.format("{}@{}", pl.col("coll"), pl.col("group")))
+            ).to_series()
             pairing = Pairing(
                 int(np.median(d)),
-                j["coll"].to_list(),
+                keys.to_list(),
                 j["ordinal"].to_numpy(),
                 j["ordinal_r"].to_numpy(),
                 d,
@@ -495,6 +543,84 @@ def _reference_end_bias(
     return float(np.median(mates)) if len(mates) >= 2 else 0.0
 
 
+def _split(key: str) -> tuple[str, str]:
+    """A pairing key (``coll`` or ``coll@group``) as (group, coll)."""
+    c, _, g = key.partition("@")
+    return (g or "*"), c
+
+
+def _groups_of(c: pl.DataFrame) -> set[str]:
+    return (
+        set(c["group"].drop_nulls().to_list())
+        if "group" in c.columns and c.height
+        else ({"*"} if c.height else set())
+    )
+
+
+def _in(c: pl.DataFrame, groups: set[str]) -> pl.DataFrame:
+    """The instances of ``c`` in ``groups``."""
+    if "group" not in c.columns:
+        return c if "*" in groups else c.clear()
+    return c.filter(pl.col("group").is_in(sorted(groups)))
+
+
+def _plan(colls: dict[int, pl.DataFrame], reference: int) -> tuple[list[int], dict[int, int], dict[str, int]]:
+    """Breadth-first over the process groups from the reference: the order ranks are aligned
+    in, each rank's parent (an aligned rank it shares a group with; the reference for every
+    rank of a job-wide group) and each group's reference (its first aligned member)."""
+    members: dict[str, list[int]] = {}
+    for r in sorted(colls):
+        for g in _groups_of(colls[r]):
+            members.setdefault(g, []).append(r)
+    order: list[int] = [reference]
+    parent: dict[int, int] = {}
+    gref: dict[str, int] = {}
+    seen = {reference}
+    k = 0
+    while k < len(order):
+        r = order[k]
+        k += 1
+        for g in sorted(_groups_of(colls[r]), key=lambda g: (g != "*", -len(members[g]), g)):
+            gref.setdefault(g, r)
+            for q in members[g]:
+                if q not in seen:
+                    seen.add(q)
+                    parent[q] = r
+                    order.append(q)
+    return order, parent, gref
+
+
+def _shifted(e: dict[str, Any], by: float) -> dict[str, Any]:
+    """A measurement against a parent, moved onto the reference's clock (``by``: the parent's offset)."""
+    if e["measured"] is None or not by:
+        return e
+    return {
+        **e,
+        "measured": float(e["measured"]) + by,
+        "lo": None if e["lo"] is None else float(e["lo"]) + by,
+        "hi": None if e["hi"] is None else float(e["hi"]) + by,
+        "d": None if e["d"] is None else e["d"] + by,
+    }
+
+
+def _self_rows(c: pl.DataFrame, r: int, groups: set[str]) -> list[tuple[int, str, str, int, int]]:
+    """A group reference's own instances, each its own reference instance."""
+    c = _group_col(_in(c, groups))
+    return [(r, g, k, o, o) for g, k, o in c.select("group", "coll", "ordinal").iter_rows()]
+
+
+def _pair_rows(r: int, p: Pairing | None, groups: set[str]) -> list[tuple[int, str, str, int, int]]:
+    """The matched pairs of ``p`` in ``groups`` as pair rows of rank ``r``."""
+    if p is None:
+        return []
+    out = []
+    for k in np.flatnonzero(p.matched):
+        g, c = _split(p.colls[k])
+        if g in groups:
+            out.append((r, g, c, int(p.ordinal[k]), int(p.ref_ordinal[k])))
+    return out
+
+
 def align_clocks(
     colls: dict[int, pl.DataFrame],
     hosts: dict[int, str | None] | None = None,
@@ -504,7 +630,11 @@ def align_clocks(
 ) -> ClockAlignment:
     """Offsets putting every rank on the reference rank's clock (see module docstring).
 
-    ``colls`` maps rank -> its collective instances (``collectives.COLLECTIVES_SCHEMA``)."""
+    ``colls`` maps rank -> its collective instances (``collectives.COLLECTIVES_SCHEMA``, with the
+    ``group`` of ``groups.assign_groups`` when known). Each rank is paired with its parent of
+    ``_plan`` on the groups they share (a job-wide group: the reference, as without groups), and
+    its offset is the parent's plus the measured one; the pairs that define the instances are
+    then each group's members against the group's reference."""
     hosts = hosts or {}
     ranks = sorted(colls)
     if not ranks:
@@ -515,27 +645,51 @@ def align_clocks(
     width = _window(ref) if ref.height else _MAX_W
     res = ClockAlignment(reference=reference, window_ns=width)
     est: dict[int, dict[str, Any]] = {}
-    pair_rows: list[tuple[int, str, int, int]] = []
+    pair_rows: list[tuple[int, str, str, int, int]] = []
     methods = set()
+    order, parent, gref = _plan(colls, reference)
+    via: dict[int, int | None] = {reference: None}
+    covered: set[tuple[int, str]] = set()
+    for g, owner in gref.items():
+        pair_rows += _self_rows(colls[owner], owner, {g})
+        covered.add((owner, g))
     for r in ranks:
+        if r not in parent and r != reference:
+            order.append(r)
+    for r in order:
         if r == reference:
             est[r] = {"measured": 0.0, "lo": None, "hi": None, "matched": ref.height, "d": None}
-            pair_rows += [
-                (r, c, o, o) for c, o in zip(ref["coll"].to_list(), ref["ordinal"].to_list(), strict=True)
-            ]
             continue
+        par = parent.get(r)
+        via[r] = par
+        if par is None or est.get(par, {}).get("measured") is None:
+            est[r] = _measure(None)
+            continue
+        shared = _groups_of(colls[par]) & _groups_of(colls[r])
+        base = 0.0 if par == reference else float(est[par]["measured"])
+        if (
+            same_host_shares_clock
+            and hosts.get(par) is not None
+            and par != reference
+            and (hosts.get(par) == hosts.get(reference))
+        ):
+            base = 0.0
         known = (
-            0
+            int(round(-base))
             if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
-            else None
+            else (
+                0
+                if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(par)
+                else None
+            )
         )
-        p, method = match_instances(ref, colls[r], width, known_offset=known)
+        p, method = match_instances(_in(colls[par], shared), _in(colls[r], shared), width, known_offset=known)
         if method != "none":
             methods.add(method)
-        est[r] = _measure(p)
-        if p is not None:
-            keep = np.flatnonzero(p.matched)
-            pair_rows += [(r, p.colls[k], int(p.ordinal[k]), int(p.ref_ordinal[k])) for k in keep]
+        est[r] = _shifted(_measure(p), base)
+        mine = {g for g in shared if gref.get(g) == par}
+        pair_rows += _pair_rows(r, p, mine)
+        covered |= {(r, g) for g in mine}
     res.match_method = "seq" if methods == {"seq"} else ("end_time" if methods else "none")
 
     ref_host = hosts.get(reference)
@@ -585,8 +739,34 @@ def align_clocks(
                 "matched": int(e["matched"] or 0),
                 "residual_us": resid,
                 "method": method,
+                "aligned_via": via.get(r),
             }
         )
     res.table = pl.DataFrame(rows, schema=CLOCK_SCHEMA, orient="row")
+    pair_rows += _group_pairs(colls, gref, covered, res.offsets, width)
     res.pairs = pl.DataFrame(pair_rows, schema=PAIRS_SCHEMA, orient="row")
     return res
+
+
+def _group_pairs(
+    colls: dict[int, pl.DataFrame],
+    gref: dict[str, int],
+    covered: set[tuple[int, str]],
+    offsets: dict[int, int],
+    width: int,
+) -> list[tuple[int, str, str, int, int]]:
+    """Pair rows of the members of each group that were aligned through another group: paired
+    with the group's reference on that group alone, at the offsets now known (one pairing per
+    (rank, group): linear in the job's instances)."""
+    rows: list[tuple[int, str, str, int, int]] = []
+    for r in sorted(colls):
+        for g in sorted(_groups_of(colls[r])):
+            owner = gref.get(g)
+            if owner is None or (r, g) in covered or r == owner:
+                continue
+            known = int(offsets.get(r, 0) - offsets.get(owner, 0))
+            p, _method = match_instances(
+                _in(colls[owner], {g}), _in(colls[r], {g}), width, known_offset=known
+            )
+            rows += _pair_rows(r, p, {g})
+    return rows

@@ -55,7 +55,9 @@ COLLECTIVES_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
     "ordinal": pl.Int64(),  # position of this instance among the rank's instances of `coll` (time order)
     "coll": pl.String(),  # normalised collective type: allreduce, allgather, reducescatter, ...
-    "pg": pl.String(),  # process group name when recorded, else the stream/thread it ran on
+    "pg": pl.String(),  # process group name when recorded, else the stream it ran on, else "default"
+    "pg_ranks": pl.String(),  # the group's member ranks ("0,4,8,12") when recorded (event or distributedInfo)
+    "lane": pl.String(),  # where it ran on this rank: "stream 7" (kernels), "tid 8728" (gloo worker), "host"
     "seq": pl.Int64(),  # NCCL/c10d sequence number when recorded
     "arrival": pl.Int64(),  # ns, the rank's own clock
     "end": pl.Int64(),  # ns, the rank's own clock
@@ -244,13 +246,16 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
     )
 
 
-def _instances(events: pl.DataFrame, default_pg: pl.Expr) -> pl.DataFrame:
+def _instances(events: pl.DataFrame, default_pg: pl.Expr, lane: pl.Expr) -> pl.DataFrame:
     """One row per collective event: its names, process group (``default_pg`` when the event
-    names none), sequence number, arrival (start), end and message size."""
+    names none) and member ranks when recorded, the lane it ran on, sequence number, arrival
+    (start), end and message size."""
     return events.select(
         "name",
         "collective_name",
         pl.coalesce(pl.col("pg_name"), default_pg).alias("pg"),
+        pl.col("pg_ranks").map_elements(canonical_ranks, return_dtype=pl.String).alias("pg_ranks"),
+        lane.alias("lane"),
         "seq",
         pl.col("ts").alias("arrival"),
         (pl.col("ts") + pl.col("dur")).alias("end"),
@@ -268,16 +273,18 @@ def extract_collectives(trace: Trace) -> pl.DataFrame:
         pl.col("kind").is_in(list(DEVICE_KINDS)) & pl.col("name").str.contains(COMMUNICATION_PATTERN)
     )
     if dev.height:
-        df = _instances(dev, pl.format("stream {}", pl.col("stream")))
+        df = _instances(
+            dev, pl.format("stream {}", pl.col("stream")), pl.format("stream {}", pl.col("stream"))
+        )
         df = _with_launch_collective(trace, dev, df)
-        return _finish(df, rank, "kernel")
+        return _with_config_ranks(trace, _finish(df, rank, "kernel"))
     ann = ev.filter(
         (pl.col("kind") == "user_annotation") & pl.col("name").str.contains(BACKEND_ANNOTATION_PATTERN)
     )
     if ann.height:
-        df = _instances(ann, pl.lit("default"))
+        df = _instances(ann, pl.lit("default"), pl.format("tid {}", pl.col("tid")))
         df = _with_issue_times(ev, df, ann["tid"].unique())
-        return _finish(df, rank, "backend_annotation")
+        return _with_config_ranks(trace, _finish(df, rank, "backend_annotation"))
     host = ev.filter(
         pl.col("kind").is_in(["cpu_op", "user_annotation"])
         & pl.col("name").str.contains(HOST_OP_PATTERN)
@@ -289,9 +296,38 @@ def extract_collectives(trace: Trace) -> pl.DataFrame:
         host = host.with_columns(_enc=(pl.col("ts") + pl.col("dur")).cum_max().shift(1).over("tid"))
         host = host.filter(pl.col("_enc").is_null() | (pl.col("ts") >= pl.col("_enc")))
         host = host.filter(~pl.col("collective_name").fill_null("").str.contains(_HOST_NON_COLLECTIVE))
-        df = _instances(host, pl.lit("default"))
-        return _finish(df, rank, "host_op")
+        df = _instances(host, pl.lit("default"), pl.lit("host"))
+        return _with_config_ranks(trace, _finish(df, rank, "host_op"))
     return pl.DataFrame(schema=COLLECTIVES_SCHEMA)
+
+
+def canonical_ranks(text: str | None) -> str | None:
+    """A recorded ``Process Group Ranks`` value (``"[0, 4, 8]"``, ``"0 4 8"``) as ``"0,4,8"``
+    (the recorded order kept: c10d sorts a group's ranks, and a pipeline group's order is its
+    stage order); None when it holds no rank."""
+    if text is None:
+        return None
+    found = re.findall(r"-?\d+", str(text))
+    return ",".join(str(int(x)) for x in found) if found else None
+
+
+def _with_config_ranks(trace: Trace, df: pl.DataFrame) -> pl.DataFrame:
+    """Fill ``pg_ranks`` from the trace's ``distributedInfo.pg_config`` (the groups this rank
+    belongs to, by ``pg_name``) where the events name their group but not its ranks."""
+    config = trace.meta.distributed_info.get("pg_config") if trace.meta.distributed_info else None
+    if not isinstance(config, list) or df.is_empty() or df["pg_ranks"].null_count() == 0:
+        return df
+    names: dict[str, str] = {}
+    for entry in config:
+        if isinstance(entry, dict) and "pg_name" in entry and isinstance(entry.get("ranks"), list):
+            ranks = canonical_ranks(",".join(str(x) for x in entry["ranks"]))
+            if ranks:
+                names[str(entry["pg_name"])] = ranks
+    if not names:
+        return df
+    return df.with_columns(
+        pg_ranks=pl.coalesce(pl.col("pg_ranks"), pl.col("pg").replace_strict(names, default=None))
+    )
 
 
 def collective_host_ops_mask() -> pl.Expr:

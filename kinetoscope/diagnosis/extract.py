@@ -93,6 +93,8 @@ READS: dict[str, tuple[str, ...]] = {
         "collective_name",
         "in_msg_nelems",
         "pg_name",
+        "pg_ranks",
+        "tid",
     )
 }
 

@@ -68,7 +68,17 @@ def pipeline_line(pipe: dict[str, Any]) -> str:
     )
     imb = pipe.get("imbalance") or {}
     slow = ""
-    if imb.get("slowest_stage") is not None:
+    rep = pipe.get("replica_issue")
+    if rep and rep.get("ranks"):
+        worst = max(rep.get("per_rank") or [{}], key=lambda x: x.get("excess_fraction", 0.0))
+        stages = sorted({x["stage"] for x in rep.get("per_rank") or []})
+        slow = (
+            f"; {_ranks(rep['ranks'])} (stage{'s' if len(stages) != 1 else ''} {', '.join(map(str, stages))}) "
+            f"compute up to {_pct(worst.get('excess_fraction'))} more than the other replicas of their stage: "
+            "a slow worker, not stage imbalance (stages by their median replica: slowest "
+            f"{imb.get('slowest_stage')}, {_pct(imb.get('excess_fraction'))} above the mean)"
+        )
+    elif imb.get("slowest_stage") is not None:
         slow = (
             f"; slowest stage {imb['slowest_stage']} ({_ranks(imb.get('slowest_ranks') or [])}) computes "
             f"{_pct(imb.get('excess_fraction'))} above the mean stage; balanced: {pipe.get('step_time_ms', 0):.1f} -> "

@@ -21,9 +21,20 @@ Terms (per rank and step, on the aligned clock; ``T`` is the step's duration):
     GPipe or 1F1B schedule with ``p`` stages and ``m`` micro-batches is expected to idle
     ``(p − 1) / (m + p − 1)`` (``expected_bubble_fraction``).
 
-Stages: the ranks opening their step with a send are stage 0 (``d`` of them: ``d`` pipeline
-replicas); the others are ordered by when their first receive of the step completes (a later
-stage receives its first activation later) and cut into groups of ``d``.
+Stages, first that applies:
+
+1. the recorded group of the ranks' send/recv (a pipeline group lists its ranks in stage order):
+   a rank's stage is its position in it;
+2. the collective groups that split the ranks into blocks the size of the first stage (the
+   data-parallel groups of a DP x PP job: one block per stage), the first stage's block first,
+   the others ordered by their ranks' median wait for upstream;
+3. otherwise: the ranks opening their step with a send are stage 0 (``d`` of them: ``d``
+   pipeline replicas); the others are ordered by their wait for upstream and cut into groups
+   of ``d``.
+
+The wait for upstream is the time from a rank's first send/recv post of the step to its first
+completed receive (a later stage waits for more forwards); from its own post, so a slowed
+replica, which posts late, does not move its ranks into a later stage.
 
 Imbalance (the M_S what-if of "Understanding Stragglers in Large Model Training", OSDI '25,
 for stages): per-micro-batch compute ``t_s = compute_s / m``. A GPipe/1F1B step's critical path
@@ -101,9 +112,13 @@ def _intersection(a: Intervals, b: Intervals) -> int:
 
 
 def _clip(iv: Intervals, lo: int, hi: int) -> Intervals:
+    """``iv`` (sorted, disjoint) clipped to ``[lo, hi)``; only the rows that overlap it are read
+    (a step reads its own window, not the whole trace: linear in steps)."""
     if len(iv) == 0:
         return iv
-    c = np.clip(iv, lo, hi)
+    a = int(np.searchsorted(iv[:, 1], lo, side="right"))
+    b = int(np.searchsorted(iv[:, 0], hi, side="left"))
+    c = np.clip(iv[a:b], lo, hi)
     out: Intervals = c[c[:, 1] > c[:, 0]]
     return out
 
@@ -114,6 +129,7 @@ class RankPipe:
 
     p2p: Intervals  # send and receive spans
     compute: Intervals
+    coll: Intervals  # collectives that are not send/recv (GPU kernels, CPU backend annotations)
     posts: pl.DataFrame  # ts, op ("send" | "recv"), end
     recv_done: np.ndarray  # sorted ends of the receive spans (completions)
     marks: pl.DataFrame  # ts, end, kind (F/B/I/W), mb, stage_id (-1 when not recorded)
@@ -145,6 +161,7 @@ def placed(cut: StepCut, rank: int, step: int, offset: int) -> StepCut:
         start=cut.start + offset,
         end=cut.end + offset,
         first_recv_end=None if cut.first_recv_end is None else cut.first_recv_end + offset,
+        first_post=None if cut.first_post is None else cut.first_post + offset,
     )
 
 
@@ -173,6 +190,15 @@ def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
     ).sort("ts")
     kern = ev.filter(pl.col("k") == "kernel")
     gpu = kern.height > 0
+    coll = kern.filter(
+        pl.col("name").str.contains(COMMUNICATION_PATTERN) & ~pl.col("name").str.contains(P2P_SPAN)
+    )
+    if not gpu:  # the backend's collective annotations (gloo:all_reduce): the spans a wait for them fills
+        coll = ev.filter(
+            (pl.col("k") == "user_annotation")
+            & pl.col("name").str.contains(r"^(?:gloo|mpi|ucc):")
+            & ~pl.col("name").str.contains(P2P_SPAN)
+        )
     if gpu:
         comp = kern.filter(~pl.col("name").str.contains(COMMUNICATION_PATTERN))
     else:
@@ -185,6 +211,7 @@ def _rank_pipe(trace: Trace, offset: int) -> RankPipe:
     return RankPipe(
         p2p=_union(p2p.select("ts", "end").to_numpy().astype(np.int64)),
         compute=_union(comp.select("ts", "end").to_numpy().astype(np.int64)),
+        coll=_union(coll.select("ts", "end").to_numpy().astype(np.int64)),
         posts=posts,
         recv_done=done,
         marks=marks,
@@ -226,6 +253,22 @@ class StepCut:
     order: str = ""  # F/B sequence of the marks (GPipe vs 1F1B)
     stage_ids: int = 0
     split_backward: bool = False
+    coll_ns: int = 0  # GPU: time in (non send/recv) collectives outside compute: waits, not bubble
+    first_post: int | None = None  # when the step's first send or receive was posted (aligned ns)
+
+    @property
+    def upstream_wait(self) -> int | None:
+        """From the step's first post to its first completed receive: how long the rank waits for
+        the stages before it (a later stage waits for more forwards). Measured from the rank's own
+        post, so a replica that starts its step late (slowed) does not look like a later stage."""
+        if self.first_recv_end is None or self.first_post is None:
+            return None
+        return self.first_recv_end - self.first_post
+
+    @property
+    def compute_ns(self) -> int:
+        """The step's own work: its duration less the bubble and the collectives."""
+        return self.duration - self.idle - self.coll_ns
 
     @property
     def duration(self) -> int:
@@ -251,17 +294,35 @@ def _waits(p2p: Intervals, comp: Intervals, start: int, end: int) -> Intervals:
     return _union(np.asarray(out, dtype=np.int64)) if out else np.empty((0, 2), dtype=np.int64)
 
 
+def _window(df: pl.DataFrame, start: int, end: int) -> pl.DataFrame:
+    """The rows of ``df`` (sorted by ``ts``) with ``start <= ts < end``, by binary search."""
+    if df.is_empty():
+        return df
+    ts = df["ts"]
+    lo, hi = int(ts.search_sorted(start, side="left")), int(ts.search_sorted(end, side="left"))
+    return df.slice(lo, max(0, hi - lo))
+
+
 def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
     p2p = _clip(rp.p2p, start, end)
     comp = _clip(rp.compute, start, end)
     waits = _waits(p2p, comp, start, end)
-    idle = (end - start - _length(comp)) if rp.gpu else _length(waits)
-    posts = rp.posts.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    coll_ns = 0
+    if rp.gpu:
+        busy = _union(np.concatenate([comp, _clip(rp.coll, start, end)])) if len(rp.coll) else comp
+        coll_ns = _length(busy) - _length(comp)
+        idle = end - start - _length(busy)
+    else:
+        idle = _length(waits)
+        if len(rp.coll):  # gaps between host ops inside a collective: waiting for its peers, not work
+            in_coll = _waits(_clip(rp.coll, start, end), comp, start, end)
+            coll_ns = _length(in_coll) - _intersection(in_coll, waits)
+    posts = _window(rp.posts, start, end)
     ops = posts["op"].to_list()
     i = int(np.searchsorted(rp.recv_done, start))
     first_recv_end = int(rp.recv_done[i]) if i < len(rp.recv_done) and rp.recv_done[i] < end else None
     first_send = ops.index("send") if "send" in ops else len(ops)
-    marks = rp.marks.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    marks = _window(rp.marks, start, end)
     fwd: list[int] = []
     bwd: list[int] = []
     for ts, e, kind in marks.select("ts", "end", "kind").iter_rows():
@@ -284,6 +345,8 @@ def _cut(rank: int, step: int, start: int, end: int, rp: RankPipe) -> StepCut:
         order="".join("F" if k == "F" else "B" for k in marks["kind"].to_list()),
         stage_ids=int(marks.filter(pl.col("stage_id") >= 0)["stage_id"].n_unique()) if marks.height else 0,
         split_backward=bool(marks.height and marks["kind"].is_in(["I", "W"]).any()),
+        coll_ns=max(0, coll_ns),
+        first_post=int(posts["ts"][0]) if posts.height else None,
     )
 
 
@@ -301,6 +364,7 @@ class PipelineReport:
     imbalance: dict[str, Any]
     steps_analysed: int
     replicas: int
+    replica_issue: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -315,6 +379,7 @@ class PipelineReport:
             "step_time_ms": _r(self.step_time_ms),
             "steps_analysed": self.steps_analysed,
             "imbalance": self.imbalance,
+            "replica_issue": self.replica_issue,
         }
 
 
@@ -344,8 +409,7 @@ def _stage_order(cuts: dict[int, list[StepCut]]) -> list[list[int]] | None:
         if opens.count("send") > len(opens) / 2:
             first.append(r)
         else:
-            ends = [c.first_recv_end - step_start[c.step] for c in cs if c.first_recv_end is not None]
-            rest.append((median(ends) if ends else float("inf"), r))
+            rest.append((_wait_key(cs, step_start), r))
     if not first or not rest:
         return None
     d = len(first)
@@ -356,6 +420,86 @@ def _stage_order(cuts: dict[int, list[StepCut]]) -> list[list[int]] | None:
     ranks = [r for _, r in rest]
     stages += [sorted(ranks[i : i + d]) for i in range(0, len(ranks), d)]
     return stages
+
+
+def _p2p_groups(colls: dict[int, pl.DataFrame]) -> dict[int, list[int]]:
+    """Per rank, the recorded ranks of the group of its send/recv (a pipeline group lists its
+    ranks in stage order), when it has one."""
+    out: dict[int, list[int]] = {}
+    for r, c in colls.items():
+        if c.is_empty() or "pg_ranks" not in c.columns:
+            continue
+        g = c.filter((pl.col("coll") == "sendrecv") & pl.col("pg_ranks").is_not_null())["pg_ranks"]
+        if g.len():
+            out[r] = [int(x) for x in str(g.mode().sort().first()).split(",")]
+    return out
+
+
+def _stages_from_p2p(cuts: dict[int, list[StepCut]], groups: dict[int, list[int]]) -> list[list[int]] | None:
+    """Stages from the pipeline groups: a rank's stage is its position in its send/recv group
+    (reversed when the groups' last ranks are the ones opening their steps with a send)."""
+    if set(groups) != set(cuts):
+        return None
+    lists = {tuple(g) for g in groups.values()}
+    p = {len(g) for g in lists}
+    seen = [r for g in lists for r in g]
+    if len(p) != 1 or min(p) < 2 or len(seen) != len(set(seen)) or set(seen) != set(cuts):
+        return None
+    n = p.pop()
+    stages = [sorted(g[s] for g in lists) for s in range(n)]
+    if _opens_with_send(cuts, stages[-1]) > _opens_with_send(cuts, stages[0]):
+        stages.reverse()
+    return stages
+
+
+def _opens_with_send(cuts: dict[int, list[StepCut]], ranks: list[int]) -> float:
+    """Share of the ranks' steps that open with a send (the first stage has its input)."""
+    opens = [c.first_op for r in ranks for c in cuts[r] if c.first_op]
+    return opens.count("send") / len(opens) if opens else 0.0
+
+
+def _stages_from_groups(
+    cuts: dict[int, list[StepCut]], colls: dict[int, pl.DataFrame]
+) -> list[list[int]] | None:
+    """Stages from the collective groups (data-parallel groups are the stages: each holds one
+    replica of a stage): the groups that split the ranks into blocks of the first stage's size,
+    one of them the first stage, the others ordered by their median first receive (a whole
+    stage's, so a slowed replica moves no rank into another stage)."""
+    first = sorted(r for r in cuts if _opens_with_send(cuts, [r]) > 0.5)
+    if not first:
+        return None
+    blocks: set[tuple[int, ...]] = set()
+    for frame in colls.values():
+        if "group" in frame.columns and frame.height:
+            for g in frame.filter(pl.col("coll") != "sendrecv")["group"].drop_nulls().unique().to_list():
+                if g != "*":
+                    blocks.add(tuple(sorted(int(x) for x in g.split(","))))
+    cand = [b for b in blocks if len(b) == len(first)]
+    covered = [r for b in cand for r in b]
+    if not cand or sorted(covered) != sorted(cuts) or tuple(first) not in cand:
+        return None
+    step_start: dict[int, int] = {}
+    for cs in cuts.values():
+        for c in cs:
+            step_start[c.step] = min(step_start.get(c.step, c.start), c.start)
+    rest = []
+    for b in cand:
+        if b == tuple(first):
+            continue
+        rest.append((_wait_key([c for r in b for c in cuts[r]], step_start), list(b)))
+    rest.sort()
+    return [list(first)] + [b for _, b in rest]
+
+
+def _wait_key(cs: list[StepCut], step_start: dict[int, int]) -> float:
+    """Where a rank (or a stage's ranks) sits in the pipeline: the median of its steps' waits
+    for upstream (``StepCut.upstream_wait``), else of its first receive's completion from the
+    job's step start."""
+    waits = [c.upstream_wait for c in cs if c.upstream_wait is not None]
+    if waits:
+        return float(median(waits))
+    ends = [c.first_recv_end - step_start[c.step] for c in cs if c.first_recv_end is not None]
+    return float(median(ends)) if ends else float("inf")
 
 
 def _schedule(cuts: dict[int, list[StepCut]], last: list[int], m: int | None) -> tuple[str | None, str]:
@@ -391,9 +535,12 @@ def _microbatches(cuts: dict[int, list[StepCut]], stage0: list[int]) -> int | No
     return int(median(recvs)) if recvs and median(recvs) >= 1 else None
 
 
-def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> PipelineReport | None:
+def analyze_pipeline(
+    job: Job, steps: pl.DataFrame, offsets: dict[int, int], colls: dict[int, pl.DataFrame] | None = None
+) -> PipelineReport | None:
     """The pipeline analysis of ``job`` (``steps``: ``breakdown.step_table``; ``offsets``: the
-    clock alignment's per-rank ns offsets), or None when the job is not pipeline-parallel."""
+    clock alignment's per-rank ns offsets; ``colls``: the collectives with their process
+    ``group``, ``groups.assign_groups``), or None when the job is not pipeline-parallel."""
     if len(job.traces) < 2 or steps.is_empty():
         return None
     ranks = {r: figures_of(t).pipe for r, t in job.traces.items()}
@@ -416,7 +563,12 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
     if len(common) > 2:
         first = int(common.min())  # type: ignore[arg-type]
         cuts = {r: [c for c in cs if c.step != first] for r, cs in cuts.items()}
-    order = _stage_order(cuts)
+    if any(not cs or median(c.sends + c.recvs for c in cs) < 1 for cs in cuts.values()):
+        return None
+    order = None
+    if colls:
+        order = _stages_from_p2p(cuts, _p2p_groups(colls)) or _stages_from_groups(cuts, colls)
+    order = order or _stage_order(cuts)
     if order is None:
         return None
     m = _microbatches(cuts, order[0])
@@ -427,17 +579,19 @@ def analyze_pipeline(job: Job, steps: pl.DataFrame, offsets: dict[int, int]) -> 
 def _stage_rows(cuts: dict[int, list[StepCut]], order: list[list[int]]) -> list[dict[str, Any]]:
     rows = []
     for s, ranks in enumerate(order):
-        comp = [median((c.duration - c.idle) for c in cuts[r]) for r in ranks]
+        comp = [median(c.compute_ns for c in cuts[r]) for r in ranks]
         bub = [median(c.idle / c.duration for c in cuts[r] if c.duration) for r in ranks]
-        per_step = [c.duration - c.idle for r in ranks for c in cuts[r]]
+        per_step = [c.compute_ns for r in ranks for c in cuts[r]]
         fwd = [x for r in ranks for c in cuts[r] for x in c.fwd_ns]
         bwd = [x for r in ranks for c in cuts[r] for x in c.bwd_ns]
         rows.append(
             {
                 "stage": s,
                 "ranks": ranks,
-                "compute_ms": round(mean(comp) / 1e6, 3),
-                "bubble_fraction": round(mean(bub), 4),
+                # the median replica: one slow replica is a replica issue (``replica_spread``), not
+                # its stage's compute nor the pipeline's bubble
+                "compute_ms": round(median(comp) / 1e6, 3),
+                "bubble_fraction": round(median(bub), 4),
                 "fwd_ms_per_microbatch": round(median(fwd) / 1e6, 3) if fwd else None,
                 "bwd_ms_per_microbatch": round(median(bwd) / 1e6, 3) if bwd else None,
                 "replica_spread": round(max(comp) / min(comp) - 1.0, 4)
@@ -449,6 +603,34 @@ def _stage_rows(cuts: dict[int, list[StepCut]], order: list[list[int]]) -> list[
             }
         )
     return rows
+
+
+REPLICA_SPREAD = 0.2
+WORKER_SPREAD = 0.5
+
+
+def _replica_issue(cuts: dict[int, list[StepCut]], order: list[list[int]]) -> dict[str, Any] | None:
+    """A worker issue, not stage imbalance, or None: the ranks whose own compute is
+    ``WORKER_SPREAD`` (50 %) or more above their stage's median replica (a slowed worker), else
+    ``REPLICA_SPREAD`` (20 %) or more when such ranks are found in every stage (a slowed
+    replica). Ranks of a loaded host differ by 20-30 % now and then: in some stages only."""
+    slow: list[dict[str, Any]] = []
+    for s, ranks in enumerate(order):
+        comp = {r: median(c.compute_ns for c in cuts[r]) for r in ranks if cuts[r]}
+        if len(comp) < 2:
+            continue
+        mid = median(comp.values())
+        for r, v in comp.items():
+            if mid > 0 and v / mid - 1.0 >= REPLICA_SPREAD:
+                slow.append({"rank": r, "stage": s, "excess_fraction": round(v / mid - 1.0, 4)})
+    strong = [x for x in slow if x["excess_fraction"] >= WORKER_SPREAD]
+    if strong:
+        slow = strong
+    elif {x["stage"] for x in slow} != set(range(len(order))):
+        return None
+    if not slow:
+        return None
+    return {"ranks": sorted(x["rank"] for x in slow), "per_rank": slow}
 
 
 def _report(
@@ -476,6 +658,7 @@ def _report(
         "est_speedup_balanced": round(t_ms / balanced, 4) if balanced > 0 else None,
     }
     return PipelineReport(
+        replica_issue=_replica_issue(cuts, order),
         schedule=schedule,
         schedule_source=source,
         stages=rows,

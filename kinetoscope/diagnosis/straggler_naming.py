@@ -190,6 +190,8 @@ def frequency(rnd: Round, j: int, qi: np.ndarray) -> tuple[int, float]:
     k = int(rnd.last[qi, j].sum())
     size = rnd.last[qi].sum(axis=1)
     p0 = float(size.mean()) / rnd.free if n and size.any() else 1.0 / rnd.free
+    if rnd.chance is not None and n:  # process groups: a member's chance is its group's
+        p0 = float(rnd.chance[qi].mean()) if size.any() else p0
     return k, binom_sf(k, n, min(p0, 1.0))
 
 

@@ -10,7 +10,8 @@ collectives. Both leave marks in the traces (aligned clock, per rank):
     that time: it ran out of data and only echoes the others' all-reduces (Join's shadow
     all-reduces). ``idle_ms``: its time from its last step's end to the last step end of the job.
 ``unmatched`` (the job hangs)
-    some ranks hold more instances of a collective type than others, and their extra instance
+    some ranks hold more instances of a collective type *of one process group* than the group's
+    other members (``group``), and their extra instance
     is their last one and lasts at least ``HANG_FACTOR`` times that type's median (and 100 ms):
     they wait in a collective the short ranks never enter, until the process group times out.
     (Point-to-point ``sendrecv`` is left out: its counts differ between ranks by design.)
@@ -110,51 +111,94 @@ def _unmatched_mode(steps: pl.DataFrame, colls: dict[int, pl.DataFrame]) -> Unev
     frames = [c for c in colls.values() if c.height]
     if len(frames) < 2:
         return None
-    # point-to-point counts differ between ranks by design (pipeline stages): collectives only
-    types = set(pl.concat([c.select("coll") for c in frames])["coll"].to_list()) - {"sendrecv"}
-    for coll in sorted(types):
-        n = {r: c.filter(pl.col("coll") == coll).height for r, c in colls.items()}
-        lo = min(n.values())
-        if max(n.values()) == lo:
-            continue
-        durs = pl.concat(
-            [
-                c.filter(pl.col("coll") == coll).select((pl.col("end") - pl.col("arrival")).alias("d"))
-                for c in frames
-            ]
+    # point-to-point counts differ between ranks by design (pipeline stages): collectives only;
+    # counted per process group, among its members (a stage without the embedding group's
+    # all-reduce is no short rank)
+    keyed = {
+        r: (c if "group" in c.columns else c.with_columns(pl.lit("*").alias("group"))).filter(
+            pl.col("coll") != "sendrecv"
         )
-        typical = float(durs["d"].median() or 0.0)  # type: ignore[arg-type]
-        waiting: dict[int, int] = {}
-        for r, k in n.items():
-            if k == lo:
-                continue
-            tail = colls[r].sort("arrival").tail(1)
-            d = int(tail["end"][0] - tail["arrival"][0])
-            if tail["coll"][0] == coll and d >= max(HANG_FACTOR * typical, HANG_MIN_NS):
-                waiting[r] = d
-        if not waiting:
+        for r, c in colls.items()
+    }
+    pieces = [c.select("group", "coll") for c in keyed.values() if c.height]
+    if not pieces:
+        return None
+    kinds = sorted(
+        set(pl.concat(pieces).unique().iter_rows()),
+        key=lambda k: (str(k[1]), str(k[0])),
+    )
+    for group, coll in kinds:
+        if group is None:
             continue
-        short = sorted(r for r, k in n.items() if k == lo)
-        counts = steps.group_by("rank").agg(pl.len().alias("n"))
-        total_wait = sum(waiting.values())
-        span = sum(int(c.select(pl.col("end").max() - pl.col("arrival").min()).item()) for c in frames)
-        return UnevenReport(
-            mode="unmatched",
-            short_ranks=short,
-            waiting_ranks=sorted(waiting),
-            steps_per_rank=dict(zip(counts["rank"].to_list(), counts["n"].to_list(), strict=True)),
-            collectives_per_rank={r: c.height for r, c in colls.items()},
-            shadow_collectives={},
-            idle_ms={},
-            lost_fraction=total_wait / span if span > 0 else 0.0,
-            unmatched={
-                "coll": coll,
-                "instances_per_rank": {str(r): k for r, k in sorted(n.items())},
-                "waited_ms": {str(r): round(d / 1e6, 3) for r, d in sorted(waiting.items())},
-                "typical_ms": round(typical / 1e6, 3),
-            },
-        )
+        members = [r for r in colls if group == "*" or r in _members(group)]
+        n = {
+            r: keyed[r].filter((pl.col("group") == group) & (pl.col("coll") == coll)).height for r in members
+        }
+        if len(n) < 2:
+            continue
+        found = _unmatched_type(steps, colls, frames, keyed, group, coll, n)
+        if found is not None:
+            return found
     return None
+
+
+def _members(group: str) -> set[int]:
+    return {int(x) for x in group.split(",") if x}
+
+
+def _unmatched_type(
+    steps: pl.DataFrame,
+    colls: dict[int, pl.DataFrame],
+    frames: list[pl.DataFrame],
+    keyed: dict[int, pl.DataFrame],
+    group: str,
+    coll: str,
+    n: dict[int, int],
+) -> UnevenReport | None:
+    """The unmatched finding for one (group, collective type) whose members hold ``n`` instances."""
+    lo = min(n.values())
+    if max(n.values()) == lo:
+        return None
+    durs = pl.concat(
+        [
+            keyed[r]
+            .filter((pl.col("group") == group) & (pl.col("coll") == coll))
+            .select((pl.col("end") - pl.col("arrival")).alias("d"))
+            for r in n
+        ]
+    )
+    typical = float(durs["d"].median() or 0.0)  # type: ignore[arg-type]
+    waiting: dict[int, int] = {}
+    for r, k in n.items():
+        if k == lo:
+            continue
+        tail = colls[r].sort("arrival").tail(1)
+        d = int(tail["end"][0] - tail["arrival"][0])
+        if tail["coll"][0] == coll and d >= max(HANG_FACTOR * typical, HANG_MIN_NS):
+            waiting[r] = d
+    if not waiting:
+        return None
+    short = sorted(r for r, k in n.items() if k == lo)
+    counts = steps.group_by("rank").agg(pl.len().alias("n"))
+    total_wait = sum(waiting.values())
+    span = sum(int(c.select(pl.col("end").max() - pl.col("arrival").min()).item()) for c in frames)
+    return UnevenReport(
+        mode="unmatched",
+        short_ranks=short,
+        waiting_ranks=sorted(waiting),
+        steps_per_rank=dict(zip(counts["rank"].to_list(), counts["n"].to_list(), strict=True)),
+        collectives_per_rank={r: c.height for r, c in colls.items()},
+        shadow_collectives={},
+        idle_ms={},
+        lost_fraction=total_wait / span if span > 0 else 0.0,
+        unmatched={
+            "coll": coll,
+            "group": None if group == "*" else [int(x) for x in group.split(",")],
+            "instances_per_rank": {str(r): k for r, k in sorted(n.items())},
+            "waited_ms": {str(r): round(d / 1e6, 3) for r, d in sorted(waiting.items())},
+            "typical_ms": round(typical / 1e6, 3),
+        },
+    )
 
 
 def analyze_uneven(

@@ -1,0 +1,287 @@
+"""Process groups: which ranks take part in each collective instance.
+
+A job with more than one kind of parallelism (data x tensor x pipeline) runs each collective in
+a *process group*: the tensor-parallel all-reduce among the few ranks of one tensor-parallel
+group, the gradient reduce-scatter among the data-parallel replicas of one shard, and so on. An
+instance is complete when every *member of its group* arrived, clocks are aligned on pairs of
+the same group, and a rank is compared with the members of its groups only.
+
+``assign_groups`` gives every collective instance of every rank a ``group``: the member ranks
+as ``"0,4,8,12"``, or ``"*"`` (every rank of the job: DDP's default group, and whatever cannot be
+told apart). In order of preference:
+
+``recorded``
+    the trace names the group's ranks (``Process Group Ranks`` on ``record_param_comms`` or the
+    communication kernel), or names the group (``Process Group Name``) and the trace's
+    ``distributedInfo.pg_config`` lists that group's ranks.
+``named``
+    the events name the group but no trace lists its ranks: the members are the ranks with
+    instances of that name (c10d names groups by a counter every rank advances alike).
+``inferred``
+    nothing names the group (gloo traces taken on demand carry neither names nor ranks): each
+    process group runs its work on its own worker threads (gloo) or stream (NCCL), so a rank's
+    collectives are split into *lanes* (threads with ids at most 2 apart, taken in pairs, are one group's
+    pair of workers), and a lane's members are the ranks whose collectives end together with its own.
+    Per other rank ``q``, the median distance from each of the lane's ends to ``q``'s nearest
+    end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
+    (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that): the
+    ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
+    Used only when every rank is on one host (one clock) and the lanes give a consistent split
+    (each member's lane has the same members, and no group of one rank: a rank whose ends are
+    apart from everyone's has a slow link, not a group of its own); otherwise every instance is
+    ``"*"``, as before groups were known.
+
+Point-to-point ``sendrecv`` instances of a recorded group of more than two ranks get no group
+(null: left out of instance matching and clock alignment): a send pairs two ranks of a pipeline
+group, not the whole group. Without recorded groups they stay job-wide, as before.
+
+``ordinal`` is renumbered per (group, collective type) in arrival order, so that the k-th
+all-reduce of a tensor-parallel group is matched with the k-th of that group on its peers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+JOB_WIDE = "*"
+INFER_TOL_NS = 5_000_000
+INFER_RATIO = 3.0
+INFER_FLOOR_NS = 50_000
+# A lane needs this many instances to be placed by inference.
+_MIN_LANE = 3
+
+
+@dataclass
+class GroupInfo:
+    """The job's process groups: members per group key, how each was found, and notes."""
+
+    members: dict[str, list[int]] = field(default_factory=dict)
+    source: dict[str, str] = field(default_factory=dict)  # recorded | named | inferred | job
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> list[dict[str, object]]:
+        return [
+            {"group": g, "ranks": self.members[g], "source": self.source.get(g, "job")}
+            for g in sorted(self.members, key=lambda g: (g != JOB_WIDE, len(self.members[g]), g))
+        ]
+
+
+def group_members(group: str, ranks: list[int]) -> list[int]:
+    """The member ranks of a group key (``"*"``: ``ranks``)."""
+    if group == JOB_WIDE:
+        return list(ranks)
+    return [int(x) for x in group.split(",") if x]
+
+
+def assign_groups(
+    colls: dict[int, pl.DataFrame], hosts: dict[int, str | None] | None = None
+) -> tuple[dict[int, pl.DataFrame], GroupInfo]:
+    """Every rank's collectives with a ``group`` column and ``ordinal`` renumbered per (group,
+    type) (module docstring), and the job's groups."""
+    ranks = sorted(colls)
+    info = GroupInfo()
+    everyone = ",".join(map(str, ranks))
+    if not ranks:
+        return colls, info
+    recorded = _recorded(colls, everyone)
+    lanes = _infer_lanes(colls, recorded, hosts or {}, info)
+    out: dict[int, pl.DataFrame] = {}
+    for r in ranks:
+        c = colls[r]
+        if c.is_empty():
+            out[r] = c.with_columns(pl.lit(None, dtype=pl.String).alias("group"))
+            continue
+        g = pl.coalesce(
+            pl.col("_rec"),
+            pl.col("lane").replace_strict(lanes.get(r, {}), default=None, return_dtype=pl.String),
+            pl.lit(JOB_WIDE),
+        )
+        src = recorded[r]
+        for kind in ("recorded", "named"):
+            for grp in src.filter(pl.col("_src") == kind)["_rec"].drop_nulls().unique().to_list():
+                info.source.setdefault(grp, kind)
+        c = src.with_columns(group=g).drop("_rec", "_src")
+        c = c.with_columns(
+            group=pl.when(pl.col("group") == everyone).then(pl.lit(JOB_WIDE)).otherwise(pl.col("group"))
+        ).with_columns(
+            # a send/recv pairs two ranks of its group, not the group: no group instance
+            group=pl.when(
+                (pl.col("coll") == "sendrecv")
+                & (pl.col("group") != JOB_WIDE)
+                & pl.col("group").str.count_matches(",").gt(1)
+            )
+            .then(None)
+            .otherwise(pl.col("group"))
+        )
+        c = c.sort("arrival", "end").with_columns(
+            ordinal=pl.int_range(pl.len(), dtype=pl.Int64).over("group", "coll")
+        )
+        out[r] = c
+    for c in out.values():
+        for g in c["group"].drop_nulls().unique().to_list():
+            info.members.setdefault(g, group_members(g, ranks))
+            info.source.setdefault(g, "job" if g == JOB_WIDE else "inferred")
+    return out, info
+
+
+def _recorded(colls: dict[int, pl.DataFrame], everyone: str) -> dict[int, pl.DataFrame]:
+    """Per rank, ``_rec``: the group's ranks where recorded, else where the group is named
+    (members: the ranks with instances of that name), else null; ``_src`` says which."""
+    del everyone
+    named: dict[str, set[int]] = {}
+    for r, c in colls.items():
+        if c.is_empty():
+            continue
+        for pg in c.filter(pl.col("pg_ranks").is_null() & _has_name())["pg"].unique().to_list():
+            named.setdefault(pg, set()).add(r)
+    by_name = {pg: ",".join(map(str, sorted(rs))) for pg, rs in named.items()}
+    out = {}
+    for r, c in colls.items():
+        if c.is_empty():
+            out[r] = c
+            continue
+        name = pl.col("pg").replace_strict(by_name, default=None, return_dtype=pl.String)
+        out[r] = c.with_columns(
+            _rec=pl.coalesce(pl.col("pg_ranks"), pl.when(_has_name()).then(name)),
+            _src=pl.when(pl.col("pg_ranks").is_not_null())
+            .then(pl.lit("recorded"))
+            .when(_has_name())
+            .then(pl.lit("named")),
+        )
+    return out
+
+
+def _has_name() -> pl.Expr:
+    """The ``pg`` column holds a recorded group name (not a fallback: a stream or "default")."""
+    return ~pl.col("pg").str.starts_with("stream ") & (pl.col("pg") != "default")
+
+
+def _lane_ids(c: pl.DataFrame) -> dict[str, str]:
+    """A rank's lanes, merged where they are one group's workers: gloo runs each group's queue
+    on a pair of threads created one after the other (thread ids 1 apart, 2 when another
+    thread started between them: seen on a real 8-rank job), merged in pairs."""
+    lanes = sorted(set(c["lane"].to_list()))
+    tids = sorted(int(x[4:]) for x in lanes if x.startswith("tid ") and x[4:].isdigit())
+    out = {x: x for x in lanes}
+    k = 0
+    while k < len(tids):
+        if k + 1 < len(tids) and tids[k + 1] - tids[k] <= 2:
+            out[f"tid {tids[k + 1]}"] = f"tid {tids[k]}"
+            k += 2
+        else:
+            k += 1
+    return out
+
+
+def _infer_lanes(
+    colls: dict[int, pl.DataFrame],
+    recorded: dict[int, pl.DataFrame],
+    hosts: dict[int, str | None],
+    info: GroupInfo,
+) -> dict[int, dict[str, str]]:
+    """Per rank, lane -> inferred members (``"0,2,4"``) for the instances no trace names
+    (module docstring), or {} when inference does not apply or does not give a consistent split."""
+    ranks = sorted(colls)
+    todo: dict[int, pl.DataFrame] = {}
+    for r in ranks:
+        c = recorded.get(r)
+        if c is None or c.is_empty():
+            continue
+        u = c.filter(pl.col("_rec").is_null() & (pl.col("coll") != "sendrecv"))
+        if u.height:
+            merge = _lane_ids(u)
+            todo[r] = u.with_columns(_lane=pl.col("lane").replace_strict(merge, default=pl.col("lane")))
+    if len(todo) < 3:
+        return {}
+    if len({hosts.get(r) for r in todo}) > 1:  # no shared clock to compare ends on
+        return {}
+    ends = {r: np.sort(t["end"].to_numpy()) for r, t in todo.items()}
+    found: dict[int, dict[str, str]] = {}
+    sizes: dict[tuple[int, str], int] = {}
+    for r, t in todo.items():
+        found[r] = {}
+        for (lane,), sub in t.group_by("_lane"):
+            if sub.height < _MIN_LANE:
+                continue
+            members = _lane_members(r, np.sort(sub["end"].to_numpy()), ends)
+            sizes[(r, str(lane))] = sub.height
+            for raw in sub["lane"].unique().to_list():
+                found[r][raw] = members
+    _complete_partition(found, todo, sizes)
+    if not _consistent(found):
+        return {}
+    return found
+
+
+def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) -> str:
+    """The ranks whose collective ends coincide with the lane's (module docstring), with ``r``."""
+    score: dict[int, float] = {}
+    for q, e in ends.items():
+        if q == r or e.size == 0:
+            continue
+        pos = (
+            np.clip(np.searchsorted(e, lane_ends), 1, e.size - 1)
+            if e.size > 1
+            else np.zeros(lane_ends.size, dtype=np.int64)
+        )
+        gap = np.abs(e[pos] - lane_ends)
+        if e.size > 1:
+            gap = np.minimum(gap, np.abs(e[pos - 1] - lane_ends))
+        score[q] = float(np.median(gap))
+    if not score:
+        return str(r)
+    order = sorted(score.items(), key=lambda kv: kv[1])
+    members = {r}
+    for k, (q, v) in enumerate(order):
+        members.add(q)
+        nxt = order[k + 1][1] if k + 1 < len(order) else None
+        if nxt is not None and v <= INFER_TOL_NS and nxt >= INFER_RATIO * max(v, INFER_FLOOR_NS):
+            return ",".join(map(str, sorted(members)))
+    return ",".join(map(str, sorted({r, *score})))
+
+
+def _complete_partition(
+    found: dict[int, dict[str, str]], todo: dict[int, pl.DataFrame], sizes: dict[tuple[int, str], int]
+) -> None:
+    """Give the lanes left without a confirmed group (a set every member holds) the one group
+    their ranks can still form: when the confirmed groups of lanes of that many instances (within
+    20 %) all have ``k`` ranks and exactly ``k`` ranks are left (one group of a mesh dimension,
+    whose ends fell close to another group's). Mutates ``found``."""
+    held = {r: set(v.values()) for r, v in found.items()}
+    confirmed = {
+        m for v in held.values() for m in v if all(m in held.get(int(q), set()) for q in m.split(","))
+    }
+    lane_of = {r: dict(zip(t["lane"].to_list(), t["_lane"].to_list(), strict=True)) for r, t in todo.items()}
+    pending: list[tuple[int, str, int]] = []
+    by_size: list[tuple[int, str]] = []
+    for r, lanes in found.items():
+        for raw, m in lanes.items():
+            n = sizes.get((r, str(lane_of[r].get(raw, raw))), 0)
+            (by_size.append((n, m)) if m in confirmed else pending.append((r, raw, n)))
+    for n in sorted({p[2] for p in pending}):
+        near = {m for k, m in by_size if abs(k - n) <= 0.2 * max(k, n)}
+        left = sorted({r for r, _raw, k in pending if k == n} - {int(q) for m in near for q in m.split(",")})
+        ks = {len(m.split(",")) for m in near}
+        if len(ks) == 1 and len(left) == ks.pop() and len(left) >= 2:
+            group = ",".join(map(str, left))
+            for r, raw, k in pending:
+                if k == n and r in left:
+                    found[r][raw] = group
+
+
+def _consistent(found: dict[int, dict[str, str]]) -> bool:
+    """Every inferred member set has two ranks or more (a rank whose collectives end apart from
+    everyone's has a slow link or stalls: no group of one) and is held, with the same members,
+    by each of its members."""
+    sets = {r: set(v.values()) for r, v in found.items()}
+    for lanes in found.values():
+        for members in set(lanes.values()):
+            if "," not in members:
+                return False
+            for q in (int(x) for x in members.split(",")):
+                if q in sets and members not in sets[q]:
+                    return False
+    return True

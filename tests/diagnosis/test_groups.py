@@ -1,0 +1,218 @@
+"""Process groups: instances matched, clocks aligned, stragglers attributed and inputs counted
+within groups (issue 27), on synthetic jobs whose groups and clocks are known.
+
+The job: 8 ranks, tensor-parallel pairs {0,1} {2,3} {4,5} {6,7} (4 all-reduces a step),
+data-parallel groups {0,2,4,6} {1,3,5,7} (one all-reduce a step, after the tensor-parallel ones)
+and a group {0,4} that only two ranks have (an embedding all-reduce: the others lack it by
+design). Two ranks per host, each host with its own clock offset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from kinetoscope.diagnosis import diagnose
+from kinetoscope.diagnosis.attribution import build_matrix
+from kinetoscope.diagnosis.breakdown import instance_table, step_table
+from kinetoscope.diagnosis.clock import align_clocks
+from kinetoscope.diagnosis.extract import figures_of
+from kinetoscope.diagnosis.groups import JOB_WIDE, assign_groups
+from kinetoscope.trace.model import Trace, TraceMeta
+from kinetoscope.trace.schema import EVENTS_SCHEMA
+
+MS = 1_000_000
+T0 = 1_700_000_000 * 1_000_000_000
+TP = [[0, 1], [2, 3], [4, 5], [6, 7]]
+DP = [[0, 2, 4, 6], [1, 3, 5, 7]]
+EMB = [0, 4]
+HOST_OFFSET = [0, 3 * MS, -2 * MS, 5 * MS]  # per host (ranks 2h, 2h+1): what its clock reads ahead
+
+
+def _ev(kind: str, name: str, tid: int, ts: int, dur: int, **args: Any) -> dict[str, Any]:
+    row = dict.fromkeys(EVENTS_SCHEMA)
+    row.update(kind=kind, cat=kind, name=name, pid=1, tid=tid, ts=int(ts), dur=int(dur))
+    row.update(args)
+    return row
+
+
+def _group_of(r: int, groups: list[list[int]]) -> list[int]:
+    return next(g for g in groups if r in g)
+
+
+def mesh_job(steps: int = 8, slow: dict[int, float] | None = None, record: bool = True) -> list[Trace]:
+    """The module's job; ``slow``: rank -> ms it arrives late at its data-parallel all-reduce
+    every step; ``record``: the kernels carry their group (else only gloo-style lanes)."""
+    slow = slow or {}
+    period = 60 * MS
+    rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(8)}
+    corr = 0
+    for s in range(steps):
+        base = T0 + s * period
+        plan: list[tuple[str, list[int], int, dict[int, int]]] = []
+        # replicas of a group are not in lock-step: each group runs ~0.7-1.3 ms apart from the next
+        for c in range(4):  # tensor-parallel all-reduces: every pair together, with a little jitter
+            for k, g in enumerate(TP):
+                plan.append(
+                    (
+                        "tp",
+                        g,
+                        c,
+                        {r: base + (2 + 3 * c) * MS + k * 700_000 + 10_000 * ((r + s + c) % 3) for r in g},
+                    )
+                )
+        for k, g in enumerate(DP):
+            plan.append(
+                (
+                    "dp",
+                    g,
+                    0,
+                    {
+                        r: base + 20 * MS + k * 1_300_000 + int(slow.get(r, 0.0) * MS) + 20_000 * (r % 3)
+                        for r in g
+                    },
+                )
+            )
+        plan.append(("emb", EMB, 0, {r: base + 45 * MS + 15_000 * (r % 2) for r in EMB}))
+        for kind, g, _c, arr in plan:
+            end = max(arr.values()) + 500_000
+            for r, a in arr.items():
+                corr += 1
+                off = HOST_OFFSET[r // 2]
+                lane = {"tp": 20, "dp": 24, "emb": 28}[kind]
+                args: dict[str, Any] = {
+                    "stream": lane,
+                    "device": 0,
+                    "correlation": corr,
+                    "collective_name": "allreduce",
+                }
+                if record:
+                    args.update(pg_name=f"{kind}{g[0]}", pg_ranks=str(g))
+                rows[r].append(
+                    _ev("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", lane, a + off, end - a, **args)
+                )
+        for r in range(8):
+            off = HOST_OFFSET[r // 2]
+            rows[r].append(
+                _ev("kernel", "ampere_sgemm_128x64_nn", 7, base + MS + off, 15 * MS, stream=7, device=0)
+            )
+            rows[r].append(_ev("user_annotation", f"ProfilerStep#{s}", 1, base + off, period - 1000))
+    traces = []
+    for r in range(8):
+        ev = sorted(rows[r], key=lambda x: x["ts"])
+        for i, row in enumerate(ev):
+            row["idx"] = i
+        meta = TraceMeta(
+            path=f"/synthetic/mesh/rank-{r}.pt.trace.json",
+            rank=r,
+            world_size=8,
+            rank_source="manifest",
+            hostname=f"host{r // 2}",
+            job_id="mesh",
+            device_type="NVIDIA GPU",
+        )
+        traces.append(Trace(meta=meta, events=pl.DataFrame(ev, schema=EVENTS_SCHEMA, orient="row")))
+    return traces
+
+
+def _colls(traces: list[Trace]) -> dict[int, pl.DataFrame]:
+    return {t.meta.rank: figures_of(t).collectives_of(t.meta.rank) for t in traces if t.meta.rank is not None}
+
+
+def test_recorded_groups_are_the_instances_groups() -> None:
+    colls, info = assign_groups(_colls(mesh_job()), {r: f"host{r // 2}" for r in range(8)})
+    want = {",".join(map(str, g)) for g in (*TP, *DP, EMB)}
+    assert set(info.members) == want
+    assert all(info.source[g] == "recorded" for g in want)
+    assert JOB_WIDE not in info.members
+    # the k-th all-reduce of one tensor-parallel pair is numbered within that pair
+    c0 = colls[0].filter(pl.col("group") == "0,1")
+    assert c0["ordinal"].to_list() == list(range(8 * 4))
+
+
+def test_instances_are_complete_within_their_groups_and_clocks_are_aligned() -> None:
+    traces = mesh_job()
+    hosts = {r: f"host{r // 2}" for r in range(8)}
+    colls, _info = assign_groups(_colls(traces), hosts)
+    clock = align_clocks(colls, hosts)
+    ref = clock.reference
+    assert ref is not None
+    for r in range(8):  # the truth: rank r's clock reads HOST_OFFSET ahead of the reference's
+        truth = HOST_OFFSET[ref // 2] - HOST_OFFSET[r // 2]
+        assert abs(clock.offsets[r] - truth) <= 100_000, (r, clock.offsets[r], truth)
+    from kinetoscope.diagnosis.assembly import assemble_jobs
+
+    job = assemble_jobs(traces)[0]
+    job.figures = {r: figures_of(t) for r, t in job.traces.items()}
+    inst = instance_table(colls, clock, step_table(job, clock))
+    per = inst.group_by("instance").agg(
+        pl.len().alias("n"), pl.col("group_size").first(), pl.col("group").first()
+    )
+    assert per.height == 8 * (4 * 4 + 2 + 1)  # steps x (tensor-parallel, data-parallel, embedding)
+    assert (per["n"] == per["group_size"]).all()  # every member of every group arrived
+    assert set(per.filter(pl.col("group") == "0,4")["n"].to_list()) == {2}
+
+
+def test_a_slow_rank_is_last_in_its_own_group_only() -> None:
+    traces = mesh_job(slow={5: 12.0})
+    d = diagnose(traces)
+    assert d.extra.get("uneven_inputs") is None  # ranks without the {0,4} all-reduce ran no shorter
+    colls, _ = assign_groups(_colls(traces), d.job.hosts())
+    clock = align_clocks(colls, d.job.hosts())
+    inst = instance_table(colls, clock, step_table(d.job, clock))
+    mx, partial = build_matrix(
+        inst.filter(pl.col("step").is_not_null()),
+        list(range(8)),
+        sorted(inst["step"].drop_nulls().unique().to_list()),
+    )
+    assert partial == 0 and mx.member is not None
+    last = np.argmax(np.where(mx.member, mx.A, np.iinfo(np.int64).min), axis=1)
+    dp_rows = [k for k in range(mx.A.shape[0]) if mx.member[k].sum() == 4 and mx.member[k, 5]]
+    assert dp_rows and all(last[k] == 5 for k in dp_rows)
+    # a non-member never is the last of an instance
+    assert all(mx.member[k, last[k]] for k in range(mx.A.shape[0]))
+    assert 5 in d.stragglers.ranks, d.stragglers.reason
+
+
+def test_groups_are_inferred_from_lanes_when_not_recorded() -> None:
+    """Without names or ranks, each group's lane (stream) and the ranks whose collectives end
+    with it give the groups (one host: one clock)."""
+    traces = mesh_job(record=False)
+    for t in traces:  # one host, one clock
+        t.meta.hostname = "host0"
+        off = HOST_OFFSET[t.meta.rank // 2]  # type: ignore[operator]
+        t.events = t.events.with_columns(pl.col("ts") - off)
+    _colls_, info = assign_groups(_colls(traces), {r: "host0" for r in range(8)})
+    assert {g for g, src in info.source.items() if src == "inferred"} == {
+        ",".join(map(str, g)) for g in (*TP, *DP, EMB)
+    }
+
+
+def test_a_job_wide_group_is_as_before() -> None:
+    """A DDP job (one group of every rank): every instance job-wide, numbered per type."""
+    from tests.diagnosis.diag_synth import make_job
+
+    traces = make_job(world=4, steps=4, flavour="nccl")
+    colls, info = assign_groups(_colls(traces), {r: f"host{r}" for r in range(4)})
+    assert set(info.members) == {JOB_WIDE}
+    for c in colls.values():
+        c = c.sort("arrival", "end")
+        assert (c["group"] == JOB_WIDE).all()
+        assert c["ordinal"].to_list() == c.with_columns(o=pl.int_range(pl.len()).over("coll"))["o"].to_list()
+
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs" / "mesh_dp_tp_slow_rank5"
+
+
+def test_real_gloo_mesh_job_groups_are_inferred() -> None:
+    """A real DP x TP gloo job traced on demand (no group in the trace): the inferred groups are
+    the ones the job logged issuing its collectives in, and every instance is complete."""
+    want = (REAL / "groups_issued_by_the_job.txt").read_text().split()
+    d = diagnose(REAL)
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
+    assert found == want
+    assert d.stragglers.partial_instances == 0 and d.stragglers.instances > 0
+    assert d.extra.get("uneven_inputs") is None and d.extra.get("pipeline") is None
