@@ -167,7 +167,7 @@ def diagnose(
     extra = seed_analyses(job, steps, colls, clock)
     extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
-    recs = admissible(evidence, recs, multi_rank=len(job.traces) > 1)
+    recs = admissible(evidence, recs)
     extra["evidence"] = evidence.to_dict()
     coll_summary = (
         _collective_summary(instances).with_columns(pl.lit(",".join(sorted(signals))).alias("signal"))

@@ -149,7 +149,7 @@ def _rank_evidence(r: int, job: Job, st: pl.DataFrame, offset: int, t0: int | No
         ev.window_end_ms = _ms(span[1] + offset - t0)
     if mine.height >= 3:
         d = (mine["end"] - mine["start"]).cast(pl.Float64)
-        rest = float(d[1:].median() or 0.0)  # type: ignore[arg-type]
+        rest = float(d[1:].median() or 0.0)
         if rest > 0 and float(d[0]) >= STARTUP_RATIO * rest:
             ev.startup_step_ratio = round(float(d[0]) / rest, 2)
     return ev
@@ -201,7 +201,7 @@ def _common(steps: pl.DataFrame, n_ranks: int) -> int:
 def median_step_ms(steps: pl.DataFrame) -> float | None:
     if steps.is_empty():
         return None
-    return _ms(float((steps["end"] - steps["start"]).median() or 0.0))  # type: ignore[arg-type]
+    return _ms(float((steps["end"] - steps["start"]).median() or 0.0))
 
 
 def _windows(ev: Evidence, steps: pl.DataFrame) -> None:
@@ -226,10 +226,22 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
     out = ev.anomalies
     for r in ev.ranks:
         if r.empty:
-            out.append(Anomaly(kind="empty_file", ranks=[r.rank], count=1, message=f"rank {r.rank}'s trace is empty (0 events): {r.path}"))
+            out.append(
+                Anomaly(
+                    kind="empty_file",
+                    ranks=[r.rank],
+                    count=1,
+                    message=f"rank {r.rank}'s trace is empty (0 events): {r.path}",
+                )
+            )
         elif r.near_empty:
             out.append(
-                Anomaly(kind="near_empty_file", ranks=[r.rank], count=r.events, message=f"rank {r.rank}'s trace holds only {r.events} events: {r.path}")
+                Anomaly(
+                    kind="near_empty_file",
+                    ranks=[r.rank],
+                    count=r.events,
+                    message=f"rank {r.rank}'s trace holds only {r.events} events: {r.path}",
+                )
             )
         if r.salvaged:
             out.append(
@@ -288,7 +300,9 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                 kind="fewer_steps_than_asked",
                 ranks=[r.rank for r in short],
                 count=len(short),
-                message="fewer steps than the " + f"{ev.steps_asked} asked: " + ", ".join(f"rank {r.rank} holds {r.steps}" for r in short),
+                message="fewer steps than the "
+                + f"{ev.steps_asked} asked: "
+                + ", ".join(f"rank {r.rank} holds {r.steps}" for r in short),
             )
         )
     step = median_step_ms(steps)
@@ -315,15 +329,17 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
 
 
 def _judge(ev: Evidence, job: Job) -> None:
-    """``assessed`` and its reason for a cross-rank verdict (two or more ranks)."""
-    if len(job.traces) < 2:
-        return
+    """``assessed`` and its reason: an empty file or a rank without steps, for any job; windows
+    that do not overlap and too few steps in common, for a cross-rank verdict."""
     empty = [r.rank for r in ev.ranks if r.empty]
     nosteps = [r.rank for r in ev.ranks if not r.empty and r.steps == 0]
     if empty:
-        ev.reason = f"{_ranks_text(empty)}: trace file empty (0 events)"
+        paths = ", ".join(r.path for r in ev.ranks if r.empty)
+        ev.reason = f"{_ranks_text(empty)}: trace file empty (0 events): {paths}"
     elif nosteps:
-        ev.reason = f"{_ranks_text(nosteps)}: no step in the trace (not stepping yet, or no ProfilerStep/optimizer marks)"
+        ev.reason = f"{_ranks_text(nosteps)}: no step in the trace (not stepping yet, or no ProfilerStep/Optimizer.step marks)"
+    elif len(job.traces) < 2:
+        pass
     elif ev.windows_overlap is False:
         ev.reason = "the ranks' trace windows do not overlap (" + _window_text(ev) + ")"
     elif ev.steps_in_common < MIN_COMMON_STEPS:
@@ -345,7 +361,11 @@ def _window_text(ev: Evidence) -> str:
 def suggested_command(job: Job) -> str:
     """The command for a trace that can be assessed: enough aligned iterations, taken once the
     job steps steadily."""
-    target = f"--job-id {job.job_id}" if job.job_id else "-p <launcher pid>"
+    target = (
+        f"--job-id {job.job_id}"
+        if job.job_id
+        else ("-p <launcher pid>" if len(job.traces) > 1 else "-p <pid>")
+    )
     return f"kscope trace {target} --iterations {SUGGESTED_ITERATIONS} --when-stepping --wait"
 
 
@@ -354,7 +374,10 @@ def anomalous_steps(ev: Evidence, steps: pl.DataFrame) -> list[int]:
     pairs = [(r.rank, s) for r in ev.ranks for s in r.timestamps.steps]
     if not pairs or steps.is_empty():
         return []
-    bad = pl.DataFrame({"rank": [p[0] for p in pairs], "local_step": [p[1] for p in pairs]}, schema={"rank": pl.Int64, "local_step": pl.Int64})
+    bad = pl.DataFrame(
+        {"rank": [p[0] for p in pairs], "local_step": [p[1] for p in pairs]},
+        schema={"rank": pl.Int64, "local_step": pl.Int64},
+    )
     return sorted(int(s) for s in steps.join(bad, on=["rank", "local_step"])["step"].unique().to_list())
 
 
@@ -412,13 +435,18 @@ def evidence_lines(ev: Evidence) -> list[str]:
     if len(ev.ranks) == 1:
         head = f"Evidence: {ev.ranks[0].steps} step(s) traced{asked}"
     else:
-        win = {True: "windows aligned", False: "windows NOT aligned", None: "windows unknown"}[ev.windows_aligned]
+        win = {True: "windows aligned", False: "windows NOT aligned", None: "windows unknown"}[
+            ev.windows_aligned
+        ]
         if ev.windows_overlap is False:
             win = "windows do NOT overlap"
         head = f"Evidence: steps per rank {steps}{asked}; {ev.steps_in_common} in common; {win}"
     named = [a for a in ev.anomalies if a.kind != "windows_not_aligned"]
     tail = "; ".join(a.message for a in named) if named else "no anomaly"
-    out = [f"{head}; {len(named)} anomal{'y' if len(named) == 1 else 'ies'}{': ' if named else ' '}{tail if named else ''}".rstrip() + "."]
+    out = [
+        f"{head}; {len(named)} anomal{'y' if len(named) == 1 else 'ies'}{': ' if named else ' '}{tail if named else ''}".rstrip()
+        + "."
+    ]
     left = [a.left_out for a in ev.anomalies if a.left_out]
     if left:
         out.append("Left out: " + "; ".join(dict.fromkeys(left)) + ".")
@@ -431,24 +459,33 @@ def headline(verdict: list[str], ev: Evidence | None, multi_rank: bool) -> list[
     rests on anomalous data; then the evidence lines."""
     if ev is None:
         return verdict
-    if multi_rank and not ev.assessed:
+    if not ev.assessed:
         return [f"NOT ASSESSED: {ev.reason}.", f"For a trace that can be assessed: {ev.command}", *ev.lines()]
     lines = list(verdict)
     if lines and ev.anomalous:
-        kinds = sorted({a.kind.replace("_", " ") for a in ev.anomalies if a.kind in BIASING and not a.left_out})
+        kinds = sorted(
+            {a.kind.replace("_", " ") for a in ev.anomalies if a.kind in BIASING and not a.left_out}
+        )
         lines[0] = f"[ON ANOMALOUS DATA: {', '.join(kinds)}; confidence lowered] {lines[0]}"
     if not multi_rank and ev.steps_asked and ev.ranks and ev.ranks[0].steps < ev.steps_asked and lines:
-        lines[0] = f"[WARNING: the trace holds {ev.ranks[0].steps} of the {ev.steps_asked} steps asked] {lines[0]}"
+        lines[0] = (
+            f"[WARNING: the trace holds {ev.ranks[0].steps} of the {ev.steps_asked} steps asked] {lines[0]}"
+        )
     return [*lines, *ev.lines()]
 
 
 # Recommendations that rest on the cross-rank verdict: not made when it cannot be assessed.
-CROSS_RANK_RECOMMENDATIONS = ("straggler-persistent", "straggler-intermittent", "sync-jitter", "uneven-inputs")
+CROSS_RANK_RECOMMENDATIONS = (
+    "straggler-persistent",
+    "straggler-intermittent",
+    "sync-jitter",
+    "uneven-inputs",
+)
 
 
-def admissible(ev: Evidence, recs: list[dict[str, Any]], multi_rank: bool) -> list[dict[str, Any]]:
+def admissible(ev: Evidence, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``recs`` less the cross-rank ones when the evidence cannot carry a cross-rank verdict."""
-    if not multi_rank or ev.assessed:
+    if ev.assessed:
         return recs
     kept = [r for r in recs if r.get("id") not in CROSS_RANK_RECOMMENDATIONS]
     gone = [str(r.get("id")) for r in recs if r.get("id") in CROSS_RANK_RECOMMENDATIONS]

@@ -66,11 +66,13 @@ def timestamp_anomalies(trace: Trace, steps: pl.DataFrame | None = None) -> Time
         on="correlation",
         how="left",
     )
-    early = linked.filter(pl.col("launch_ts").is_not_null() & (pl.col("gpu_ts") < pl.col("launch_ts") - TOLERANCE_NS))
+    early = linked.filter(
+        pl.col("launch_ts").is_not_null() & (pl.col("gpu_ts") < pl.col("launch_ts") - TOLERANCE_NS)
+    )
     unlaunched = int(linked["launch_ts"].null_count())
     worst = None
     if early.height:
-        worst = float((early["launch_ts"] - early["gpu_ts"]).max()) / 1000.0  # type: ignore[arg-type]
+        worst = float((early["launch_ts"] - early["gpu_ts"]).max()) / 1000.0
     where = pl.concat([early.select(pl.col("launch_ts").alias("ts")), neg])
     return TimestampAnomalies(
         device_before_launch=early.height,
