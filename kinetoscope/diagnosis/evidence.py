@@ -33,6 +33,7 @@ Terms:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -249,7 +250,7 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                     kind="salvaged",
                     ranks=[r.rank],
                     count=1,
-                    message=f"rank {r.rank}'s file is damaged and was salvaged ({r.salvaged}); its end is missing",
+                    message=f"rank {r.rank}'s file is damaged and was salvaged ({r.salvaged.split(': ', 1)[-1]}); its end is missing",
                 )
             )
         ts = r.timestamps
@@ -334,7 +335,7 @@ def _judge(ev: Evidence, job: Job) -> None:
     empty = [r.rank for r in ev.ranks if r.empty]
     nosteps = [r.rank for r in ev.ranks if not r.empty and r.steps == 0]
     if empty:
-        paths = ", ".join(r.path for r in ev.ranks if r.empty)
+        paths = ", ".join(os.path.basename(r.path) for r in ev.ranks if r.empty)
         ev.reason = f"{_ranks_text(empty)}: trace file empty (0 events): {paths}"
     elif nosteps:
         ev.reason = f"{_ranks_text(nosteps)}: no step in the trace (not stepping yet, or no ProfilerStep/Optimizer.step marks)"
