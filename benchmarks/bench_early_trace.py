@@ -50,7 +50,12 @@ def classify(headline: str) -> str:
 
 
 def one_run(
-    workdir: Path, delay_s: float, timeout_s: float, straggler_ms: float, seed: int
+    workdir: Path,
+    delay_s: float,
+    timeout_s: float,
+    straggler_ms: float,
+    seed: int,
+    when_stepping: bool = False,
 ) -> dict[str, Any]:
     """One launch, one early trace, one diagnosis (module docstring)."""
     from kinetoscope.demo.local import LocalDaemon, TrainingJob
@@ -82,7 +87,7 @@ def one_run(
                 sys.executable, "-m", "kinetoscope.cli.main", "trace", "-H", str(daemon.address),
                 "--job-id", str(job_id), "--iterations", "10", "--wait", "--timeout", f"{timeout_s:g}",
                 "--json", "--no-catalog",
-            ]  # fmt: skip
+            ] + (["--when-stepping"] if when_stepping else [])  # fmt: skip
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 120)
             job.stop()
     out["exit"] = proc.returncode
@@ -91,7 +96,9 @@ def one_run(
     except ValueError:
         out.update(outcome="no-trace", headline=proc.stderr.strip().splitlines()[-1:] or [""])
         return out
-    out["captured"] = {k: doc.get("captured", {}).get(k) for k in ("usable", "reason", "steps_in_common")}
+    out["captured"] = {
+        k: (doc.get("captured") or {}).get(k) for k in ("usable", "reason", "steps_in_common", "warming_up")
+    }
     trace_dir = doc.get("output_dir")
     if proc.returncode == 1 or not trace_dir:
         out.update(outcome="no-trace", headline=[e.get("message") for e in doc.get("errors", [])][:1])
@@ -110,12 +117,13 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=5.0, help="seconds after launch to trigger (default 5)")
     ap.add_argument("--timeout", type=float, default=90.0, help="kscope trace --timeout (default 90)")
     ap.add_argument("--straggler-ms", type=float, default=30.0)
+    ap.add_argument("--when-stepping", action="store_true", help="pass --when-stepping to kscope trace")
     ap.add_argument("--json", dest="json_out", default=None, help="write the runs here")
     args = ap.parse_args()
     runs = []
     for k in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="kscope-early-") as tmp:
-            r = one_run(Path(tmp), args.delay, args.timeout, args.straggler_ms, seed=100 + k)
+            r = one_run(Path(tmp), args.delay, args.timeout, args.straggler_ms, 100 + k, args.when_stepping)
         runs.append(r)
         print(
             f"run {k + 1}: {r['outcome']:<12} delay {r.get('delay_s')} s, step {r.get('steps_at_trigger')} at "

@@ -137,7 +137,10 @@ def _warming_up(ev: Any, asked: int | None) -> str | None:
     """Why the job looks like it is still starting (a start-up step, fewer steps than asked)."""
     slow = [r for r in ev.ranks if r.startup_step_ratio is not None]
     short = [r for r in ev.ranks if asked and 0 < r.steps < asked]
+    idle = [r for r in ev.ranks if r.steps == 0]
     parts = []
+    if idle:
+        parts.append(f"{len(idle)} of {len(ev.ranks)} file(s) hold no step: it may not be stepping yet")
     if slow:
         r = max(slow, key=lambda r: r.startup_step_ratio or 0.0)
         parts.append(f"rank {r.rank}'s first traced step lasts {r.startup_step_ratio:g}x its later ones")
