@@ -125,12 +125,12 @@ def _ms(ns: float) -> float:
     return round(ns / 1e6, 3)
 
 
-def _rank_evidence(r: int, job: Job, st: pl.DataFrame, offset: int, t0: int | None) -> RankEvidence:
+def _rank_evidence(r: int, job: Job, mine: pl.DataFrame, offset: int, t0: int | None) -> RankEvidence:
+    """``mine``: the rank's rows of ``breakdown.step_table``, sorted by step."""
     t = job.traces[r]
     f = job.figures.get(r)
     n = event_count(t)
     span = f.span if f is not None else t.span_ns()
-    mine = st.filter(pl.col("rank") == r).sort("step")
     salv = next((w for w in t.meta.warnings if w.startswith("salvaged")), None)
     ev = RankEvidence(
         rank=r,
@@ -180,7 +180,11 @@ def gather_evidence(job: Job, steps: pl.DataFrame, clock: ClockAlignment) -> Evi
         if (sp := (job.figures[r].span if r in job.figures else job.traces[r].span_ns()))
     ]
     t0 = min(starts) if starts else None
-    ranks = [_rank_evidence(r, job, steps, int(clock.offsets.get(r, 0)), t0) for r in job.ranks]
+    by_rank = {int(k[0]): g.sort("step") for k, g in steps.group_by("rank")} if steps.height else {}
+    empty = steps.clear()
+    ranks = [
+        _rank_evidence(r, job, by_rank.get(r, empty), int(clock.offsets.get(r, 0)), t0) for r in job.ranks
+    ]
     ev = Evidence(ranks=ranks, clock_residual_us=clock.residual_us())
     asked = {r.asked_steps for r in ranks if r.asked_steps is not None}
     ev.steps_asked = max(asked) if asked else None
