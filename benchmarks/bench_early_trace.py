@@ -56,6 +56,7 @@ def one_run(
     straggler_ms: float,
     seed: int,
     when_stepping: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One launch, one early trace, one diagnosis (module docstring)."""
     from kinetoscope.demo.local import LocalDaemon, TrainingJob
@@ -87,7 +88,7 @@ def one_run(
                 sys.executable, "-m", "kinetoscope.cli.main", "trace", "-H", str(daemon.address),
                 "--job-id", str(job_id), "--iterations", "10", "--wait", "--timeout", f"{timeout_s:g}",
                 "--json", "--no-catalog",
-            ] + (["--when-stepping"] if when_stepping else [])  # fmt: skip
+            ] + (["--when-stepping"] if when_stepping else []) + list(extra)  # fmt: skip
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 120)
             job.stop()
     out["exit"] = proc.returncode
@@ -118,12 +119,18 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=90.0, help="kscope trace --timeout (default 90)")
     ap.add_argument("--straggler-ms", type=float, default=30.0)
     ap.add_argument("--when-stepping", action="store_true", help="pass --when-stepping to kscope trace")
+    ap.add_argument(
+        "--no-align", action="store_true", help="pass --no-align (each rank starts at its next step)"
+    )
     ap.add_argument("--json", dest="json_out", default=None, help="write the runs here")
     args = ap.parse_args()
     runs = []
     for k in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="kscope-early-") as tmp:
-            r = one_run(Path(tmp), args.delay, args.timeout, args.straggler_ms, 100 + k, args.when_stepping)
+            extra = ("--no-align",) if args.no_align else ()
+            r = one_run(
+                Path(tmp), args.delay, args.timeout, args.straggler_ms, 100 + k, args.when_stepping, extra
+            )
         runs.append(r)
         print(
             f"run {k + 1}: {r['outcome']:<12} delay {r.get('delay_s')} s, step {r.get('steps_at_trigger')} at "
