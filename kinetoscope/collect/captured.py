@@ -25,7 +25,7 @@ MAX_FILES = 64
 UNUSABLE_EXIT = 3  # ``kscope trace``: the files are there, but cannot carry a cross-rank verdict
 # A rank asked for iterations whose window is this close to Kineto's default duration and holds
 # fewer steps than asked fell back to a duration trace (no iteration hook in the process).
-FALLBACK_TOLERANCE = 0.25
+FALLBACK_TOLERANCE = 0.1
 
 
 class CapturedFile(msgspec.Struct, kw_only=True):

@@ -236,7 +236,7 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                     kind="empty_file",
                     ranks=[r.rank],
                     count=1,
-                    message=f"rank {r.rank}'s trace is empty (0 events): {r.path}",
+                    message=f"rank {r.rank}'s trace is empty (0 events): {os.path.basename(r.path)}",
                 )
             )
         elif r.near_empty:
@@ -245,7 +245,7 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                     kind="near_empty_file",
                     ranks=[r.rank],
                     count=r.events,
-                    message=f"rank {r.rank}'s trace holds only {r.events} events: {r.path}",
+                    message=f"rank {r.rank}'s trace holds only {r.events} events: {os.path.basename(r.path)}",
                 )
             )
         if r.salvaged:
