@@ -90,9 +90,9 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
     asked = result.options.iterations
     out = Captured(
         checked=True,
-        usable=ev.assessed,
+        usable=_usable(ev, asked is not None),
         reason=ev.reason,
-        command=_command(result) if not ev.assessed else None,
+        command=_command(result) if not ev.assessed and asked is not None else None,
         steps_in_common=ev.steps_in_common if len(ev.ranks) > 1 else None,
         windows_overlap=ev.windows_overlap,
         windows_aligned=ev.windows_aligned,
@@ -131,6 +131,15 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
     if out.warming_up and out.command is None and not out.usable:
         out.command = _command(result)
     return out
+
+
+def _usable(ev: Any, iterations: bool) -> bool:
+    """Whether the set can carry a verdict: no empty file; for an iteration trace (a training
+    job's steps were asked for), also what the evidence needs for a cross-rank verdict. A
+    duration trace without steps (an inference server, a data pipeline) is usable as it is."""
+    if any(r.empty for r in ev.ranks):
+        return False
+    return bool(ev.assessed) or not iterations
 
 
 def _warming_up(ev: Any, asked: int | None) -> str | None:

@@ -139,7 +139,9 @@ def captured_lines(captured: dict[str, Any]) -> list[str]:
     if not captured.get("checked"):
         return [f"files not read back: {captured.get('why_not')}"]
     out = []
-    if captured.get("usable"):
+    if captured.get("usable") and captured.get("reason"):
+        out.append(f"kept as a duration trace; no cross-rank verdict from it: {captured.get('reason')}")
+    elif captured.get("usable"):
         n = captured.get("steps_in_common")
         common = f" ({n} steps held by every rank)" if n is not None else ""
         out.append(f"usable for a verdict{common}")
