@@ -57,6 +57,7 @@ def one_run(
     seed: int,
     when_stepping: bool = False,
     extra: tuple[str, ...] = (),
+    after_steps: int = 0,
 ) -> dict[str, Any]:
     """One launch, one early trace, one diagnosis (module docstring)."""
     from kinetoscope.demo.local import LocalDaemon, TrainingJob
@@ -81,6 +82,8 @@ def one_run(
             seed=seed,
         ) as job:
             daemon.wait_for_processes(4, job_id=job_id, timeout=120, alive=job.alive)
+            if after_steps:  # the moment the job starts stepping, not a fixed delay
+                job.wait_for_steps(after_steps, timeout=180)
             time.sleep(max(0.0, delay_s - (time.monotonic() - launched)))
             out["delay_s"] = round(time.monotonic() - launched, 1)
             out["steps_at_trigger"] = max((d.get("step", 0) for d in job.progress().values()), default=0)
