@@ -92,6 +92,7 @@ class Evidence(msgspec.Struct, kw_only=True):
     steps_asked: int | None = None
     windows_overlap: bool | None = None
     windows_aligned: bool | None = None
+    starts_aligned: bool | None = None  # the windows start within one median step of each other
     start_spread_ms: float | None = None
     end_spread_ms: float | None = None
     clock_residual_us: float | None = None
@@ -221,6 +222,7 @@ def _windows(ev: Evidence, steps: pl.DataFrame) -> None:
     lengths = sorted(b - a for a, b in w if b is not None)
     tol = max(median_step_ms(steps) or 0.0, 0.05 * lengths[len(lengths) // 2])
     ev.windows_aligned = ev.windows_overlap and max(ev.start_spread_ms, ev.end_spread_ms) <= tol
+    ev.starts_aligned = ev.start_spread_ms <= tol
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -405,8 +407,10 @@ def exclude_anomalous(ev: Evidence, steps: pl.DataFrame, kept: pl.DataFrame) -> 
 
 def guard_uneven(ev: Evidence, uneven: dict[str, Any] | None) -> dict[str, Any] | None:
     """The uneven-inputs finding, or None when the evidence cannot support it: a short rank
-    whose file was salvaged (its end is missing, not its data), or windows not aligned (a rank
-    whose window merely ends earlier looks like one that ran out of data)."""
+    whose file was salvaged (its end is missing, not its data), or windows that start at
+    different times (picked up at different times, they end at different times too, and a rank
+    whose window merely ends earlier looks like one that ran out of data). Windows that start
+    together and end apart are what uneven inputs look like, and are kept."""
     if not uneven:
         return uneven
     short = set(uneven.get("short_ranks") or [])
@@ -414,8 +418,8 @@ def guard_uneven(ev: Evidence, uneven: dict[str, Any] | None) -> dict[str, Any] 
     why = None
     if short & set(salvaged) or (salvaged and uneven.get("mode") == "unmatched"):
         why = f"{_ranks_text(salvaged)} salvaged: a missing end is not data running out"
-    elif ev.windows_aligned is False:
-        why = "trace windows not aligned: a window that ends earlier is not data running out"
+    elif ev.starts_aligned is False or ev.windows_overlap is False:
+        why = "trace windows start at different times: a window that ends earlier is not data running out"
     if why is None:
         return uneven
     ev.anomalies.append(
