@@ -125,6 +125,12 @@ def main() -> int:
     ap.add_argument(
         "--no-align", action="store_true", help="pass --no-align (each rank starts at its next step)"
     )
+    ap.add_argument(
+        "--after-steps",
+        type=int,
+        default=0,
+        help="trigger once the job has done N steps (and --delay passed)",
+    )
     ap.add_argument("--json", dest="json_out", default=None, help="write the runs here")
     args = ap.parse_args()
     runs = []
@@ -132,7 +138,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="kscope-early-") as tmp:
             extra = ("--no-align",) if args.no_align else ()
             r = one_run(
-                Path(tmp), args.delay, args.timeout, args.straggler_ms, 100 + k, args.when_stepping, extra
+                Path(tmp),
+                args.delay,
+                args.timeout,
+                args.straggler_ms,
+                100 + k,
+                args.when_stepping,
+                extra,
+                args.after_steps,
             )
         runs.append(r)
         print(
