@@ -30,6 +30,7 @@ from kinetoscope.diagnosis.evidence import (
     guard_uneven,
     lowered,
     note_partial_first_step,
+    withhold,
 )
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
@@ -159,6 +160,7 @@ def diagnose(
     if evidence.anomalous:
         strag.confidence = lowered(strag.confidence)
         evidence.confidence_lowered = True
+    withhold(strag, evidence, multi_rank=len(job.traces) > 1)
     mfu = compute_mfu(
         job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision
     )

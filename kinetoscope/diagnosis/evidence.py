@@ -41,6 +41,7 @@ import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job, event_count
 from kinetoscope.diagnosis.clock import ClockAlignment
+from kinetoscope.diagnosis.straggler_model import StragglerReport
 from kinetoscope.diagnosis.timestamps import TimestampAnomalies
 
 MIN_COMMON_STEPS = 3
@@ -522,6 +523,20 @@ def note_partial_first_step(ev: Evidence, step: int) -> None:
             left_out=f"step {step}",
         )
     )
+
+
+def withhold(strag: StragglerReport, ev: Evidence, multi_rank: bool) -> None:
+    """A straggler report that the evidence cannot carry says so: ``kind`` ``not_assessed``, no
+    rank named, confidence ``n/a`` (the catalog, the fleet view and the recommendations read
+    ``kind``; a verdict withheld must not count as one)."""
+    if not multi_rank or ev.assessed:
+        return
+    strag.kind = "not_assessed"
+    strag.ranks = []
+    strag.intermittent_ranks = []
+    strag.recurrent_ranks = []
+    strag.confidence = "n/a"
+    strag.reason = f"not assessed: {ev.reason}"
 
 
 def lowered(confidence: str) -> str:

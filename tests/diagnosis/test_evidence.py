@@ -66,8 +66,12 @@ def test_empty_rank_file_is_named_not_assessed():
     assert line.startswith("Evidence: steps per rank 0: 16, 1: 16, 2: 0, 3: 16; 0 in common;")
     assert "rank 2's trace is empty (0 events)" in line
     assert not ev["assessed"] and "empty_file" in _kinds(ev)
-    # no straggler recommendation rests on a verdict that was not assessed
+    # no straggler verdict or recommendation rests on traces that cannot carry one
+    assert d.stragglers.kind == "not_assessed" and d.stragglers.ranks == []
     assert not any(r["id"].startswith("straggler") for r in d.recommendations)
+    from kinetoscope.pipeline import document_summary
+
+    assert document_summary(d.to_dict())["straggler_kind"] == "not_assessed"
 
 
 def test_single_empty_trace_is_named(tmp_path):
