@@ -112,3 +112,13 @@ def test_remote_files_are_not_read_back():
     res = _result([Path("/nonexistent/rank-0_1.pt.trace.json")])
     cap = check_captured(res).to_json()
     assert cap["checked"] is False and not unusable(cap)
+
+
+def test_probe_reading_of_a_stepping_job_and_of_a_one_step_window():
+    """``--when-stepping``'s probe reading (``collect.stepping.read_probe``) on real files."""
+    from kinetoscope.collect.stepping import read_probe
+
+    steps, rate, steady = read_probe(str(sorted(CLEAN.glob("rank-0_*"))[0]))
+    assert steps == 16 and steady and rate is not None and 10 < rate < 30  # ~53 ms steps
+    steps, rate, steady = read_probe(str(sorted((CASES / "one_step_w4").glob("rank-0_*"))[0]))
+    assert steps == 1 and rate is None and not steady
