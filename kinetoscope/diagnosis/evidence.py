@@ -451,12 +451,14 @@ def evidence_lines(ev: Evidence) -> list[str]:
         if ev.windows_overlap is False:
             win = "windows do NOT overlap"
         head = f"Evidence: steps per rank {steps}{asked}; {ev.steps_in_common} in common; {win}"
-    named = [a for a in ev.anomalies if a.kind != "windows_not_aligned"]
-    tail = "; ".join(a.message for a in named) if named else "no anomaly"
-    out = [
-        f"{head}; {len(named)} anomal{'y' if len(named) == 1 else 'ies'}{': ' if named else ' '}{tail if named else ''}".rstrip()
-        + "."
-    ]
+    named = [a for a in ev.anomalies if a.kind != "windows_not_aligned"]  # already in ``head``
+    if named:
+        body = f"{len(named)} anomal{'y' if len(named) == 1 else 'ies'}: " + "; ".join(
+            a.message for a in named
+        )
+    else:
+        body = "0 anomalies"
+    out = [f"{head}; {body}."]
     left = [a.left_out for a in ev.anomalies if a.left_out]
     if left:
         out.append("Left out: " + "; ".join(dict.fromkeys(left)) + ".")
@@ -465,8 +467,9 @@ def evidence_lines(ev: Evidence) -> list[str]:
 
 def headline(verdict: list[str], ev: Evidence | None, multi_rank: bool) -> list[str]:
     """The verdict lines as the evidence allows: ``NOT ASSESSED`` with the reason and the command
-    when it cannot be assessed (cross-rank only), else the verdict, its first line saying when it
-    rests on anomalous data; then the evidence lines."""
+    when it cannot be assessed, else the verdict, its first line saying when it rests on
+    anomalous data (and, for one process, when it holds fewer steps than asked); then the
+    evidence lines."""
     if ev is None:
         return verdict
     if not ev.assessed:
