@@ -139,7 +139,8 @@ def diagnose(
         notes.append(
             f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out"
         )
-    evidence = gather_evidence(job, steps, clock)
+    n_inst = int(s_inst["instance"].n_unique()) if s_inst.height and "instance" in s_inst.columns else 0
+    evidence = gather_evidence(job, steps, clock, n_inst)
     if partial_first is not None:
         note_partial_first_step(evidence, partial_first)
     if len(job.traces) > 1 and (bad := exclude_anomalous(evidence, steps, s_bd)):

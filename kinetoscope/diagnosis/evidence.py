@@ -45,6 +45,9 @@ from kinetoscope.diagnosis.straggler_model import StragglerReport
 from kinetoscope.diagnosis.timestamps import TimestampAnomalies
 
 MIN_COMMON_STEPS = 3
+# ...unless the steps in common hold this many collective instances: one step of a large model
+# (the straggler analysis' own bar for high confidence, ``stragglers._confidence``)
+MIN_COMMON_INSTANCES = 32
 NEAR_EMPTY_EVENTS = 50
 STARTUP_RATIO = 2.0
 CLOCK_RESIDUAL_SHARE = 0.25
@@ -90,6 +93,7 @@ class Evidence(msgspec.Struct, kw_only=True):
     confidence_lowered: bool = False
     ranks: list[RankEvidence] = []
     steps_in_common: int = 0
+    instances_in_common: int = 0  # collective instances in the steps in common
     steps_asked: int | None = None
     windows_overlap: bool | None = None
     windows_aligned: bool | None = None
@@ -174,8 +178,9 @@ def _asked(path: str) -> int | None:
     return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
-def gather_evidence(job: Job, steps: pl.DataFrame, clock: ClockAlignment) -> Evidence:
-    """The evidence of ``job`` before any verdict (``steps``: ``breakdown.step_table``)."""
+def gather_evidence(job: Job, steps: pl.DataFrame, clock: ClockAlignment, instances: int = 0) -> Evidence:
+    """The evidence of ``job`` before any verdict (``steps``: ``breakdown.step_table``;
+    ``instances``: collective instances in the steps every rank holds)."""
     starts = [
         sp[0] + int(clock.offsets.get(r, 0))
         for r in job.ranks
@@ -191,6 +196,7 @@ def gather_evidence(job: Job, steps: pl.DataFrame, clock: ClockAlignment) -> Evi
     asked = {r.asked_steps for r in ranks if r.asked_steps is not None}
     ev.steps_asked = max(asked) if asked else None
     ev.steps_in_common = _common(steps, len(job.traces))
+    ev.instances_in_common = instances
     ev.timestamp_anomalies = sum(r.timestamps.total for r in ranks)
     _windows(ev, steps)
     _name_anomalies(ev, job, steps)
@@ -350,9 +356,12 @@ def _judge(ev: Evidence, job: Job) -> None:
         pass
     elif ev.windows_overlap is False:
         ev.reason = "the ranks' trace windows do not overlap (" + _window_text(ev) + ")"
-    elif ev.steps_in_common < MIN_COMMON_STEPS:
+    elif ev.steps_in_common < MIN_COMMON_STEPS and ev.instances_in_common < MIN_COMMON_INSTANCES:
         per = ", ".join(f"rank {r.rank}: {r.steps}" for r in ev.ranks)
-        ev.reason = f"only {ev.steps_in_common} step(s) held by every rank, {MIN_COMMON_STEPS} needed (steps per rank: {per})"
+        ev.reason = (
+            f"only {ev.steps_in_common} step(s) held by every rank, {MIN_COMMON_STEPS} needed "
+            f"(or {MIN_COMMON_INSTANCES} collectives in them; steps per rank: {per})"
+        )
     if ev.reason is not None:
         ev.assessed = False
         ev.command = suggested_command(job)
