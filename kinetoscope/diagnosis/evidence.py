@@ -44,10 +44,10 @@ from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.straggler_model import StragglerReport
 from kinetoscope.diagnosis.timestamps import TimestampAnomalies
 
-MIN_COMMON_STEPS = 3
+MIN_COMMON_STEPS = 2
 # ...unless the steps in common hold this many collective instances: one step of a large model
-# (the straggler analysis' own bar for high confidence, ``stragglers._confidence``)
-MIN_COMMON_INSTANCES = 32
+# (the straggler analysis' own bar for medium confidence, ``stragglers._confidence``)
+MIN_COMMON_INSTANCES = 8
 NEAR_EMPTY_EVENTS = 50
 STARTUP_RATIO = 2.0
 CLOCK_RESIDUAL_SHARE = 0.25
@@ -548,7 +548,6 @@ def withhold(strag: StragglerReport, ev: Evidence, multi_rank: bool) -> None:
     strag.intermittent_ranks = []
     strag.recurrent_ranks = []
     strag.confidence = "n/a"
-    strag.reason = f"not assessed: {ev.reason}"
 
 
 def lowered(confidence: str) -> str:

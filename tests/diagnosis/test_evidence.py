@@ -97,7 +97,7 @@ def test_window_of_one_step_is_not_assessed():
     d, summary, ev = _run(CASES / "one_step_w4")
     assert summary[0].startswith("NOT ASSESSED: only ")
     assert (
-        "3 needed (or 32 collectives in them; steps per rank: rank 0: 1, rank 1: 1, rank 2: 1, rank 3: 1)"
+        "2 needed (or 8 collectives in them; steps per rank: rank 0: 1, rank 1: 1, rank 2: 1, rank 3: 1)"
         in summary[0]
     )
     assert summary[2].startswith("Evidence: steps per rank 0: 1, 1: 1, 2: 1, 3: 1;")
