@@ -119,6 +119,7 @@ class Evidence(msgspec.Struct, kw_only=True):
         for r, rank in zip(d["ranks"], self.ranks, strict=True):
             r["timestamps"]["total"] = rank.timestamps.total
         d["anomalous"] = self.anomalous
+        d["usable"] = self.assessed  # the same judgement under the name the autopilot reads
         d["lines"] = self.lines()
         return d
 
