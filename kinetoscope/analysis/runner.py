@@ -32,7 +32,7 @@ NO_GPU_NOTE = "no GPU events"
 DIAGNOSIS_KEYS = ("job", "steps", "stragglers", "mfu", "recommendations")
 # Diagnosis keys added after the first contract (docs/diagnosis.md section 11), null when the job
 # does not show the problem; like DIAGNOSIS_KEYS, each can be selected with ``--only``.
-EXTRA_DIAGNOSIS_KEYS = ("pipeline", "uneven_inputs", "recompilation")
+EXTRA_DIAGNOSIS_KEYS = ("pipeline", "uneven_inputs", "recompilation", "evidence")
 
 
 class AnalysisResults(dict[str, pl.DataFrame]):

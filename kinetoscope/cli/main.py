@@ -45,7 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kinetoscope.cli.diff_cmd",
         "Compare two traces: op/kernel counts and durations added, removed and changed.",
     ),
-    "jobs": ("kinetoscope.cli.jobs_cmd", "List the jobs the catalog has seen, most recent first."),
+    "jobs": (
+        "kinetoscope.cli.jobs_cmd",
+        "List every job the catalog has seen (by hand or by the autopilot), most recent first.",
+    ),
     "traces": ("kinetoscope.cli.catalog_cmd", "List recorded trace requests, newest first."),
     "report": (
         "kinetoscope.cli.report_cmd",

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
+from kinetoscope.collect.captured import UNUSABLE_EXIT, check_captured, unusable
 from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.collect.deliver import (
     job_step_rate,
@@ -35,6 +36,7 @@ from kinetoscope.collect.render import (
     matched_table,
     print_large,
     progress_bar,
+    render_captured,
     stored_table,
 )
 from kinetoscope.collect.trigger import (
@@ -128,6 +130,32 @@ def _mark_abandoned(err: Console, result: TraceResult, catalog: str | None) -> N
         err.print(f"[yellow]note:[/] {escape(note)}")
 
 
+def _when_stepping(
+    err: Console, request: TraceRequest, token: str | None, deadline_s: float, notes: list[str]
+) -> TraceRequest:
+    """Probe until the job steps steadily (``collect.stepping``); the request with the measured
+    step rate for the aligned roundup. Not steady by the deadline: said, and traced anyway."""
+    from kinetoscope.collect.stepping import wait_until_stepping
+
+    probe = wait_until_stepping(
+        request, token=token, deadline_s=deadline_s, say=lambda line: err.print(f"[dim]{escape(line)}[/]")
+    )
+    if probe is None or not probe.steady:
+        note = (
+            "--when-stepping: the job did not step steadily within "
+            f"{deadline_s:g} s ({probe.steps if probe else 0} step(s) in the last probe); tracing anyway"
+        )
+        notes.append(note)
+        err.print(f"[yellow]note:[/] {escape(note)}")
+        return request
+    note = f"--when-stepping: the job steps steadily at {probe.rate:.3g} steps/s (probe {probe.trace_id})"
+    notes.append(note)
+    err.print(f"[yellow]note:[/] {escape(note)}")
+    if request.options.iterations is None or request.options.iteration_roundup is not None:
+        return request
+    return replace(request, options=replace(request.options, steps_per_s=probe.rate))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("trace", epilog=EXAMPLES)
     def trace(
@@ -199,6 +227,12 @@ def register(app: typer.Typer) -> None:
             False, "--include-launchers", help="Also trace launcher processes (torchrun), skipped by default."
         ),
         wait: bool = typer.Option(False, "--wait", "-w", help="Wait until every trace file is complete."),
+        when_stepping: bool = typer.Option(
+            False,
+            "--when-stepping",
+            help="Trigger once the job steps steadily: short probe traces of one process measure its steps "
+            "first (within --timeout), and its rate sets the aligned roundup (docs/collect.md).",
+        ),
         timeout: float | None = typer.Option(
             None,
             "--timeout",
@@ -321,12 +355,17 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--timeout only applies with --wait")
         if timeout is not None and timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {timeout:g}")
+        limit = timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_S
+        if wait:  # the aligned roundup is chosen so the trace fits the wait (collect.window_fit)
+            request = replace(request, options=replace(request.options, wait_s=limit))
 
         out = Console(stderr=json_out, highlight=False)
         err = Console(stderr=True, highlight=False)
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}")
 
+        if when_stepping:
+            request = _when_stepping(err, request, token, limit, notes)
         result = _trigger(err, request, token, json_out)
         result.notes[:0] = notes
         for note in result.notes[len(notes) :]:
@@ -344,11 +383,12 @@ def register(app: typer.Typer) -> None:
             _record(err, result, catalog)
 
         if wait and result.files:
-            limit = timeout if timeout is not None else DEFAULT_WAIT_TIMEOUT_S
             if json_out or not err.is_terminal:
                 result = wait_for_trace(result, timeout=limit, token=token)
             else:
                 result = _progress_waiter(err, result, limit, token)
+            captured = check_captured(result)
+            result.captured = captured.to_json()
 
         if store_url is not None and result.files:
             if not json_out:
@@ -362,6 +402,8 @@ def register(app: typer.Typer) -> None:
             sys.stdout.flush()
         else:
             render_files(out, result)
+            if result.captured:
+                render_captured(out, err, result.captured)
             if result.manifest_paths:
                 out.print(f"manifest: {escape(result.manifest_paths[0])}")
             if result.stored:
@@ -374,3 +416,5 @@ def register(app: typer.Typer) -> None:
             err.print(f"[bold red]error:[/] {escape(problem.message)}")
         if result.errors:
             raise typer.Exit(1)
+        if unusable(result.captured):
+            raise typer.Exit(UNUSABLE_EXIT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from types import TracebackType
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -106,6 +107,54 @@ def files_table(
         ]
         table.add_row(*([escape(hosts.get(f.host, f.host))] if show_host else []), *row)
     return table
+
+
+def captured_table(captured: dict[str, Any]) -> Table:
+    """Per file read back: iterations captured against those asked, events, window, and what is
+    wrong with it (``collect.captured``)."""
+    table = _table("what the files hold", False)
+    for col in ("rank", "pid", "iterations", "events", "window", "problem"):
+        table.add_column(col, no_wrap=col != "problem")
+    for f in sorted(captured.get("files") or [], key=lambda f: (f["rank"] is None, f["rank"] or 0, f["pid"])):
+        asked = f.get("iterations_asked")
+        its = f"{f['iterations']}/{asked}" if asked else str(f["iterations"])
+        problems = []
+        if f.get("empty"):
+            problems.append("EMPTY (0 events)")
+        if f.get("fell_back_to_duration"):
+            problems.append("fell back to a duration trace (no iteration hook)")
+        if asked and not f.get("empty") and f["iterations"] < asked:
+            problems.append("fewer iterations than asked")
+        if f.get("timestamp_anomalies"):
+            problems.append(f"{f['timestamp_anomalies']} timestamp anomalies")
+        window = "-" if f.get("window_ms") is None else f"{f['window_ms'] / 1000.0:.2f} s"
+        rank = "-" if f["rank"] is None else str(f["rank"])
+        table.add_row(rank, str(f["pid"]), its, str(f["events"]), window, escape("; ".join(problems)))
+    return table
+
+
+def captured_lines(captured: dict[str, Any]) -> list[str]:
+    """The verdict on the set: usable for a cross-rank verdict or not (why, what to run), the
+    windows, a job still warming up, and the evidence lines."""
+    if not captured.get("checked"):
+        return [f"files not read back: {captured.get('why_not')}"]
+    out = []
+    if captured.get("usable") and captured.get("reason"):
+        out.append(f"kept as a duration trace; no cross-rank verdict from it: {captured.get('reason')}")
+    elif captured.get("usable"):
+        n = captured.get("steps_in_common")
+        common = f" ({n} steps held by every rank)" if n is not None else ""
+        out.append(f"usable for a verdict{common}")
+    else:
+        out.append(f"NOT USABLE for a cross-rank verdict: {captured.get('reason')}")
+    if captured.get("windows_aligned") is False:
+        out.append("windows not aligned: the ranks traced different steps")
+    if captured.get("warming_up"):
+        out.append(str(captured["warming_up"]))
+    if captured.get("command"):
+        out.append(f"trace again with: {captured['command']}")
+    out += list(captured.get("evidence") or [])
+    return out
 
 
 def stored_table(result: TraceResult, *, compact: bool = False) -> Table:
@@ -242,3 +291,15 @@ def large_files(result: TraceResult, limit: int = TABLE_MAX_ROWS) -> tuple[str, 
     shown = missing[:limit]
     more = f" (first {len(shown)})" if len(missing) > len(shown) else ""
     return line, files_table(result, rows=shown, title=f"{len(missing)} incomplete file(s){more}")
+
+
+def render_captured(out: Console, err: Console, captured: dict[str, Any]) -> None:
+    """``captured_table`` (when the files were read back), then ``captured_lines``: the
+    verdict on the set in bold on ``out``, the rest as notes."""
+    if captured.get("checked") and captured.get("files"):
+        out.print(captured_table(captured))
+    lines = captured_lines(captured)
+    style = "bold green" if captured.get("usable") and captured.get("checked") else "bold red"
+    out.print(f"[{style}]{escape(lines[0])}[/]" if captured.get("checked") else escape(lines[0]))
+    for line in lines[1:]:
+        out.print(escape(line))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress, parse_hosts
+from kinetoscope.collect.window_fit import fit_roundup
 from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
 from kinetoscope.protocol import jobident, rpc
@@ -65,6 +66,9 @@ class TraceOptions:
     # The job's step rate when known (e.g. from an earlier analysis in the catalog): a tighter
     # alignment roundup than the assumed ALIGN_STEPS_PER_S. Not sent to the daemons.
     steps_per_s: float | None = None
+    # How long the caller will wait for the files (--wait --timeout): the alignment roundup is
+    # chosen so the trace is expected to end well inside it (collect.window_fit). Not sent.
+    wait_s: float | None = None
 
     def validate(self) -> None:
         if (self.duration_ms is None) == (self.iterations is None):
@@ -460,6 +464,8 @@ class TraceResult:
     # the "requested" catalog row so a later run can tell the waiter was killed (status "abandoned").
     waiter: dict[str, Any] | None = None
     fanout: FanoutTiming = field(default_factory=FanoutTiming)
+    # What the files hold, read back after --wait (``collect.captured.Captured.to_json``)
+    captured: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -500,6 +506,7 @@ class TraceResult:
             "catalog": self.catalog,
             "timing": self.fanout.timing_json(),
             "hosts": self.fanout.hosts_json(),
+            "captured": self.captured,
         }
 
 
@@ -674,13 +681,26 @@ def aligned_options(
     intervals = [i for p in matched if (i := poll_interval_of(p)) is not None]
     interval = max(intervals, default=DEFAULT_POLL_INTERVAL_S)
     rate = options.steps_per_s if options.steps_per_s and options.steps_per_s > 0 else None
-    roundup = align_roundup(interval, rate or ALIGN_STEPS_PER_S)
+    fit = fit_roundup(
+        align_roundup(interval, rate or ALIGN_STEPS_PER_S),
+        rate or ALIGN_STEPS_PER_S,
+        interval,
+        ALIGN_SLACK_S,
+        options.iterations or 1,
+        options.wait_s,
+    )
+    fitted = fit.note(rate or ALIGN_STEPS_PER_S, interval, options.iterations or 1)
+    if not fit.fits and fitted:  # said before anything is triggered
+        raise UsageError(fitted)
+    roundup = fit.roundup
     basis = f"their {interval:.0f} s poll interval" + (f" and the job's {rate:.3g} steps/s" if rate else "")
     note = (
         f"aligning {len(matched)} processes: each starts at the next multiple of {roundup} iterations "
         f"(--iteration-roundup {roundup}, from {basis}), so every rank traces the "
         f"same steps; this waits up to {roundup} steps first. --no-align starts each at its next step"
     )
+    if fitted:
+        note += f"; {fitted}"
     return replace(options, iteration_roundup=roundup), note
 
 

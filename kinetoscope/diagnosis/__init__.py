@@ -23,6 +23,15 @@ from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
+from kinetoscope.diagnosis.evidence import (
+    admissible,
+    exclude_anomalous,
+    gather_evidence,
+    guard_uneven,
+    lowered,
+    note_partial_first_step,
+    withhold,
+)
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.groups import assign_groups
@@ -115,6 +124,7 @@ def diagnose(
     # cross-rank analysis only on the steps every rank holds (trace windows need not be aligned)
     s_inst, s_bd, dropped = common_steps(instances, bd)
     first_step: int | None = None
+    partial_first: int | None = None
     if source == "optimizer" and s_bd.height and s_bd["step"].n_unique() > 2:
         # The first optimizer-delimited step starts where the trace starts. On-demand iteration
         # traces start right after an optimizer step, so it is a whole step and kept; a trace
@@ -126,10 +136,18 @@ def diagnose(
         else:
             s_inst = s_inst.filter(pl.col("step") != first)
             s_bd = s_bd.filter(pl.col("step") != first)
+            partial_first = first
     if dropped:
         notes.append(
             f"cross-rank analysis restricted to the steps every rank holds: {dropped} step(s) left out"
         )
+    n_inst = int(s_inst["instance"].n_unique()) if s_inst.height and "instance" in s_inst.columns else 0
+    evidence = gather_evidence(job, steps, clock, n_inst)
+    if partial_first is not None:
+        note_partial_first_step(evidence, partial_first)
+    if len(job.traces) > 1 and (bad := exclude_anomalous(evidence, steps, s_bd)):
+        s_inst = s_inst.filter(~pl.col("step").is_in(bad))
+        s_bd = s_bd.filter(~pl.col("step").is_in(bad))
     # what marks the collectives (collectives.py); host issue times lose a step's largest wait
     signals = {sig for c in colls.values() if c.height for sig in c["signal"].unique().to_list()}
     strag = analyze_stragglers(
@@ -142,13 +160,20 @@ def diagnose(
         host_issued=bool(signals) and "kernel" not in signals,
         step_spans=steps,
     )
+    if evidence.anomalous:
+        strag.confidence = lowered(strag.confidence)
+        evidence.confidence_lowered = True
+    withhold(strag, evidence, multi_rank=len(job.traces) > 1)
     mfu = compute_mfu(
         job, steps, bd, clock.offsets, model_flops=model_flops, peak_flops=peak_flops, precision=precision
     )
     attention = {r: f.attention for r, f in job.figures.items()}
     comp = {r: f.compilation for r, f in job.figures.items()}
     extra = seed_analyses(job, steps, colls, clock)
+    extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
+    recs = admissible(evidence, recs)
+    extra["evidence"] = evidence.to_dict()
     coll_summary = (
         _collective_summary(instances).with_columns(pl.lit(",".join(sorted(signals))).alias("signal"))
         if instances.height
@@ -170,6 +195,7 @@ def diagnose(
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
         extra=extra,
+        evidence=evidence,
     )
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, LaunchGapCounts
     from kinetoscope.diagnosis.pipeline import StepCut
     from kinetoscope.diagnosis.recompile import CompileRegion
+    from kinetoscope.diagnosis.timestamps import TimestampAnomalies
 
 # Per local step (own clock), ns; nulls where the rank had nothing of that kind in the step
 STEP_FIGURES_SCHEMA: dict[str, pl.DataType] = {
@@ -71,6 +72,8 @@ class RankFigures:
     compile_regions: list[CompileRegion]  # ``recompile.compile_regions``: one per compilation
     host_nelems: dict[int, int]  # ``bandwidth.host_op_nelems``: c10d op start -> elements
     launch_gaps: LaunchGapCounts  # ``detectors.launch_gap_counts``: host-bound gaps, counted
+    # ``timestamps.timestamp_anomalies`` (local steps); None for figures made before it existed
+    timestamps: TimestampAnomalies | None = None
 
     def collectives_of(self, rank: int) -> pl.DataFrame:
         """The collectives labelled with the job's ``rank`` (an unranked trace gets its rank
@@ -166,6 +169,7 @@ def rank_figures(trace: Trace) -> RankFigures:
     from kinetoscope.diagnosis.mfu import _device_of, precision_time, trace_step_flops
     from kinetoscope.diagnosis.pipeline import rank_cuts
     from kinetoscope.diagnosis.recompile import compile_regions
+    from kinetoscope.diagnosis.timestamps import timestamp_anomalies
 
     steps = detect_steps(trace).select("step", "start", "end", "source")
     has_device = trace.events.filter(pl.col("kind").is_in(list(DEVICE_KINDS))).height > 0
@@ -186,6 +190,7 @@ def rank_figures(trace: Trace) -> RankFigures:
         compile_regions=compile_regions(trace),
         host_nelems=host_op_nelems(trace),
         launch_gaps=launch_gap_counts(trace),
+        timestamps=timestamp_anomalies(trace, steps),
     )
 
 

@@ -12,6 +12,7 @@ import polars as pl
 from kinetoscope.analysis.runner import DIAGNOSIS_KEYS, frame_rows
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
+from kinetoscope.diagnosis.evidence import Evidence, headline
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.straggler_model import StragglerReport
 from kinetoscope.diagnosis.straggler_whatif import rotating_line
@@ -142,6 +143,8 @@ class Diagnosis(Mapping[str, Any]):
     step_source: str | None = None
     other_jobs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # what the verdict rests on (``evidence.gather_evidence``); the headline follows it
+    evidence: Evidence | None = None
     _mapping: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- JSON ------------------------------------------------------------------------------------
@@ -202,8 +205,14 @@ class Diagnosis(Mapping[str, Any]):
 
     # ---- human output ------------------------------------------------------------------------------------
     def verdict(self) -> str:
-        """The verdict, at most two lines (``verdict_lines``) joined by a newline."""
-        return "\n".join(self.verdict_lines())
+        """The verdict as the evidence allows (``headline``), lines joined by a newline."""
+        return "\n".join(self.headline_lines())
+
+    def headline_lines(self) -> list[str]:
+        """``verdict_lines`` as the evidence allows (``evidence.headline``): ``NOT ASSESSED`` when
+        the traces cannot carry a cross-rank verdict, the first line naming anomalous data under
+        it, then the evidence lines."""
+        return headline(self.verdict_lines(), self.evidence, multi_rank=len(self.job.traces) > 1)
 
     def verdict_lines(self) -> list[str]:
         """At most two lines: the kind with the named ranks (each with its share of the waiting,
@@ -269,7 +278,7 @@ class Diagnosis(Mapping[str, Any]):
         """The verdict (two lines), the job line, MFU and the top three recommendations: a list
         of lines that ``print`` shows as text."""
         j = self.job
-        lines = self.verdict_lines()
+        lines = self.headline_lines()
         ws = j.world_size
         found = len(j.traces)
         miss = f", {len(j.missing_ranks)} missing" if j.missing_ranks else ""

@@ -336,7 +336,36 @@ def verdict_view(doc: Mapping[str, Any]) -> dict[str, Any]:
             )
     headline, rest = (lines[0], lines[1:]) if lines else (None, [])
     cls = {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind or "", "neutral")
+    ev = _mapping(doc.get("evidence"))
+    if ev and (not ev.get("assessed", True) or ev.get("anomalous")):
+        cls = "warn"  # the verdict does not rest on good data: never shown as a clean bill
     return {"headline": headline, "lines": rest, "kind": kind, "cls": cls, "missing": missing}
+
+
+def evidence_section(doc: Mapping[str, Any], max_rows: int) -> Section | None:
+    """The evidence card (``report.evidence``): status, figures, per-rank and anomaly tables."""
+    from kinetoscope.report.evidence import evidence_view
+
+    v = evidence_view(doc)
+    if v is None:
+        return None
+    sec = Section(
+        "evidence",
+        "Evidence",
+        intro=f"{v['status']}."
+        + (f" For a trace that can be assessed: {v['command']}" if v["command"] else ""),
+    )
+    sec.kpis = [
+        Kpi(label, value, cls=v["cls"] if i == 0 else None) for i, (label, value) in enumerate(v["facts"])
+    ]
+    sec.notes = list(v["lines"])
+    if v["ranks"]:
+        sec.tables.append(table_from_rows("table-evidence-ranks", "Per rank", v["ranks"], max_rows=max_rows))
+    if v["anomalies"]:
+        sec.tables.append(
+            table_from_rows("table-evidence-anomalies", "Anomalies", v["anomalies"], max_rows=max_rows)
+        )
+    return sec
 
 
 def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
@@ -1416,6 +1445,7 @@ def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
 
 KNOWN_KEYS = {
     "traces",
+    "evidence",
     "diagnosis_summary",
     "job",
     "steps",
@@ -1493,7 +1523,9 @@ def build_view(
 ) -> ReportView:
     if not isinstance(doc, Mapping):
         raise TypeError("the analysis document must be a JSON object")
+    evidence = evidence_section(doc, max_rows)
     sections = [
+        *([evidence] if evidence is not None else []),
         recommendations_section(doc),
         overview_section(doc, max_rows),
         stragglers_section(doc, max_rows),

@@ -171,6 +171,7 @@ def analyses_page(request: Request, trace_id: str | None = None, web: WebContext
 @router.get("/analyses/{analysis_id}", response_class=HTMLResponse)
 def analysis_page(request: Request, analysis_id: int, web: WebContext = Ctx) -> HTMLResponse:
     a = web.analysis_or_404(analysis_id)
+    from kinetoscope.report.evidence import evidence_view
     from kinetoscope.report.sections import verdict_view
 
     return render_page(
@@ -178,6 +179,7 @@ def analysis_page(request: Request, analysis_id: int, web: WebContext = Ctx) -> 
         "analysis.html.j2",
         a=a,
         verdict=verdict_view(a.document),
+        evidence=evidence_view(a.document),
         recs=[r for r in a.document.get("recommendations") or [] if isinstance(r, dict)],
         errors=a.document.get("errors") or {},
     )

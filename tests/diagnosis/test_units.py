@@ -305,7 +305,8 @@ def test_trace_windows_that_share_no_step_are_not_assessed():
     traces = make_job(2, 8, skip_steps={0: {4, 5, 6, 7}, 1: {0, 1, 2, 3}}, hosts=["h", "h"])
     d = diagnose(traces)
     s = d.stragglers
-    assert s.kind == "none" and s.ranks == [] and s.skew_fraction is None
+    assert s.kind == "not_assessed" and s.ranks == [] and s.skew_fraction is None
     line = d.verdict_lines()[0]
     assert line.startswith("STRAGGLERS NOT ASSESSED: the ranks' trace windows share no step"), line
+    assert d.summary()[0].startswith("NOT ASSESSED: the ranks' trace windows do not overlap")
     assert "NO STRAGGLER" not in " ".join(d.summary())
