@@ -95,6 +95,15 @@ def _doc_reason(evidence: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _windows_apart(evidence: Mapping[str, Any]) -> bool:
+    """Whether the ranks' windows do not overlap. ``windows_overlap`` is the analysis' answer;
+    ``windows_aligned`` (starts and ends close) is stricter, so it is read only without it:
+    windows that are staggered but overlap still carry a verdict on the steps they share."""
+    if "windows_overlap" in evidence:
+        return evidence["windows_overlap"] is False
+    return evidence.get("windows_aligned") is False or evidence.get("aligned") is False
+
+
 def steps_in_common(doc: Mapping[str, Any]) -> int | None:
     """Steps present for every rank in the document's ``steps`` rows (None without rows)."""
     rows = doc.get("steps")
@@ -184,7 +193,7 @@ def judge(
             f"{anomalies} device events stamped before their launch (repeated profiling corrupts "
             "timestamps: PyTorch #192021, #175790)",
         )
-    if ev.get("windows_aligned") is False or ev.get("aligned") is False:
+    if _windows_apart(ev):
         return bad("unaligned", "the ranks' traced windows do not overlap", "document")
     if steps is not None and steps < MIN_STEPS:
         return bad("too_few_steps", f"{steps} steps traced in common (at least {MIN_STEPS} needed)")

@@ -118,3 +118,15 @@ def test_too_few_steps_is_unusable(tmp_path: Path) -> None:
     ev = judge(run.document, run.paths)
     assert (ev.usable, ev.reason) == (False, "too_few_steps"), ev
     assert ev.steps_in_common is not None and ev.steps_in_common < MIN_STEPS
+
+
+def test_staggered_windows_that_overlap_stay_usable(tmp_path: Path) -> None:
+    """``windows_aligned`` False with ``windows_overlap`` True: the steps the ranks share still
+    carry a verdict; only windows that do not overlap make the sample unusable."""
+    doc, paths = _analysed(str(tmp_path), 0.5, 0)
+    base = {k: v for k, v in doc["evidence"].items() if k not in ("usable", "assessed")}
+    staggered = {**doc, "evidence": {**base, "windows_aligned": False, "windows_overlap": True}}
+    assert judge(staggered, paths).usable
+    apart = {**doc, "evidence": {**base, "windows_aligned": False, "windows_overlap": False}}
+    ev = judge(apart, paths)
+    assert (ev.usable, ev.reason) == (False, "unaligned")
