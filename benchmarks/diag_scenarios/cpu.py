@@ -79,7 +79,7 @@ CPU_TYPES: dict[str, tuple[str, int, float, str]] = {
 # Types whose delay is a fraction of the step instead of ``ms`` (train_knobs ``--step-frac``;
 # ``ms`` is then only the first steps' delay): "small" holds 8 % of the step it would have
 # without the delay, i.e. 7.4 % of the step, between the 5 % below which a verdict is `none`
-# (docs/diagnosis.md §5) and issue 9's "<= 8 % of a step".
+# (docs/diagnosis-stragglers.md) and issue 9's "<= 8 % of a step".
 STEP_FRACTION: dict[str, float] = {"small": 0.08}
 # How "small" holds its delay: busy (``compute``, the default) or asleep (``sleep``, how the runs
 # before diag15 held it). A rank asleep on a host with more runnable processes than cores gets its

@@ -13,7 +13,7 @@ from kinetoscope.analysis.runner import frame_rows
 
 @dataclass(frozen=True)
 class StragglerThresholds:
-    """Every threshold of the straggler verdict (docs/diagnosis.md §5)."""
+    """Every threshold of the straggler verdict (docs/diagnosis-stragglers.md)."""
 
     k_sigma: float = 8.0
     rel_step: float = 0.05

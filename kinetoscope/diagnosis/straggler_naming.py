@@ -286,7 +286,7 @@ def steadily_late(s: SteadySkew, free: int, th: StragglerThresholds) -> bool:
     of 16 steps is steady whatever its spikes add to the spread: bursts do not make a rank late
     in nearly every step. One test alone needs the stricter ``steady_alpha``: the rank tested
     was picked for being last often, which on a noisy host goes with a positive mean skew.
-    ``free``: the named rank's ``free_ranks`` (docs/diagnosis.md §5, "Steady lateness")."""
+    ``free``: the named rank's ``free_ranks`` (docs/diagnosis-stragglers.md, "Steady lateness")."""
     sign_p = binom_sf(s.behind, s.steps, 0.5)
     return (
         s.steps >= th.min_steps_confident
@@ -383,7 +383,7 @@ def _single(
     ``in_quiet``: the round where the ranks named for a few stalls keep their arrivals
     (``_stalls_only``). Moved to the typical arrival of the last two free ranks, the earlier of
     them, they would leave a rank that is merely later than one early peer looking last far
-    more often than chance (docs/diagnosis.md §5, the quiet steps)."""
+    more often than chance (docs/diagnosis-stragglers.md, the quiet steps)."""
     tot = rnd.imposed.sum(axis=0)
     worst = rnd.step_imposed.max(axis=1)
     for j in np.argsort(-tot, kind="stable"):

@@ -363,7 +363,7 @@ def _drop_minor_stalls(mx: Matrix, named: list[Named], th: StragglerThresholds) 
     ``min_event_share / E`` (``E`` = their stall events). The fewest ranks that explain most of
     the waiting: with the straggler fixed, the punctual rank of a 2-rank job is the last free
     rank, whose every late arrival imposes, and a loaded host descheduling it once used to get
-    it named beside the straggler (docs/diagnosis.md §5). Ranks that each stall once at random
+    it named beside the straggler (docs/diagnosis-stragglers.md). Ranks that each stall once at random
     are a pattern of equal stalls and are all kept."""
     if len(named) < 2:
         return named

@@ -119,7 +119,7 @@ def test_clean_run_says_none(ddp_runs):
             assert evidence_ranks <= {int(r) for r in listed.group(1).split(",")}, diag.render_text()
             cost = re.search(r"(?:costing|save only) ([\d.]+)% of step time \(< ([\d.]+)%\)", s.reason)
             # or frequency-only ranks late in no more steps than chance gives, whatever they cost
-            # (docs/diagnosis.md §5: arrival jitter); the 15 % bound above still holds
+            # (docs/diagnosis-stragglers.md: arrival jitter); the 15 % bound above still holds
             jitter = "late in no more steps than chance gives and never beyond the noise" in s.reason
             assert jitter or (cost and float(cost.group(1)) < float(cost.group(2))), s.reason
     # 16 traced steps: the first is analysed when every rank's window began at its start (after

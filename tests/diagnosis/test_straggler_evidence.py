@@ -104,7 +104,7 @@ def test_a_stall_of_a_fifth_of_a_step_is_named(tmp_path):
     """Rank 1 stalls 0.21 of a step once, beside ranks 2 and 0 (events at instances 2, 6, 7 of
     a 2-step, 4-rank job whose arrival noise is microseconds). The event threshold's step floor
     was a quarter of a step and left it out although the ground truth counts it; a fifth of a
-    step of a quiet GPU job is thousands of sigma (docs/diagnosis.md §5)."""
+    step of a quiet GPU job is thousands of sigma (docs/diagnosis-stragglers.md)."""
     sc, paths = _build(tmp_path, "intermittent", "sampled128", 4, 4)
     s = diagnose(paths).stragglers
     assert s.kind == "intermittent" and sorted(s.ranks) == sc.ranks == [0, 1, 2], s.reason
