@@ -21,6 +21,11 @@ Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
   slow_input, small (busy compute for 8 % of the step it delays, sized from the rank's own
   recent steps: 7.4 % of the step; ``--small-mode sleep``: a sleep instead, as before diag15),
   comm_hook (a delay inside a DDP comm hook).
+* issue 27's types, only when asked (``--new-cpu-jobs N``, ``--new-gpu-per-type N``; sequences
+  of their own, so the jobs above are unchanged for every seed): rotating (one random rank
+  stalls most of a step with p = 0.2-0.4 per step), masking (two ranks with exactly equal
+  persistent delays), mixed (one persistent and one intermittent rank), mixed3 (those plus a
+  rank with more compute); ``cpu.new_scenarios``, ``gpu.new_scenarios``.
 
 Each scenario is diagnosed through the public API, ``diagnose(paths).to_dict()["stragglers"]``
 (``kind``, ``ranks``: the stable JSON contract), and scored against its label
