@@ -137,15 +137,16 @@ NEW_CPU_TYPES: dict[str, tuple[str, tuple[str, ...], float, str]] = {
     "rotating": ("intermittent", (), 60.0, "rotating"),
     # two ranks asleep exactly as long every step: each is last only by the host's noise
     "masking": ("mixed", ("sleep", "sleep"), 30.0, "persistent"),
-    # a persistent rank (asleep every step) and an intermittent one (60 ms, p = 0.5 per step)
+    # a persistent rank (asleep every step) and an intermittent one (60 ms, p = 0.3 per step)
     "mixed": ("mixed", ("sleep", "intermittent"), 30.0, "mixed"),
     # the same plus a third rank busy computing 30 ms every step
     "mixed3": ("mixed", ("sleep", "compute", "intermittent"), 30.0, "mixed"),
 }
 ROTATING_STEP_FRACTION = 0.8  # a rotating stall: 80 % of the stalled rank's step (issue 27)
-MIXED_PROB, MIXED_INTERMITTENT_MS = 0.5, 60.0
+MIXED_PROB, MIXED_INTERMITTENT_MS = 0.3, 60.0
 # an intermittent rank of a mixed job is labelled when it stalled in this many traced steps or
-# more (fewer are noise to the verdict by design: docs/diagnosis.md section 5b, MIN_RECURRING)
+# more (fewer are noise to the verdict by design: docs/diagnosis.md section 5b, MIN_RECURRING);
+# stalled in half of the steps or more it is persistent by the verdict's definition (section 5b)
 MIN_RECURRING = 3
 NEW_WORLDS = (4, 5, 6, 8)
 
@@ -183,12 +184,13 @@ def new_scenarios(
     return out
 
 
-def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]]) -> tuple[str, list[int]]:
+def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]], n_steps: int) -> tuple[str, list[int]]:
     """Expected (kind, ranks) of a new-type job from who stalled in the traced steps:
     ``rotating``: every rank that stalled (``rotating`` with three stalls or more on two ranks or
     more, else ``intermittent``, ``none`` when nobody did); ``mixed``: the persistent ranks and
-    the intermittent rank when it stalled in ``MIN_RECURRING`` steps or more (else its kind is the
-    rest's); ``masking``: the two ranks."""
+    the intermittent rank when it stalled in ``MIN_RECURRING`` of the ``n_steps`` traced steps or
+    more (else its kind is the rest's), as a persistent one when in half of them or more (the
+    verdict's definition); ``masking``: the two ranks."""
     stalls: dict[int, int] = {}
     for by_rank in injected.values():
         for r in by_rank:
@@ -201,7 +203,7 @@ def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]]) -> tuple[s
         return ("rotating" if many else "intermittent"), ranks
     kinds = {int(r): k for r, k in sc.extra.get("kinds", {}).items()}
     ranks = sorted(r for r, k in kinds.items() if k != "intermittent" or stalls.get(r, 0) >= MIN_RECURRING)
-    has_int = any(kinds[r] == "intermittent" for r in ranks)
+    has_int = any(kinds[r] == "intermittent" and 2 * stalls[r] < n_steps for r in ranks)
     return ("mixed" if has_int else "persistent"), ranks
 
 
@@ -290,7 +292,7 @@ def run(
     slept = sorted({r for d in injected.values() for r in d})
     expected = slept if sc.type == "intermittent" else sorted(sc.hit)
     if sc.type in NEW_CPU_TYPES:
-        new_kind, expected = new_label(sc, injected)
+        new_kind, expected = new_label(sc, injected, len(steps))
     facts = {
         "traced_steps": [steps[0], steps[-1]],
         "ranks_injected_in_window": slept,

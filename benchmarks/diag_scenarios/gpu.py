@@ -463,8 +463,10 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
     * ``masking``: two ranks with the same stall array (10-40 % of a step per step): they arrive
       together, each last only by the noise;
     * ``mixed``: one persistent rank (10-40 % of a step per step) and one intermittent rank
-      (stalls of 20-60 % of a step in >= 3 steps, p = 0.5 per step); ``mixed3``: also a third rank
-      whose compute is stretched by 10-40 % of a step."""
+      (stalls of 20-60 % of a step in >= 3 steps, p = 0.3 per step); ``mixed3``: also a third rank
+      whose compute is stretched by 10-40 % of a step. Kind ``mixed`` when the intermittent rank
+      stalls in fewer than half of the steps, else ``persistent`` (the verdict's definition: late
+      in half of the steps or more is persistent; on the 6-step base 3 stalls are half)."""
     base = load_base(base_name)
     rng = random.Random(f"new/{stype}/{base_name}/{world}/{seed}")
     jitter_frac = rng.uniform(0.002, 0.01)
@@ -472,6 +474,7 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
     plan = Plan.empty(world, base.n, jitter_frac * base.step_us / per_step * 2)
     params: dict[str, Any] = {"jitter_mean_us": round(plan.jitter_mean_us, 1)}
     even = np.ones(base.n)
+    kind = NEW_KIND[stype]
     if stype == "rotating":
         p = rng.uniform(0.2, 0.4)
         for _ in range(1000):
@@ -495,7 +498,8 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
         who = rng.sample(range(world), N_STRAGGLERS[stype])
         frac = rng.uniform(0.10, 0.40)
         plan.delay[who[0]] = _per_step_split(base, frac, even, rng)
-        stalls = [_stall_in_step(base, s, rng) for s in _stall_steps(base, 0.5, rng)]
+        late = _stall_steps(base, 0.3, rng)
+        stalls = [_stall_in_step(base, s, rng) for s in late]
         for i in stalls:
             plan.delay[who[1], i] += rng.uniform(0.2, 0.6) * base.step_us
         params |= {"persistent": who[0], "frac_of_step": round(frac, 3), "intermittent": [who[1], stalls]}
@@ -504,10 +508,12 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
             plan.stretch[who[2]] = _per_step_split(base, cfrac, base.A - base.seg0, rng)
             params |= {"compute": who[2], "compute_frac": round(cfrac, 3)}
         ranks = sorted(who)
+        if 2 * len(late) >= base.n_steps:
+            kind = "persistent"
     else:
         raise ValueError(f"unknown new scenario type {stype!r}; expected one of {', '.join(NEW_TYPES)}")
     sid = f"gpu-{stype}-{base_name}-w{world}-n{seed}"
-    return Scenario(sid, stype, base_name, world, seed, ranks, NEW_KIND[stype], params, plan)
+    return Scenario(sid, stype, base_name, world, seed, ranks, kind, params, plan)
 
 
 def new_scenarios(
