@@ -146,7 +146,7 @@ ROTATING_STEP_FRACTION = 0.8  # a rotating stall: 80 % of the stalled rank's ste
 MIXED_PROB, MIXED_INTERMITTENT_MS = 0.3, 60.0
 # an intermittent rank of a mixed job is labelled when it stalled in this many traced steps or
 # more (fewer are noise to the verdict by design: docs/diagnosis.md section 5b, MIN_RECURRING);
-# stalled in half of the steps or more it is persistent by the verdict's definition (section 5b)
+# stalled in more than half of the steps it is persistent by the verdict's definition (section 5b)
 MIN_RECURRING = 3
 NEW_WORLDS = (4, 5, 6, 8)
 
@@ -189,7 +189,7 @@ def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]], n_steps: i
     ``rotating``: every rank that stalled (``rotating`` with three stalls or more on two ranks or
     more, else ``intermittent``, ``none`` when nobody did); ``mixed``: the persistent ranks and
     the intermittent rank when it stalled in ``MIN_RECURRING`` of the ``n_steps`` traced steps or
-    more (else its kind is the rest's), as a persistent one when in half of them or more (the
+    more (else its kind is the rest's), as a persistent one when in more than half of them (the
     verdict's definition); ``masking``: the two ranks."""
     stalls: dict[int, int] = {}
     for by_rank in injected.values():
@@ -203,7 +203,7 @@ def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]], n_steps: i
         return ("rotating" if many else "intermittent"), ranks
     kinds = {int(r): k for r, k in sc.extra.get("kinds", {}).items()}
     ranks = sorted(r for r, k in kinds.items() if k != "intermittent" or stalls.get(r, 0) >= MIN_RECURRING)
-    has_int = any(kinds[r] == "intermittent" and 2 * stalls[r] < n_steps for r in ranks)
+    has_int = any(kinds[r] == "intermittent" and 2 * stalls[r] <= n_steps for r in ranks)
     return ("mixed" if has_int else "persistent"), ranks
 
 
