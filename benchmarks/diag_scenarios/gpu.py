@@ -463,7 +463,7 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
     * ``masking``: two ranks with the same stall array (10-40 % of a step per step): they arrive
       together, each last only by the noise;
     * ``mixed``: one persistent rank (10-40 % of a step per step) and one intermittent rank
-      (stalls of 20-60 % of a step in >= 3 steps, p = 0.3 per step); ``mixed3``: also a third rank
+      (stalls of 20-60 % of a step in 30 % of the steps, >= 3); ``mixed3``: also a third rank
       whose compute is stretched by 10-40 % of a step. Kind ``mixed``, or ``persistent`` when the
       intermittent rank stalls in more than half of the steps (late in most steps is persistent
       by the verdict's definition; on the 6-step base, 4 stalls or more)."""
@@ -498,7 +498,9 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
         who = rng.sample(range(world), N_STRAGGLERS[stype])
         frac = rng.uniform(0.10, 0.40)
         plan.delay[who[0]] = _per_step_split(base, frac, even, rng)
-        late = _stall_steps(base, 0.3, rng)
+        # 30 % of the steps, at least MIN_STALLS: recurring, yet late in no more than half of
+        # them (the 6-step base: 3), so the rank stays intermittent by the verdict's definition
+        late = sorted(rng.sample(range(base.n_steps), max(MIN_STALLS, round(0.3 * base.n_steps))))
         stalls = [_stall_in_step(base, s, rng) for s in late]
         for i in stalls:
             plan.delay[who[1], i] += rng.uniform(0.2, 0.6) * base.step_us
