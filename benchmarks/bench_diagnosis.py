@@ -403,9 +403,10 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   `rotating` with three stalls or more on two ranks or more), `masking` (two ranks with exactly
   equal persistent delays: CPU 30 ms asleep each every step, GPU the same stall array; kind
   `persistent`), `mixed` (a persistent rank, 30 ms asleep every step / 10-40 % of a step, and an
-  intermittent one, 60 ms at p = 0.3 per step / 20-60 % of a step in >= 3 steps; kind `mixed`;
-  on CPU the intermittent rank is labelled when it stalled in 3 traced steps or more, else the
-  job is `persistent` without it) and `mixed3` (the same plus a third rank busy computing 30 ms
+  intermittent one, 60 ms at p = 0.3 per step / 20-60 % of a step in 30 % of the steps, >= 3;
+  kind `mixed`; the intermittent rank is labelled when it stalled in 3 traced steps or more, else
+  the job is `persistent` without it, and counts as persistent when it stalled in more than half
+  of them, the verdict's own definition) and `mixed3` (the same plus a third rank busy computing 30 ms
   every step / its compute stretched by 10-40 % of a step). CPU jobs run `train_knobs --mode
   mixed --spec R:KIND:MS[:P],...` (every rank's schedule a function of `--seed` and the step)
   with two punctual ranks or more beside the stragglers; GPU `rotating`, `mixed` and `mixed3`
