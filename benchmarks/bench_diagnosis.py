@@ -21,6 +21,11 @@ Two generators of labelled scenarios (``benchmarks/diag_scenarios/``):
   slow_input, small (busy compute for 8 % of the step it delays, sized from the rank's own
   recent steps: 7.4 % of the step; ``--small-mode sleep``: a sleep instead, as before diag15),
   comm_hook (a delay inside a DDP comm hook).
+* issue 27's types, only when asked (``--new-cpu-jobs N``, ``--new-gpu-per-type N``; sequences
+  of their own, so the jobs above are unchanged for every seed): rotating (one random rank
+  stalls most of a step with p = 0.2-0.4 per step), masking (two ranks with exactly equal
+  persistent delays), mixed (one persistent and one intermittent rank), mixed3 (those plus a
+  rank with more compute); ``cpu.new_scenarios``, ``gpu.new_scenarios``.
 
 Each scenario is diagnosed through the public API, ``diagnose(paths).to_dict()["stragglers"]``
 (``kind``, ``ranks``: the stable JSON contract), and scored against its label
@@ -149,6 +154,7 @@ def run_cpu(sc: cpu.CpuScenario, workdir: Path, keep: bool) -> Outcome:
         o.expected_ranks, o.params = expected, params | facts
         if sc.type == "intermittent" and not expected:
             o.expected_kind = "none"  # nobody slept in the traced window
+        o.expected_kind = facts.get("expected_kind", o.expected_kind)  # new types: from who stalled
         check_cpu_truth(o, [Path(p) for p in paths])
         v = verdict(paths)
         o.kind, o.ranks, o.reason = str(v["kind"]), sorted(int(r) for r in v["ranks"]), v.get("reason")
@@ -389,6 +395,23 @@ labelled scenarios (issue 9's validation). Run `--quick` (a minute or two) or th
   >= 5 % (a small delay on a loaded host can cost 1-4 %: the others' jitter absorbs it; a label
   of every rank, the waits they impose on each other: two ranks of two that sleep alike make
   nobody wait).
+* **Issue 27's types**, drawn only when asked, in sequences of their own (`--new-cpu-jobs N`,
+  `--new-cpu-types`, `--new-cpu-worlds`; `--new-gpu-per-type N`, `--new-gpu-types`), so every
+  seed still draws exactly the jobs above: `rotating` (each step, with p ~ U(0.2, 0.4) drawn per
+  job, one random rank stalls for most of a step: CPU 80 % of its recent step, GPU 50-80 % before
+  one of that step's collectives; label: the ranks that stalled in the traced steps, kind
+  `rotating` with three stalls or more on two ranks or more), `masking` (two ranks with exactly
+  equal persistent delays: CPU 30 ms asleep each every step, GPU the same stall array; kind
+  `persistent`), `mixed` (a persistent rank, 30 ms asleep every step / 10-40 % of a step, and an
+  intermittent one, 60 ms at p = 0.3 per step / 20-60 % of a step in 30 % of the steps, >= 3;
+  kind `mixed`; the intermittent rank is labelled when it stalled in 3 traced steps or more, else
+  the job is `persistent` without it, and counts as persistent when it stalled in more than half
+  of them, the verdict's own definition) and `mixed3` (the same plus a third rank busy computing 30 ms
+  every step / its compute stretched by 10-40 % of a step). CPU jobs run `train_knobs --mode
+  mixed --spec R:KIND:MS[:P],...` (every rank's schedule a function of `--seed` and the step)
+  with two punctual ranks or more beside the stragglers; GPU `rotating`, `mixed` and `mixed3`
+  need a base of 5 profiler steps or more (`trace_diff`, 6 steps: a verdict tells a recurring
+  rank by its steps, and the DLRM base traces one), `masking` runs on every base; 4 or 8 ranks.
 
 Scores: rank precision and recall micro-averaged over a type's scenarios (named ranks that were
 injected / all named; injected ranks that were named / all injected; a clean job's named
@@ -419,6 +442,36 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         choices=sorted(cpu.CPU_TYPES),
         help="only real CPU jobs of these types (the same jobs as in the full sequence; default all)",
+    )
+    p.add_argument(
+        "--new-cpu-jobs",
+        type=int,
+        default=0,
+        help="also run this many real CPU jobs of issue 27's types (rotating, masking, mixed, mixed3; "
+        "a separate sequence: the jobs above are unchanged)",
+    )
+    p.add_argument(
+        "--new-cpu-types",
+        nargs="*",
+        default=None,
+        choices=list(cpu.NEW_CPU_TYPES),
+        help="only these new types",
+    )
+    p.add_argument(
+        "--new-cpu-worlds",
+        nargs="*",
+        type=int,
+        default=None,
+        help="world sizes of the new CPU jobs (4 5 6 8)",
+    )
+    p.add_argument(
+        "--new-gpu-per-type",
+        type=int,
+        default=0,
+        help="also build this many GPU scenarios of each of issue 27's types (gpu.NEW_TYPES)",
+    )
+    p.add_argument(
+        "--new-gpu-types", nargs="*", default=None, choices=gpu.NEW_TYPES, help="only these new GPU types"
     )
     p.add_argument(
         "--small-mode",
@@ -507,19 +560,27 @@ def main(argv: list[str] | None = None) -> int:
             if per_type
             else []
         )
-        cpu_out = (
+        gpu_out += (
             run_all(
-                cpu.scenarios(cpu_jobs, a.cpu_seed, a.cpu_types, a.small_mode), run_cpu, workdir, a.keep, part
+                gpu.new_scenarios(a.new_gpu_per_type, a.bases, a.new_gpu_types, a.worlds),
+                run_gpu,
+                workdir,
+                a.keep,
+                part,
             )
-            if cpu_jobs
+            if a.new_gpu_per_type
             else []
         )
+        cpu_items = cpu.scenarios(cpu_jobs, a.cpu_seed, a.cpu_types, a.small_mode) if cpu_jobs else []
+        cpu_items += cpu.new_scenarios(a.new_cpu_jobs, a.cpu_seed, a.new_cpu_types, a.new_cpu_worlds)
+        cpu_out = run_all(cpu_items, run_cpu, workdir, a.keep, part) if cpu_items else []
     outcomes = gpu_out + cpu_out
+    gpu_types, cpu_types = [*gpu.TYPES, *gpu.NEW_TYPES], [*cpu.CPU_TYPES, *cpu.NEW_CPU_TYPES]
     summary = {
-        "gpu": summary_by_type(gpu_out, gpu.TYPES),
-        "cpu": summary_by_type(cpu_out, cpu.CPU_TYPES),
-        "cpu_truth": summary_by_type([o for o in cpu_out if o.truth_ok is not False], cpu.CPU_TYPES),
-        "all": summary_by_type(outcomes, dict.fromkeys([*gpu.TYPES, *cpu.CPU_TYPES])),
+        "gpu": summary_by_type(gpu_out, gpu_types),
+        "cpu": summary_by_type(cpu_out, cpu_types),
+        "cpu_truth": summary_by_type([o for o in cpu_out if o.truth_ok is not False], cpu_types),
+        "all": summary_by_type(outcomes, dict.fromkeys([*gpu_types, *cpu_types])),
     }
     runs = [saved_run(Path(p)) for p in a.from_json or []]
     if a.rediagnose:

@@ -61,6 +61,8 @@ class CpuScenario:
             a += ["--prob", str(self.extra.get("prob", 0.3)), "--seed", str(self.extra.get("seed", 0))]
         if "step_frac" in self.extra:
             a += ["--step-frac", f"{self.extra['step_frac']:g}"]
+        if self.mode == "mixed":
+            a += ["--spec", self.extra["spec"], "--seed", str(self.extra.get("seed", 0))]
         return a
 
 
@@ -125,6 +127,84 @@ def scenarios(
             extra["step_frac"] = STEP_FRACTION[t]
         out.append(CpuScenario(name, t, world, mode, hit, ms, kind, extra))
     return out
+
+
+# Issue 27's scenario types, drawn only when asked (``new_scenarios``; ``bench_diagnosis.py
+# --new-cpu-jobs``): ``scenarios`` and its seeds' jobs are unchanged. type -> (mode, per-rank
+# kinds of the hit ranks, ms, expected kind). Each needs two punctual ranks beside its stragglers.
+NEW_CPU_TYPES: dict[str, tuple[str, tuple[str, ...], float, str]] = {
+    # each step with p ~ U(0.2, 0.4) (drawn per job), one random rank stalls 80 % of its step
+    "rotating": ("intermittent", (), 60.0, "rotating"),
+    # two ranks asleep exactly as long every step: each is last only by the host's noise
+    "masking": ("mixed", ("sleep", "sleep"), 30.0, "persistent"),
+    # a persistent rank (asleep every step) and an intermittent one (60 ms, p = 0.3 per step)
+    "mixed": ("mixed", ("sleep", "intermittent"), 30.0, "mixed"),
+    # the same plus a third rank busy computing 30 ms every step
+    "mixed3": ("mixed", ("sleep", "compute", "intermittent"), 30.0, "mixed"),
+}
+ROTATING_STEP_FRACTION = 0.8  # a rotating stall: 80 % of the stalled rank's step (issue 27)
+MIXED_PROB, MIXED_INTERMITTENT_MS = 0.3, 60.0
+# an intermittent rank of a mixed job is labelled when it stalled in this many traced steps or
+# more (fewer are noise to the verdict by design: docs/diagnosis.md section 5b, MIN_RECURRING);
+# stalled in more than half of the steps it is persistent by the verdict's definition (section 5b)
+MIN_RECURRING = 3
+NEW_WORLDS = (4, 5, 6, 8)
+
+
+def new_scenarios(
+    n: int, seed: int = 0, only: Collection[str] | None = None, worlds: Collection[int] | None = None
+) -> list[CpuScenario]:
+    """``n`` scenarios of ``NEW_CPU_TYPES`` (or of ``only``), the types in order then again, world
+    sizes cycling over ``worlds`` (default ``NEW_WORLDS``), at least two more than the hit ranks;
+    every schedule is a function of the names (rank draws, ``--seed`` of the job)."""
+    if only is not None and not set(only) <= set(NEW_CPU_TYPES):
+        raise ValueError(f"unknown new CPU scenario type(s): {sorted(set(only) - set(NEW_CPU_TYPES))}")
+    types = [t for t in NEW_CPU_TYPES if only is None or t in only]
+    sizes = tuple(worlds or NEW_WORLDS)
+    out: list[CpuScenario] = []
+    for k in range(n if types else 0):
+        t = types[k % len(types)]
+        mode, kinds, ms, kind = NEW_CPU_TYPES[t]
+        world = max(sizes[(k + k // len(types) + seed) % len(sizes)], len(kinds) + 2)
+        rng = random.Random(f"cpu-new/{t}/{k}/{seed}")
+        hit = rng.sample(range(world), len(kinds))
+        extra: dict[str, Any] = {"seed": 7000 + k + 1000 * seed}
+        if t == "rotating":
+            extra |= {"prob": round(rng.uniform(0.2, 0.4), 3), "step_frac": ROTATING_STEP_FRACTION}
+        else:
+            extra["spec"] = ",".join(
+                f"{r}:{kd}:{MIXED_INTERMITTENT_MS:g}:{MIXED_PROB:g}"
+                if kd == "intermittent"
+                else f"{r}:{kd}:{ms:g}"
+                for r, kd in zip(hit, kinds, strict=True)
+            )
+            extra["kinds"] = dict(zip(map(str, hit), kinds, strict=True))
+        name = f"cpu-{t}-w{world}-n{k}-s{seed}"
+        out.append(CpuScenario(name, t, world, mode, sorted(hit), ms, kind, extra))
+    return out
+
+
+def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]], n_steps: int) -> tuple[str, list[int]]:
+    """Expected (kind, ranks) of a new-type job from who stalled in the traced steps:
+    ``rotating``: every rank that stalled (``rotating`` with three stalls or more on two ranks or
+    more, else ``intermittent``, ``none`` when nobody did); ``mixed``: the persistent ranks and
+    the intermittent rank when it stalled in ``MIN_RECURRING`` of the ``n_steps`` traced steps or
+    more (else its kind is the rest's), as a persistent one when in more than half of them (the
+    verdict's definition); ``masking``: the two ranks."""
+    stalls: dict[int, int] = {}
+    for by_rank in injected.values():
+        for r in by_rank:
+            stalls[r] = stalls.get(r, 0) + 1
+    if sc.type == "rotating":
+        ranks = sorted(stalls)
+        if not ranks:
+            return "none", []
+        many = len(ranks) >= 2 and sum(stalls.values()) >= 3
+        return ("rotating" if many else "intermittent"), ranks
+    kinds = {int(r): k for r, k in sc.extra.get("kinds", {}).items()}
+    ranks = sorted(r for r, k in kinds.items() if k != "intermittent" or stalls.get(r, 0) >= MIN_RECURRING)
+    has_int = any(kinds[r] == "intermittent" and 2 * stalls[r] <= n_steps for r in ranks)
+    return ("mixed" if has_int else "persistent"), ranks
 
 
 def _burner() -> subprocess.Popen[bytes]:
@@ -211,12 +291,19 @@ def run(
     steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)
     slept = sorted({r for d in injected.values() for r in d})
     expected = slept if sc.type == "intermittent" else sorted(sc.hit)
+    if sc.type in NEW_CPU_TYPES:
+        new_kind, expected = new_label(sc, injected, len(steps))
     facts = {
         "traced_steps": [steps[0], steps[-1]],
         "ranks_injected_in_window": slept,
         "events": sum(len(d) for d in injected.values()),
         "step_ms": _median_step_ms(job, sc.world, steps),
     }
+    if sc.type in NEW_CPU_TYPES:
+        facts |= {
+            "expected_kind": new_kind,
+            "stalls": {r: sum(r in d for d in injected.values()) for r in slept},
+        }
     return [str(trace_dir)], expected, facts
 
 

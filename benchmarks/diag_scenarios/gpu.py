@@ -416,13 +416,129 @@ def truth_agrees(sc: Scenario, gt: truth.GroundTruth) -> bool:
     """Sanity check of a label against the arrival-order ground truth of the written files:
     every labelled rank imposes at least 1 % of a step per step, no other rank 2 % or more.
     Two stragglers that arrive together share the wait (each imposes only their difference):
-    for ``persistent2`` the pair, for ``node`` the node's ranks, must be the latest ranks as a set
+    for ``persistent2`` and ``masking`` the pair, for ``node`` the node's ranks, must be the latest ranks as a set
     at >= 80 % of the instances."""
     base = load_base(sc.base)
-    if sc.type in ("persistent2", "node"):  # ranks late together: the latest set at >= 80 %
+    if sc.type in ("persistent2", "node", "masking"):  # ranks late together: the latest set at >= 80 %
         return gt.latest_set_count(set(sc.ranks)) >= 0.8 * gt.n_instances
     per_step = {r: w / base.n_steps / base.step_us for r, w in gt.imposed_us.items()}
     labelled = set(sc.ranks)
     return all(per_step.get(r, 0.0) >= 0.01 for r in labelled) and all(
         v < 0.02 for r, v in per_step.items() if r not in labelled
     )
+
+
+# Issue 27's scenario types, built only when asked (``new_scenarios``; ``bench_diagnosis.py
+# --new-gpu-per-type``): ``scenarios`` and its seeds are unchanged.
+NEW_TYPES = ("rotating", "masking", "mixed", "mixed3")
+NEW_KIND = {"rotating": "rotating", "masking": "persistent", "mixed": "mixed", "mixed3": "mixed"}
+# types whose stragglers are told apart by steps (a rank late in 3 steps or more): bases with this
+# many steps or more (of the bases here only trace_diff, 6 steps; dlrm8 traces one step)
+STEPPED, MIN_STEPS, MIN_STALLS = ("rotating", "mixed", "mixed3"), 5, 3
+# stragglers per type: every job keeps two punctual ranks or more beside them
+N_STRAGGLERS = {"rotating": 2, "masking": 2, "mixed": 2, "mixed3": 3}
+
+
+def _stall_steps(base: Base, p: float, rng: random.Random) -> list[int]:
+    """Steps that stall, each with probability ``p``, drawn again until ``MIN_STALLS`` do (a
+    6-step base: otherwise too few for a verdict to tell a recurring rank from noise)."""
+    for _ in range(1000):
+        steps = [s for s in range(base.n_steps) if rng.random() < p]
+        if len(steps) >= MIN_STALLS:
+            return steps
+    return list(range(base.n_steps))
+
+
+def _stall_in_step(base: Base, step: int, rng: random.Random) -> int:
+    """A random instance of ``step`` (the stall sits just before it)."""
+    idx = [int(i) for i in np.where(base.step_of == step)[0]] or [rng.randrange(base.n)]
+    return rng.choice(idx)
+
+
+def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario:
+    """A labelled scenario of an issue-27 type (``NEW_TYPES``), deterministic in its arguments:
+
+    * ``rotating``: each step with p ~ U(0.2, 0.4) one random rank stalls 50-80 % of a step before
+      one of that step's collectives (>= 3 stalls on >= 2 ranks); label: the ranks that stalled;
+    * ``masking``: two ranks with the same stall array (10-40 % of a step per step): they arrive
+      together, each last only by the noise;
+    * ``mixed``: one persistent rank (10-40 % of a step per step) and one intermittent rank
+      (stalls of 20-60 % of a step in 30 % of the steps, >= 3); ``mixed3``: also a third rank
+      whose compute is stretched by 10-40 % of a step. Kind ``mixed``, or ``persistent`` when the
+      intermittent rank stalls in more than half of the steps (late in most steps is persistent
+      by the verdict's definition; on the 6-step base, 4 stalls or more)."""
+    base = load_base(base_name)
+    rng = random.Random(f"new/{stype}/{base_name}/{world}/{seed}")
+    jitter_frac = rng.uniform(0.002, 0.01)
+    per_step = max(1.0, base.n / base.n_steps)
+    plan = Plan.empty(world, base.n, jitter_frac * base.step_us / per_step * 2)
+    params: dict[str, Any] = {"jitter_mean_us": round(plan.jitter_mean_us, 1)}
+    even = np.ones(base.n)
+    kind = NEW_KIND[stype]
+    if stype == "rotating":
+        p = rng.uniform(0.2, 0.4)
+        for _ in range(1000):
+            who = {s: rng.randrange(world) for s in _stall_steps(base, p, rng)}
+            if len(set(who.values())) >= 2:
+                break
+        events = []
+        for s, r in sorted(who.items()):
+            i = _stall_in_step(base, s, rng)
+            plan.delay[r, i] = rng.uniform(0.5, 0.8) * base.step_us
+            events.append([r, i])
+        ranks, params = sorted(set(who.values())), params | {"prob": round(p, 3), "events": events}
+    elif stype == "masking":
+        pair = sorted(rng.sample(range(world), 2))
+        frac = rng.uniform(0.10, 0.40)
+        delay = _per_step_split(base, frac, even, rng)
+        for r in pair:
+            plan.delay[r] = delay
+        ranks, params = pair, params | {"ranks": pair, "frac_of_step": round(frac, 3)}
+    elif stype in ("mixed", "mixed3"):
+        who = rng.sample(range(world), N_STRAGGLERS[stype])
+        frac = rng.uniform(0.10, 0.40)
+        plan.delay[who[0]] = _per_step_split(base, frac, even, rng)
+        # 30 % of the steps, at least MIN_STALLS: recurring, yet late in no more than half of
+        # them (the 6-step base: 3), so the rank stays intermittent by the verdict's definition
+        late = sorted(rng.sample(range(base.n_steps), max(MIN_STALLS, round(0.3 * base.n_steps))))
+        stalls = [_stall_in_step(base, s, rng) for s in late]
+        for i in stalls:
+            plan.delay[who[1], i] += rng.uniform(0.2, 0.6) * base.step_us
+        params |= {"persistent": who[0], "frac_of_step": round(frac, 3), "intermittent": [who[1], stalls]}
+        if stype == "mixed3":
+            cfrac = rng.uniform(0.10, 0.40)
+            plan.stretch[who[2]] = _per_step_split(base, cfrac, base.A - base.seg0, rng)
+            params |= {"compute": who[2], "compute_frac": round(cfrac, 3)}
+        ranks = sorted(who)
+        if 2 * len(late) > base.n_steps:
+            kind = "persistent"
+    else:
+        raise ValueError(f"unknown new scenario type {stype!r}; expected one of {', '.join(NEW_TYPES)}")
+    sid = f"gpu-{stype}-{base_name}-w{world}-n{seed}"
+    return Scenario(sid, stype, base_name, world, seed, ranks, kind, params, plan)
+
+
+def new_scenarios(
+    per_type: int,
+    bases: list[str] | None = None,
+    types: list[str] | None = None,
+    worlds: list[int] | None = None,
+) -> list[Scenario]:
+    """``per_type`` scenarios of every new type (or of ``types``), cycling over the bases that
+    have the steps the type needs and world sizes of 4 and 8 (or ``worlds``) with two punctual
+    ranks or more beside the stragglers."""
+    out = []
+    for k in range(per_type):
+        for t in types or NEW_TYPES:
+            combos = [
+                (b, w)
+                for b in (bases or available_bases())
+                if t not in STEPPED or load_base(b).n_steps >= MIN_STEPS
+                for w in (worlds or (4, 8))
+                if w >= N_STRAGGLERS[t] + 2
+            ]
+            if not combos:
+                raise ValueError(f"no base with >= {MIN_STEPS} steps for {t!r} among {bases}")
+            b, w = combos[k % len(combos)]
+            out.append(make_new_scenario(t, b, w, k))
+    return out

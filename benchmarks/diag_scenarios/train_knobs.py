@@ -19,16 +19,22 @@ Modes (``--ranks-hit R[,R]`` picks the ranks; ``--ms`` the amount per step, or `
 * ``intermittent``: with probability ``--prob`` per step, one rank drawn at random sleeps ``ms``;
 * ``slow_input``: reading a batch on the hit rank takes ``ms`` longer (a sleep in the Dataset);
 * ``comm_hook``: a DDP communication hook that sleeps ``ms`` on the hit rank before each bucket's
-  all-reduce (a slow collective on that rank's link).
+  all-reduce (a slow collective on that rank's link);
+* ``mixed``: a schedule per rank from ``--spec R:KIND:MS[:P],...`` (``--ranks-hit`` is ignored):
+  ``sleep`` (``MS`` asleep every step), ``compute`` (``MS`` of busy compute every step) or
+  ``intermittent`` (with probability ``P`` per step, drawn for that rank alone, ``MS`` asleep).
+  Two ``sleep`` entries with the same ``MS`` hold exactly equal delays (two ranks masking each
+  other); different kinds make two or three stragglers of different kinds in one job.
 
 The schedule depends only on ``--seed`` and the step, so every rank computes the same one.
 
-``--step-frac F`` (``sleep`` and ``compute`` modes) sizes the delay from the step instead of a
+``--step-frac F`` (``sleep``, ``compute`` and ``intermittent`` modes) sizes the delay from the step instead of a
 fixed ``--ms``: the hit rank holds ``F`` times the median of its last 8 step periods, each less the
 delay it held (the step the job would have without the injection; ``--ms`` until 3 periods are
 known). A fixed 3 ms was 3-7 % of the 41-100 ms steps of the accuracy benchmark's jobs, so on the
 slower ones the "small" delay was below the 5 % of a step that the verdict reports as ``none`` by
-design.
+design. In ``intermittent`` mode every rank measures its step every step and a stalled rank holds
+``F`` of it (``F`` = 0.8: rotating stalls of most of a step).
 """
 
 from __future__ import annotations
@@ -39,12 +45,44 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from kinetoscope.demo.train_ddp import MODEL_SIZES
 
-MODES = ("none", "sleep", "compute", "intermittent", "slow_input", "comm_hook")
-SIZED_MODES = ("sleep", "compute")  # the modes ``--step-frac`` sizes
+MODES = ("none", "sleep", "compute", "intermittent", "slow_input", "comm_hook", "mixed")
+SIZED_MODES = ("sleep", "compute", "intermittent")  # the modes ``--step-frac`` sizes
+SPEC_KINDS = ("sleep", "compute", "intermittent")  # the per-rank kinds of ``--spec``
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank's schedule in ``mixed`` mode: ``kind`` (``SPEC_KINDS``), ``ms`` per stall and, for
+    ``intermittent``, the probability ``prob`` of a stall per step."""
+
+    rank: int
+    kind: str
+    ms: float
+    prob: float = 1.0
+
+
+def parse_spec(text: str) -> dict[int, RankSpec]:
+    """``R:KIND:MS[:P],...`` -> rank -> its schedule; a ``ValueError`` names the bad entry."""
+    out: dict[int, RankSpec] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.split(":")
+        try:
+            if len(parts) not in (3, 4) or parts[1] not in SPEC_KINDS:
+                raise ValueError
+            prob = float(parts[3]) if len(parts) == 4 else 1.0
+            spec = RankSpec(int(parts[0]), parts[1], float(parts[2]), prob)
+        except ValueError:
+            want = f"RANK:{'|'.join(SPEC_KINDS)}:MS[:PROB]"
+            raise ValueError(f"--spec: bad entry {item!r} (want {want})") from None
+        if spec.rank in out:
+            raise ValueError(f"--spec: rank {spec.rank} given twice")
+        out[spec.rank] = spec
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
         "instead of --ms",
     )
     p.add_argument("--prob", type=float, default=0.3, help="intermittent: probability per step")
+    p.add_argument("--spec", default="", help="mixed: per-rank schedules R:KIND:MS[:PROB],... (docstring)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", choices=sorted(MODEL_SIZES), default="tiny")
     p.add_argument("--batch-size", type=int, default=64)
@@ -82,6 +121,8 @@ def injected_ms(args: argparse.Namespace, hit: list[int], step: int, rank: int, 
     rng = random.Random(args.seed * 1_000_003 + step)
     if args.mode == "none":
         return 0.0
+    if args.mode == "mixed":
+        return mixed_ms(parse_spec(args.spec), args.seed, step, rank)
     if args.mode == "intermittent":
         if rng.random() >= args.prob:
             return 0.0
@@ -94,6 +135,24 @@ def injected_ms(args: argparse.Namespace, hit: list[int], step: int, rank: int, 
     return args.ms
 
 
+def mixed_ms(spec: dict[int, RankSpec], seed: int, step: int, rank: int) -> float:
+    """A ``mixed`` rank's delay at ``step``: its own draw (a string seed: the same in every process)."""
+    s = spec.get(rank)
+    if s is None:
+        return 0.0
+    if s.kind != "intermittent":
+        return s.ms
+    return s.ms if random.Random(f"mixed/{seed}/{step}/{rank}").random() < s.prob else 0.0
+
+
+def holds_busy(args: argparse.Namespace, rank: int) -> bool:
+    """Whether this rank holds its delay as real compute (else asleep)."""
+    if args.mode == "mixed":
+        s = parse_spec(args.spec).get(rank)
+        return s is not None and s.kind == "compute"
+    return bool(args.mode == "compute")
+
+
 class StepFraction:
     """``frac`` of the recent step period without the injected delay (module docstring)."""
 
@@ -102,8 +161,9 @@ class StepFraction:
         self.bases: list[float] = []
         self.last: tuple[float, float] | None = None  # (start, ms held) of the previous step
 
-    def ms(self, t0: float) -> float:
-        """The delay for the step starting at ``t0`` (``time.time()``); call once per step."""
+    def ms(self, t0: float, hold: bool = True) -> float:
+        """The delay for the step starting at ``t0`` (``time.time()``); call once per step
+        (``hold`` False: a step that holds no delay, measured all the same)."""
         if self.last is not None:
             start, held = self.last
             self.bases = [*self.bases, (t0 - start) * 1000.0 - held][-self.window :]
@@ -111,7 +171,7 @@ class StepFraction:
         if len(self.bases) >= 3:
             ordered = sorted(self.bases)
             ms = self.frac * ordered[len(ordered) // 2]
-        self.last = (t0, ms)
+        self.last = (t0, ms if hold else 0.0)
         return ms
 
 
@@ -141,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     hit = [int(x) for x in args.ranks_hit.split(",") if x.strip()]
+    busy_rank = holds_busy(args, rank)
     features, hidden, layers, classes = MODEL_SIZES[args.model]
     device = torch.device("cpu")
     if args.device == "cuda":
@@ -197,16 +258,17 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             x, y = x_cpu.to(device), y_cpu.to(device)
             ms = injected_ms(args, hit, step, rank, world)
-            if sized is not None and ms > 0:
-                ms = sized.ms(t0)
+            if sized is not None and (ms > 0 or args.mode == "intermittent"):
+                size = sized.ms(t0, hold=ms > 0)  # intermittent: every step measured
+                ms = size if ms > 0 else 0.0
             load["s"] = (args.load_ms + (ms if args.mode == "slow_input" else 0.0)) / 1000.0  # next read
             state["ms"] = ms if args.mode == "comm_hook" else 0.0
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
-            if ms > 0 and args.mode in ("sleep", "intermittent"):
-                time.sleep(ms / 1000.0)
-            elif ms > 0 and args.mode == "compute":
+            if ms > 0 and busy_rank:
                 busy(ms, torch.randn(side, side, device=device), mat)
+            elif ms > 0 and args.mode in ("sleep", "intermittent", "mixed"):
+                time.sleep(ms / 1000.0)
             loss.backward()
             opt.step()
             if device.type == "cuda":
