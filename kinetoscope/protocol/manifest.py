@@ -589,7 +589,9 @@ def open_folder_file(
     try:
         fd = _open_regular(path, follow=False)
     except _NotRegular as exc:
-        raise ManifestError(f"{source}: {field} {os.fspath(path)!r} is {exc}, not a regular file: refused") from None
+        raise ManifestError(
+            f"{source}: {field} {os.fspath(path)!r} is {exc}, not a regular file: refused"
+        ) from None
     except OSError as exc:
         why = "a symlink (replaced after it was checked)" if exc.errno == errno.ELOOP else exc.strerror or exc
         raise ManifestError(f"{source}: {field} {os.fspath(path)!r}: cannot open: {why}: refused") from None

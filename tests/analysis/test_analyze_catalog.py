@@ -158,6 +158,10 @@ def test_a_recorded_path_outside_the_request_folder_is_refused(
     assert r.returncode != 0 and "Traceback" not in r.stderr and r.stdout == "", r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
-    assert "kst-analyze-1" in lines[0] and "rank-1_1001.pt.trace.json.gz" in lines[0] and str(outside) in lines[0]
+    assert (
+        "kst-analyze-1" in lines[0]
+        and "rank-1_1001.pt.trace.json.gz" in lines[0]
+        and str(outside) in lines[0]
+    )
     with Catalog.open(url) as cat:
         assert cat.list_analyses().height == 0

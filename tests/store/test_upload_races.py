@@ -99,9 +99,7 @@ def test_a_swap_before_the_open_is_refused(
     assert SECRET not in _stored_bytes(store)
 
 
-def test_a_folder_swapped_after_the_check_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_folder_swapped_after_the_check_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The file sits in a sub-folder that is swapped for a symlink to another folder after the
     check: the kernel's view of the opened file is outside the request folder, so it is refused."""
     d, m, secret = _request(tmp_path)
