@@ -79,9 +79,12 @@ def _is_url(text: str) -> bool:
 def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     """Local copies of the files of a catalog request (``TraceRequestRecord``).
 
-    A file whose recorded ``path`` exists here is used in place; otherwise it is downloaded
-    from its ``storage_url`` (verified, into the fetch cache) — the whole request at once when
-    the request has a ``store_url``. Incomplete files (``complete`` false) are skipped."""
+    A file whose recorded ``path`` exists here is used in place when it lies in this request's
+    folder (:func:`_in_request_folder`); a recorded path anywhere else is an ``InputError``
+    naming the trace id and file (a catalog row must not make the analyzer read an arbitrary
+    file). Otherwise the file is downloaded from its ``storage_url`` (verified, into the fetch
+    cache) — the whole request at once when the request has a ``store_url``. Incomplete files
+    (``complete`` false) are skipped."""
     from kinetoscope.store import fetch
     from kinetoscope.trace.discover import InputError
 
@@ -90,7 +93,16 @@ def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = Non
         raise InputError(f"trace {record.trace_id}: the catalog lists no complete trace file")
     out: list[Path] = []
     missing = []
+    folders: dict[Path, bool] = {}
     for f in files:
+        if f.path and os.path.lexists(f.path):
+            real = Path(f.path).resolve()
+            if not _in_request_folder(real, record.trace_id, folders):
+                raise InputError(
+                    f"trace {record.trace_id}: {f.file}: recorded path {f.path} is not in a request "
+                    f"folder of {record.trace_id} (leads to {real}): refused; only files of the "
+                    "request's folder or its store are read"
+                )
         if f.path and Path(f.path).is_file():
             out.append(Path(f.path))
         else:
@@ -118,6 +130,30 @@ def request_files(record: Any, *, cache_dir: str | os.PathLike[str] | None = Non
                 "and has no storage URL (upload the request with `kscope catalog import --store URL`)"
             )
     return out
+
+
+def _in_request_folder(real: Path, trace_id: str, seen: dict[Path, bool]) -> bool:
+    """Whether the resolved file ``real`` lies in a request folder of ``trace_id``: the nearest
+    folder above it (at most ``_FOLDER_DEPTH`` levels up) that holds a manifest
+    (``manifest.json`` or ``manifest.<host>.json``, what every kscope request folder has) is
+    that request's. ``seen`` caches the answer per folder."""
+    from kinetoscope.errors import KinetoscopeError
+    from kinetoscope.protocol.manifest import MANIFEST_NAME, host_manifests, load_trace_dir
+
+    for folder in list(real.parents)[:_FOLDER_DEPTH]:
+        if folder in seen:
+            return seen[folder]
+        if not (os.path.lexists(folder / MANIFEST_NAME) or host_manifests(folder)):
+            continue
+        try:
+            seen[folder] = load_trace_dir(folder).get("trace_id") == trace_id
+        except (KinetoscopeError, OSError):
+            seen[folder] = False
+        return seen[folder]
+    return False
+
+
+_FOLDER_DEPTH = 4  # a request's files sit in its folder, or a few sub-folders down
 
 
 class UrlResolver:

@@ -136,7 +136,7 @@ def store_trace_result(
     names the file and URL; the local files are kept and the command to retry is given), or
     complete files are not on this machine (another host's local folder)."""
     from kinetoscope.store.storage import TraceStore
-    from kinetoscope.store.upload import upload_trace_request
+    from kinetoscope.store.upload import PartialUploadError, upload_trace_request
 
     url = store.url if isinstance(store, TraceStore) else os.fspath(store)
     result.store_url = url
@@ -187,6 +187,20 @@ def store_trace_result(
             not (trace_dir / MANIFEST_NAME).exists() or os.access(trace_dir / MANIFEST_NAME, os.W_OK)
         )
         objs = upload_trace_request(trace_dir, ts, update_local=writable)
+    except PartialUploadError as exc:  # disk full, quota...: what arrived is kept and recorded
+        result.stored, result.store_error = list(exc.stored), str(exc.manifest["store_error"])
+        result.errors.append(
+            TraceProblem(
+                kind="store",
+                path=str(trace_dir),
+                message=(
+                    f"storing trace {result.trace_id} in {url} stopped part-way ({result.store_error}); "
+                    f"recorded as partial. The trace files are kept in {trace_dir}; finish with "
+                    f"`{_retry_hint(trace_dir, url, storage_options)}`"
+                ),
+            )
+        )
+        return []
     except (KinetoscopeError, OSError) as exc:
         what = (
             str(exc)
@@ -266,6 +280,8 @@ def trace_result_manifest(result: TraceResult) -> tuple[dict[str, Any], Path | N
             doc["waiter"] = dict(result.waiter)
     else:
         doc.pop("status", None)  # the catalog works it out from the files
+    if result.store_error:  # the upload stopped part-way: say so (as `catalog import --store`)
+        doc["status"], doc["store_error"] = "partial", result.store_error
     return doc, trace_dir
 
 

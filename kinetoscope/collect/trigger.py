@@ -459,6 +459,9 @@ class TraceResult:
     # Filled by kinetoscope.collect.deliver (kscope trace --store / catalog recording).
     stored: list[StoredObject] = field(default_factory=list)
     store_url: str | None = None
+    # Set when the upload stopped part-way ("2 of 5 files stored: <reason>"): the catalog then
+    # records the request as "partial" with this reason (``stored`` holds what did arrive).
+    store_error: str | None = None
     catalog: str | None = None
     # Who waits for the files (deliver.waiter_info: host, pid, process start time), recorded with
     # the "requested" catalog row so a later run can tell the waiter was killed (status "abandoned").

@@ -576,6 +576,38 @@ def find_local_file(
     return None
 
 
+def open_folder_file(
+    trace_dir: str | os.PathLike[str], path: str | os.PathLike[str], *, source: str, field: str
+) -> int:
+    """A read-only descriptor of ``path`` (what :func:`folder_file` / :func:`find_local_file`
+    returned), checked again *as opened*: a regular file (``O_NOFOLLOW``: not a symlink, never a
+    FIFO wait) that the kernel places inside the request folder ``trace_dir``. Read the file
+    through this descriptor only, so a file swapped for a symlink (or a folder swapped for one)
+    after the check cannot change what is read. The caller closes it. Refusals are a
+    :class:`ManifestError` naming ``source`` and ``field``."""
+    root = Path(trace_dir).resolve()
+    try:
+        fd = _open_regular(path, follow=False)
+    except _NotRegular as exc:
+        raise ManifestError(
+            f"{source}: {field} {os.fspath(path)!r} is {exc}, not a regular file: refused"
+        ) from None
+    except OSError as exc:
+        why = "a symlink (replaced after it was checked)" if exc.errno == errno.ELOOP else exc.strerror or exc
+        raise ManifestError(f"{source}: {field} {os.fspath(path)!r}: cannot open: {why}: refused") from None
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}"))  # where the opened file is, per the kernel
+    except OSError:  # no /proc (not Linux): the O_NOFOLLOW open of the checked real path stands
+        return fd
+    if real == root or not real.is_relative_to(root):
+        os.close(fd)
+        raise ManifestError(
+            f"{source}: {field} {os.fspath(path)!r} was opened at {real}, outside the request folder "
+            f"{root} (a folder was replaced after it was checked): refused"
+        )
+    return fd
+
+
 def path_inside(trace_dir: str | os.PathLike[str], path: str) -> bool:
     """``path`` (absolute, or relative to ``trace_dir``) names a place inside the folder once
     resolved (it need not exist)."""
@@ -605,6 +637,7 @@ __all__ = [
     "manifest_to_dict",
     "merge_manifests",
     "parse_time",
+    "open_folder_file",
     "path_inside",
     "read_manifest",
     "read_manifest_file",

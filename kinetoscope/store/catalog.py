@@ -298,6 +298,18 @@ class TraceFileRecord:
         return asdict(self)
 
 
+def _recorded_path(path: Any, name: str, base_dir: str | os.PathLike[str] | None) -> str | None:
+    """The ``path`` to record for file ``name``: the manifest's own unless it leads outside
+    ``base_dir`` (then ``<base_dir>/<name>``, where the file would be in that folder)."""
+    from kinetoscope.protocol.manifest import path_inside
+
+    if base_dir is None:
+        return path if isinstance(path, str) and path else None
+    if isinstance(path, str) and path and path_inside(base_dir, path):
+        return path
+    return str(Path(base_dir) / name)
+
+
 @dataclass
 class TraceRequestRecord:
     trace_id: str
@@ -582,7 +594,8 @@ class Catalog:
         ``upload_trace_request``, a mapping {file name: URL}, or the base store URL (then each
         file is ``<base>/<trace_id>/<file>``). Entries' own ``url`` keys (written by
         ``upload_trace_request``) are used too. ``base_dir``: the folder the manifest came from
-        (file paths default to ``<base_dir>/<file>``).
+        (file paths default to ``<base_dir>/<file>``; a ``path`` outside it is never recorded,
+        as ``import_trace_dir`` does: ``kscope analyze <trace_id>`` would read what is there).
 
         Upsert semantics: a later call for the same ``trace_id`` updates the request, adds new
         files and fills in fields (a null in the new manifest never erases a known value).
@@ -602,7 +615,7 @@ class Catalog:
             url = (
                 e.get("url") or urls.get(name) or (f"{urls['*']}/{trace_id}/{name}" if "*" in urls else None)
             )
-            path = e.get("path") or (str(Path(base_dir) / name) if base_dir is not None else None)
+            path = _recorded_path(e.get("path"), name, base_dir)
             file_rows.append(
                 {
                     "trace_id": trace_id,

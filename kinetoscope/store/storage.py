@@ -136,6 +136,15 @@ def _copy_hash(src: IO[bytes], dst: IO[bytes]) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
+def _fd_path(fd: int, label: str | os.PathLike[str]) -> Path:
+    """A name that opens the very file ``fd`` holds (not whatever is at its path now): Linux's
+    ``/proc/self/fd/<fd>`` (reopening it gives the same inode, even once the path was swapped)."""
+    p = Path(f"/proc/self/fd/{int(fd)}")
+    if not p.parent.is_dir():
+        raise StoreError(f"cannot upload {label} from its open descriptor: /proc/self/fd is not available")
+    return p
+
+
 def _tmp_name(name: str) -> str:
     return f".{name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -206,18 +215,22 @@ class TraceStore:
         *,
         expected_sha256: str | None = None,
         skip_identical: bool = True,
+        fd: int | None = None,
     ) -> StoredObject:
         """Upload ``local_path`` to ``key`` atomically; returns what was stored.
 
         ``expected_sha256``: refuse (permanently) when the source does not hash to it.
         ``skip_identical``: when an object with the same size and sha256 is already at ``key``,
         do not upload again (retries of a whole request are cheap and idempotent).
+        ``fd``: an open descriptor of the file, already checked by the caller: the bytes (size,
+        hash, upload) come from that open file and ``local_path`` only names it in messages, so
+        a file swapped at ``local_path`` after the check is never read (Linux: ``/proc/self/fd``).
         """
         check_key(key)
-        src = Path(local_path)
+        src = Path(local_path) if fd is None else _fd_path(fd, local_path)
         if not src.exists():
-            raise StoreError(f"cannot upload {src}: no such file")
-        what = f"upload of {src} to {self.url_for(key)}"
+            raise StoreError(f"cannot upload {local_path}: no such file")
+        what = f"upload of {local_path} to {self.url_for(key)}"
         return self._run(what, lambda: self._backend.put(src, key, expected_sha256, skip_identical))
 
     def put_bytes(self, data: bytes, key: str, *, skip_identical: bool = True) -> StoredObject:

@@ -20,6 +20,7 @@ from kinetoscope.protocol.manifest import (
     host_manifests,
     load_trace_dir,
     loads_manifest,
+    open_folder_file,
     write_bytes_atomic,
 )
 from kinetoscope.store.retry import RetryPolicy
@@ -72,6 +73,8 @@ def upload_trace_request(
       rewritten (atomically) with those fields, so the catalog can record them.
     * Only files inside ``trace_dir`` are read: a ``file``/``path`` leading elsewhere (absolute,
       ``..``, a symlink out) or naming a FIFO/device is a ``ManifestError`` naming the field.
+      Each file is opened once, checked as opened (``open_folder_file``), and hashed and
+      uploaded from that descriptor: swapping it for a symlink after the check has no effect.
     * Idempotent: re-running after a failure uploads only what is missing or different.
 
     Returns the stored objects, the manifest last.
@@ -81,18 +84,23 @@ def upload_trace_request(
     doc = load_trace_dir(d)
     trace_id = doc["trace_id"]
     out: list[StoredObject] = []
-    todo: list[tuple[dict[str, Any], Path]] = []
+    todo: list[tuple[int, dict[str, Any], Path]] = []
     for i, entry in enumerate(doc["files"]):
         if entry.get("complete") is False and not include_incomplete:
             continue
         local = find_local_file(d, entry, index=i)  # inside the folder only (ManifestError else)
         if local is not None:
-            todo.append((entry, local))
-    for entry, local in todo:
+            todo.append((i, entry, local))
+    source = str(d / MANIFEST_NAME)
+    for i, entry, local in todo:
+        # read from the descriptor checked as opened: a swap after the check changes nothing
+        fd = open_folder_file(d, local, source=source, field=f"files[{i}]")
         try:
-            obj = store.put_file(local, f"{trace_id}/{entry['file']}")
+            obj = store.put_file(local, f"{trace_id}/{entry['file']}", fd=fd)
         except StoreError as exc:
             raise _partial(doc, out, len(todo), exc) from exc
+        finally:
+            os.close(fd)
         entry.update(sha256=obj.sha256, bytes=obj.bytes, url=obj.url, key=obj.key)
         out.append(obj)
     for hm in host_manifests(d):

@@ -135,3 +135,33 @@ def test_unreachable_catalog_is_a_warning_not_a_failed_analysis(
     assert r.returncode == 0, r.stderr
     assert "warning: analysis not recorded in the catalog" in r.stderr
     assert "secret" not in r.stderr
+
+
+def test_a_recorded_path_outside_the_request_folder_is_refused(
+    request_dir: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Regression (issue 32 follow-up): a catalog row whose ``path`` names a file outside the
+    request's folder (recorded from a manifest as given) made ``kscope analyze <trace_id>`` read
+    that file. Now: one error line naming the trace id and the file; nothing is analysed."""
+    from kinetoscope.store import Catalog
+
+    outside = tmp_path / "home" / "elsewhere.json.gz"
+    outside.parent.mkdir(parents=True)
+    shutil.copyfile(request_dir / "rank-1_1001.pt.trace.json.gz", outside)
+    (request_dir / "rank-1_1001.pt.trace.json.gz").unlink()
+    doc = orjson.loads((request_dir / "manifest.json").read_bytes())
+    doc["files"][1]["path"] = str(outside)
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    with Catalog.open(url) as cat:
+        cat.record_trace_request(doc)  # a manifest recorded as it came (no folder to check against)
+    r = kscope("analyze", "kst-analyze-1", "--catalog", url, "--json", env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert (
+        "kst-analyze-1" in lines[0]
+        and "rank-1_1001.pt.trace.json.gz" in lines[0]
+        and str(outside) in lines[0]
+    )
+    with Catalog.open(url) as cat:
+        assert cat.list_analyses().height == 0

@@ -235,9 +235,10 @@ def test_store_failure_keeps_files(kscope_main, fake_daemon, tmp_path, private_c
     assert f"kscope catalog import {local.parent} --store {blocker}" in e["message"]
     assert doc["stored"] == [] and local.read_bytes() == BODY
     assert "error: storing trace" in " ".join(err.split()) and "Traceback" not in err
-    with Catalog.open(str(private_catalog)) as cat:  # recorded all the same, as not stored
+    with Catalog.open(str(private_catalog)) as cat:  # recorded all the same, as not (all) stored
         rec = cat.get_trace_request(TRACE_ID)
-    assert rec is not None and rec.status == "complete" and rec.store_url is None
+    assert rec is not None and rec.status == "partial" and rec.store_url is None
+    assert rec.manifest["store_error"].startswith("0 of 1 files stored: ")
 
 
 def test_library_records_request_then_fills_it_in(fake_daemon, tmp_path):
@@ -272,3 +273,36 @@ def test_library_store_names_files_not_on_this_machine(fake_daemon, tmp_path):
         and "rank-0_42.pt.trace.json (host n1)" in e.message
         and "not on this machine" in e.message
     )
+
+
+def test_a_store_that_fills_up_records_the_request_as_partial(
+    kscope_main, fake_daemon, tmp_path, private_catalog, monkeypatch
+):
+    """Regression (issue 32 follow-up): ``kscope trace --store`` stopping part-way (disk full)
+    gave a plain error and the catalog said ``complete``. Now the request is recorded as
+    ``partial`` with the reason (as ``catalog import --store``), and the command exits 1 with one
+    error line naming the cause and the command that finishes it."""
+    import errno
+
+    from kinetoscope.store import storage
+
+    def disk_full(self, src, key, expected, skip_identical):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage._LocalBackend, "put", disk_full)
+    store = tmp_path / "store"
+    code, out, err = kscope_main(
+        "trace", "-H", fake_daemon.address, "--pids", "42", "--duration-ms", "100",
+        "--trace-id", TRACE_ID, "--store", str(store),
+    )  # fmt: skip
+    assert code == 1 and "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "stopped part-way" in " ".join(err.split()), err
+    text = " ".join(err.split())
+    assert "0 of 1 files stored" in text and "No space left on device" in text
+    assert f"kscope catalog import {fake_daemon.root / TRACE_ID} --store {store}" in text
+    with Catalog.open(str(private_catalog)) as cat:
+        rec = cat.get_trace_request(TRACE_ID)
+    assert rec is not None and rec.status == "partial", rec
+    assert "0 of 1 files stored" in rec.manifest["store_error"]
+    assert not (store / TRACE_ID / "manifest.json").exists()

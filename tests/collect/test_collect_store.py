@@ -139,10 +139,10 @@ def test_unreachable_store_keeps_local_files_and_fails(
     # nothing collected is lost: the file is there, whole, in the daemon's trace root
     assert Path(f["path"]).is_file() and Path(f["path"]).stat().st_size == f["bytes"]
     assert Path(f["path"]).parent.parent == Path(daemon.trace_root)
-    # the catalog knows the request (complete, not stored)
+    # the catalog knows the request: its upload stopped (partial, 0 of 1 stored), nothing in the store
     r = run_kscope("traces", "--catalog", str(db), "--json")
     (t,) = _json(r)["traces"]
-    assert (t["trace_id"], t["status"], t["store_url"]) == (doc["trace_id"], "complete", None)
+    assert (t["trace_id"], t["status"], t["store_url"]) == (doc["trace_id"], "partial", None)
 
 
 def test_local_store_implies_wait_and_no_catalog(single_torch_job, run_kscope, tmp_path, private_catalog):
