@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from kinetoscope.cli.examples import examples
-from kinetoscope.errors import UsageError
-from kinetoscope.protocol.defaults import DEFAULT_PORT
+from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE, daemon_hosts
+from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 
 EXAMPLES = examples(
     ("kscope stacks --job-id $SLURM_JOB_ID", "which rank is where, now"),
@@ -55,19 +55,8 @@ def _print_report(out: Console, report: object, show_stacks: bool) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("stacks", epilog=EXAMPLES)
     def stacks(
-        host: list[str] | None = typer.Option(
-            None,
-            "--host",
-            "-H",
-            metavar="HOST[:PORT]",
-            help=f"Daemon to ask (repeatable or comma-separated; default localhost:{DEFAULT_PORT}).",
-        ),
-        hosts_file: str | None = typer.Option(
-            None,
-            "--hosts-file",
-            metavar="FILE",
-            help="Daemons to ask, one HOST[:PORT] per line (# comments); merged with --host.",
-        ),
+        host: list[str] | None = DAEMON_HOSTS,
+        hosts_file: str | None = HOSTS_FILE,
         job_id: str | None = typer.Option(
             None, "--job-id", "-j", help="The processes of this job (SLURM_JOB_ID, as `kscope trace`)."
         ),
@@ -104,16 +93,17 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(
             False, "--json", help="Print one JSON document: raw stacks and groups (see docs/stacks.md)."
         ),
+        tls_ca: str | None = TLS_CA,
+        tls_cert: str | None = TLS_CERT,
+        tls_key: str | None = TLS_KEY,
+        tls_server_name: str | None = TLS_SERVER_NAME,
     ) -> None:
         """Show where every rank of a job is right now: Python stacks grouped by shape, outliers first."""
-        from kinetoscope.collect.client import read_hosts_file
         from kinetoscope.collect.stacks import parse_stacks_request, take_stacks
 
-        if hosts_file is not None:
-            listed = read_hosts_file(hosts_file)
-            if not listed:
-                raise UsageError(f"hosts file {hosts_file}: no host listed (one HOST[:PORT] per line)")
-            host = [*(host or []), *listed]
+        apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
+
+        host = daemon_hosts(host, hosts_file)
         request, notes = parse_stacks_request(
             hosts=host,
             job_id=job_id,

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE, daemon_hosts
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 from kinetoscope.collect.captured import UNUSABLE_EXIT, check_captured, unusable
-from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.collect.deliver import (
     job_step_rate,
     mark_abandoned_requests,
@@ -48,7 +48,6 @@ from kinetoscope.collect.trigger import (
     wait_for_trace,
 )
 from kinetoscope.errors import UsageError
-from kinetoscope.protocol.defaults import DEFAULT_PORT
 
 EXAMPLES = examples(
     ("kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait", "one job, 10 steps"),
@@ -159,19 +158,8 @@ def _when_stepping(
 def register(app: typer.Typer) -> None:
     @app.command("trace", epilog=EXAMPLES)
     def trace(
-        host: list[str] | None = typer.Option(
-            None,
-            "--host",
-            "-H",
-            metavar="HOST[:PORT]",
-            help=f"Daemon to ask (repeatable or comma-separated; default localhost:{DEFAULT_PORT}).",
-        ),
-        hosts_file: str | None = typer.Option(
-            None,
-            "--hosts-file",
-            metavar="FILE",
-            help="Daemons to ask, one HOST[:PORT] per line (# comments); merged with --host.",
-        ),
+        host: list[str] | None = DAEMON_HOSTS,
+        hosts_file: str | None = HOSTS_FILE,
         job_id: str | None = typer.Option(
             None,
             "--job-id",
@@ -292,11 +280,7 @@ def register(app: typer.Typer) -> None:
             include_launchers=include_launchers,
             align=not no_align,
         )
-        if hosts_file is not None:
-            listed = read_hosts_file(hosts_file)
-            if not listed:
-                raise UsageError(f"hosts file {hosts_file}: no host listed (one HOST[:PORT] per line)")
-            host = [*(host or []), *listed]
+        host = daemon_hosts(host, hosts_file)
         request, notes = parse_trace_request(
             hosts=host,
             job_id=job_id,

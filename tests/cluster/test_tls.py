@@ -224,3 +224,18 @@ def test_server_name_overrides_the_host_dialed(mtls_daemon: Daemon, certs: Certs
     wrong = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key, server_name="kscope.example.org")
     with pytest.raises(DaemonError, match="certificate was not accepted"):
         _client(mtls_daemon, wrong).get_status()
+
+
+def test_kscope_stacks_speaks_tls(mtls_daemon: Daemon, certs: Certs) -> None:
+    """`kscope stacks` takes the same TLS flags as `kscope trace`: with them the daemon answers
+    (no process registered: an empty report, not a TLS error); without them, one line saying the
+    daemon requires TLS."""
+    host = ["--host", f"localhost:{mtls_daemon.rpc_port}", "--token", TOKEN, "--all"]
+    tls = ["--tls-ca", certs.ca, "--tls-cert", certs.client.cert, "--tls-key", certs.client.key]
+    served = run_kscope("stacks", *host, *tls, "--json", timeout=60)
+    doc = json.loads(served.stdout)
+    assert doc["ranks"] == [] and not any("TLS" in str(e) for e in doc.get("errors", [])), served.stdout
+    plain = run_kscope("stacks", *host, timeout=60)
+    assert plain.returncode != 0
+    assert "requires TLS" in plain.stdout + plain.stderr, plain.stdout + plain.stderr
+    assert "Traceback" not in plain.stderr
