@@ -58,12 +58,13 @@ def test_first_once_says_when_then_warmup_zero_records_a_sample(
     age = time.monotonic() - started
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
-    about = [ln for ln in lines if ln.startswith("proc:")]
+    about = [ln for ln in lines if ": first due " in ln]
     assert len(about) == 1, res.stdout
-    m = re.fullmatch(
-        r"proc:\S+:(\d+): first due \d\d:\d\d:\d\d UTC, in ([\d.]+) (s|min) \(warmup_s=300\)", about[0]
-    )
-    assert m and int(m.group(1)) == pid, about
+    m = re.fullmatch(r"(\S+): first due \d\d:\d\d:\d\d UTC, in ([\d.]+) (s|min) \(warmup_s=300\)", about[0])
+    assert m, about
+    with Catalog.open(url) as cat:
+        (job,) = FleetStore(cat).jobs()
+    assert job["job_key"] == m.group(1) and any(r["pid"] == pid for r in job["ranks"]), (job, about)
     wait_s = float(m.group(2)) * (60 if m.group(3) == "min" else 1)
     assert 300 - age - 60 <= wait_s <= 300, (wait_s, age)  # counted from the job's registration
     assert lines[-1].startswith("autopilot cycle: 1/1 daemons answered, 1 jobs, 0 samples started")

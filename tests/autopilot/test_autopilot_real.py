@@ -36,7 +36,8 @@ def _key_of(jobs: dict[str, dict], pid: int) -> str:
 
 
 def _ddp_key(jobs: dict[str, dict]) -> str:
-    return next(k for k, j in jobs.items() if k.startswith("torch:"))
+    """The DDP job: the one job with several ranks (its key names the job identity)."""
+    return next(k for k, j in jobs.items() if len(j["ranks"]) > 1)
 
 
 def _check_recorded_once(url: str, sample_ids: list[str]) -> None:
