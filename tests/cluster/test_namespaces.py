@@ -85,10 +85,15 @@ def test_container_job_is_traced_by_job_id_with_right_ranks_and_both_pids(tmp_pa
             job_id = job_ids.pop()
             assert {p["kineto_job_id"] for p in ranks} == {"0"}
 
-            result = run_kscope(
-                "trace", "--host", str(daemon.address), "--job-id", job_id, "--iterations", "3",
-                "--wait", "--timeout", "150", "--no-catalog", "--json",
-            )  # fmt: skip
+            for _attempt in range(3):
+                result = run_kscope(
+                    "trace", "--host", str(daemon.address), "--job-id", job_id, "--iterations", "3",
+                    "--wait", "--timeout", "150", "--no-catalog", "--json",
+                )  # fmt: skip
+                # exit 3: both files written, but the windows do not overlap (a rank descheduled
+                # on a loaded host): not what this test is about, so trace the job again
+                if result.returncode != 3:
+                    break
             doc = trace_json(result)
             files = doc["files"]
             assert sorted(f["rank"] for f in files) == [0, 1], doc
