@@ -16,7 +16,6 @@ process or a map/reduce). This module only resolves inputs, runs, summarises and
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -311,43 +310,10 @@ def analyze_inputs(
 
 def document_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The catalog's listing fields of an analysis document (``record_analysis(summary=...)``):
-    ``step_time_ms`` (median over steps of the median over ranks), ``straggler_kind``,
-    ``straggler_ranks``, ``world_size``, plus ``mfu`` and ``verdict`` (first diagnosis line)."""
-    out: dict[str, Any] = {}
-    steps = doc.get("steps")
-    per_step: dict[Any, list[float]] = {}
-    if isinstance(steps, list):
-        for row in steps:
-            if isinstance(row, Mapping) and isinstance(row.get("step_time(us)"), (int, float)):
-                per_step.setdefault(row.get("step"), []).append(float(row["step_time(us)"]))
-    if not per_step and isinstance(doc.get("step_durations"), list):
-        for row in doc["step_durations"]:
-            if isinstance(row, Mapping) and isinstance(row.get("duration(us)"), (int, float)):
-                per_step.setdefault(row.get("step"), []).append(float(row["duration(us)"]))
-    if per_step:
-        out["step_time_ms"] = statistics.median(statistics.median(v) for v in per_step.values()) / 1000.0
-    strag = doc.get("stragglers")
-    if isinstance(strag, Mapping):
-        if strag.get("kind") is not None:
-            out["straggler_kind"] = str(strag["kind"])
-        ranks = strag.get("ranks")
-        if isinstance(ranks, list):
-            out["straggler_ranks"] = list(ranks)
-    job = doc.get("job")
-    if isinstance(job, Mapping) and isinstance(job.get("world_size"), int):
-        out["world_size"] = job["world_size"]
-    else:
-        sizes = {t.get("world_size") for t in doc.get("traces") or [] if isinstance(t, Mapping)}
-        sizes.discard(None)
-        if len(sizes) == 1:
-            out["world_size"] = sizes.pop()
-    mfu = doc.get("mfu")
-    if isinstance(mfu, Mapping) and isinstance(mfu.get("mfu"), (int, float)):
-        out["mfu"] = mfu["mfu"]
-    summary = doc.get("diagnosis_summary")
-    if isinstance(summary, list) and summary:
-        out["verdict"] = str(summary[0])
-    return out
+    ``kinetoscope.document.summarize(doc).catalog_fields()``, the one summary."""
+    from kinetoscope.document import summarize
+
+    return summarize(doc).catalog_fields()
 
 
 def record_run(catalog: Any, run: AnalysisRun, *, report_path: str | None = None) -> Any:

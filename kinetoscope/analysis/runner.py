@@ -27,12 +27,7 @@ from kinetoscope.trace.model import Trace
 
 NO_GPU_NOTE = "no GPU events"
 
-# Keys the job-level diagnosis (kinetoscope.diagnosis.document.run_diagnosis) contributes to the
-# document.
-DIAGNOSIS_KEYS = ("job", "steps", "stragglers", "mfu", "recommendations")
-# Diagnosis keys added after the first contract (docs/diagnosis.md section 11), null when the job
-# does not show the problem; like DIAGNOSIS_KEYS, each can be selected with ``--only``.
-EXTRA_DIAGNOSIS_KEYS = ("pipeline", "uneven_inputs", "recompilation", "evidence")
+# The diagnosis' own keys are listed by the diagnosis (``kinetoscope.diagnosis.keys``).
 
 
 class AnalysisResults(dict[str, pl.DataFrame]):

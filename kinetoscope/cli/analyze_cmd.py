@@ -427,8 +427,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(
                 "give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)"
             )
-        from kinetoscope.analysis.runner import DIAGNOSIS_KEYS as BASE_KEYS
-        from kinetoscope.analysis.runner import EXTRA_DIAGNOSIS_KEYS
+        from kinetoscope.document.model import DIAGNOSIS_KEYS as BASE_KEYS
+        from kinetoscope.document.model import EXTRA_DIAGNOSIS_KEYS
 
         DIAGNOSIS_KEYS = (*BASE_KEYS, *EXTRA_DIAGNOSIS_KEYS)
         known = set(registry.names())

@@ -18,7 +18,6 @@ from typing import Any
 
 import polars as pl
 
-from kinetoscope.analysis.runner import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
@@ -35,6 +34,7 @@ from kinetoscope.diagnosis.evidence import (
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.groups import assign_groups
+from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend

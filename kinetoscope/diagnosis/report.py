@@ -9,10 +9,11 @@ from typing import Any
 
 import polars as pl
 
-from kinetoscope.analysis.runner import DIAGNOSIS_KEYS, frame_rows
+from kinetoscope.analysis.runner import frame_rows
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.evidence import Evidence, headline
+from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.straggler_model import StragglerReport
 from kinetoscope.diagnosis.straggler_whatif import rotating_line

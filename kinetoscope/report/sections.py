@@ -369,9 +369,9 @@ def evidence_section(doc: Mapping[str, Any], max_rows: int) -> Section | None:
 
 
 def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
-    from kinetoscope.pipeline import document_summary
+    from kinetoscope.document import summarize
 
-    s = document_summary(doc)
+    s = summarize(doc).catalog_fields()
     out = []
     if "step_time_ms" in s:
         mean = _mean_step_ms(doc)

@@ -1,0 +1,225 @@
+"""Typed parts of the analysis document that the diagnosis produces (job, steps, MFU,
+recommendations, evidence, pipeline, uneven inputs) and the per-trace metadata.
+
+Each Struct is the *read* form of one key of the ``kscope analyze --json`` document
+(docs/analysis.md, docs/diagnosis.md): field names are the JSON keys (``name=`` where the key is
+not an identifier, e.g. ``step_time(us)``), every field has a default so a document written
+before a field existed still decodes, and unknown keys are ignored (a producer may add fields
+without breaking a reader). The producers still emit plain dicts; :func:`kinetoscope.document.decode`
+turns the JSON form into these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Part(msgspec.Struct, kw_only=True):
+    """Base of every document part: keyword-only fields, unknown keys ignored."""
+
+
+class TraceMeta(Part):
+    """One ``traces`` entry: what was read from one trace file."""
+
+    path: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    rank_source: str | None = None
+    hostname: str | None = None
+    job_id: str | None = None
+    pid: int | None = None
+    trace_id: str | None = None
+    device_type: str | None = None
+    num_trace_events: int | None = None
+    warnings: list[str] = msgspec.field(default_factory=list)
+
+
+class ClockOffset(Part):
+    """One rank's clock offset (``job.clock.offsets``)."""
+
+    rank: int | None = None
+    host: str | None = None
+    offset_us: float | None = None
+    residual_us: float | None = None
+    method: str | None = None
+
+
+class Clock(Part):
+    """How the ranks' clocks were aligned (``job.clock``)."""
+
+    reference_rank: int | None = None
+    match_method: str | None = None
+    window_us: float | None = None
+    residual_us: float | None = None
+    offsets: list[dict[str, Any]] = msgspec.field(default_factory=list)  # shown as a table
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
+class OtherJob(Part):
+    """A job found in the inputs besides the diagnosed one (``job.other_jobs``)."""
+
+    key: str | None = None
+    ranks: list[int] = msgspec.field(default_factory=list)
+    world_size: int | None = None
+
+
+class Job(Part):
+    """The ``job`` part: which ranks were found, steps, devices and clocks."""
+
+    key: str | None = None
+    job_id: str | None = None
+    world_size: int | None = None
+    world_size_source: str | None = None
+    ranks_found: list[int] = msgspec.field(default_factory=list)
+    num_ranks_found: int | None = None
+    missing_ranks: list[int] = msgspec.field(default_factory=list)
+    num_missing_ranks: int = 0
+    duplicate_ranks: dict[str, Any] = msgspec.field(default_factory=dict)
+    unranked_files: list[str] = msgspec.field(default_factory=list)
+    hosts: dict[str, str | None] = msgspec.field(default_factory=dict)
+    notes: list[str] = msgspec.field(default_factory=list)
+    steps_found: int | None = None
+    step_source: str | None = None
+    device_types: list[str] = msgspec.field(default_factory=list)
+    backends: list[str] = msgspec.field(default_factory=list)
+    clock: Clock | None = None
+    other_jobs: list[OtherJob] = msgspec.field(default_factory=list)
+
+
+class StepRow(Part):
+    """One rank's one step of the diagnosis ``steps`` table (µs)."""
+
+    rank: int | None = None
+    step: int | None = None
+    step_time_us: float | None = msgspec.field(default=None, name="step_time(us)")
+    compute_us: float | None = msgspec.field(default=None, name="compute(us)")
+    exposed_comm_us: float | None = msgspec.field(default=None, name="exposed_comm(us)")
+    sync_wait_us: float | None = msgspec.field(default=None, name="sync_wait(us)")
+    idle_us: float | None = msgspec.field(default=None, name="idle(us)")
+    launch_gap_us: float | None = msgspec.field(default=None, name="launch_gap(us)")
+    dataloader_us: float | None = msgspec.field(default=None, name="dataloader(us)")
+    lateness_us: float | None = msgspec.field(default=None, name="lateness(us)")
+    self_time_us: float | None = msgspec.field(default=None, name="self_time(us)")
+
+
+class Mfu(Part):
+    """The ``mfu`` part: model FLOPs utilisation and what it rests on."""
+
+    mfu: float | None = None
+    flops_per_step: float | None = None
+    flops_source: str | None = None
+    step_time_s: float | None = None
+    chips: int | None = None
+    achieved_flops_per_chip: float | None = None
+    peak_flops_per_chip: float | None = None
+    peak_source: str | None = None
+    device: str | None = None
+    device_key: str | None = None
+    precision: str | None = None
+    reason: str | None = None
+    assumptions: list[str] = msgspec.field(default_factory=list)
+    formula: str | None = None
+
+
+class Recommendation(Part):
+    """One ``recommendations`` entry. ``evidence`` holds the numbers that triggered it, keyed
+    by the rule's own measurement names (units in the suffix: ``_fraction``, ``_ms``, ...)."""
+
+    id: str = ""
+    severity: str = "info"
+    title: str = ""
+    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    action: str = ""
+
+
+class EvidenceTimestamps(Part):
+    total: int = 0
+
+
+class EvidenceRank(Part):
+    """One rank of the ``evidence`` part: its window, steps and anomalies."""
+
+    rank: int | None = None
+    path: str | None = None
+    events: int | None = None
+    steps: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    window_start_ms: float | None = None
+    window_end_ms: float | None = None
+    salvaged: Any = None
+    empty: bool = False
+    near_empty: bool = False
+    startup_step_ratio: float | None = None
+    timestamps: EvidenceTimestamps | None = None
+
+
+class Anomaly(Part):
+    kind: str | None = None
+    ranks: list[int] = msgspec.field(default_factory=list)
+    count: int | None = None
+    message: str | None = None
+    left_out: Any = None
+
+
+class Evidence(Part):
+    """The ``evidence`` part: what the verdict rests on (docs/diagnosis.md §Evidence)."""
+
+    assessed: bool = True
+    reason: str | None = None
+    command: str | None = None
+    confidence_lowered: bool = False
+    ranks: list[EvidenceRank] = msgspec.field(default_factory=list)
+    steps_in_common: int | None = None
+    steps_asked: int | None = None
+    windows_overlap: bool | None = None
+    windows_aligned: bool | None = None
+    timestamp_anomalies: int = 0
+    anomalies: list[Anomaly] = msgspec.field(default_factory=list)
+    anomalous: bool = False
+    lines: list[str] = msgspec.field(default_factory=list)
+
+
+class ReplicaRank(Part):
+    stage: int | None = None
+    excess_fraction: float = 0.0
+
+
+class ReplicaIssue(Part):
+    ranks: list[int] = msgspec.field(default_factory=list)
+    per_rank: list[ReplicaRank] = msgspec.field(default_factory=list)
+
+
+class Imbalance(Part):
+    slowest_stage: int | None = None
+    slowest_ranks: list[int] = msgspec.field(default_factory=list)
+    excess_fraction: float | None = None
+    est_step_time_balanced_ms: float | None = None
+
+
+class Pipeline(Part):
+    """The ``pipeline`` part (pipeline-parallel jobs, docs/diagnosis.md §11.1)."""
+
+    schedule: str | None = None
+    schedule_source: str | None = None
+    num_stages: int | None = None
+    replicas: int | None = None
+    microbatches: int | None = None
+    bubble_fraction: float | None = None
+    expected_bubble_fraction: float | None = None
+    step_time_ms: float | None = None
+    steps_analysed: int | None = None
+    imbalance: Imbalance | None = None
+    replica_issue: ReplicaIssue | None = None
+
+
+class UnevenInputs(Part):
+    """The ``uneven_inputs`` part: ranks that ran out of data first (docs/diagnosis.md §11.2)."""
+
+    mode: str | None = None
+    steps_per_rank: dict[str, int] = msgspec.field(default_factory=dict)
+    short_ranks: list[int] = msgspec.field(default_factory=list)
+    waiting_ranks: list[int] = msgspec.field(default_factory=list)
+    lost_fraction: float | None = None
