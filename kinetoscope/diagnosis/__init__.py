@@ -171,7 +171,7 @@ def diagnose(
     comp = {r: f.compilation for r, f in job.figures.items()}
     extra = seed_analyses(job, steps, colls, clock)
     extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
-    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
+    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), **extra)
     recs = admissible(evidence, recs)
     extra["evidence"] = evidence.to_dict()
     coll_summary = (
