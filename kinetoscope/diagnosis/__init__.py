@@ -39,7 +39,7 @@ from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
-from kinetoscope.diagnosis.report import Diagnosis
+from kinetoscope.diagnosis.result import Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.trace.model import Trace
