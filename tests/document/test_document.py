@@ -17,7 +17,7 @@ JOB = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs" / "two_of_three_
 
 @pytest.fixture(scope="module")
 def doc() -> dict:
-    from kinetoscope.pipeline import analyze_paths
+    from kinetoscope.orchestration import analyze_paths
 
     return analyze_paths(sorted(JOB.glob("rank-*.json.gz")), cache=False)
 
