@@ -540,7 +540,7 @@ class Autopilot:
         self, sample: SampleRow, res: TraceResult
     ) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
         from kinetoscope.collect.deliver import record_trace_result, store_trace_result
-        from kinetoscope.pipeline import ANALYSIS_NAME, analyze_inputs, record_run
+        from kinetoscope.orchestration import ANALYSIS_NAME, analyze_inputs, record_run
 
         if self.config.store_url:
             store_trace_result(res, self.config.store_url)

@@ -1,7 +1,7 @@
 """`kscope analyze`: load traces, run the registered analyses, render tables or one JSON document.
 
 All the work is in the library: the arguments become one ``AnalyzeRequest`` and
-``kinetoscope.pipeline.analyze`` runs it (inputs resolved, then ``kinetoscope.scale.run_analysis``,
+``kinetoscope.orchestration.analyze`` runs it (inputs resolved, then ``kinetoscope.scale.run_analysis``,
 the one orchestration for every backend); this module only parses arguments and renders.
 """
 
@@ -234,10 +234,10 @@ def _output(
 
 
 def _run(request: Any, catalog_url: str | None) -> Any:
-    """Resolve and analyse (``kinetoscope.pipeline.analyze``: the one orchestration, whatever the
+    """Resolve and analyse (``kinetoscope.orchestration.analyze``: the one orchestration, whatever the
     backend), saying on stderr which backend ran and why, with a progress bar of ranks done /
     failed when there are several; each rank that failed is an error line, not a failed command."""
-    from kinetoscope.pipeline import analyze
+    from kinetoscope.orchestration import analyze
 
     err = Console(stderr=True, highlight=False)
 
@@ -281,7 +281,7 @@ def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quie
     from rich.markup import escape
 
     from kinetoscope.errors import KinetoscopeError
-    from kinetoscope.pipeline import AnalysisRun, record_run
+    from kinetoscope.orchestration import AnalysisRun, record_run
 
     err = Console(stderr=True, highlight=False)
     run = AnalysisRun(document=doc, paths=resolved.paths, inputs=resolved.inputs, trace_id=resolved.trace_id)
@@ -441,7 +441,7 @@ def register(app: typer.Typer) -> None:
         opts = _parse_options(option or [])
         wanted = _parse_ranks(ranks)
 
-        from kinetoscope.pipeline import AnalyzeRequest
+        from kinetoscope.orchestration import AnalyzeRequest
 
         request = AnalyzeRequest.from_only(
             only or [],

@@ -1,6 +1,6 @@
 """`kscope report`: analyse traces (or take an analysis document) and write one offline HTML report.
 
-All the work is in ``kinetoscope.pipeline`` (``analyze_inputs``) and ``kinetoscope.report`` (``render_report``); this module only
+All the work is in ``kinetoscope.orchestration`` (``analyze_inputs``) and ``kinetoscope.report`` (``render_report``); this module only
 parses arguments, records the analysis in the catalog when asked, and prints where the file is.
 """
 
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.markup import escape
 
-        from kinetoscope.pipeline import AnalysisRun, analyze_inputs, record_run
+        from kinetoscope.orchestration import AnalysisRun, analyze_inputs, record_run
         from kinetoscope.report.render import check_output_path, write_report
 
         err = Console(stderr=True, highlight=False)

@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.markup import escape
 
-        from kinetoscope.pipeline import diagnosis_options
+        from kinetoscope.orchestration import diagnosis_options
         from kinetoscope.web import WebSettings, create_app
 
         if not 0 <= port < 65536:

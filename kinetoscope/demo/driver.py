@@ -341,7 +341,7 @@ def step_analyze(ctx: DemoContext) -> None:
     """Run every default analysis and the job diagnosis over the collected traces (the library
     behind `kscope analyze`), print the short diagnosis and compare it with the ground truth."""
     assert ctx.trace is not None
-    from kinetoscope.pipeline import AnalyzeRequest, analyze_paths
+    from kinetoscope.orchestration import AnalyzeRequest, analyze_paths
 
     files = sorted((f for f in ctx.trace.files if f.complete), key=lambda f: (f.rank is None, f.rank))
     paths = [f.path for f in files]
@@ -390,7 +390,7 @@ def _demo_catalog(ctx: DemoContext) -> str:
 def step_report(ctx: DemoContext) -> None:
     """Record the request and its analysis in the demo's catalog and write the HTML report."""
     assert ctx.trace is not None
-    from kinetoscope.pipeline import AnalysisRun, record_run
+    from kinetoscope.orchestration import AnalysisRun, record_run
     from kinetoscope.report.render import write_report
     from kinetoscope.store import Catalog
 

@@ -39,7 +39,7 @@ from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
-from kinetoscope.diagnosis.report import Diagnosis
+from kinetoscope.diagnosis.result import Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.trace.model import Trace
@@ -171,7 +171,7 @@ def diagnose(
     comp = {r: f.compilation for r, f in job.figures.items()}
     extra = seed_analyses(job, steps, colls, clock)
     extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
-    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), extra=extra)
+    recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), **extra)
     recs = admissible(evidence, recs)
     extra["evidence"] = evidence.to_dict()
     coll_summary = (

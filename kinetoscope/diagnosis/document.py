@@ -2,19 +2,19 @@
 
 Why here and not in :mod:`kinetoscope.analysis.runner`: the diagnosis reads the analyses'
 results, so it sits above them; the runner builds the document from what it is given and never
-imports the diagnosis (data flows one way: trace -> analyses -> diagnosis). Every way of
-producing the document (``kinetoscope.pipeline``, ``kscope analyze``, the scale-out reduce)
-calls :func:`run_diagnosis` and passes its result to ``runner.build_document``.
+imports the diagnosis (data flows one way: trace -> analyses -> diagnosis). The one way of
+producing the document (``kinetoscope.orchestration.analyze``, through the scale-out reduce of
+``kinetoscope.scale``) calls :func:`run_diagnosis` and passes its result to
+``runner.build_document``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kinetoscope import diagnosis as _diagnosis
-from kinetoscope.analysis._common import as_traces
-from kinetoscope.analysis.runner import AnalysisResults, build_document, run_analyses
+from kinetoscope.analysis.runner import AnalysisResults
 from kinetoscope.trace.model import Trace
 
 
@@ -37,17 +37,3 @@ def run_diagnosis(traces: Sequence[Trace], results: AnalysisResults, **options: 
     except Exception as exc:  # noqa: BLE001 - a diagnosis failure must not hide the analyses
         results.errors["diagnosis"] = f"{type(exc).__name__}: {exc}"
         return {}
-
-
-def analyze(
-    traces: Trace | Sequence[Trace],
-    names: Sequence[str] | None = None,
-    options: Mapping[str, Any] | None = None,
-    *,
-    diagnosis: bool = True,
-) -> dict[str, Any]:
-    """``run_analyses`` + :func:`run_diagnosis` + ``build_document`` in one call."""
-    tl = as_traces(traces)
-    results = run_analyses(tl, names, options)
-    diag = run_diagnosis(tl, results) if diagnosis else {}
-    return build_document(tl, results, diagnosis=diag)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
-from kinetoscope.diagnosis.report import Diagnosis
+from kinetoscope.diagnosis.result import Diagnosis
 
 EXTRA_KEYS = EXTRA_DIAGNOSIS_KEYS  # the document keys this diagnosis adds (null when not applicable)
 

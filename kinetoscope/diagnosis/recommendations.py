@@ -27,7 +27,7 @@ One rule function per row, in ``RULES`` (docs/diagnosis.md sections 7 and 11).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -65,8 +65,12 @@ def _ms(us: float | None) -> float | None:
 class RuleInput:
     """Everything a rule may look at: the job, its per-rank/per-step breakdown and the analyses
     built on it. ``total`` is the summed step time of all ranks and steps (µs), the denominator
-    of every ``*_fraction``; ``gpu`` is whether any rank ran on an accelerator. ``extra`` holds the
-    optional analyses (``pipeline``, ``uneven``, ``hsgd_plan``) that newer rules read."""
+    of every ``*_fraction``; ``gpu`` is whether any rank ran on an accelerator.
+
+    Measurements are typed fields: the optional analyses of docs/diagnosis.md section 11 (given
+    by ``diagnose``, each in its JSON form and ``None`` when the job does not show the problem),
+    and ``cached_property`` measurements computed from the fields above (CONTRIBUTING.md,
+    "Adding a measurement to a recommendation")."""
 
     job: Job
     breakdown: pl.DataFrame
@@ -75,7 +79,10 @@ class RuleInput:
     attention: dict[int, AttentionFinding]
     compile_: dict[int, CompileFinding]
     comm_by_type: dict[str, float] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    pipeline: dict[str, Any] | None = None  # diagnosis.pipeline (``pipeline`` document key)
+    uneven_inputs: dict[str, Any] | None = None  # diagnosis.uneven (``uneven_inputs`` key)
+    recompilation: dict[str, Any] | None = None  # diagnosis.recompile.recompilation_summary
+    collective_bandwidth: dict[str, Any] | None = None  # diagnosis.bandwidth, per collective type
 
     @property
     def gpu(self) -> bool:
@@ -108,7 +115,7 @@ def _what_if(s: StragglerReport) -> dict[str, Any]:
 def p2p_is_pipeline(ri: RuleInput) -> bool:
     """Whether the job is pipeline-parallel and point-to-point traffic is all its collectives:
     then arrival order at the send/recv pairs is the schedule (the bubble), not stragglers."""
-    return ri.extra.get("pipeline") is not None and set(ri.comm_by_type or {"sendrecv": 1.0}) <= {"sendrecv"}
+    return ri.pipeline is not None and set(ri.comm_by_type or {"sendrecv": 1.0}) <= {"sendrecv"}
 
 
 def _together(groups: list[dict[str, Any]]) -> str:
@@ -467,10 +474,10 @@ def exposed_comm(ri: RuleInput) -> list[Recommendation]:
     comm = float(breakdown["comm(us)"].sum())
     shares = {k: round(v, 3) for k, v in sorted((ri.comm_by_type or {}).items(), key=lambda kv: -kv[1])}
     top = next(iter(shares), "allreduce")
-    if top == "sendrecv" and ri.extra.get("pipeline") is not None:
+    if top == "sendrecv" and ri.pipeline is not None:
         return []  # a pipeline's send/recv waits are its bubble: pipeline-bubble reports them
     action = _exposed_comm_action(top)
-    bw = ri.extra.get("collective_bandwidth") or {}
+    bw = ri.collective_bandwidth or {}
     decision = comm_decision(bw.get(top))
     if decision:
         action = decision[1] + " " + action
@@ -584,7 +591,7 @@ def recompilation(ri: RuleInput) -> list[Recommendation]:
         "compile_time_fraction_of_window": _r(share),
         "cache_lookups": f.cache_lookups,
     }
-    summary = ri.extra.get("recompilation")
+    summary = ri.recompilation
     where = ""
     if summary and summary["recompiles"]:
         rec = [e for e in summary["events"] if e["recompile"]]
@@ -645,7 +652,7 @@ def _bubble_at(p: int, m: int, chunks: int = 1) -> float:
 
 def pipeline_bubble(ri: RuleInput) -> list[Recommendation]:
     """``pipeline-bubble``: pipeline stages idle (fill, drain, waits) >= 15 % of the step (seed 001)."""
-    pp = ri.extra.get("pipeline")
+    pp = ri.pipeline
     if not pp or (pp["bubble_fraction"] or 0.0) < 0.15:
         return []
     b, p, m = float(pp["bubble_fraction"]), int(pp["num_stages"]), pp["microbatches"]
@@ -702,7 +709,7 @@ IMBALANCE_MIN = 0.20
 
 def pipeline_imbalance(ri: RuleInput) -> list[Recommendation]:
     """``pipeline-imbalance``: the slowest stage computes >= 20 % more than the mean stage (seed 001)."""
-    pp = ri.extra.get("pipeline")
+    pp = ri.pipeline
     if not pp or (pp["imbalance"]["excess_fraction"] or 0.0) < IMBALANCE_MIN:
         return []
     im = pp["imbalance"]
@@ -742,7 +749,7 @@ def pipeline_imbalance(ri: RuleInput) -> list[Recommendation]:
 
 def uneven_inputs(ri: RuleInput) -> list[Recommendation]:
     """``uneven-inputs``: ranks ran different numbers of steps or collectives (seed 004)."""
-    u = ri.extra.get("uneven_inputs")
+    u = ri.uneven_inputs
     if not u:
         return []
     short = ", ".join(map(str, u["short_ranks"]))
@@ -813,13 +820,14 @@ def recommend(
     compile_: dict[int, CompileFinding],
     comm_by_type: dict[str, float] | None = None,
     *,
-    extra: dict[str, Any] | None = None,
     rules: list[Rule] | None = None,
+    **measurements: dict[str, Any] | None,
 ) -> list[Recommendation]:
     """All recommendations with their evidence, most severe first. ``comm_by_type``: share of
-    collective time per collective type (picks DDP / FSDP / all-to-all advice); ``extra``: the
-    optional analyses newer rules read (see ``RuleInput``); ``rules``: default ``RULES``."""
-    ri = RuleInput(job, breakdown, stragglers, mfu, attention, compile_, comm_by_type, dict(extra or {}))
+    collective time per collective type (picks DDP / FSDP / all-to-all advice);
+    ``measurements``: the optional analyses, by their ``RuleInput`` field names (a name that is
+    not a field is a ``TypeError``); ``rules``: default ``RULES``."""
+    ri = RuleInput(job, breakdown, stragglers, mfu, attention, compile_, comm_by_type, **measurements)
     recs = [rec for rule in (RULES if rules is None else rules) for rec in rule(ri)]
     recs.sort(key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
     return recs

@@ -15,7 +15,7 @@ reads it:
 
 from __future__ import annotations
 
-from kinetoscope.document.decode import decode
+from kinetoscope.document.decode import as_document, decode
 from kinetoscope.document.model import DIAGNOSIS_KEYS, DOCUMENT_KEYS, EXTRA_DIAGNOSIS_KEYS, AnalysisDocument
 from kinetoscope.document.summary import Summary, summarize
 
@@ -24,6 +24,7 @@ __all__ = [
     "DOCUMENT_KEYS",
     "EXTRA_DIAGNOSIS_KEYS",
     "AnalysisDocument",
+    "as_document",
     "Summary",
     "decode",
     "summarize",

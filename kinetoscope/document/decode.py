@@ -4,7 +4,9 @@ This is the only place that reads the document as a dict. It is tolerant, becaus
 come from older versions (the catalog keeps them) and from other producers: unknown keys are
 ignored, a missing key leaves its part ``None``, and a part of another shape (or a field of the
 wrong type) leaves that part ``None`` and says so in ``problems`` instead of failing the view.
-A table row of another shape is dropped from the typed rows (it stays in ``tables``).
+A table row of another shape is dropped from the typed rows (it stays in ``tables``). Every
+list-valued key is also kept as row objects (``tables``) and every object-valued key as a dict
+(``objects``): the display form, for views that show a part as a table.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ ROW_PARTS: dict[str, type[msgspec.Struct]] = {
     "kernel_distribution": KernelRow,
     "comm_comp_overlap": OverlapRow,
 }
-_SPECIAL = {"diagnosis_summary", "notes", "errors", "recompilation"}
 
 
 def _json_form(value: Any) -> Any:
@@ -123,16 +124,16 @@ def decode(doc: Mapping[str, Any]) -> AnalysisDocument:
     problems: list[str] = []
     parts: dict[str, Any] = {}
     tables: dict[str, list[dict[str, Any]]] = {}
-    other: dict[str, Any] = {}
+    objects: dict[str, dict[str, Any]] = {}
     for key, value in doc.items():
         if isinstance(value, list) and key != "diagnosis_summary":
-            tables[key] = [r for r in value if isinstance(r, dict)]
+            tables[key] = [dict(r) for r in value if isinstance(r, Mapping)]
+        elif isinstance(value, Mapping) and key not in ("notes", "errors"):
+            objects[key] = dict(value)
         if key in OBJECT_PARTS:
             parts[key] = _object_part(key, value, problems)
         elif key in ROW_PARTS:
             parts[key] = _row_part(key, value, problems)
-        elif key not in _SPECIAL and not isinstance(value, list):
-            other[key] = value
     recompilation = doc["recompilation"] if "recompilation" in doc else None
     return AnalysisDocument(
         traces=parts.pop("traces", None) or [],
@@ -140,9 +141,14 @@ def decode(doc: Mapping[str, Any]) -> AnalysisDocument:
         summary_lines=_summary_lines(doc["diagnosis_summary"] if "diagnosis_summary" in doc else None),
         recompilation=dict(recompilation) if isinstance(recompilation, Mapping) else None,
         tables=tables,
-        other=other,
+        objects=objects,
         keys=[str(k) for k in doc],
         notes=_text_map(doc["notes"] if "notes" in doc else None),
         errors=_text_map(doc["errors"] if "errors" in doc else None),
         problems=problems,
     )
+
+
+def as_document(doc: AnalysisDocument | Mapping[str, Any]) -> AnalysisDocument:
+    """``doc`` typed: as is when it already is, else decoded (a view's entry point takes either)."""
+    return doc if isinstance(doc, AnalysisDocument) else decode(doc)

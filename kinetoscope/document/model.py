@@ -70,7 +70,7 @@ class AnalysisDocument(msgspec.Struct, kw_only=True):
     kernel_distribution: list[KernelRow] | None = None
     comm_comp_overlap: list[OverlapRow] | None = None
     tables: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)
-    other: dict[str, Any] = msgspec.field(default_factory=dict)
+    objects: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     keys: list[str] = msgspec.field(default_factory=list)  # the document's keys, in order
     notes: dict[str, str] = msgspec.field(default_factory=dict)
     errors: dict[str, str] = msgspec.field(default_factory=dict)

@@ -1,6 +1,6 @@
 """The self-contained HTML report (``kscope report``).
 
-    from kinetoscope.pipeline import analyze_inputs
+    from kinetoscope.orchestration import analyze_inputs
     from kinetoscope.report import render_report, write_report
 
     run = analyze_inputs(["run/traces/kst-.../"])          # files, folders, URLs or catalog trace ids

@@ -1,7 +1,8 @@
 """The analysis document -> the report's sections (tables, Plotly figures, notes).
 
-Everything here reads the document defensively: a key that is missing or has an unexpected
-shape makes its section say what is missing instead of failing the report. Strings from traces
+Every section reads the typed document (``kinetoscope.document``, decoded once in
+``build_view``): a part that is missing or had an unexpected shape is ``None`` there, and its
+section says what is missing instead of failing the report. Strings from traces
 stay plain ``str`` in table cells (Jinja2 autoescapes them) and go through ``plotly_text`` when
 they become chart labels.
 """
@@ -15,7 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from kinetoscope.analysis.names import display_name as short_name
+from kinetoscope.document import DIAGNOSIS_KEYS, AnalysisDocument, Summary, as_document, summarize
+from kinetoscope.document.analyses import IdleRow, KernelRow, KernelTypeRow, StepDurationRow, TemporalRow
+from kinetoscope.document.parts import Clock, Job, Mfu, StepRow
+from kinetoscope.document.stragglers import Stragglers
 from kinetoscope.report.escape import plotly_text
 from kinetoscope.units import finite as _num
 from kinetoscope.units import fmt_bytes, fmt_ms, fmt_num, fmt_pct
@@ -197,16 +204,15 @@ def _cell(v: Any, col: str = "") -> Cell:
     return Cell("–" if v is None else str(v))
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` if it is a mapping, else an empty one (a document part of another shape
-    reads as absent)."""
-    return value if isinstance(value, Mapping) else {}
-
-
-def _rows(value: Any) -> list[Mapping[str, Any]]:
-    if isinstance(value, list):
-        return [r for r in value if isinstance(r, Mapping)]
-    return []
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The columns of row objects in first-seen order, identity columns first: documents read
+    back from the catalog (JSON with sorted keys) have lost the analyses' column order."""
+    seen: list[str] = []
+    for r in rows[:200]:
+        for k in r:
+            if k not in seen:
+                seen.append(k)
+    return [c for c in LEAD_COLUMNS if c in seen] + [c for c in seen if c not in LEAD_COLUMNS]
 
 
 def table_from_rows(
@@ -221,18 +227,9 @@ def table_from_rows(
     collapsed: bool = False,
     formatters: Mapping[str, Any] | None = None,
 ) -> TableView:
-    """A table of row objects (columns: given, else the keys in first-seen order)."""
-    if columns is None:
-        seen: list[str] = []
-        for r in rows[:200]:
-            for k in r:
-                if k not in seen:
-                    seen.append(k)
-        # identity columns first, then measures: documents read back from the catalog (JSON
-        # with sorted keys) have lost the analyses' column order
-        cols = [c for c in LEAD_COLUMNS if c in seen] + [c for c in seen if c not in LEAD_COLUMNS]
-    else:
-        cols = list(columns)
+    """A table of display rows (row objects; columns: given, else the keys in first-seen
+    order). A generic renderer: a missing cell shows as a dash."""
+    cols = list(columns) if columns is not None else _columns(rows)
     labels = labels or {}
     formatters = formatters or {}
     out_rows = []
@@ -240,7 +237,7 @@ def table_from_rows(
     for r in rows[:max_rows]:
         cells = []
         for i, c in enumerate(cols):
-            v = r.get(c)
+            v = r[c] if c in r else None
             cell = formatters[c](v) if c in formatters else _cell(v, c)
             if not isinstance(cell, Cell):
                 cell = Cell(str(cell), num=isinstance(v, (int, float)))
@@ -259,25 +256,21 @@ def table_from_rows(
     )
 
 
-def _note_for(doc: Mapping[str, Any], *names: str) -> str | None:
-    notes = _mapping(doc.get("notes"))
-    errors = _mapping(doc.get("errors"))
-    for n in names:
-        if n in errors:
-            return f"the {n} analysis failed: {errors[n]}"
-        if n in notes:
-            note = str(notes[n])
-            if note == "no GPU events":
-                return "no GPU events in these traces (CPU-only): this view needs GPU kernels"
-            return note
-    for n in names:
-        if n not in doc:
-            return f"the document has no '{n}' result (the analysis was not run)"
-    return None
+def _ms_table(tid: str, title: str, rows: Sequence[Mapping[str, Any]], max_rows: int, **kw: Any) -> TableView:
+    """``table_from_rows`` with every ``(us)`` column (of the first row) shown in ms."""
+    ms_cols = [c for c in rows[0] if c.endswith("(us)")] if rows else []
+    fm = {c: (lambda v: Cell(fmt_num(_ms(v)), num=True)) for c in ms_cols}
+    labels = {c: c.replace("(us)", "(ms)") for c in ms_cols}
+    return table_from_rows(tid, title, rows, max_rows=max_rows, labels=labels, formatters=fm, **kw)
 
 
 def _rank_label(r: Any) -> str:
     return f"rank {r}" if r is not None else "rank ?"
+
+
+def _key(v: Any) -> tuple[bool, Any]:
+    """Sort key that puts None last."""
+    return (v is None, v)
 
 
 def _base_layout(title: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -312,37 +305,50 @@ def _narrow(layout: dict[str, Any], n: int, axis: str = "xaxis", slots: int = 5)
     return layout
 
 
+def _bars(name: str, x: list[Any], y: list[Any], color: str, hover: str, **extra: Any) -> dict[str, Any]:
+    """One bar trace of a chart."""
+    return {
+        "type": "bar",
+        "name": name,
+        "x": x,
+        "y": y,
+        **extra,  # (before the marker: the charts' JSON keeps its key order)
+        "marker": {"color": color},
+        "hovertemplate": hover,
+    }
+
+
 # ---------------------------------------------------------------------------------------
 # Verdict
 # ---------------------------------------------------------------------------------------
-def verdict_view(doc: Mapping[str, Any]) -> dict[str, Any]:
-    summary = doc.get("diagnosis_summary")
-    strag = doc.get("stragglers") if isinstance(doc.get("stragglers"), Mapping) else None
-    errors = _mapping(doc.get("errors"))
-    kind = str(strag.get("kind")) if strag and strag.get("kind") else None
-    lines: list[str] = []
-    if isinstance(summary, list):
-        lines = [str(s) for s in summary if not str(s).startswith("Recommendation (")]
-    missing = None
-    if not lines:
-        if "diagnosis" in errors:
-            missing = f"The job diagnosis failed: {errors['diagnosis']}"
-        else:
-            have = [k for k in ("job", "steps", "stragglers", "mfu", "recommendations") if k in doc]
-            missing = (
-                "No diagnosis summary in this document"
-                + (f" (it has {', '.join(have)})" if have else " (the diagnosis was not run)")
-                + "."
-            )
+def _missing_verdict(doc: AnalysisDocument) -> str:
+    if "diagnosis" in doc.errors:
+        return f"The job diagnosis failed: {doc.errors['diagnosis']}"
+    have = [k for k in DIAGNOSIS_KEYS if doc.has(k)]
+    return (
+        "No diagnosis summary in this document"
+        + (f" (it has {', '.join(have)})" if have else " (the diagnosis was not run)")
+        + "."
+    )
+
+
+def verdict_view(document: AnalysisDocument | Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict box: the headline, the other summary lines, the straggler kind and its
+    colour (``cls``), or why there is no verdict (``missing``)."""
+    doc = as_document(document)
+    strag = doc.stragglers
+    kind = strag.kind if strag is not None and strag.kind else None
+    lines = [s for s in doc.summary_lines or [] if not s.startswith("Recommendation (")]
+    missing = None if lines else _missing_verdict(doc)
     headline, rest = (lines[0], lines[1:]) if lines else (None, [])
     cls = {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind or "", "neutral")
-    ev = _mapping(doc.get("evidence"))
-    if ev and (not ev.get("assessed", True) or ev.get("anomalous")):
+    ev = doc.evidence
+    if ev is not None and (not ev.assessed or ev.anomalous):
         cls = "warn"  # the verdict does not rest on good data: never shown as a clean bill
     return {"headline": headline, "lines": rest, "kind": kind, "cls": cls, "missing": missing}
 
 
-def evidence_section(doc: Mapping[str, Any], max_rows: int) -> Section | None:
+def evidence_section(doc: AnalysisDocument, max_rows: int) -> Section | None:
     """The evidence card (``report.evidence``): status, figures, per-rank and anomaly tables."""
     from kinetoscope.report.evidence import evidence_view
 
@@ -368,18 +374,15 @@ def evidence_section(doc: Mapping[str, Any], max_rows: int) -> Section | None:
     return sec
 
 
-def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
-    from kinetoscope.document import summarize
-
-    s = summarize(doc).catalog_fields()
+def _step_kpis(doc: AnalysisDocument, s: Summary) -> list[Kpi]:
     out = []
-    if "step_time_ms" in s:
+    if s.step_time_ms is not None:
         mean = _mean_step_ms(doc)
-        differs = mean is not None and abs(mean - s["step_time_ms"]) > 0.005 * max(abs(mean), 1e-9)
+        differs = mean is not None and abs(mean - s.step_time_ms) > 0.005 * max(abs(mean), 1e-9)
         out.append(
             Kpi(
                 "Step time (median)",
-                f"{s['step_time_ms']:,.1f} ms",
+                f"{s.step_time_ms:,.1f} ms",
                 f"mean {mean:,.1f} ms (slow steps weigh in)" if differs else None,
             )
         )
@@ -399,52 +402,58 @@ def _kpis(doc: Mapping[str, Any]) -> list[Kpi]:
             )
         )
         out.append(Kpi("Idle", f"{100 * (tot['idle'] + tot['host']) / step:.1f} %", "nothing running"))
-    job = _mapping(doc.get("job"))
-    if job:
-        found, ws = job.get("num_ranks_found"), job.get("world_size")
+    return out
+
+
+def _kpis(document: AnalysisDocument | Mapping[str, Any]) -> list[Kpi]:
+    """The headline cards: step time, its parts, ranks, stragglers and MFU."""
+    doc = as_document(document)
+    s = summarize(doc)
+    out = _step_kpis(doc, s)
+    job = doc.job
+    if job is not None:
+        found, ws = job.num_ranks_found, job.world_size
         out.append(
             Kpi(
                 "Ranks",
                 f"{found if found is not None else '?'} / {ws if ws is not None else '?'}",
                 "traced / world size",
-                "warn" if job.get("num_missing_ranks") else None,
+                "warn" if job.num_missing_ranks else None,
             )
         )
-    if "straggler_kind" in s:
-        kind = s["straggler_kind"]
-        ranks = s.get("straggler_ranks") or []
+    if s.straggler_kind is not None:
+        ranks = s.straggler_ranks or []
         named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:8]))}"
         out.append(
             Kpi(
                 "Stragglers",
-                kind + (f": {named}" if ranks else ""),
+                s.straggler_kind + (f": {named}" if ranks else ""),
                 None,
-                {"persistent": "bad", "intermittent": "warn"}.get(kind),
+                {"persistent": "bad", "intermittent": "warn"}.get(s.straggler_kind),
             )
         )
-    mfu = doc.get("mfu") if isinstance(doc.get("mfu"), Mapping) else None
-    if mfu is not None:
+    if doc.mfu is not None:
+        value = _num(doc.mfu.mfu)
         out.append(
             Kpi(
                 "MFU",
-                fmt_pct(mfu.get("mfu")) if _num(mfu.get("mfu")) is not None else "n/a",
-                None if _num(mfu.get("mfu")) is not None else _short_reason(mfu.get("reason")),
+                fmt_pct(value) if value is not None else "n/a",
+                None if value is not None else _short_reason(doc.mfu.reason),
             )
         )
     return out
 
 
-def _mean_step_ms(doc: Mapping[str, Any]) -> float | None:
+def _mean_step_ms(doc: AnalysisDocument) -> float | None:
     """The mean step time the diagnosis headline quotes (its what-if), else the mean over steps of
     the median over ranks: shown beside the median card so the two numbers reconcile."""
-    strag = doc.get("stragglers")
-    what_if = strag.get("what_if") if isinstance(strag, Mapping) else None
-    if isinstance(what_if, Mapping) and _num(what_if.get("mean_step_time_us")) is not None:
-        return _ms(what_if["mean_step_time_us"])
+    what_if = doc.stragglers.what_if if doc.stragglers is not None else None
+    if what_if is not None and _num(what_if.mean_step_time_us) is not None:
+        return _ms(what_if.mean_step_time_us)
     per_step: dict[Any, list[float]] = defaultdict(list)
-    for row in _rows(doc.get("steps")):
-        if _num(row.get("step_time(us)")) is not None:
-            per_step[row.get("step")].append(float(row["step_time(us)"]))
+    for row in doc.steps or []:
+        if _num(row.step_time_us) is not None:
+            per_step[row.step].append(float(row.step_time_us or 0.0))
     if not per_step:
         return None
     return statistics.fmean(statistics.median(v) for v in per_step.values()) / 1000.0
@@ -557,32 +566,32 @@ def _evidence_rows(ev: Any, prefix: str = "") -> list[tuple[str, str, str]]:
     return out
 
 
-def recommendations_section(doc: Mapping[str, Any]) -> Section:
+def recommendations_section(document: AnalysisDocument | Mapping[str, Any]) -> Section:
+    """What to change, most important first, each with the evidence that triggered it."""
+    doc = as_document(document)
     sec = Section(
         "recommendations",
         "Recommendations",
         "What to change, most important first, each with the measurements that triggered it.",
     )
-    recs = doc.get("recommendations")
-    if not isinstance(recs, list):
+    recs = doc.recommendations
+    if recs is None:
         sec.missing = "the document has no 'recommendations' (the diagnosis was not run or failed)"
         return sec
     if not recs:
         sec.notes.append("No recommendation: nothing in these traces crossed a threshold.")
         return sec
     order = {"high": 0, "medium": 1, "low": 2, "info": 3}
-    for r in sorted(
-        (r for r in recs if isinstance(r, Mapping)), key=lambda r: order.get(str(r.get("severity")), 9)
-    ):
-        sev = str(r.get("severity") or "info")
+    for r in sorted(recs, key=lambda r: order.get(r.severity, 9)):
+        sev = r.severity or "info"
         sec.items.append(
             {
-                "id": str(r.get("id") or ""),
+                "id": r.id,
                 "severity": sev,
                 "cls": {"high": "bad", "medium": "warn", "low": "neutral"}.get(sev, "neutral"),
-                "title": str(r.get("title") or r.get("id") or "recommendation"),
-                "action": str(r.get("action") or ""),
-                "evidence": _evidence_rows(r.get("evidence")),
+                "title": r.title or r.id or "recommendation",
+                "action": r.action,
+                "evidence": _evidence_rows(r.evidence),
             }
         )
     return sec
@@ -591,22 +600,24 @@ def recommendations_section(doc: Mapping[str, Any]) -> Section:
 # ---------------------------------------------------------------------------------------
 # Overview: step-time breakdown
 # ---------------------------------------------------------------------------------------
-def step_parts(row: Mapping[str, Any]) -> dict[str, Any] | None:
+def step_parts(row: StepRow | Mapping[str, Any]) -> dict[str, Any] | None:
     """One per-rank, per-step row of the diagnosis ``steps`` table split into categories that
     add up to the step time (ms)."""
-    st = _ms(row.get("step_time(us)"))
+    if not isinstance(row, StepRow):
+        row = msgspec.convert(row, StepRow, strict=False)
+    st = _ms(row.step_time_us)
     if st is None:
         return None
-    comp = _ms(row.get("compute(us)")) or 0.0
-    exposed = _ms(row.get("exposed_comm(us)")) or 0.0
-    sync = _ms(row.get("sync_wait(us)")) or 0.0
-    idle = _ms(row.get("idle(us)")) or 0.0
-    gap = _ms(row.get("launch_gap(us)"))
+    comp = _ms(row.compute_us) or 0.0
+    exposed = _ms(row.exposed_comm_us) or 0.0
+    sync = _ms(row.sync_wait_us) or 0.0
+    idle = _ms(row.idle_us) or 0.0
+    gap = _ms(row.launch_gap_us)
     wait = min(sync, exposed)
     host = min(idle, gap) if gap is not None else 0.0
     return {
-        "rank": row.get("rank"),
-        "step": row.get("step"),
+        "rank": row.rank,
+        "step": row.step,
         "step_time": st,
         "compute": comp,
         "comm_transfer": exposed - wait,
@@ -614,20 +625,16 @@ def step_parts(row: Mapping[str, Any]) -> dict[str, Any] | None:
         "memory": max(0.0, st - comp - exposed - idle),
         "host": host,
         "idle": max(0.0, idle - host),
-        "dataloader": _ms(row.get("dataloader(us)")),
-        "lateness": _ms(row.get("lateness(us)")),
-        "self_time": _ms(row.get("self_time(us)")),
+        "dataloader": _ms(row.dataloader_us),
+        "lateness": _ms(row.lateness_us),
+        "self_time": _ms(row.self_time_us),
         "sync_wait": sync,
     }
 
 
-def step_parts_by_rank_step(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for r in _rows(doc.get("steps")):
-        p = step_parts(r)
-        if p is not None:
-            out.append(p)
-    return out
+def step_parts_by_rank_step(doc: AnalysisDocument) -> list[dict[str, Any]]:
+    """``step_parts`` of every row of the diagnosis ``steps`` table that has a step time."""
+    return [p for r in doc.steps or [] if (p := step_parts(r)) is not None]
 
 
 def _stacked(
@@ -663,104 +670,87 @@ def _stacked(
     return {"data": data, "layout": layout}
 
 
-def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section(
-        "overview",
-        "Overview: step-time breakdown",
-        "Where each training step's time went, per step and per rank: compute, communication not "
-        "hidden behind compute (split into the transfer itself and waiting for slower ranks), memory "
-        "copies and other device work, and idle time (on GPUs, the part where the next kernel had not "
-        "been launched yet is host-bound). The parts add up to the step time. On CPU-only traces "
-        "compute is the host's operators and communication the gloo collectives.",
-    )
-    parts = step_parts_by_rank_step(doc)
-    if not parts:
-        # fall back on the analysis engine's per-step temporal breakdown, then on step durations
-        tb = _rows(doc.get("temporal_breakdown_by_step"))
-        sd = _rows(doc.get("step_durations"))
-        reason = "the document has no per-step diagnosis ('steps')"
-        if isinstance(doc.get("steps"), list) and not doc.get("steps"):
-            reason = "no training steps were found (neither ProfilerStep#N nor Optimizer.step annotations)"
-        if tb:
-            sec.notes.append(reason + "; showing the GPU temporal breakdown per step instead.")
-            x = [[_rank_label(r.get("rank")) for r in tb], [str(r.get("step")) for r in tb]]
-            data = []
-            for key, label, color in (
-                ("compute_time(us)", "Compute", "compute"),
-                ("non_compute_time(us)", "Non-compute (communication, memory)", "non_compute"),
-                ("idle_time(us)", "Idle", "idle"),
-            ):
-                data.append(
-                    {
-                        "type": "bar",
-                        "name": label,
-                        "x": x,
-                        "y": [_ms(r.get(key)) for r in tb],
-                        "marker": {"color": COLORS[color]},
-                        "hovertemplate": f"%{{x}}<br>{label}: %{{y:.2f}} ms<extra></extra>",
-                    }
-                )
-            sec.charts.append(
-                ChartView(
-                    "chart-overview-temporal",
-                    {
-                        "data": data,
-                        "layout": _base_layout(
-                            barmode="stack", xaxis={"type": "multicategory"}, yaxis={"title": {"text": "ms"}}
-                        ),
-                    },
-                )
-            )
-        elif sd:
-            sec.notes.append(reason + "; showing step durations only.")
-            by_rank: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
-            for r in sd:
-                by_rank[r.get("rank")].append(r)
-            data = [
-                {
-                    "type": "scatter",
-                    "mode": "lines+markers",
-                    "name": _rank_label(rk),
-                    "x": [str(r.get("step")) for r in rows],
-                    "y": [_ms(r.get("duration(us)")) for r in rows],
-                }
-                for rk, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0]))
-            ]
-            sec.charts.append(
-                ChartView(
-                    "chart-overview-durations",
-                    {
-                        "data": data,
-                        "layout": _base_layout(
-                            xaxis={"title": {"text": "step"}, "type": "category"},
-                            yaxis={"title": {"text": "step time (ms)"}},
-                        ),
-                    },
-                )
-            )
-        else:
-            sec.missing = reason + (" and no step durations" if "step_durations" in doc else "")
-        return sec
+def _temporal_by_step_chart(tb: list[TemporalRow]) -> ChartView:
+    """The analysis engine's per-step temporal breakdown (the overview's first fallback)."""
+    x = [[_rank_label(r.rank) for r in tb], [str(r.step) for r in tb]]
+    data = [
+        _bars(
+            label,
+            x,
+            [_ms(getattr(r, attr)) for r in tb],
+            COLORS[color],
+            f"%{{x}}<br>{label}: %{{y:.2f}} ms<extra></extra>",
+        )
+        for attr, label, color in (
+            ("compute_time_us", "Compute", "compute"),
+            ("non_compute_time_us", "Non-compute (communication, memory)", "non_compute"),
+            ("idle_time_us", "Idle", "idle"),
+        )
+    ]
+    layout = _base_layout(barmode="stack", xaxis={"type": "multicategory"}, yaxis={"title": {"text": "ms"}})
+    return ChartView("chart-overview-temporal", {"data": data, "layout": layout})
 
+
+def _durations_chart(sd: list[StepDurationRow]) -> ChartView:
+    """Step durations per rank (the overview's last fallback)."""
+    by_rank: dict[Any, list[StepDurationRow]] = defaultdict(list)
+    for r in sd:
+        by_rank[r.rank].append(r)
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": _rank_label(rk),
+            "x": [str(r.step) for r in rows],
+            "y": [_ms(r.duration_us) for r in rows],
+        }
+        for rk, rows in sorted(by_rank.items(), key=lambda kv: _key(kv[0]))
+    ]
+    layout = _base_layout(
+        xaxis={"title": {"text": "step"}, "type": "category"},
+        yaxis={"title": {"text": "step time (ms)"}},
+    )
+    return ChartView("chart-overview-durations", {"data": data, "layout": layout})
+
+
+def _overview_fallback(doc: AnalysisDocument, sec: Section) -> Section:
+    """Without a per-step diagnosis: the per-step temporal breakdown, else step durations."""
+    tb = doc.temporal_breakdown_by_step or []
+    sd = doc.step_durations or []
+    reason = "the document has no per-step diagnosis ('steps')"
+    if doc.steps is not None and not doc.rows("steps"):
+        reason = "no training steps were found (neither ProfilerStep#N nor Optimizer.step annotations)"
+    if tb:
+        sec.notes.append(reason + "; showing the GPU temporal breakdown per step instead.")
+        sec.charts.append(_temporal_by_step_chart(tb))
+    elif sd:
+        sec.notes.append(reason + "; showing step durations only.")
+        sec.charts.append(_durations_chart(sd))
+    else:
+        sec.missing = reason + (" and no step durations" if doc.has("step_durations") else "")
+    return sec
+
+
+def _mean_of(ps: Sequence[Mapping[str, Any]], k: str) -> float:
+    return sum(p[k] for p in ps) / len(ps) if ps else 0.0
+
+
+def _overview_charts(parts: list[dict[str, Any]], sec: Section) -> None:
+    """Per step (mean over ranks), per rank (mean over steps) and every rank and step."""
     keys = [k for k, _, _ in BREAKDOWN_PARTS]
-    steps = sorted({p["step"] for p in parts}, key=lambda s: (s is None, s))
-    ranks = sorted({p["rank"] for p in parts}, key=lambda r: (r is None, r))
-    # per step, mean over ranks
+    steps = sorted({p["step"] for p in parts}, key=_key)
+    ranks = sorted({p["rank"] for p in parts}, key=_key)
     by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    by_rank = defaultdict(list)  # (declared in the branch above)
+    by_rank: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for p in parts:
         by_step[p["step"]].append(p)
         by_rank[p["rank"]].append(p)
-
-    def mean(ps: Sequence[Mapping[str, Any]], k: str) -> float:
-        return sum(p[k] for p in ps) / len(ps) if ps else 0.0
-
-    series = {k: [mean(by_step[s], k) for s in steps] for k in keys}
+    series = {k: [_mean_of(by_step[s], k) for s in steps] for k in keys}
     fig = _stacked([str(s) for s in steps], series, xtitle="step", hover_x="step %{x}")
     _narrow(fig["layout"], len(steps))
     sec.charts.append(ChartView("chart-steps", fig, f"Per step, mean over {plural(len(ranks), 'rank')}."))
     if len(ranks) > 1:
-        series_r = {k: [mean(by_rank[r], k) for r in ranks] for k in keys}
+        series_r = {k: [_mean_of(by_rank[r], k) for r in ranks] for k in keys}
         fig = _stacked([_rank_label(r) for r in ranks], series_r, xtitle="rank")
         _narrow(fig["layout"], len(ranks))
         sec.charts.append(
@@ -772,9 +762,7 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
             )
         )
     if 1 < len(ranks) and len(parts) <= MAX_CHART_BARS:
-        ordered = sorted(
-            parts, key=lambda p: ((p["rank"] is None, p["rank"]), (p["step"] is None, p["step"]))
-        )
+        ordered = sorted(parts, key=lambda p: (_key(p["rank"]), _key(p["step"])))
         x = [[_rank_label(p["rank"]) for p in ordered], [str(p["step"]) for p in ordered]]
         series_rs = {k: [p[k] for p in ordered] for k in keys}
         sec.charts.append(
@@ -789,34 +777,56 @@ def overview_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         sec.notes.append(
             f"{len(parts):,} rank-steps: the per rank and step chart is left out; see the table."
         )
-    rows = [
-        {
-            "rank": p["rank"],
-            "step": p["step"],
-            "step (ms)": p["step_time"],
-            "compute": p["compute"],
-            "comm transfer": p["comm_transfer"],
-            "comm wait": p["comm_wait"],
-            "memory/other": p["memory"],
-            "idle host-bound": p["host"],
-            "idle other": p["idle"],
-            "dataloader": p["dataloader"],
-            "sync wait (all)": p["sync_wait"],
-            "lateness": p["lateness"],
-        }
-        for p in sorted(parts, key=lambda p: ((p["rank"] is None, p["rank"]), (p["step"] is None, p["step"])))
-    ]
-    sec.tables.append(
-        table_from_rows(
-            "table-steps",
-            "Per rank and step (ms)",
-            rows,
-            max_rows=max_rows,
-            collapsed=True,
-            caption="'sync wait (all)' is all time spent in collectives waiting for the last rank, overlapped or not; "
-            "'lateness' is how much later than the typical rank this rank arrived at the collectives.",
-        )
+
+
+# the per rank and step table's columns: label -> step_parts key
+_STEP_COLUMNS = {
+    "rank": "rank",
+    "step": "step",
+    "step (ms)": "step_time",
+    "compute": "compute",
+    "comm transfer": "comm_transfer",
+    "comm wait": "comm_wait",
+    "memory/other": "memory",
+    "idle host-bound": "host",
+    "idle other": "idle",
+    "dataloader": "dataloader",
+    "sync wait (all)": "sync_wait",
+    "lateness": "lateness",
+}
+
+
+def _steps_table(parts: list[dict[str, Any]], max_rows: int) -> TableView:
+    ordered = sorted(parts, key=lambda p: (_key(p["rank"]), _key(p["step"])))
+    rows = [{label: p[k] for label, k in _STEP_COLUMNS.items()} for p in ordered]
+    return table_from_rows(
+        "table-steps",
+        "Per rank and step (ms)",
+        rows,
+        max_rows=max_rows,
+        collapsed=True,
+        caption="'sync wait (all)' is all time spent in collectives waiting for the last rank, overlapped or not; "
+        "'lateness' is how much later than the typical rank this rank arrived at the collectives.",
     )
+
+
+def overview_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    """Where each step's time went (the diagnosis ``steps`` table), with fallbacks."""
+    doc = as_document(document)
+    sec = Section(
+        "overview",
+        "Overview: step-time breakdown",
+        "Where each training step's time went, per step and per rank: compute, communication not "
+        "hidden behind compute (split into the transfer itself and waiting for slower ranks), memory "
+        "copies and other device work, and idle time (on GPUs, the part where the next kernel had not "
+        "been launched yet is host-bound). The parts add up to the step time. On CPU-only traces "
+        "compute is the host's operators and communication the gloo collectives.",
+    )
+    parts = step_parts_by_rank_step(doc)
+    if not parts:
+        return _overview_fallback(doc, sec)
+    _overview_charts(parts, sec)
+    sec.tables.append(_steps_table(parts, max_rows))
     return sec
 
 
@@ -834,7 +844,7 @@ def _heatmap(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
     for key in ("lateness", "sync_wait", "self_time", "step_time"):
         m: list[list[float | None]] = [[None] * len(steps) for _ in ranks]
         for p in parts:
-            v = p.get(key)
+            v = p[key]
             m[idx_r[p["rank"]]][idx_s[p["step"]]] = None if v is None else round(v, 4)
         mats[key] = m
     labels = {
@@ -889,7 +899,68 @@ def _heatmap(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"data": [trace], "layout": layout}
 
 
-def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+def _straggler_kpis(s: Stragglers) -> list[Kpi]:
+    """The verdict, time lost, the what-if, steps with a late rank and confidence."""
+    kind = s.kind or "unknown"
+    named = f"{'rank' if len(s.ranks) == 1 else 'ranks'} {', '.join(map(str, s.ranks[:10]))}"
+    out = [
+        Kpi(
+            "Verdict",
+            kind + (f": {named}" if s.ranks else ""),
+            None,
+            {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind),
+        )
+    ]
+    if _num(s.lost_fraction) is not None:
+        out.append(Kpi("Time lost to stragglers", fmt_pct(s.lost_fraction), "share of step time"))
+    wi = s.what_if
+    if wi is not None and _num(wi.mean_step_time_us) is not None:
+        if _num(wi.est_step_time_without_stragglers_us) is not None:
+            out.append(
+                Kpi(
+                    "What-if",
+                    f"{fmt_ms(wi.mean_step_time_us)} → {fmt_ms(wi.est_step_time_without_stragglers_us)}",
+                    "mean step time now → without stragglers",
+                )
+            )
+    if s.steps_analysed is not None:
+        out.append(Kpi("Steps with a late rank", f"{s.straggled_steps or 0} / {s.steps_analysed}"))
+    if s.confidence not in (None, "n/a"):
+        out.append(Kpi("Confidence", str(s.confidence)))
+    return out
+
+
+def _straggler_tables(s: Stragglers, max_rows: int) -> list[TableView]:
+    out = []
+    per_rank = s.per_rank_by_score()
+    if per_rank:
+        out.append(
+            _ms_table(
+                "table-straggler-ranks",
+                "Per rank (highest straggler score first)",
+                per_rank,
+                max_rows,
+                caption="score = share of job time the other ranks spent waiting for this rank; late share = "
+                "share of steps in which it arrived late.",
+            )
+        )
+    if s.per_step:
+        out.append(
+            _ms_table(
+                "table-straggler-steps",
+                "Per step: what-if without stragglers",
+                s.per_step,
+                max_rows,
+                collapsed=True,
+                caption="est. step time = step time minus the excess caused by the flagged ranks.",
+            )
+        )
+    return out
+
+
+def stragglers_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    """The lateness heatmap (rank x step), the verdict's figures and its tables."""
+    doc = as_document(document)
     sec = Section(
         "stragglers",
         "Stragglers",
@@ -899,99 +970,29 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         "without that waiting (what differs between a straggler and the others, since DDP's all-reduce "
         "makes every rank's wall step time equal).",
     )
-    strag = doc.get("stragglers")
     parts = step_parts_by_rank_step(doc)
     n_ranks = len({p["rank"] for p in parts})
-    if n_ranks > 1:
-        fig = _heatmap(parts)
-        if fig is not None:
-            sec.charts.append(
-                ChartView("chart-straggler-heatmap", fig, height=max(260, min(900, 110 + 28 * n_ranks)))
-            )
+    if n_ranks > 1 and (fig := _heatmap(parts)) is not None:
+        sec.charts.append(
+            ChartView("chart-straggler-heatmap", fig, height=max(260, min(900, 110 + 28 * n_ranks)))
+        )
     elif n_ranks == 1:
         sec.notes.append("One rank only: there is no other rank to compare arrival times with.")
-    if not isinstance(strag, Mapping):
-        sec.missing = "the document has no 'stragglers' result (the diagnosis was not run or failed)"
+    s = doc.stragglers
+    if s is None:
         if not parts:
-            return sec
-        sec.missing = None
-        sec.notes.append(
-            "The straggler verdict is missing from the document; the heatmap comes from the per-step table."
-        )
+            sec.missing = "the document has no 'stragglers' result (the diagnosis was not run or failed)"
+        else:
+            sec.notes.append(
+                "The straggler verdict is missing from the document; the heatmap comes from the per-step table."
+            )
         return sec
-    kind = str(strag.get("kind") or "unknown")
-    ranks = got if isinstance(got := strag.get("ranks"), list) else []
-    named = f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks[:10]))}"
-    sec.kpis.append(
-        Kpi(
-            "Verdict",
-            kind + (f": {named}" if ranks else ""),
-            None,
-            {"persistent": "bad", "intermittent": "warn", "none": "good"}.get(kind),
-        )
-    )
-    if _num(strag.get("lost_fraction")) is not None:
-        sec.kpis.append(
-            Kpi("Time lost to stragglers", fmt_pct(strag.get("lost_fraction")), "share of step time")
-        )
-    wi = _mapping(strag.get("what_if"))
-    if (
-        _num(wi.get("mean_step_time_us")) is not None
-        and _num(wi.get("est_step_time_without_stragglers_us")) is not None
-    ):
-        sec.kpis.append(
-            Kpi(
-                "What-if",
-                f"{fmt_ms(wi['mean_step_time_us'])} → {fmt_ms(wi['est_step_time_without_stragglers_us'])}",
-                "mean step time now → without stragglers",
-            )
-        )
-    if strag.get("steps_analysed") is not None:
-        sec.kpis.append(
-            Kpi(
-                "Steps with a late rank", f"{strag.get('straggled_steps', 0)} / {strag.get('steps_analysed')}"
-            )
-        )
-    if strag.get("confidence") not in (None, "n/a"):
-        sec.kpis.append(Kpi("Confidence", str(strag.get("confidence"))))
-    for label, key in (("Why", "reason"), ("Cause", "cause")):
-        if strag.get(key):
-            sec.notes.append(f"{label}: {strag[key]}")
-    per_rank = sorted(_rows(strag.get("per_rank")), key=lambda r: -(_num(r.get("score")) or 0.0))
-    if per_rank:
-        ms_cols = [c for c in per_rank[0] if c.endswith("(us)")]
-        fm = {c: (lambda v: Cell(fmt_num(_ms(v)), num=True)) for c in ms_cols}
-        labels = {c: c.replace("(us)", "(ms)") for c in ms_cols}
-        sec.tables.append(
-            table_from_rows(
-                "table-straggler-ranks",
-                "Per rank (highest straggler score first)",
-                per_rank,
-                max_rows=max_rows,
-                labels=labels,
-                formatters=fm,
-                caption="score = share of job time the other ranks spent waiting for this rank; late share = "
-                "share of steps in which it arrived late.",
-            )
-        )
-    per_step = _rows(strag.get("per_step"))
-    if per_step:
-        ms_cols = [c for c in per_step[0] if c.endswith("(us)")]
-        fm = {c: (lambda v: Cell(fmt_num(_ms(v)), num=True)) for c in ms_cols}
-        labels = {c: c.replace("(us)", "(ms)") for c in ms_cols}
-        sec.tables.append(
-            table_from_rows(
-                "table-straggler-steps",
-                "Per step: what-if without stragglers",
-                per_step,
-                max_rows=max_rows,
-                labels=labels,
-                formatters=fm,
-                collapsed=True,
-                caption="est. step time = step time minus the excess caused by the flagged ranks.",
-            )
-        )
-    if not parts and not per_rank:
+    sec.kpis.extend(_straggler_kpis(s))
+    for label, text in (("Why", s.reason), ("Cause", s.cause)):
+        if text:
+            sec.notes.append(f"{label}: {text}")
+    sec.tables.extend(_straggler_tables(s, max_rows))
+    if not parts and not s.per_rank:
         sec.notes.append("No per-step data to draw the heatmap.")
     return sec
 
@@ -999,163 +1000,143 @@ def stragglers_section(doc: Mapping[str, Any], max_rows: int) -> Section:
 # ---------------------------------------------------------------------------------------
 # MFU
 # ---------------------------------------------------------------------------------------
-def mfu_section(doc: Mapping[str, Any]) -> Section:
-    sec = Section(
-        "mfu",
-        "Model FLOPs utilisation (MFU)",
-        "Achieved model FLOP/s per device divided by the device's peak FLOP/s.",
-    )
-    mfu = doc.get("mfu")
-    if not isinstance(mfu, Mapping):
-        sec.missing = "the document has no 'mfu' result (the diagnosis was not run or failed)"
-        return sec
-    value = _num(mfu.get("mfu"))
-    sec.kpis.append(
+def _mfu_kpis(m: Mfu) -> list[Kpi]:
+    value = _num(m.mfu)
+    out = [
         Kpi(
             "MFU",
             fmt_pct(value, 2) if value is not None else "n/a",
             None,
             None if value is None else ("bad" if value < 0.2 else "warn" if value < 0.4 else "good"),
         )
+    ]
+    if m.flops_per_step is not None:
+        out.append(Kpi("FLOPs per step", f"{m.flops_per_step:.3g}", f"from {m.flops_source or '?'}"))
+    if m.step_time_s is not None:
+        out.append(Kpi("Step time", f"{1000 * m.step_time_s:,.2f} ms"))
+    if m.achieved_flops_per_chip is not None:
+        out.append(Kpi("Achieved per device", f"{m.achieved_flops_per_chip / 1e12:,.3f} TFLOP/s"))
+    if m.peak_flops_per_chip is not None:
+        out.append(
+            Kpi("Peak per device", f"{m.peak_flops_per_chip / 1e12:,.1f} TFLOP/s", str(m.peak_source or ""))
+        )
+    if m.chips is not None:
+        out.append(Kpi("Devices", str(m.chips)))
+    return out
+
+
+def mfu_section(document: AnalysisDocument | Mapping[str, Any]) -> Section:
+    """MFU and what it rests on (FLOPs, step time, peak), or why it was not computed."""
+    doc = as_document(document)
+    sec = Section(
+        "mfu",
+        "Model FLOPs utilisation (MFU)",
+        "Achieved model FLOP/s per device divided by the device's peak FLOP/s.",
     )
-    if _num(mfu.get("flops_per_step")) is not None:
-        sec.kpis.append(
-            Kpi("FLOPs per step", f"{mfu['flops_per_step']:.3g}", f"from {mfu.get('flops_source') or '?'}")
-        )
-    if _num(mfu.get("step_time_s")) is not None:
-        sec.kpis.append(Kpi("Step time", f"{1000 * mfu['step_time_s']:,.2f} ms"))
-    if _num(mfu.get("achieved_flops_per_chip")) is not None:
-        sec.kpis.append(Kpi("Achieved per device", f"{mfu['achieved_flops_per_chip'] / 1e12:,.3f} TFLOP/s"))
-    if _num(mfu.get("peak_flops_per_chip")) is not None:
-        sec.kpis.append(
-            Kpi(
-                "Peak per device",
-                f"{mfu['peak_flops_per_chip'] / 1e12:,.1f} TFLOP/s",
-                str(mfu.get("peak_source") or ""),
-            )
-        )
-    if mfu.get("chips") is not None:
-        sec.kpis.append(Kpi("Devices", str(mfu.get("chips"))))
-    if value is None and mfu.get("reason"):
-        sec.notes.append(f"Not computed: {mfu['reason']}")
-    if mfu.get("formula"):
-        sec.notes.append(str(mfu["formula"]))
-    for a in mfu.get("assumptions") or []:
-        sec.notes.append(f"Assumption: {a}")
-    if mfu.get("device") or mfu.get("precision"):
-        sec.notes.append(f"Device: {mfu.get('device') or '?'}; precision: {mfu.get('precision') or '?'}.")
+    m = doc.mfu
+    if m is None:
+        sec.missing = "the document has no 'mfu' result (the diagnosis was not run or failed)"
+        return sec
+    sec.kpis.extend(_mfu_kpis(m))
+    if _num(m.mfu) is None and m.reason:
+        sec.notes.append(f"Not computed: {m.reason}")
+    if m.formula:
+        sec.notes.append(m.formula)
+    sec.notes.extend(f"Assumption: {a}" for a in m.assumptions)
+    if m.device or m.precision:
+        sec.notes.append(f"Device: {m.device or '?'}; precision: {m.precision or '?'}.")
     return sec
 
 
 # ---------------------------------------------------------------------------------------
 # GPU views (HTA analyses)
 # ---------------------------------------------------------------------------------------
-def temporal_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+def temporal_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
     sec = Section(
         "temporal",
         "Temporal breakdown per rank",
         "GPU time per rank split into compute kernels, non-compute kernels (communication, memory) and "
         "idle time (HTA's temporal breakdown).",
     )
-    rows = _rows(doc.get("temporal_breakdown"))
+    rows = doc.temporal_breakdown or []
     if not rows:
-        sec.missing = _note_for(doc, "temporal_breakdown") or "no rows"
+        sec.missing = doc.note_for("temporal_breakdown") or "no rows"
         return sec
-    x = [_rank_label(r.get("rank")) for r in rows]
-    data = []
-    for key, pkey, label, color in (
-        ("compute_time(us)", "compute_time_pctg", "Compute", "compute"),
-        ("non_compute_time(us)", "non_compute_time_pctg", "Non-compute", "non_compute"),
-        ("idle_time(us)", "idle_time_pctg", "Idle", "idle"),
-    ):
-        data.append(
-            {
-                "type": "bar",
-                "name": label,
-                "x": x,
-                "y": [_ms(r.get(key)) for r in rows],
-                "customdata": [_num(r.get(pkey)) for r in rows],
-                "marker": {"color": COLORS[color]},
-                "hovertemplate": f"%{{x}}<br>{label}: %{{y:.2f}} ms (%{{customdata:.1f}} %)<extra></extra>",
-            }
+    x = [_rank_label(r.rank) for r in rows]
+    data = [
+        _bars(
+            label,
+            x,
+            [_ms(getattr(r, attr)) for r in rows],
+            COLORS[color],
+            f"%{{x}}<br>{label}: %{{y:.2f}} ms (%{{customdata:.1f}} %)<extra></extra>",
+            customdata=[_num(getattr(r, pattr)) for r in rows],
         )
-    sec.charts.append(
-        ChartView(
-            "chart-temporal",
-            {
-                "data": data,
-                "layout": _narrow(
-                    _base_layout(
-                        barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}}
-                    ),
-                    len(x),
-                ),
-            },
+        for attr, pattr, label, color in (
+            ("compute_time_us", "compute_time_pctg", "Compute", "compute"),
+            ("non_compute_time_us", "non_compute_time_pctg", "Non-compute", "non_compute"),
+            ("idle_time_us", "idle_time_pctg", "Idle", "idle"),
         )
-    )
+    ]
+    layout = _base_layout(barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}})
+    sec.charts.append(ChartView("chart-temporal", {"data": data, "layout": _narrow(layout, len(x))}))
     sec.tables.append(
-        table_from_rows("table-temporal", "Temporal breakdown", rows, max_rows=max_rows, collapsed=True)
+        table_from_rows(
+            "table-temporal",
+            "Temporal breakdown",
+            doc.rows("temporal_breakdown"),
+            max_rows=max_rows,
+            collapsed=True,
+        )
     )
     return sec
 
 
-def idle_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+def _idle_chart(rows: list[IdleRow]) -> ChartView:
+    keys = sorted({(r.rank, r.stream) for r in rows}, key=lambda k: (_key(k[0]), _key(k[1])))
+    cats: list[str | None] = []
+    for r in rows:
+        if r.idle_category not in cats:
+            cats.append(r.idle_category)
+    x = [f"rank {r} / stream {s}" for r, s in keys]
+    data = []
+    for c in cats:
+        vals = {(r.rank, r.stream): r for r in rows if r.idle_category == c}
+        data.append(
+            _bars(
+                plotly_text(str(c).replace("_", " ")),
+                x,
+                [_ms(vals[k].idle_time) if k in vals else None for k in keys],
+                COLORS.get(str(c), "#bab0ac"),
+                "%{x}<br>"
+                + plotly_text(str(c))
+                + ": %{y:.2f} ms (%{customdata:.1f} % of idle)<extra></extra>",
+                customdata=[(_num(vals[k].idle_time_ratio) or 0) * 100 if k in vals else None for k in keys],
+            )
+        )
+    layout = _base_layout(barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "idle ms"}})
+    return ChartView("chart-idle", {"data": data, "layout": _narrow(layout, len(x))})
+
+
+def idle_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
     sec = Section(
         "idle",
         "Idle time",
         "GPU idle time per rank and stream: host wait (the GPU waited for the CPU to launch work), "
         "kernel wait (short gaps between back-to-back kernels) and other.",
     )
-    rows = _rows(doc.get("idle_time_breakdown"))
+    rows = doc.idle_time_breakdown or []
     if not rows:
-        sec.missing = _note_for(doc, "idle_time_breakdown") or "no rows"
+        sec.missing = doc.note_for("idle_time_breakdown") or "no rows"
         return sec
-    keys = sorted(
-        {(r.get("rank"), r.get("stream")) for r in rows}, key=lambda k: tuple((v is None, v) for v in k)
-    )
-    cats = []
-    for r in rows:
-        c = r.get("idle_category")
-        if c not in cats:
-            cats.append(c)
-    x = [f"rank {r} / stream {s}" for r, s in keys]
-    data = []
-    for c in cats:
-        vals = {(r.get("rank"), r.get("stream")): r for r in rows if r.get("idle_category") == c}
-        data.append(
-            {
-                "type": "bar",
-                "name": plotly_text(str(c).replace("_", " ")),
-                "x": x,
-                "y": [_ms(vals[k].get("idle_time")) if k in vals else None for k in keys],
-                "customdata": [
-                    (_num(vals[k].get("idle_time_ratio")) or 0) * 100 if k in vals else None for k in keys
-                ],
-                "marker": {"color": COLORS.get(str(c), "#bab0ac")},
-                "hovertemplate": "%{x}<br>"
-                + plotly_text(str(c))
-                + ": %{y:.2f} ms (%{customdata:.1f} % of idle)<extra></extra>",
-            }
-        )
-    sec.charts.append(
-        ChartView(
-            "chart-idle",
-            {
-                "data": data,
-                "layout": _narrow(
-                    _base_layout(
-                        barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "idle ms"}}
-                    ),
-                    len(x),
-                ),
-            },
-        )
-    )
+    sec.charts.append(_idle_chart(rows))
     sec.tables.append(
         table_from_rows(
             "table-idle",
             "Idle time by category",
-            rows,
+            doc.rows("idle_time_breakdown"),
             max_rows=max_rows,
             collapsed=True,
             labels={"idle_time": "idle_time (us)"},
@@ -1164,122 +1145,97 @@ def idle_section(doc: Mapping[str, Any], max_rows: int) -> Section:
     return sec
 
 
-def kernels_section(doc: Mapping[str, Any], max_rows: int) -> Section:
-    sec = Section(
-        "kernels",
-        "Kernels",
-        "GPU time by kernel type, and the kernels that take the most time (summed over ranks). Names "
-        "are shortened (templates and arguments removed); hover or expand for the full name.",
+def _kernel_types_chart(kt: list[KernelTypeRow]) -> ChartView:
+    tot: dict[str, float] = defaultdict(float)
+    for r in kt:
+        tot[str(r.kernel_type)] += _num(r.sum) or 0.0
+    items = sorted(tot.items(), key=lambda kv: -kv[1])
+    allsum = sum(v for _, v in items) or 1.0
+    trace = {
+        "type": "bar",
+        "orientation": "h",
+        "y": [plotly_text(k, 60) for k, _ in items],
+        "x": [v / 1000.0 for _, v in items],
+        "customdata": [100 * v / allsum for _, v in items],
+        "marker": {"color": COLORS["compute"]},
+        "hovertemplate": "%{y}<br>%{x:.2f} ms (%{customdata:.1f} %)<extra></extra>",
+    }
+    layout = _base_layout(
+        yaxis={"type": "category", "autorange": "reversed", "automargin": True},
+        xaxis={"title": {"text": "ms (all ranks)"}},
+        showlegend=False,
     )
-    kt = _rows(doc.get("kernel_type_breakdown"))
-    kb = _rows(doc.get("kernel_breakdown"))
-    kd = _rows(doc.get("kernel_distribution"))
-    if not (kt or kb or kd):
-        sec.missing = _note_for(doc, "kernel_breakdown", "kernel_type_breakdown") or "no rows"
-        return sec
-    if kt:
-        tot: dict[str, float] = defaultdict(float)
-        for r in kt:
-            tot[str(r.get("kernel_type"))] += _num(r.get("sum")) or 0.0
-        items = sorted(tot.items(), key=lambda kv: -kv[1])
-        allsum = sum(v for _, v in items) or 1.0
-        sec.charts.append(
-            ChartView(
-                "chart-kernel-types",
-                {
-                    "data": [
-                        {
-                            "type": "bar",
-                            "orientation": "h",
-                            "y": [plotly_text(k, 60) for k, _ in items],
-                            "x": [v / 1000.0 for _, v in items],
-                            "customdata": [100 * v / allsum for _, v in items],
-                            "marker": {"color": COLORS["compute"]},
-                            "hovertemplate": "%{y}<br>%{x:.2f} ms (%{customdata:.1f} %)<extra></extra>",
-                        }
-                    ],
-                    "layout": _base_layout(
-                        yaxis={"type": "category", "autorange": "reversed", "automargin": True},
-                        xaxis={"title": {"text": "ms (all ranks)"}},
-                        showlegend=False,
-                    ),
-                },
-                "GPU time by kernel type (overlapping kinds are counted once, under their combination).",
-                height=max(220, 60 + 28 * len(items)),
-            )
-        )
-    src = kb or kd
-    if src:
-        agg: dict[str, dict[str, Any]] = {}
-        for r in src:
-            name = str(r.get("name"))
-            a = agg.setdefault(
-                name,
-                {"name": name, "kernel_type": r.get("kernel_type"), "sum": 0.0, "count": 0, "ranks": set()},
-            )
-            a["sum"] += _num(r.get("sum (us)")) or 0.0
-            a["count"] += int(_num(r.get("count")) or 0)
-            a["ranks"].add(r.get("rank"))
-        top = sorted((a for a in agg.values() if a["name"] != "others"), key=lambda a: -a["sum"])[
-            :TOP_KERNELS
-        ]
-        if top:
-            sec.charts.append(
-                ChartView(
-                    "chart-top-kernels",
-                    {
-                        "data": [
-                            {
-                                "type": "bar",
-                                "orientation": "h",
-                                "y": [
-                                    plotly_text(f"{i + 1}. {short_name(a['name'])}", 70)
-                                    for i, a in enumerate(top)
-                                ],
-                                "x": [a["sum"] / 1000.0 for a in top],
-                                "customdata": [
-                                    [plotly_text(a["name"], 300), a["count"], plotly_text(a["kernel_type"])]
-                                    for a in top
-                                ],
-                                "marker": {
-                                    "color": [
-                                        COLORS["comm_transfer"]
-                                        if str(a["kernel_type"]).startswith("COMM")
-                                        else COLORS["memory"]
-                                        if str(a["kernel_type"]).startswith("MEM")
-                                        else COLORS["compute"]
-                                        for a in top
-                                    ]
-                                },
-                                "hovertemplate": "%{customdata[0]}<br>%{customdata[2]}, %{customdata[1]} calls<br>%{x:.2f} ms<extra></extra>",
-                            }
-                        ],
-                        "layout": _base_layout(
-                            yaxis={"type": "category", "autorange": "reversed", "automargin": True},
-                            xaxis={"title": {"text": "total ms (all ranks)"}},
-                            showlegend=False,
-                            margin={"l": 20, "r": 20, "t": 20, "b": 50},
-                        ),
-                    },
-                    f"Top {len(top)} kernels by total time.",
-                    height=max(260, 60 + 26 * len(top)),
-                )
-            )
+    return ChartView(
+        "chart-kernel-types",
+        {"data": [trace], "layout": layout},
+        "GPU time by kernel type (overlapping kinds are counted once, under their combination).",
+        height=max(220, 60 + 28 * len(items)),
+    )
+
+
+def _top_kernels(src: list[KernelRow]) -> list[dict[str, Any]]:
+    """Kernels summed over ranks, the ``TOP_KERNELS`` longest (``others`` left out)."""
+    agg: dict[str, dict[str, Any]] = {}
+    for r in src:
+        name = str(r.name)
+        a = agg.setdefault(name, {"name": name, "kernel_type": r.kernel_type, "sum": 0.0, "count": 0})
+        a["sum"] += _num(r.sum_us) or 0.0
+        a["count"] += int(_num(r.count) or 0)
+    return sorted((a for a in agg.values() if a["name"] != "others"), key=lambda a: -a["sum"])[:TOP_KERNELS]
+
+
+def _kernel_color(kernel_type: Any) -> str:
+    kind = str(kernel_type)
+    if kind.startswith("COMM"):
+        return COLORS["comm_transfer"]
+    return COLORS["memory"] if kind.startswith("MEM") else COLORS["compute"]
+
+
+def _top_kernels_chart(top: list[dict[str, Any]]) -> ChartView:
+    trace = {
+        "type": "bar",
+        "orientation": "h",
+        "y": [plotly_text(f"{i + 1}. {short_name(a['name'])}", 70) for i, a in enumerate(top)],
+        "x": [a["sum"] / 1000.0 for a in top],
+        "customdata": [[plotly_text(a["name"], 300), a["count"], plotly_text(a["kernel_type"])] for a in top],
+        "marker": {"color": [_kernel_color(a["kernel_type"]) for a in top]},
+        "hovertemplate": "%{customdata[0]}<br>%{customdata[2]}, %{customdata[1]} calls<br>%{x:.2f} ms<extra></extra>",
+    }
+    layout = _base_layout(
+        yaxis={"type": "category", "autorange": "reversed", "automargin": True},
+        xaxis={"title": {"text": "total ms (all ranks)"}},
+        showlegend=False,
+        margin={"l": 20, "r": 20, "t": 20, "b": 50},
+    )
+    return ChartView(
+        "chart-top-kernels",
+        {"data": [trace], "layout": layout},
+        f"Top {len(top)} kernels by total time.",
+        height=max(260, 60 + 26 * len(top)),
+    )
+
+
+def _kernel_tables(doc: AnalysisDocument, max_rows: int) -> list[TableView]:
+    kb, kd, kt = (
+        doc.rows("kernel_breakdown"),
+        doc.rows("kernel_distribution"),
+        doc.rows("kernel_type_breakdown"),
+    )
+    out = []
     if kb:
         ms_cols = [c for c in kb[0] if c.endswith("(us)")] + (["stddev"] if "stddev" in kb[0] else [])
-        fm = {c: (lambda v: Cell(fmt_num(_ms(v), 3), num=True)) for c in ms_cols}
-        sec.tables.append(
+        out.append(
             table_from_rows(
                 "table-kernels",
                 "Top kernels per rank and type",
                 kb,
                 max_rows=max_rows,
                 labels={c: c.replace("(us)", "(ms)") if c.endswith("(us)") else f"{c} (ms)" for c in ms_cols},
-                formatters=fm,
+                formatters={c: (lambda v: Cell(fmt_num(_ms(v), 3), num=True)) for c in ms_cols},
             )
         )
     if kd:
-        sec.tables.append(
+        out.append(
             table_from_rows(
                 "table-kernel-distribution",
                 "Kernel duration distribution (µs)",
@@ -1289,7 +1245,7 @@ def kernels_section(doc: Mapping[str, Any], max_rows: int) -> Section:
             )
         )
     if kt:
-        sec.tables.append(
+        out.append(
             table_from_rows(
                 "table-kernel-types",
                 "Kernel types per rank",
@@ -1299,58 +1255,71 @@ def kernels_section(doc: Mapping[str, Any], max_rows: int) -> Section:
                 labels={"sum": "sum (us)", "percentage": "%"},
             )
         )
+    return out
+
+
+def kernels_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
+    sec = Section(
+        "kernels",
+        "Kernels",
+        "GPU time by kernel type, and the kernels that take the most time (summed over ranks). Names "
+        "are shortened (templates and arguments removed); hover or expand for the full name.",
+    )
+    if not (
+        doc.rows("kernel_type_breakdown") or doc.rows("kernel_breakdown") or doc.rows("kernel_distribution")
+    ):
+        sec.missing = doc.note_for("kernel_breakdown", "kernel_type_breakdown") or "no rows"
+        return sec
+    if doc.kernel_type_breakdown:
+        sec.charts.append(_kernel_types_chart(doc.kernel_type_breakdown))
+    top = _top_kernels(doc.kernel_breakdown or doc.kernel_distribution or [])
+    if top:
+        sec.charts.append(_top_kernels_chart(top))
+    sec.tables.extend(_kernel_tables(doc, max_rows))
     return sec
 
 
-def overlap_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+def overlap_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
     sec = Section(
         "overlap",
         "Communication–computation overlap",
         "Share of communication-kernel time during which computation kernels also ran, per rank. Low "
         "overlap means communication adds directly to step time.",
     )
-    rows = _rows(doc.get("comm_comp_overlap"))
+    rows = doc.comm_comp_overlap or []
     if not rows:
-        sec.missing = _note_for(doc, "comm_comp_overlap") or "no rows"
+        sec.missing = doc.note_for("comm_comp_overlap") or "no rows"
         return sec
-    x = [_rank_label(r.get("rank")) for r in rows]
-    sec.charts.append(
-        ChartView(
-            "chart-overlap",
-            {
-                "data": [
-                    {
-                        "type": "bar",
-                        "name": "communication time",
-                        "x": x,
-                        "y": [_ms(r.get("communication_time(us)")) for r in rows],
-                        "marker": {"color": COLORS["comm_transfer"]},
-                        "hovertemplate": "%{x}<br>communication %{y:.2f} ms<extra></extra>",
-                    },
-                    {
-                        "type": "bar",
-                        "name": "overlapped by computation",
-                        "x": x,
-                        "y": [_ms(r.get("overlap_time(us)")) for r in rows],
-                        "customdata": [_num(r.get("comp_comm_overlap_pctg")) for r in rows],
-                        "marker": {"color": COLORS["compute"]},
-                        "hovertemplate": "%{x}<br>overlapped %{y:.2f} ms (%{customdata:.1f} %)<extra></extra>",
-                    },
-                ],
-                "layout": _narrow(
-                    _base_layout(
-                        barmode="group", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}}
-                    ),
-                    len(x),
-                ),
-            },
-        )
+    x = [_rank_label(r.rank) for r in rows]
+    data = [
+        _bars(
+            "communication time",
+            x,
+            [_ms(r.communication_time_us) for r in rows],
+            COLORS["comm_transfer"],
+            "%{x}<br>communication %{y:.2f} ms<extra></extra>",
+        ),
+        _bars(
+            "overlapped by computation",
+            x,
+            [_ms(r.overlap_time_us) for r in rows],
+            COLORS["compute"],
+            "%{x}<br>overlapped %{y:.2f} ms (%{customdata:.1f} %)<extra></extra>",
+            customdata=[_num(r.comp_comm_overlap_pctg) for r in rows],
+        ),
+    ]
+    layout = _base_layout(barmode="group", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}})
+    sec.charts.append(ChartView("chart-overlap", {"data": data, "layout": _narrow(layout, len(x))}))
+    sec.tables.append(
+        table_from_rows("table-overlap", "Overlap per rank", doc.rows("comm_comp_overlap"), max_rows=max_rows)
     )
-    sec.tables.append(table_from_rows("table-overlap", "Overlap per rank", rows, max_rows=max_rows))
     return sec
 
 
-def launch_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+def launch_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
     sec = Section(
         "launch",
         "Kernel launches, queues and memory bandwidth",
@@ -1364,67 +1333,80 @@ def launch_section(doc: Mapping[str, Any], max_rows: int) -> Section:
         ("memory_bw_summary", "Memory bandwidth (GB/s)"),
     ]
     for key, title in names:
-        rows = _rows(doc.get(key))
+        rows = doc.rows(key)
         if rows:
             sec.tables.append(table_from_rows(f"table-{key}", title, rows, max_rows=max_rows))
     if not sec.tables:
-        sec.missing = _note_for(doc, *[k for k, _ in names]) or "no rows"
+        sec.missing = doc.note_for(*[k for k, _ in names]) or "no rows"
     return sec
 
 
-def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+# ---------------------------------------------------------------------------------------
+# Job and clocks
+# ---------------------------------------------------------------------------------------
+def _job_kpis(job: Job) -> list[Kpi]:
+    ws, found = job.world_size, job.num_ranks_found
+    out = [
+        Kpi(
+            "Ranks found",
+            f"{found if found is not None else '?'} / {ws if ws is not None else '?'}",
+            f"world size from {job.world_size_source or '?'}",
+        )
+    ]
+    if job.steps_found is not None:
+        out.append(Kpi("Steps", str(job.steps_found), f"from {job.step_source or '?'}"))
+    if job.job_id:
+        out.append(Kpi("Job id", job.job_id))
+    if job.device_types:
+        out.append(Kpi("Devices", ", ".join(job.device_types)))
+    if job.backends:
+        out.append(Kpi("Backend", ", ".join(job.backends)))
+    return out
+
+
+def _job_notes(job: Job) -> list[str]:
+    out = []
+    missing = job.missing_ranks
+    if missing:
+        shown = ", ".join(map(str, missing[:40])) + (
+            f" … ({len(missing)} in all)" if len(missing) > 40 else ""
+        )
+        out.append(f"Missing ranks: {shown}.")
+    if job.duplicate_ranks:
+        out.append(f"Several files claim ranks {', '.join(map(str, job.duplicate_ranks))}.")
+    if job.unranked_files:
+        out.append(f"Files without a rank: {', '.join(job.unranked_files[:10])}.")
+    out.extend(job.notes)
+    return out
+
+
+def _clock_notes(clock: Clock) -> list[str]:
+    residual = _num(clock.residual_us)
+    head = (
+        f"Clock reference rank {clock.reference_rank}, matched on {clock.match_method}"
+        + (f", residual {fmt_num(residual, 1)} µs" if residual is not None else "")
+        + "."
+    )
+    return [head, *clock.notes]
+
+
+def job_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
     sec = Section(
         "job",
         "Job and clocks",
         "Which ranks were found, and how their clocks were aligned (on collective ends) before comparing "
         "them.",
     )
-    job = doc.get("job")
-    if not isinstance(job, Mapping):
+    job = doc.job
+    if job is None:
         sec.missing = "the document has no 'job' result (the diagnosis was not run or failed)"
         return sec
-    ws = job.get("world_size")
-    sec.kpis.append(
-        Kpi(
-            "Ranks found",
-            f"{job.get('num_ranks_found', '?')} / {ws if ws is not None else '?'}",
-            f"world size from {job.get('world_size_source') or '?'}",
-        )
-    )
-    if job.get("steps_found") is not None:
-        sec.kpis.append(Kpi("Steps", str(job.get("steps_found")), f"from {job.get('step_source') or '?'}"))
-    if job.get("job_id"):
-        sec.kpis.append(Kpi("Job id", str(job["job_id"])))
-    if job.get("device_types"):
-        sec.kpis.append(Kpi("Devices", ", ".join(map(str, job["device_types"]))))
-    if job.get("backends"):
-        sec.kpis.append(Kpi("Backend", ", ".join(map(str, job["backends"]))))
-    missing = job.get("missing_ranks") or []
-    if missing:
-        shown = ", ".join(map(str, missing[:40])) + (
-            f" … ({len(missing)} in all)" if len(missing) > 40 else ""
-        )
-        sec.notes.append(f"Missing ranks: {shown}.")
-    if job.get("duplicate_ranks"):
-        sec.notes.append(f"Several files claim ranks {', '.join(map(str, job['duplicate_ranks']))}.")
-    if job.get("unranked_files"):
-        sec.notes.append(f"Files without a rank: {', '.join(map(str, job['unranked_files'][:10]))}.")
-    for n in job.get("notes") or []:
-        sec.notes.append(str(n))
-    clock = _mapping(job.get("clock"))
-    if clock:
-        sec.notes.append(
-            f"Clock reference rank {clock.get('reference_rank')}, matched on {clock.get('match_method')}"
-            + (
-                f", residual {fmt_num(_num(clock.get('residual_us')), 1)} µs"
-                if _num(clock.get("residual_us")) is not None
-                else ""
-            )
-            + "."
-        )
-        for n in clock.get("notes") or []:
-            sec.notes.append(str(n))
-        offs = _rows(clock.get("offsets"))
+    sec.kpis.extend(_job_kpis(job))
+    sec.notes.extend(_job_notes(job))
+    if job.clock is not None:
+        sec.notes.extend(_clock_notes(job.clock))
+        offs = job.clock.offsets
         if offs:
             sec.tables.append(
                 table_from_rows(
@@ -1435,11 +1417,8 @@ def job_section(doc: Mapping[str, Any], max_rows: int) -> Section:
                     collapsed=len(offs) > 8,
                 )
             )
-    for o in job.get("other_jobs") or []:
-        if isinstance(o, Mapping):
-            sec.notes.append(
-                f"Other job in the inputs (not diagnosed): {o.get('key')} with ranks {o.get('ranks')}."
-            )
+    for o in job.other_jobs:
+        sec.notes.append(f"Other job in the inputs (not diagnosed): {o.key} with ranks {o.ranks}.")
     return sec
 
 
@@ -1468,30 +1447,32 @@ KNOWN_KEYS = {
 }
 
 
-def other_section(doc: Mapping[str, Any], max_rows: int) -> Section:
+def other_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
+    doc = as_document(document)
     sec = Section("other", "Other analyses", "Every other result in the document, as tables.")
-    notes = _mapping(doc.get("notes"))
-    for key, value in doc.items():
+    for key in doc.keys:
         if key in KNOWN_KEYS:
             continue
-        rows = _rows(value)
-        if rows:
+        if key in doc.tables:
+            if doc.tables[key]:
+                sec.tables.append(
+                    table_from_rows(
+                        f"table-other-{key}", key, doc.tables[key], max_rows=max_rows, collapsed=True
+                    )
+                )
+            else:
+                sec.notes.append(f"{key}: {(doc.notes[key] if key in doc.notes else '') or 'no rows'}")
+        elif key in doc.objects:
             sec.tables.append(
-                table_from_rows(f"table-other-{key}", key, rows, max_rows=max_rows, collapsed=True)
-            )
-        elif isinstance(value, list):
-            sec.notes.append(f"{key}: {notes.get(key) or 'no rows'}")
-        elif isinstance(value, Mapping):
-            sec.tables.append(
-                table_from_rows(f"table-other-{key}", key, [dict(value)], max_rows=1, collapsed=True)
+                table_from_rows(f"table-other-{key}", key, [doc.objects[key]], max_rows=1, collapsed=True)
             )
     if not sec.tables and not sec.notes:
         sec.missing = "nothing else in the document"
     return sec
 
 
-def traces_table(doc: Mapping[str, Any]) -> TableView | None:
-    rows = _rows(doc.get("traces"))
+def traces_table(document: AnalysisDocument | Mapping[str, Any]) -> TableView | None:
+    rows = as_document(document).rows("traces")
     if not rows:
         return None
     cols = [
@@ -1519,10 +1500,14 @@ def traces_table(doc: Mapping[str, Any]) -> TableView | None:
 
 
 def build_view(
-    doc: Mapping[str, Any], *, title: str | None = None, inputs: Sequence[str] = (), max_rows: int = 50
+    document: AnalysisDocument | Mapping[str, Any],
+    *,
+    title: str | None = None,
+    inputs: Sequence[str] = (),
+    max_rows: int = 50,
 ) -> ReportView:
-    if not isinstance(doc, Mapping):
-        raise TypeError("the analysis document must be a JSON object")
+    """The report's view model of a document (decoded once; every section reads typed parts)."""
+    doc = as_document(document)  # a TypeError for anything but a JSON object
     evidence = evidence_section(doc, max_rows)
     sections = [
         *([evidence] if evidence is not None else []),
@@ -1540,14 +1525,12 @@ def build_view(
     ]
     verdict = verdict_view(doc)
     verdict["kpis"] = _kpis(doc)
-    notes_map = _mapping(doc.get("notes"))
-    errors_map = _mapping(doc.get("errors"))
     return ReportView(
         title=title or "Kinetoscope report",
         verdict=verdict,
         sections=sections,
         traces=traces_table(doc),
         inputs=[str(i) for i in inputs],
-        notes=[f"{k}: {v}" for k, v in notes_map.items()],
-        errors=[f"{k}: {v}" for k, v in errors_map.items()],
+        notes=[f"{k}: {v}" for k, v in doc.notes.items()],
+        errors=[f"{k}: {v}" for k, v in doc.errors.items()],
     )

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kinetoscope.scale.reduce import ScaleRun
     from kinetoscope.scale.request import AnalyzeRequest
 
-# Lazy (PEP 562): ``kinetoscope.pipeline`` imports the request type at start-up, and that must not
+# Lazy (PEP 562): ``kinetoscope.orchestration`` imports the request type at start-up, and that must not
 # import Polars and every analysis.
 _names, __getattr__, __dir__ = lazy_exports(
     __name__,

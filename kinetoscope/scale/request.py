@@ -1,7 +1,7 @@
 """``AnalyzeRequest``: everything one analysis run needs, built once by its caller and passed whole.
 
 The CLI (``kscope analyze``/``report``), the web app, the demo and the benchmarks build one and
-hand it to ``kinetoscope.pipeline.analyze`` (inputs resolved to files) or
+hand it to ``kinetoscope.orchestration.analyze`` (inputs resolved to files) or
 ``kinetoscope.scale.run_analysis`` (files already known). Defining the options in one place
 replaces the 11-15 keyword parameters each entry point used to spell out.
 
@@ -23,7 +23,7 @@ BACKENDS = ("auto", "single", "local", "ray")
 @dataclass(frozen=True)
 class AnalyzeRequest:
     """One analysis run. ``inputs``: files, folders, storage URLs or catalog trace ids (see
-    ``kinetoscope.pipeline.resolve_inputs``). ``names``: analyses to run (empty: the default
+    ``kinetoscope.orchestration.resolve_inputs``). ``names``: analyses to run (empty: the default
     ones). ``analyses=False`` / ``diagnosis=False`` skip the tables / the job diagnosis;
     ``only_diagnosis`` keeps only those diagnosis keys (plus the summary). ``ranks``: only
     these ranks (``--ranks``). ``model_flops``/``peak_flops`` feed MFU."""

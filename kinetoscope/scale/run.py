@@ -1,7 +1,7 @@
 """The one orchestration of an analysis: files -> map per rank -> reduce -> document.
 
 ``kscope analyze`` (every backend), ``kscope report``, the web app and the demo all end here
-(through ``kinetoscope.pipeline.analyze``), so a single process and a map/reduce over a cluster
+(through ``kinetoscope.orchestration.analyze``), so a single process and a map/reduce over a cluster
 build the document with the same code. Steps:
 
 1. ``make_plan``: which analyses run per rank, which are reduced across ranks;

@@ -8,7 +8,7 @@ hidden files. ``TRACE_SUFFIXES`` (``kinetoscope.protocol.defaults``) is the one 
 **Discovery** (:func:`discover`): each input the user names (a path, a storage URL, a catalog
 trace id...) is offered to a list of *resolvers* in order; the first that claims it returns its
 local trace files. Only :class:`PathResolver` lives here (this layer reads files, nothing
-more); the storage-URL and trace-id resolvers live with the store (``kinetoscope.pipeline``
+more); the storage-URL and trace-id resolvers live with the store (``kinetoscope.orchestration``
 adds them), in the spirit of Perfetto's ``trace_uri_resolver``.
 
 Rank problems are reported, never resolved by overwriting: a trace with no known rank and two

@@ -1,7 +1,7 @@
 """What the web app's actions do (run in :class:`kinetoscope.web.tasks.TaskManager` threads).
 
 * :func:`analyze_request` — the analysis of one catalog trace request: its files (downloaded
-  when not on this machine), ``kinetoscope.pipeline.analyze_paths`` (all analyses + diagnosis),
+  when not on this machine), ``kinetoscope.orchestration.analyze_paths`` (all analyses + diagnosis),
   then ``Catalog.record_analysis``.
 * :func:`trigger_and_collect` — the form's :class:`TriggerParams` become one
   ``TraceRequest``; ``kinetoscope.collect.trigger.trigger_trace`` on the daemons,
@@ -124,7 +124,13 @@ def analyze_request(
 ) -> None:
     """``roots`` (:class:`kinetoscope.web.guards.ServeRoots`): the web app analyses only files
     under its serving roots, as it serves only those (a manifest cannot widen either)."""
-    from kinetoscope.pipeline import AnalysisRun, AnalyzeRequest, analyze_paths, record_run, request_files
+    from kinetoscope.orchestration import (
+        AnalysisRun,
+        AnalyzeRequest,
+        analyze_paths,
+        record_run,
+        request_files,
+    )
 
     rec = catalog.get_trace_request(trace_id)
     if rec is None:

@@ -171,17 +171,19 @@ def analyses_page(request: Request, trace_id: str | None = None, web: WebContext
 @router.get("/analyses/{analysis_id}", response_class=HTMLResponse)
 def analysis_page(request: Request, analysis_id: int, web: WebContext = Ctx) -> HTMLResponse:
     a = web.analysis_or_404(analysis_id)
+    from kinetoscope.document import decode
     from kinetoscope.report.evidence import evidence_view
     from kinetoscope.report.sections import verdict_view
 
+    doc = decode(a.document)  # the stored document, typed once for the page
     return render_page(
         request,
         "analysis.html.j2",
         a=a,
-        verdict=verdict_view(a.document),
-        evidence=evidence_view(a.document),
-        recs=[r for r in a.document.get("recommendations") or [] if isinstance(r, dict)],
-        errors=a.document.get("errors") or {},
+        verdict=verdict_view(doc),
+        evidence=evidence_view(doc),
+        recs=doc.recommendations or [],
+        errors=doc.errors,
     )
 
 

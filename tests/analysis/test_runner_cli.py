@@ -198,9 +198,11 @@ def test_diagnosis_hook(monkeypatch, control_results):
         }
 
     monkeypatch.setattr(diag, "diagnose", fake, raising=False)
-    from kinetoscope.diagnosis.document import analyze
+    from kinetoscope.analysis.runner import build_document, run_analyses
+    from kinetoscope.diagnosis.document import run_diagnosis
 
-    doc = analyze([t], ["temporal_breakdown"])
+    results = run_analyses([t], ["temporal_breakdown"])
+    doc = build_document([t], results, diagnosis=run_diagnosis([t], results))
     assert doc["diagnosis_summary"] == ["ALL GOOD: nothing to see"]
     assert doc["job"] == {"ranks": 1} and doc["stragglers"] == [{"rank": 3, "score": 0.0}]
     keys = list(doc)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kinetoscope.autopilot.policy import Policy
 from kinetoscope.autopilot.service import sample_outcome
-from kinetoscope.pipeline import analyze_inputs, record_run
+from kinetoscope.orchestration import AnalyzeRequest, analyze, record_run
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import FleetStore, SeenJob
 from tests.autopilot.repeated_profiling import write_sample
@@ -85,7 +85,7 @@ def seed_fleet(url: str, root: Path, policy: Policy | None = None) -> None:
                 folder = root / sid
                 write_sample(folder, busy + 0.03 * ((n + j) % 3), corrupt=24 if n in bad else 0, steps=8)
                 _record(cat, folder, sid, kid, f"node0{j + 1}", f"{at:%Y-%m-%dT%H:%M:%SZ}")
-                run = analyze_inputs([sid], catalog=cat)
+                run = analyze(AnalyzeRequest(inputs=(sid,)), catalog=cat)
                 rec = record_run(cat, run)
                 state, reason, detail, summary = sample_outcome(
                     run.document, list(run.paths), DEVICES, policy

@@ -17,7 +17,7 @@ from kinetoscope.autopilot.evidence import MIN_STEPS, judge
 from kinetoscope.autopilot.fleetview import fleet_rows, fleet_totals
 from kinetoscope.autopilot.policy import Policy
 from kinetoscope.autopilot.service import sample_outcome
-from kinetoscope.pipeline import analyze_inputs
+from kinetoscope.orchestration import AnalyzeRequest, analyze
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import FleetStore, SeenJob
 from tests.autopilot.repeated_profiling import write_sample
@@ -34,7 +34,7 @@ def _analysed(root: str, busy: float, corrupt: int) -> tuple[dict, tuple[str, ..
     """One sample's analysis document and files (cached: identical inputs, identical document)."""
     folder = Path(root) / f"b{busy:.3f}-c{corrupt}"
     path = write_sample(folder, busy, corrupt=corrupt, steps=8)
-    run = analyze_inputs([str(path)])
+    run = analyze(AnalyzeRequest(inputs=(str(path),)))
     return run.document, tuple(str(p) for p in run.paths)
 
 
@@ -114,7 +114,7 @@ def test_an_evidence_block_decides_when_present(tmp_path: Path) -> None:
 def test_too_few_steps_is_unusable(tmp_path: Path) -> None:
     doc, paths = _analysed(str(tmp_path), 0.5, 0)
     short = write_sample(tmp_path / "short", 0.5, steps=MIN_STEPS - 1)
-    run = analyze_inputs([str(short)])
+    run = analyze(AnalyzeRequest(inputs=(str(short),)))
     ev = judge(run.document, run.paths)
     assert (ev.usable, ev.reason) == (False, "too_few_steps"), ev
     assert ev.steps_in_common is not None and ev.steps_in_common < MIN_STEPS

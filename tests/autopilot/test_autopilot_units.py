@@ -97,7 +97,7 @@ def test_job_keys_group_ranks_across_hosts_and_keep_single_processes_apart() -> 
 
 @pytest.mark.skipif(not DLRM.is_dir(), reason="shared DLRM traces not present")
 def test_summary_of_a_real_8_rank_analysis(tmp_path: Path) -> None:
-    from kinetoscope.pipeline import analyze_paths
+    from kinetoscope.orchestration import analyze_paths
 
     doc = analyze_paths(sorted(DLRM.glob("*.json")))
     s = summarize(json.loads(json.dumps(doc, default=str)), devices=8, interval_s=3600)

@@ -69,7 +69,7 @@ def test_empty_rank_file_is_named_not_assessed():
     # no straggler verdict or recommendation rests on traces that cannot carry one
     assert d.stragglers.kind == "not_assessed" and d.stragglers.ranks == []
     assert not any(r["id"].startswith("straggler") for r in d.recommendations)
-    from kinetoscope.pipeline import document_summary
+    from kinetoscope.orchestration import document_summary
 
     assert document_summary(d.to_dict())["straggler_kind"] == "not_assessed"
 

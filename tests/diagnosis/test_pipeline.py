@@ -149,7 +149,7 @@ def _ri(pp):
     from kinetoscope.diagnosis.recommendations import RuleInput
 
     d = diagnose(make_job(world=2, steps=4))
-    return RuleInput(d.job, d.steps, d.stragglers, d.mfu, {}, {}, None, {"pipeline": pp})
+    return RuleInput(d.job, d.steps, d.stragglers, d.mfu, {}, {}, None, pipeline=pp)
 
 
 PP = {

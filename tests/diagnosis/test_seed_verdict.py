@@ -8,7 +8,7 @@ from diag_synth import make_job
 
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.extras import pipeline_line, uneven_lines
-from kinetoscope.diagnosis.report import Diagnosis
+from kinetoscope.diagnosis.result import Diagnosis
 
 UNEVEN = {
     "mode": "join",

@@ -265,7 +265,7 @@ def test_name_pattern():
 def test_runner_hook_builds_the_diagnosis_document_once(monkeypatch):
     from kinetoscope.analysis.runner import AnalysisResults, build_document
     from kinetoscope.diagnosis.document import run_diagnosis
-    from kinetoscope.diagnosis.report import Diagnosis
+    from kinetoscope.diagnosis.result import Diagnosis
 
     calls = []
     real = Diagnosis.to_dict

@@ -17,7 +17,7 @@ JOB = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs" / "two_of_three_
 
 @pytest.fixture(scope="module")
 def doc() -> dict:
-    from kinetoscope.pipeline import analyze_paths
+    from kinetoscope.orchestration import analyze_paths
 
     return analyze_paths(sorted(JOB.glob("rank-*.json.gz")), cache=False)
 
@@ -56,7 +56,7 @@ def test_unknown_fields_and_new_kinds_read_through(doc):
     odd["a_key_added_later"] = {"y": 2}
     d = decode(odd)
     assert d.problems == [] and d.stragglers is not None and d.stragglers.kind == "mixed"
-    assert d.other == {"a_key_added_later": {"y": 2}}
+    assert d.objects["a_key_added_later"] == {"y": 2}
 
 
 def test_parts_of_another_shape_read_as_absent_and_say_why():

@@ -20,13 +20,13 @@ def hostile_job(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def hostile_doc(hostile_job) -> dict:
-    from kinetoscope.pipeline import analyze_paths
+    from kinetoscope.orchestration import analyze_paths
 
     return analyze_paths(sorted(hostile_job.glob("rank-*.json")), cache=False)
 
 
 @pytest.fixture(scope="session")
 def cpu_doc(hta_traces) -> dict:
-    from kinetoscope.pipeline import analyze_paths
+    from kinetoscope.orchestration import analyze_paths
 
     return analyze_paths([hta_traces / "cpu_only_v2024_full"], cache=False)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kinetoscope.analysis.names import display_name as short_name
-from kinetoscope.pipeline import document_summary
+from kinetoscope.orchestration import document_summary
 from kinetoscope.report import json_for_script, plotly_text, render_report
 from kinetoscope.report.escape import js_for_script
 from tests.report.kscope_testkit import HOSTILE, HOSTILE_SCRIPT
@@ -255,7 +255,7 @@ def test_document_summary(hostile_doc, cpu_doc):
 
 
 def test_resolve_inputs(hostile_job, tmp_path):
-    from kinetoscope.pipeline import InputError, resolve_inputs
+    from kinetoscope.orchestration import InputError, resolve_inputs
     from kinetoscope.store import Catalog
 
     files = sorted(hostile_job.glob("rank-*.json"))

@@ -85,7 +85,7 @@ def test_no_import_cycle_between_scale_and_pipeline() -> None:
     """Every import, at module level or inside a function, counts: scale must not import the
     pipeline (the layer above it), and the map must not import the reduce nor the reverse."""
     for f in (PKG / "scale").glob("*.py"):
-        assert "kinetoscope.pipeline" not in _imports(f), f"{f.name} imports kinetoscope.pipeline"
+        assert "kinetoscope.orchestration" not in _imports(f), f"{f.name} imports kinetoscope.orchestration"
     assert "kinetoscope.scale.reduce" not in _imports(PKG / "scale" / "mapper.py")
     assert "kinetoscope.scale.mapper" not in _imports(PKG / "scale" / "reducers.py")
     assert not any(m.startswith("kinetoscope.scale") for m in _imports(PKG / "trace" / "discover.py"))

@@ -15,7 +15,7 @@ TRACE_ID = "kst-20261121-000000-test"
 @pytest.fixture(scope="module")
 def web_catalog(tmp_path_factory):
     """(catalog url, trace folder, analysis id) with the hostile job recorded and analysed."""
-    from kinetoscope.pipeline import analyze_inputs, record_run
+    from kinetoscope.orchestration import AnalyzeRequest, analyze, record_run
     from kinetoscope.store import Catalog
 
     root = tmp_path_factory.mktemp("web")
@@ -24,7 +24,7 @@ def web_catalog(tmp_path_factory):
     url = str(root / "catalog.db")
     with Catalog.open(url) as cat:
         cat.import_trace_dir(job)
-        run = analyze_inputs([TRACE_ID], catalog=cat, cache=False)
+        run = analyze(AnalyzeRequest(inputs=(TRACE_ID,), cache=False), catalog=cat)
         aid = record_run(cat, run).id
     return url, job, aid
 

@@ -14,7 +14,7 @@ CASE = Path(__file__).resolve().parents[1] / "data" / "malformed_jobs" / "empty_
 
 @pytest.fixture(scope="module")
 def evidence_client(tmp_path_factory):
-    from kinetoscope.pipeline import analyze_inputs, record_run
+    from kinetoscope.orchestration import AnalyzeRequest, analyze, record_run
     from kinetoscope.store import Catalog
 
     root = tmp_path_factory.mktemp("web-evidence")
@@ -22,7 +22,7 @@ def evidence_client(tmp_path_factory):
     shutil.copytree(CASE, job)
     url = str(root / "catalog.db")
     with Catalog.open(url) as cat:
-        run = analyze_inputs([str(job)], catalog=cat, cache=False)
+        run = analyze(AnalyzeRequest(inputs=(str(job),), cache=False), catalog=cat)
         aid = record_run(cat, run).id
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

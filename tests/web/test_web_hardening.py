@@ -265,7 +265,7 @@ def test_the_analyze_action_refuses_files_outside_the_roots(rooted):
     assert t is not None and t.finished
     task = client.get(f"/api/tasks/{t.id}").json()["task"]
     assert task["state"] == "failed", task
-    # refused by the catalog's folder rule (pipeline.request_files) or the serving-root check
+    # refused by the catalog's folder rule (orchestration.request_files) or the serving-root check
     assert "refused" in task["message"] or "outside the serving roots" in task["message"], task
 
 

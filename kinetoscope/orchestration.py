@@ -1,16 +1,20 @@
 """From what the user names (files, folders, storage URLs, catalog trace ids) to the analysis
-document and its catalog record: the one pipeline `kscope analyze`, `kscope report`, the web app
-and the demo share.
+document and its catalog record: the one ``analyze()`` that ``kscope analyze``, ``kscope
+report``, the web app, the autopilot and the demo share, whatever the backend.
 
-    run = analyze_inputs(["kst-20261121-053012-3f9a"], catalog_url="~/c.db")
+    run = analyze(AnalyzeRequest(inputs=("kst-20261121-053012-3f9a",), backend="local"))
     run.document      # the ``kscope analyze --json`` document (analyses + diagnosis)
     run.paths         # the local trace files that were analysed
     run.trace_id      # the catalog request, when the inputs were one
 
-Callers build one ``AnalyzeRequest`` and call ``analyze``; inputs are resolved by the pluggable
-discovery of ``kinetoscope.trace.discover`` (paths) with the URL and trace-id resolvers here,
-and the analysis itself is ``kinetoscope.scale.run_analysis``, the one orchestration (a single
-process or a map/reduce). This module only resolves inputs, runs, summarises and records.
+The request (``AnalyzeRequest``, ``kinetoscope/scale/request.py``) is the one typed description
+of a run: inputs, analyses and their options, diagnosis options, caches and the backend
+(``single`` process, ``local`` pool, ``ray``). Inputs are resolved by the pluggable discovery of
+``kinetoscope.trace.discover`` (paths) with the URL and trace-id resolvers here; the analysis
+itself is ``kinetoscope.scale.run_analysis``, the one orchestration (a single process or a
+map/reduce). ``analyze_paths`` (local files -> the document) and ``analyze_inputs`` (the request
+as keywords) are thin aliases of the same call. This module only resolves inputs, runs and
+records; the summary it records is ``kinetoscope.document.summarize``.
 """
 
 from __future__ import annotations
