@@ -146,12 +146,15 @@ def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int],
 
 
 def _m_w(w: WhatIf, exp: Any) -> float | None:
-    """``rem`` of the worst 3 % of ranks (at least one) by own cost."""
+    """``rem`` of the worst 3 % of ranks (at least one) by own cost, with the ranks tied with the
+    last of them (own cost within 0.8: tensor-parallel peers slowed together are one worker)."""
     if not exp.candidates:
         return None
     k = max(1, int(np.ceil(w.model.n_lanes * 3 / 100)))
     own = exp.cost.mean(axis=1)
-    k = int(np.sum(own >= own[min(k, own.size) - 1] - 1e-12))  # ties at the cut: peers slowed together
+    cut = own[min(k, own.size) - 1]
+    if cut > 0:  # ties at the cut (within ``search.explain``'s 0.8): peers slowed together are one worker
+        k = max(k, int(np.sum(own >= 0.8 * cut)))
     rem, _ = w.removal([w.selection(list(exp.candidates[:k]), with_transfer=False)])
     return float(rem[0])
 
