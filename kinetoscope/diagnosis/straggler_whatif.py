@@ -71,6 +71,7 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     fidelity: float  # largest relative error of the unmodified replay's step times
     steps: int
     process_groups: bool = False  # the replay joined process groups or pipeline transfers, not only the job
+    transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
 
     def ranks(self) -> list[int]:
         """The explaining set's ranks, in naming order."""
@@ -119,6 +120,7 @@ def whatif_report(
         fidelity=fid,
         steps=model.n_steps,
         process_groups=_grouped(instances, links),
+        transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
     )
 
 
@@ -234,12 +236,17 @@ def reconcile(
 
 
 GROUP_RECOVERED = 0.5  # the replay's set must recover half of the slowdown to replace the rules' ranks
+MIN_SLOWDOWN = 0.01  # ... of a slowdown of 1 % at least
+MAX_FIDELITY_ERROR = 0.01  # ... from a replay reproducing every step time within 1 %
 
 
 def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> bool:
-    """On a job of process groups or pipeline transfers, the ranks the rules named are replaced
-    by the replay's explaining set when the two differ and the set recovers ``GROUP_RECOVERED``
-    of the slowdown (in place; True when done).
+    """On a pipeline job whose transfers the replay paired with their peers, the ranks the rules
+    named are replaced by the replay's explaining set when the two differ, the set recovers
+    ``GROUP_RECOVERED`` to ``1 / GROUP_RECOVERED`` of a slowdown of ``MIN_SLOWDOWN`` or more,
+    and the replay reproduces the step times within ``MAX_FIDELITY_ERROR`` (in place; True when
+    done). Jobs without paired transfers keep the rules' ranks (on gloo, whose collectives the
+    replay reads as issued without waiting, the members of a tensor-parallel group tie).
 
     Why: the rules compare arrivals collective by collective, so the members of a slowed
     rank's groups, and the stages downstream of a slowed pipeline worker, arrive late too and
@@ -248,7 +255,9 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     verdict is kept (``rotating`` is read as before).
     """
     named = wi.explaining_set
-    if not wi.process_groups or not named or wi.recovered_fraction < GROUP_RECOVERED:
+    if not wi.transfers or not named or not GROUP_RECOVERED <= wi.recovered_fraction <= 1.0 / GROUP_RECOVERED:
+        return False
+    if wi.slowdown < 1.0 + MIN_SLOWDOWN or wi.fidelity > MAX_FIDELITY_ERROR:
         return False
     if rep.kind not in ("persistent", "intermittent", "mixed") or set(rep.ranks) == set(wi.ranks()):
         return False
@@ -266,7 +275,9 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     if rep.per_rank.height and {"lost_share", "late_steps"} <= set(rep.per_rank.columns):
         rep.per_rank = rep.per_rank.with_columns(
             lost_share=pl.col("rank").replace_strict(share, default=None, return_dtype=pl.Float64),
-            late_steps=pl.col("rank").replace_strict(late, default=pl.col("late_steps"), return_dtype=pl.Int64),
+            late_steps=pl.col("rank").replace_strict(
+                late, default=pl.col("late_steps"), return_dtype=pl.Int64
+            ),
         )
     rep.hosts.update({r: None for r in rep.ranks if r not in rep.hosts})
     rep.causes = {n.rank: rank_cause(bd, n.rank, n.late_steps) for n in named}

@@ -10,6 +10,13 @@ typical member's (lower median over the sync's members, as the typical arrival o
 attribution: of two ranks, the faster; over the ranks for step tails), and so is a
 member's transfer (the time it spends in the collective after the last arrival).
 
+Pipeline jobs: each transfer paired with its peer (``whatif.p2p``) is a sync of its two ranks,
+so a stage that waited for a slowed upstream worker is seen to wait, not to work. There a
+collective's or a transfer's members are no yardstick (a tensor-parallel group slowed together,
+two different stages), so the typical work of a visit is the lower median over the same visit
+of the rank's *peer class* (``peer_classes``: the ranks doing the same sequence of visits with
+neighbours of the same classes, i.e. the replicas of its stage).
+
 Asynchronous collectives (gloo buckets issued without waiting) make that time negative; the
 replay still reproduces the timeline, and a late arrival still delays what follows it. A member
 that leaves a collective before its last member's arrival (host issue times, clock residuals)
@@ -66,7 +73,9 @@ def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> 
     spans = steps.select("rank", "step", pl.col("start").alias("_s"), pl.col("end").alias("_e")).sort("_s")
     rows = (
         links.sort("arrival")
-        .join_asof(spans, left_on="arrival", right_on="_s", by="rank", strategy="backward", check_sortedness=False)
+        .join_asof(
+            spans, left_on="arrival", right_on="_s", by="rank", strategy="backward", check_sortedness=False
+        )
         .filter(pl.col("step").is_not_null() & (pl.col("arrival") < pl.col("_e")))
     )
     whole = rows.group_by("instance").agg(pl.len().alias("_n")).filter(pl.col("_n") == 2).select("instance")
@@ -127,7 +136,9 @@ def _assemble(inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids:
     # asynchronous: issued after the lane's own previous issue; blocking: after waiting for the
     # previous collective too (a step's tail starts once the gradients are reduced)
     work = np.where(asy, a - prev_clock, a - np.maximum(prev_clock, prev_f))
-    group = peer_class_keys(rows, np.where(is_end, n_syncs + si, sync))
+    group = np.where(is_end, n_syncs + si, sync)  # the typical peer: the sync's members ...
+    if rows["instance"].str.starts_with("p2p@").any():  # ... or, in a pipeline, the peer class
+        group = peer_class_keys(rows, group)
     visits = Visits(
         lane=rows["lane"].to_numpy(),
         step=si,

@@ -51,6 +51,7 @@ PEER_SCHEMA: dict[str, pl.DataType] = {
     "end": pl.Int64(),
     "is_send": pl.Boolean(),
     "peer": pl.Int64(),
+    "local": pl.Boolean(),  # the peer is its rank in a group whose ranks no event records
 }
 
 
@@ -65,36 +66,86 @@ def rank_peers(trace: Trace, colls: pl.DataFrame) -> pl.DataFrame:
     sr = colls.filter(pl.col("coll") == "sendrecv").sort("arrival", "end")
     if ops.is_empty() or ops.height != sr.height:
         return pl.DataFrame(schema=PEER_SCHEMA)
-    peers = []
-    for p, g in zip((_peer(x) for x in ops["concrete_inputs"].to_list()), sr["pg_ranks"].to_list(), strict=True):
+    peers: list[int | None] = []
+    local: list[bool] = []
+    for p, g in zip(
+        (_peer(x) for x in ops["concrete_inputs"].to_list()), sr["pg_ranks"].to_list(), strict=True
+    ):
         members = sorted(int(x) for x in g.split(",")) if g else None
-        peers.append(members[p] if p is not None and members and 0 <= p < len(members) else p)
+        if p is not None and members is not None and 0 <= p < len(members):
+            peers.append(members[p])
+            local.append(False)
+        else:
+            peers.append(p)
+            local.append(True)
     out = sr.select("arrival", "end").with_columns(
         pl.Series("is_send", [P2P_OPS[n] == "send" for n in ops["name"].to_list()], dtype=pl.Boolean),
         pl.Series("peer", peers, dtype=pl.Int64),
+        pl.Series("local", local, dtype=pl.Boolean),
     )
     return out.filter(pl.col("peer").is_not_null()).select(list(PEER_SCHEMA)).cast(PEER_SCHEMA)  # type: ignore[arg-type]
 
 
 def p2p_links(peers: Mapping[int, pl.DataFrame | None], offsets: Mapping[int, int]) -> pl.DataFrame:
     """Every link both sides hold (module docstring), times on the aligned clock. ``peers``:
-    each rank's ``rank_peers``; ``offsets``: ns added to each rank's times."""
+    each rank's ``rank_peers``; ``offsets``: ns added to each rank's times.
+
+    Peers given as ranks in a group no event records (gloo traces name no group) are read
+    three ways: as global ranks (the default group), in contiguous blocks of the group's size
+    (``r // n * n + p``: the inner dimension of a device mesh), or strided (``r % s + p * s``,
+    ``s = ranks / n``: the outer one); the reading with the most links both sides hold wins."""
+    have = {r: f for r, f in peers.items() if f is not None and f.height}
+    if not have:
+        return pl.DataFrame(schema=LINK_SCHEMA)
+    if not any(bool(f["local"].any()) for f in have.values()):
+        return _links(have, offsets)
+    n = max(int(f["peer"].fill_null(0).to_numpy().max(initial=0)) for f in have.values()) + 1
+    world = max(have) + 1
+    best = _links(have, offsets)
+    for mapping in (_block, _strided):
+        if world % n:
+            break
+        moved = {
+            r: f.with_columns(
+                peer=pl.when("local").then(mapping(r, pl.col("peer"), n, world)).otherwise("peer")
+            )
+            for r, f in have.items()
+        }
+        found = _links(moved, offsets)
+        if found.height > best.height:
+            best = found
+    return best
+
+
+def _block(r: int, p: pl.Expr, n: int, world: int) -> pl.Expr:
+    return p + (r // n) * n
+
+
+def _strided(r: int, p: pl.Expr, n: int, world: int) -> pl.Expr:
+    s = world // n
+    return p * s + (r % s)
+
+
+def _links(peers: Mapping[int, pl.DataFrame], offsets: Mapping[int, int]) -> pl.DataFrame:
+    """``p2p_links`` with the peers as given."""
     frames = []
     for r, f in peers.items():
-        if f is None or f.is_empty():
-            continue
         off = int(offsets.get(r, 0))
         frames.append(
             f.filter(pl.col("peer") != r).with_columns(
                 pl.col("arrival") + off,
                 pl.col("end") + off,
                 pl.lit(r, dtype=pl.Int64).alias("rank"),
-                pl.when(pl.col("is_send")).then(pl.lit(r, dtype=pl.Int64)).otherwise(pl.col("peer")).alias("src"),
-                pl.when(pl.col("is_send")).then(pl.col("peer")).otherwise(pl.lit(r, dtype=pl.Int64)).alias("dst"),
+                pl.when(pl.col("is_send"))
+                .then(pl.lit(r, dtype=pl.Int64))
+                .otherwise(pl.col("peer"))
+                .alias("src"),
+                pl.when(pl.col("is_send"))
+                .then(pl.col("peer"))
+                .otherwise(pl.lit(r, dtype=pl.Int64))
+                .alias("dst"),
             )
         )
-    if not frames:
-        return pl.DataFrame(schema=LINK_SCHEMA)
     df = (
         pl.concat(frames)
         .sort("rank", "arrival")
