@@ -18,7 +18,7 @@ from kinetoscope.diagnosis.whatif.kineto import peer_classes
 from kinetoscope.diagnosis.whatif.p2p import p2p_links, rank_peers
 from kinetoscope.trace.loader import load_trace
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs" / "p2p_gloo_w2"
+DATA = Path(__file__).resolve().parents[1] / "data" / "p2p_gloo_w2"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ART = Path(os.environ.get("KSCOPE_SHARED", REPO_ROOT.parent / "shared")) / "traces" / "osdi25_whatif"
 
