@@ -24,7 +24,8 @@ peers innermost) one ``rank-<r>.pt.trace.json`` with
   out when there are none), the gradient-norm all-reduce (``optimizer-clip-main-grad``) on the
   model-parallel group (every stage and peer of one replica);
 * pipeline send/recv as ``ncclDevKernel_SendRecv`` kernels on the pipeline group (same replica
-  and peer index, every stage), with a ``c10d::send`` / ``c10d::recv_`` host op at their post.
+  and peer index, every stage), with a ``c10d::send`` / ``c10d::recv_`` host op at their post carrying
+  the peer in its ``Concrete Inputs`` (its rank in the pipeline group), as the profiler records it with shapes.
 
 Times: the artifact's seconds, as µs. All ranks share one clock (offsets 0 are the truth).
 ``STEPS.tsv`` maps each ``ProfilerStep#`` to the artifact's step (not a ``.json``: a folder of
@@ -216,7 +217,7 @@ def _rank_doc(
                     host_tid,
                     ts,
                     min(d, 5.0),
-                    {},
+                    _p2p_inputs(optype, r, g),
                 )
             )
         elif optype in COLLECTIVES:
@@ -276,6 +277,16 @@ def _rank_doc(
             {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}},
         ],
     }
+
+
+def _p2p_inputs(optype: str, r: int, g: tuple[int, ...]) -> dict[str, Any]:
+    """The issuing op's ``Concrete Inputs`` as the profiler records them with shapes (tensors,
+    group, peer, tag): the peer as its rank in the pipeline group (c10d: sorted order). Forward
+    transfers go to the next stage, backward ones to the previous."""
+    at = g.index(r) + (1 if optype in ("forward-send", "backward-recv") else -1)
+    if not 0 <= at < len(g):
+        return {}
+    return {"Concrete Inputs": ["", "", str(sorted(g).index(g[at])), "0"]}
 
 
 def _step_len(ops: pl.DataFrame, s: int) -> float:

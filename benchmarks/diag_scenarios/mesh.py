@@ -98,7 +98,7 @@ def run(
                 TraceRequest(
                     [daemon.address],
                     Target(job_id=job_id, job_id_text=str(job_id)),
-                    TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup),
+                    TraceOptions(iterations=ITERATIONS, iteration_roundup=roundup, record_shapes=True),
                 )
             )
             if res.errors or len(res.triggered) != world:

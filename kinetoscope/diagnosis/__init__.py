@@ -42,6 +42,7 @@ from kinetoscope.diagnosis.recompile import compile_events, recompilation_summar
 from kinetoscope.diagnosis.result import Diagnosis
 from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
+from kinetoscope.diagnosis.whatif.p2p import p2p_links
 from kinetoscope.trace.model import Trace
 
 __all__ = [
@@ -159,6 +160,7 @@ def diagnose(
         dropped_steps=dropped,
         host_issued=bool(signals) and "kernel" not in signals,
         step_spans=steps,
+        links=p2p_links({r: f.p2p for r, f in job.figures.items()}, clock.offsets),
     )
     if evidence.anomalous:
         strag.confidence = lowered(strag.confidence)

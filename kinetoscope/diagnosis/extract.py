@@ -74,6 +74,8 @@ class RankFigures:
     launch_gaps: LaunchGapCounts  # ``detectors.launch_gap_counts``: host-bound gaps, counted
     # ``timestamps.timestamp_anomalies`` (local steps); None for figures made before it existed
     timestamps: TimestampAnomalies | None = None
+    # ``whatif.p2p.rank_peers``: transfers with direction and peer; None for older figures
+    p2p: pl.DataFrame | None = None
 
     def collectives_of(self, rank: int) -> pl.DataFrame:
         """The collectives labelled with the job's ``rank`` (an unranked trace gets its rank
@@ -173,8 +175,11 @@ def rank_figures(trace: Trace) -> RankFigures:
 
     steps = detect_steps(trace).select("step", "start", "end", "source")
     has_device = trace.events.filter(pl.col("kind").is_in(list(DEVICE_KINDS))).height > 0
+    from kinetoscope.diagnosis.whatif.p2p import rank_peers
+
+    colls = extract_collectives(trace)
     return RankFigures(
-        collectives=extract_collectives(trace),
+        collectives=colls,
         steps=steps,
         step_figures=step_figures(trace, steps, has_device),
         has_device=has_device,
@@ -191,6 +196,7 @@ def rank_figures(trace: Trace) -> RankFigures:
         host_nelems=host_op_nelems(trace),
         launch_gaps=launch_gap_counts(trace),
         timestamps=timestamp_anomalies(trace, steps),
+        p2p=rank_peers(trace, colls),
     )
 
 

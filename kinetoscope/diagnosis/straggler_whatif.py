@@ -70,6 +70,8 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     lost_fraction: float  # summed cost of the explaining set
     fidelity: float  # largest relative error of the unmodified replay's step times
     steps: int
+    process_groups: bool = False  # the replay joined process groups or pipeline transfers, not only the job
+    transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
 
     def ranks(self) -> list[int]:
         """The explaining set's ranks, in naming order."""
@@ -82,11 +84,15 @@ class WhatIfReport(msgspec.Struct, frozen=True):
 
 
 def whatif_report(
-    instances: pl.DataFrame, step_spans: pl.DataFrame, host_issued: bool = False
+    instances: pl.DataFrame,
+    step_spans: pl.DataFrame,
+    host_issued: bool = False,
+    links: pl.DataFrame | None = None,
 ) -> WhatIfReport | None:
     """Replay the job and read the verdict; ``None`` when there is no model (one rank, no
-    shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives."""
-    model = model_from_instances(instances, step_spans, asynchronous=host_issued)
+    shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives;
+    ``links``: pipeline transfers paired with their peers (``whatif.p2p``)."""
+    model = model_from_instances(instances, step_spans, asynchronous=host_issued, links=links)
     if model is None:
         return None
     w = WhatIf(model)
@@ -113,7 +119,17 @@ def whatif_report(
         lost_fraction=float(sum(exp.gains)),
         fidelity=fid,
         steps=model.n_steps,
+        process_groups=_grouped(instances, links),
+        transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
     )
+
+
+def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
+    """Whether the job's synchronisation is not all job-wide: collectives of process groups
+    (instance ids ``<type>@<group>#k``) or paired pipeline transfers."""
+    if links is not None and links.height:
+        return True
+    return bool(instances.height) and bool(instances["instance"].str.contains("@").any())
 
 
 def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int], scale: Any) -> NamedRank:
@@ -132,10 +148,15 @@ def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int],
 
 
 def _m_w(w: WhatIf, exp: Any) -> float | None:
-    """``rem`` of the worst 3 % of ranks (at least one) by own cost."""
+    """``rem`` of the worst 3 % of ranks (at least one) by own cost, with the ranks tied with the
+    last of them (own cost within 0.8: tensor-parallel peers slowed together are one worker)."""
     if not exp.candidates:
         return None
     k = max(1, int(np.ceil(w.model.n_lanes * 3 / 100)))
+    own = exp.cost.mean(axis=1)
+    cut = own[min(k, own.size) - 1]
+    if cut > 0:  # ties at the cut (within ``search.explain``'s 0.8): peers slowed together are one worker
+        k = max(k, int(np.sum(own >= 0.8 * cut)))
     rem, _ = w.removal([w.selection(list(exp.candidates[:k]), with_transfer=False)])
     return float(rem[0])
 
@@ -171,6 +192,8 @@ def reconcile(
     * a ``none`` verdict (arrivals compared) becomes ``rotating`` when the replay finds stalls
       moving between ranks costing ``min_intermittent_lost_fraction`` of step time or more.
     """
+    if adopt_group_set(rep, wi, bd):
+        return
     costs = {n.rank: n for n in wi.explaining_set}
     if rep.kind in ("persistent", "intermittent") and rep.ranks:
         floor = COMPARABLE * min((costs[r].cost for r in rep.ranks if r in costs), default=np.inf)
@@ -210,6 +233,61 @@ def reconcile(
         f"the replay finds stalls moving between ranks {rep.ranks} (each late in its own steps), "
         f"together costing {100 * wi.lost_fraction:.1f}% of step time"
     )
+
+
+GROUP_RECOVERED = 0.5  # the replay's set must recover half of the slowdown to replace the rules' ranks
+MIN_SLOWDOWN = 0.01  # ... of a slowdown of 1 % at least
+MAX_FIDELITY_ERROR = 0.01  # ... from a replay reproducing every step time within 1 %
+
+
+def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> bool:
+    """On a pipeline job whose transfers the replay paired with their peers, the ranks the rules
+    named are replaced by the replay's explaining set when the two differ, the set recovers
+    ``GROUP_RECOVERED`` to ``1 / GROUP_RECOVERED`` of a slowdown of ``MIN_SLOWDOWN`` or more,
+    and the replay reproduces the step times within ``MAX_FIDELITY_ERROR`` (in place; True when
+    done). Jobs without paired transfers keep the rules' ranks (on gloo, whose collectives the
+    replay reads as issued without waiting, the members of a tensor-parallel group tie).
+
+    Why: the rules compare arrivals collective by collective, so the members of a slowed
+    rank's groups, and the stages downstream of a slowed pipeline worker, arrive late too and
+    are named; the replay propagates a late arrival through the groups and the transfers, and
+    idealising the slowed rank recovers their wait. The rules' noise decisions stand: a ``none``
+    verdict is kept (``rotating`` is read as before).
+    """
+    named = wi.explaining_set
+    if not wi.transfers or not named or not GROUP_RECOVERED <= wi.recovered_fraction <= 1.0 / GROUP_RECOVERED:
+        return False
+    if wi.slowdown < 1.0 + MIN_SLOWDOWN or wi.fidelity > MAX_FIDELITY_ERROR:
+        return False
+    if rep.kind not in ("persistent", "intermittent", "mixed") or set(rep.ranks) == set(wi.ranks()):
+        return False
+    named = sorted(named, key=lambda n: (-round(n.cost, 6), n.rank))  # tied ranks in rank order
+    kinds = {n.kind for n in named}
+    rep.kind = kinds.pop() if len(kinds) == 1 else "mixed"
+    rep.ranks = [n.rank for n in named]
+    rep.recurrent_ranks = [n.rank for n in named if n.kind == "persistent"]
+    rep.intermittent_ranks = [n.rank for n in named if n.kind == "intermittent"]
+    rep.lost_fraction = wi.lost_fraction
+    if rep.mean_step_time_us:
+        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - wi.lost_fraction)
+    share = {n.rank: n.cost / max(wi.lost_fraction, 1e-12) for n in named}
+    late = {n.rank: len(n.late_steps) for n in named}
+    if rep.per_rank.height and {"lost_share", "late_steps"} <= set(rep.per_rank.columns):
+        rep.per_rank = rep.per_rank.with_columns(
+            lost_share=pl.col("rank").replace_strict(share, default=None, return_dtype=pl.Float64),
+            late_steps=pl.col("rank").replace_strict(
+                late, default=pl.col("late_steps"), return_dtype=pl.Int64
+            ),
+        )
+    rep.hosts.update({r: None for r in rep.ranks if r not in rep.hosts})
+    rep.causes = {n.rank: rank_cause(bd, n.rank, n.late_steps) for n in named}
+    rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
+    rep.reason = (
+        f"the replay over the job's process groups and pipeline transfers: idealising ranks "
+        f"{rep.ranks} recovers {100 * wi.recovered_fraction:.0f}% of the slowdown (the ranks that "
+        "waited for them are not named)"
+    )
+    return True
 
 
 def rotating_line(rep: StragglerReport, wi: dict[str, Any]) -> str:

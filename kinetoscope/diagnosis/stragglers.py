@@ -155,6 +155,7 @@ def analyze_stragglers(
     dropped_steps: int = 0,
     host_issued: bool = False,
     step_spans: pl.DataFrame | None = None,
+    links: pl.DataFrame | None = None,
 ) -> StragglerReport:
     """The straggler verdict (module docstring). ``first_step``: the label of a trace-start
     delimited first step included in the analysis (its thresholds are ``first_step_factor``
@@ -162,7 +163,8 @@ def analyze_stragglers(
     because not every rank holds them (reported); ``host_issued``: the arrivals are host issue
     times (gloo, host ops), so a step loses its largest wait, not the union of its waits;
     ``step_spans`` (rank, step, start, end on the aligned clock): when given, the job is also
-    replayed (``straggler_whatif``): ``whatif`` in the report, and what it adds to the verdict."""
+    replayed (``straggler_whatif``): ``whatif`` in the report, and what it adds to the verdict;
+    ``links``: pipeline transfers paired with their peers, for that replay (``whatif.p2p``)."""
     th = thresholds or StragglerThresholds()
     hosts = hosts or {}
     rep = StragglerReport(thresholds=th, dropped_steps=dropped_steps)
@@ -189,7 +191,7 @@ def analyze_stragglers(
     wi = None
     if step_spans is not None:
         try:
-            wi = whatif_report(su.inst, step_spans, host_issued)
+            wi = whatif_report(su.inst, step_spans, host_issued, links)
         except ValueError:  # the ranks' orders of collectives contradict each other: no replay
             wi = None
     rep.whatif = wi.to_dict() if wi is not None else None

@@ -216,3 +216,14 @@ def test_real_gloo_mesh_job_groups_are_inferred() -> None:
     assert found == want
     assert d.stragglers.partial_instances == 0 and d.stragglers.instances > 0
     assert d.extra.get("uneven_inputs") is None and d.extra.get("pipeline") is None
+
+
+def test_real_gloo_mesh_job_names_exactly_the_slowed_rank() -> None:
+    """The same job's rank 5 sleeps 40 ms before each backward (``cpu_jobs/README.md``): its
+    tensor-parallel peers 4, 6, 7 wait for it in every all-reduce, and must not be named; no
+    pipeline transfer there, so the replay does not replace the rules' ranks."""
+    d = diagnose(REAL)
+    s = d.stragglers
+    assert s.ranks == [5], (s.kind, s.ranks, d.summary()[:1])
+    assert s.whatif is not None and s.whatif["transfers"] == 0 and s.whatif["process_groups"]
+    assert d.summary()[0].split(":", 1)[1].count("rank ") == 1
