@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from kinetoscope.cli.examples import examples
+from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 
 if TYPE_CHECKING:
@@ -27,15 +28,8 @@ EXAMPLES = examples(
 def register(app: typer.Typer) -> None:
     @app.command("autopilot", epilog=EXAMPLES)
     def autopilot(
-        host: list[str] | None = typer.Option(
-            None, "--host", metavar="HOST[:PORT]", help="A daemon to watch (repeatable, or comma-separated)."
-        ),
-        hosts_file: str | None = typer.Option(
-            None,
-            "--hosts-file",
-            metavar="FILE",
-            help="Daemons to watch, one host[:port] per line (# comments).",
-        ),
+        host: list[str] | None = DAEMON_HOSTS,
+        hosts_file: str | None = HOSTS_FILE,
         announced: bool = typer.Option(
             False,
             "--announced",

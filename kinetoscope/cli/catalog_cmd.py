@@ -69,6 +69,9 @@ CatalogOpt = typer.Option(
     "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db.",
 )
 JsonOpt = typer.Option(False, "--json", help="Print JSON (stable; see docs/storage-and-catalog.md).")
+LimitOpt = typer.Option(
+    0, "--limit", min=0, metavar="N", help="Show at most N, newest first (default 0: no limit)."
+)
 
 
 def _emit_json(doc: dict[str, Any]) -> None:
@@ -105,13 +108,12 @@ def _open(url: Optional[str]) -> Any:
 PIPE_WIDTH = 250  # piped output (no terminal, no $COLUMNS): wide enough that no table folds
 
 
-def _table(title: str, columns: list[str]) -> Any:
-    from rich.table import Table
+def _table(title: str, columns: list[str], prose: tuple[str, ...] = ()) -> Any:
+    """A catalog table: every column a value (ids, names, sizes: never broken) except the
+    ``prose`` ones (command lines, recommendations), which wrap between words."""
+    from kinetoscope.termtext import Col, table, text
 
-    t = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    return t
+    return table(title, [text(c) if c in prose else Col(c) for c in columns], [])
 
 
 def _console() -> Any:
@@ -126,42 +128,19 @@ def _console() -> Any:
 
 
 def _print(renderable: Any) -> None:
-    """A message on one (soft-wrapped) line; a table as a table when it fits the width, else as
-    one block of ``column value`` pairs per row, so that no id, file name or path is folded
-    mid-token on an 80-column terminal."""
-    from rich.table import Table
+    """A message wrapped between words; a table as a table when it fits the width with every
+    value whole, else as one block of ``header: value`` pairs per row, so that no id, file name
+    or path is folded mid-token on an 80-column terminal (kinetoscope.termtext)."""
+    from kinetoscope.termtext import print_table, print_wrapped
 
     console = _console()
     if isinstance(renderable, str):
-        console.print(renderable, soft_wrap=True, markup=False)
-    elif isinstance(renderable, Table) and _natural_width(console, renderable) > console.width:
-        _print_records(console, renderable)
-    else:
-        console.print(renderable)
-
-
-def _natural_width(console: Any, table: Any) -> int:
-    """The width ``table`` takes when nothing is folded."""
-    from rich.measure import Measurement
-
-    return Measurement.get(console, console.options.update_width(100_000), table).maximum
-
-
-def _print_records(console: Any, table: Any) -> None:
-    """``table`` row by row as ``header: value`` pairs, packed into lines of the console's width;
-    a line breaks between pairs, never inside one (free text alone may wrap between words)."""
-    if table.title:
-        console.print(str(table.title), style="bold", markup=False)
-    for i in range(table.row_count):
-        pairs = [f"{str(col.header).lower()}: {col._cells[i]}" for col in table.columns]
-        line = ""
-        for pair in pairs:
-            if line and len(line) + 3 + len(pair) > console.width - 2:
-                console.print("  " + line, markup=False, soft_wrap=True)
-                line = ""
-            line = f"{line}   {pair}" if line else pair
-        console.print("  " + line, markup=False, overflow="fold")
-    console.print()
+        print_wrapped(console, renderable, indent="", subsequent="  ")
+        return
+    if renderable.title:
+        print_wrapped(console, str(renderable.title), indent="", subsequent="  ", style="bold")
+        renderable.title = None
+    print_table(console, renderable)
 
 
 def _traces_table(title: str, traces: list[Any]) -> Any:
@@ -221,10 +200,12 @@ def register(app: typer.Typer) -> None:
     @app.command("traces", epilog=TRACES_EXAMPLES)
     @_user_errors
     def traces_cmd(
-        job_id: Optional[str] = typer.Option(None, "--job-id", help="Only trace requests of this job."),
+        job_id: Optional[str] = typer.Option(
+            None, "--job-id", metavar="ID", help="Only trace requests of this job."
+        ),
         catalog: Optional[str] = CatalogOpt,
         as_json: bool = JsonOpt,
-        limit: int = typer.Option(100, "--limit", min=0, help="Show at most N requests (0: all)."),
+        limit: int = LimitOpt,
         status: Optional[str] = typer.Option(
             None, "--status", help="Only requests with this status (complete, incomplete, requested)."
         ),

@@ -17,7 +17,7 @@ from typer import _click
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from kinetoscope import __version__
-from kinetoscope.cli import lean_coercion
+from kinetoscope.cli import deprecated, lean_coercion
 from kinetoscope.errors import KinetoscopeError
 
 # name -> (module exposing ``register(app)``, one-line help shown by `kscope --help`).
@@ -92,7 +92,9 @@ def load_commands(module: str) -> dict[str, _click.Command]:
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     importlib.import_module(module).register(sub)
     sub.callback()(lambda: None)  # a callback makes Typer build a group even for one command
-    return dict(typer.main.get_group(sub).commands)
+    commands = dict(typer.main.get_group(sub).commands)
+    deprecated.install(commands)  # renamed flags: the old spellings still work, with a warning
+    return commands
 
 
 class LazyGroup(TyperGroup):
@@ -120,7 +122,7 @@ app = typer.Typer(
     name="kscope",
     cls=LazyGroup,
     help="Kinetoscope: trace running PyTorch jobs without code changes, and diagnose them.",
-    epilog="Every command's --help ends with examples; conventions (-o, --json, --all): docs/cli.md.",
+    epilog="Every command's --help ends with examples; every flag and its one meaning: docs/cli.md.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

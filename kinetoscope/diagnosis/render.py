@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+
+from kinetoscope.termtext import Col, num, per_rank, print_table, print_wrapped, table
 
 MAX_ROWS = 25
 
@@ -29,13 +30,18 @@ def _ms(v: Any) -> str:
     return "-" if v is None else f"{float(v) / 1000.0:,.2f}"
 
 
-def _table(console: Console, title: str, cols: list[str], rows: list[list[str]], more: int = 0) -> None:
-    t = Table(title=title, title_justify="left")
-    for c in cols:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*r)
-    console.print(t)
+def _line(console: Console, name: str, what: str) -> None:
+    """``name — what`` (``name`` in bold on a terminal), wrapped between words at the width."""
+    print_wrapped(console, f"{name} — {what}", indent="", subsequent="  ")
+
+
+def _table(
+    console: Console, title: tuple[str, str], cols: list[Col], rows: list[list[str]], more: int = 0
+) -> None:
+    """A titled table whose numbers and ids stay whole at the console's width (see termtext)."""
+    _line(console, *title)
+    shown = [i for i, c in enumerate(cols) if c.kind != "value" or any(r[i] != "-" for r in rows)]
+    print_table(console, table(None, [cols[i] for i in shown], [[r[i] for i in shown] for r in rows]))
     if more > 0:
         console.print(f"  … {more:,} more rows (all of them with --json)", highlight=False)
 
@@ -75,22 +81,26 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
         )
         _table(
             console,
-            f"[bold]stragglers[/] — {strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
-            "earlier the collectives would end had the rank arrived like the next-latest one; share = of the "
-            "waiting imposed in the round the rank was named; what-if = step time saved per step had only "
-            "this rank arrived like the typical rank",
+            (
+                "stragglers",
+                f"{strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
+                "earlier the collectives would end had the rank arrived like the next-latest one; share = of "
+                "the waiting imposed in the round the rank was named; what-if = step time saved per step had "
+                "only this rank arrived like the typical rank; lateness = mean lateness; compute = compute "
+                "time over the median rank's",
+            ),
             [
-                "rank",
-                "host",
-                "role",
-                "last at",
-                "p",
-                "imposed ms",
-                "share",
-                "what-if ms/step",
-                "late steps",
-                "lateness ms",
-                "compute/median",
+                num("rank"),
+                Col("host"),
+                Col("role"),
+                num("last at"),
+                num("p"),
+                num("imposed ms"),
+                num("share"),
+                num("what-if ms/step"),
+                num("late steps"),
+                num("mean late ms"),
+                num("compute vs median"),
             ],
             rows,
             len(strag["per_rank"]) - MAX_ROWS,
@@ -115,20 +125,24 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
         wi = strag.get("what_if") or {}
         _table(
             console,
-            f"[bold]what-if per step[/] — without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
-            f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
-            f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost",
+            (
+                "what-if per step",
+                f"without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
+                f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
+                f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost; last rank = the rank most "
+                "waited for, its imposed = the waiting it imposed; coll = collectives; thresh = the event threshold",
+            ),
             [
-                "step",
-                "step ms",
-                "collectives",
-                "waiting ms",
-                "saved ms",
-                "est. step ms",
-                "most waited-for rank",
-                "its imposed ms",
-                "event threshold ms",
-                "late ranks",
+                num("step"),
+                num("step ms"),
+                num("coll"),
+                num("waiting ms"),
+                num("saved ms"),
+                num("est. step ms"),
+                num("last rank"),
+                num("its imposed ms"),
+                num("thresh ms"),
+                Col("late ranks"),
             ],
             rows,
             len(steps) - MAX_ROWS,
@@ -137,11 +151,12 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
         clock = job.get("clock") or {}
         offs = clock.get("offsets") or []
         miss = job.get("missing_ranks") or []
-        console.print(
-            f"[bold]job[/] — ranks found {job.get('num_ranks_found')}/{job.get('world_size')}"
+        _line(
+            console,
+            "job",
+            f"ranks found {job.get('num_ranks_found')}/{job.get('world_size')}"
             + (f", missing {len(miss)}: {_f(miss[:40])}{' …' if len(miss) > 40 else ''}" if miss else "")
-            + (f", duplicates {job.get('duplicate_ranks')}" if job.get("duplicate_ranks") else ""),
-            highlight=False,
+            + (f", duplicates {_f(job.get('duplicate_ranks'))}" if job.get("duplicate_ranks") else ""),
         )
         if offs:
             rows = [
@@ -160,18 +175,21 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
             ]
             _table(
                 console,
-                f"[bold]clock alignment[/] — reference rank {clock.get('reference_rank')}, matched on "
-                f"{clock.get('match_method')}; add offset to a rank's times",
+                (
+                    "clock alignment",
+                    f"reference rank {clock.get('reference_rank')}, matched on "
+                    f"{clock.get('match_method')}; add offset to a rank's times",
+                ),
                 [
-                    "rank",
-                    "host",
-                    "offset us",
-                    "measured us",
-                    "lower bound us",
-                    "upper bound us",
-                    "matched",
-                    "residual us",
-                    "method",
+                    num("rank"),
+                    Col("host"),
+                    num("offset us"),
+                    num("measured us"),
+                    num("lower bound us"),
+                    num("upper bound us"),
+                    num("matched"),
+                    num("residual us"),
+                    Col("method"),
                 ],
                 rows,
                 len(offs) - MAX_ROWS,
@@ -179,26 +197,27 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
     mfu = doc.get("mfu")
     if isinstance(mfu, dict):
         if mfu.get("mfu") is not None:
-            console.print(
-                f"[bold]mfu[/] — {100 * mfu['mfu']:.2f}% ({mfu.get('peak_source')}; FLOPs/step "
+            _line(
+                console,
+                "mfu",
+                f"{100 * mfu['mfu']:.2f}% ({mfu.get('peak_source')}; FLOPs/step "
                 f"{mfu.get('flops_per_step'):.3g} from {mfu.get('flops_source')}, step {mfu.get('step_time_s'):.4f} s, "
                 f"{mfu.get('chips')} chips)",
-                highlight=False,
             )
         else:
-            console.print(f"[bold]mfu[/] — n/a: {mfu.get('reason')}", highlight=False)
+            _line(console, "mfu", f"n/a: {mfu.get('reason')}")
     render_seed_keys(console, doc)
     if recs:
-        t = Table(title="[bold]recommendations[/]", title_justify="left", show_lines=True)
-        for c in ("severity", "id", "evidence", "action"):
-            t.add_column(c, overflow="fold")
-        for r in recs:
-            ev = (
-                ", ".join(f"{k}={_f(v, 3)}" for k, v in r["evidence"].items() if not isinstance(v, dict))
-                or "-"
+        console.print("recommendations", style="bold", highlight=False)
+        for r in recs:  # prose: one wrapped paragraph each (a table column would be a sliver)
+            ev = "; ".join(
+                f"{k} {per_rank(v) if isinstance(v, dict) else _f(v, 3)}" for k, v in r["evidence"].items()
             )
-            t.add_row(r["severity"], r["id"], ev, r["action"])
-        console.print(t)
+            print_wrapped(
+                console, f"{r['severity']} {r['id']}: {r['action']}", indent="  ", subsequent="    "
+            )
+            if ev:
+                print_wrapped(console, f"evidence: {ev}", indent="    ", subsequent="      ")
 
 
 def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
@@ -219,22 +238,33 @@ def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
         ]
         _table(
             console,
-            f"[bold]pipeline[/] — {pp.get('schedule') or 'schedule not recognised'}, {pp.get('num_stages')} stages, "
-            f"{pp.get('microbatches')} micro-batches; bubble {_f(pp.get('bubble_fraction'), 3)} (schedule alone "
-            f"{_f(pp.get('expected_bubble_fraction'), 3)}); slowest stage {im.get('slowest_stage')} "
-            f"(+{_f(im.get('excess_fraction'), 3)}): step {_f(pp.get('step_time_ms'))} ms -> "
-            f"{_f(im.get('est_step_time_balanced_ms'))} ms balanced",
-            ["stage", "ranks", "compute ms/step", "bubble", "fwd ms/mb", "bwd ms/mb"],
+            (
+                "pipeline",
+                f"{pp.get('schedule') or 'schedule not recognised'}, {pp.get('num_stages')} stages, "
+                f"{pp.get('microbatches')} micro-batches; bubble {_f(pp.get('bubble_fraction'), 3)} (schedule alone "
+                f"{_f(pp.get('expected_bubble_fraction'), 3)}); slowest stage {im.get('slowest_stage')} "
+                f"(+{_f(im.get('excess_fraction'), 3)}): step {_f(pp.get('step_time_ms'))} ms -> "
+                f"{_f(im.get('est_step_time_balanced_ms'))} ms balanced",
+            ),
+            [
+                num("stage"),
+                Col("ranks"),
+                num("compute ms/step"),
+                num("bubble"),
+                num("fwd ms/mb"),
+                num("bwd ms/mb"),
+            ],
             rows,
             len(pp.get("stages", [])) - MAX_ROWS,
         )
     un = doc.get("uneven_inputs")
     if isinstance(un, dict):
-        console.print(
-            f"[bold]uneven inputs[/] — {un['mode']}: short rank(s) {_f(un['short_ranks'])}, steps per rank "
-            f"{un['steps_per_rank']}"
-            + (f", waiting rank(s) {_f(un['waiting_ranks'])}" if un.get("waiting_ranks") else ""),
-            highlight=False,
+        _line(
+            console,
+            "uneven inputs",
+            f"{un['mode']}: short rank(s) {_f(un['short_ranks'])}; steps per rank: "
+            f"{per_rank(un['steps_per_rank'])}"
+            + (f"; waiting rank(s) {_f(un['waiting_ranks'])}" if un.get("waiting_ranks") else ""),
         )
     rc = doc.get("recompilation")
     if isinstance(rc, dict):
@@ -250,9 +280,11 @@ def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
         ]
         _table(
             console,
-            f"[bold]compilations[/] — {rc['compiles']} in the window, {rc['recompiles']} recompiles "
-            f"({_f(rc['recompile_time_ms'])} ms)",
-            ["rank", "compile id", "recompile", "step", "ms"],
+            (
+                "compilations",
+                f"{rc['compiles']} in the window, {rc['recompiles']} recompiles ({_f(rc['recompile_time_ms'])} ms)",
+            ),
+            [num("rank"), Col("compile id"), Col("recompile"), num("step"), num("ms")],
             rows,
             len(rc.get("events", [])) - MAX_ROWS,
         )
