@@ -268,45 +268,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Record an existing trace folder (with its manifest.json) in the catalog."""
         from kinetoscope.errors import UsageError
-        from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
         from kinetoscope.store.storage import parse_store_options
 
         storage_options = parse_store_options(store_option)
         if storage_options and not store:
             raise UsageError("--store-option only applies with --store URL")
-        root = Path(trace_dir)
-        if not root.is_dir():
-            raise ManifestError(f"{root}: not a directory")
-        dirs = (
-            [root]
-            if (root / MANIFEST_NAME).is_file() or any(root.glob("manifest.*.json"))
-            else sorted(
-                p
-                for p in root.iterdir()
-                if p.is_dir() and ((p / MANIFEST_NAME).is_file() or any(p.glob("manifest.*.json")))
-            )
-        )
-        if not dirs:
-            raise ManifestError(
-                f"{root}: no {MANIFEST_NAME} here or in its sub-folders (not a kscope trace folder)"
-            )
-        records = []
+        dirs = _request_dirs(Path(trace_dir))
         with _open(catalog) as cat:
-            for d in dirs:
-                if store:
-                    from kinetoscope.store.upload import PartialUploadError, upload_trace_request
-
-                    try:
-                        objs = upload_trace_request(d, store, storage_options=storage_options)
-                    except PartialUploadError as exc:
-                        # say so in the catalog (status "partial", the reason), then fail
-                        cat.record_trace_request(exc.manifest, exc.stored, base_dir=d.absolute())
-                        raise
-                    from kinetoscope.protocol.manifest import load_trace_dir
-
-                    records.append(cat.record_trace_request(load_trace_dir(d), objs, base_dir=d.absolute()))
-                else:
-                    records.append(cat.import_trace_dir(d, compute_sha256=not no_hash))
+            records = [_import_one(cat, d, store, storage_options, not no_hash) for d in dirs]
             if as_json:
                 _emit_json(
                     {
@@ -344,19 +313,56 @@ def register(app: typer.Typer) -> None:
             _print(_files_table("Files", [rec]))
             _print_file_locations([rec])
             if found:
-                a = _table("Analyses", ["ID", "CREATED (UTC)", "NAME", "VERSION", "STEP TIME", "STRAGGLER"])
-                for r in found:
-                    a.add_row(
-                        str(r.id),
-                        _when(r.created),
-                        r.name,
-                        r.version,
-                        "-" if r.step_time_ms is None else f"{r.step_time_ms:.2f} ms",
-                        r.straggler_kind or "-",
-                    )
-                _print(a)
+                _print(_analyses_table(found))
 
     app.add_typer(catalog_app, name="catalog")
+
+
+def _request_dirs(root: Path) -> list[Path]:
+    """``root`` when it is a request folder (a manifest in it), else its request sub-folders."""
+    from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
+
+    def is_request(p: Path) -> bool:
+        return (p / MANIFEST_NAME).is_file() or any(p.glob("manifest.*.json"))
+
+    if not root.is_dir():
+        raise ManifestError(f"{root}: not a directory")
+    dirs = [root] if is_request(root) else sorted(p for p in root.iterdir() if p.is_dir() and is_request(p))
+    if not dirs:
+        raise ManifestError(
+            f"{root}: no {MANIFEST_NAME} here or in its sub-folders (not a kscope trace folder)"
+        )
+    return dirs
+
+
+def _import_one(cat: Any, d: Path, store: str | None, storage_options: Any, sha256: bool) -> Any:
+    """Record one request folder, uploading its files to ``store`` first when given."""
+    if not store:
+        return cat.import_trace_dir(d, compute_sha256=sha256)
+    from kinetoscope.protocol.manifest import load_trace_dir
+    from kinetoscope.store.upload import PartialUploadError, upload_trace_request
+
+    try:
+        objs = upload_trace_request(d, store, storage_options=storage_options)
+    except PartialUploadError as exc:
+        # say so in the catalog (status "partial", the reason), then fail
+        cat.record_trace_request(exc.manifest, exc.stored, base_dir=d.absolute())
+        raise
+    return cat.record_trace_request(load_trace_dir(d), objs, base_dir=d.absolute())
+
+
+def _analyses_table(found: list[Any]) -> Any:
+    a = _table("Analyses", ["ID", "CREATED (UTC)", "NAME", "VERSION", "STEP TIME", "STRAGGLER"])
+    for r in found:
+        a.add_row(
+            str(r.id),
+            _when(r.created),
+            r.name,
+            r.version,
+            "-" if r.step_time_ms is None else f"{r.step_time_ms:.2f} ms",
+            r.straggler_kind or "-",
+        )
+    return a
 
 
 def _trace_json(r: Any, files: bool = False) -> dict[str, Any]:

@@ -54,170 +54,193 @@ def render_rich(console: Console, doc: dict[str, Any]) -> None:
     if not (strag or job or recs):
         return
     if isinstance(strag, dict) and strag.get("per_rank"):
+        _stragglers(console, strag)
+    if isinstance(strag, dict) and strag.get("per_step"):
+        _per_step(console, strag)
+    if isinstance(job, dict):
+        _job(console, job)
+    mfu = doc.get("mfu")
+    if isinstance(mfu, dict):
+        _mfu(console, mfu)
+    render_seed_keys(console, doc)
+    if recs:
+        _recommendations(console, recs)
 
-        def key(r: dict[str, Any]) -> tuple[int, float]:
-            return (0 if r.get("role") else 1, -(r.get("imposed_share") or r.get("score") or 0))
 
+def _stragglers(console: Console, strag: dict[str, Any]) -> None:
+    """The per-rank straggler table, named stragglers first."""
+
+    def key(r: dict[str, Any]) -> tuple[int, float]:
+        return (0 if r.get("role") else 1, -(r.get("imposed_share") or r.get("score") or 0))
+
+    rows = [
+        [
+            _f(r["rank"]),
+            _f(r.get("host")),
+            _f(r.get("role")),
+            f"{r.get('last_count', '-')}/{r.get('instances', '-')}",
+            _p(r.get("p_value")),
+            _ms(r.get("imposed_wait(us)")),
+            _f(r.get("imposed_share"), 3),
+            _ms(r.get("whatif_saving(us)")),
+            f"{r['late_steps']}/{r['steps']}",
+            _ms(r["mean_lateness(us)"]),
+            _f(r.get("compute_vs_median")),
+        ]
+        for r in sorted(strag["per_rank"], key=key)[:MAX_ROWS]
+    ]
+    extra = (
+        f"; {strag['dropped_steps']} step(s) not held by every rank left out"
+        if strag.get("dropped_steps")
+        else ""
+    )
+    _table(
+        console,
+        (
+            "stragglers",
+            f"{strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
+            "earlier the collectives would end had the rank arrived like the next-latest one; share = of "
+            "the waiting imposed in the round the rank was named; what-if = step time saved per step had "
+            "only this rank arrived like the typical rank; lateness = mean lateness; compute = compute "
+            "time over the median rank's",
+        ),
+        [
+            num("rank"),
+            Col("host"),
+            Col("role"),
+            num("last at"),
+            num("p"),
+            num("imposed ms"),
+            num("share"),
+            num("what-if ms/step"),
+            num("late steps"),
+            num("mean late ms"),
+            num("compute vs median"),
+        ],
+        rows,
+        len(strag["per_rank"]) - MAX_ROWS,
+    )
+
+
+def _per_step(console: Console, strag: dict[str, Any]) -> None:
+    """The what-if per step: waiting, time saved, the rank most waited for."""
+    steps = strag["per_step"]
+    rows = [
+        [
+            _f(s["step"]),
+            _ms(s["step_time(us)"]),
+            _f(s.get("n_instances")),
+            _ms(s["lost(us)"]),
+            _ms(s["excess(us)"]),
+            _ms(s["est_step_time(us)"]),
+            _f(s["last_rank"]),
+            _ms(s.get("max_imposed(us)")),
+            _ms(s["threshold(us)"]),
+            _f(s["late_ranks"]),
+        ]
+        for s in steps[:MAX_ROWS]
+    ]
+    wi = strag.get("what_if") or {}
+    _table(
+        console,
+        (
+            "what-if per step",
+            f"without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
+            f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
+            f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost; last rank = the rank most "
+            "waited for, its imposed = the waiting it imposed; coll = collectives; thresh = the event threshold",
+        ),
+        [
+            num("step"),
+            num("step ms"),
+            num("coll"),
+            num("waiting ms"),
+            num("saved ms"),
+            num("est. step ms"),
+            num("last rank"),
+            num("its imposed ms"),
+            num("thresh ms"),
+            Col("late ranks"),
+        ],
+        rows,
+        len(steps) - MAX_ROWS,
+    )
+
+
+def _job(console: Console, job: dict[str, Any]) -> None:
+    """The job line (ranks found, missing, duplicates) and the clock alignment table."""
+    clock = job.get("clock") or {}
+    offs = clock.get("offsets") or []
+    miss = job.get("missing_ranks") or []
+    _line(
+        console,
+        "job",
+        f"ranks found {job.get('num_ranks_found')}/{job.get('world_size')}"
+        + (f", missing {len(miss)}: {_f(miss[:40])}{' …' if len(miss) > 40 else ''}" if miss else "")
+        + (f", duplicates {_f(job.get('duplicate_ranks'))}" if job.get("duplicate_ranks") else ""),
+    )
+    if offs:
         rows = [
             [
-                _f(r["rank"]),
-                _f(r.get("host")),
-                _f(r.get("role")),
-                f"{r.get('last_count', '-')}/{r.get('instances', '-')}",
-                _p(r.get("p_value")),
-                _ms(r.get("imposed_wait(us)")),
-                _f(r.get("imposed_share"), 3),
-                _ms(r.get("whatif_saving(us)")),
-                f"{r['late_steps']}/{r['steps']}",
-                _ms(r["mean_lateness(us)"]),
-                _f(r.get("compute_vs_median")),
+                _f(o["rank"]),
+                _f(o.get("host")),
+                _f(o["offset_us"], 1),
+                _f(o.get("measured_us"), 1),
+                _f(o.get("lower_bound_us"), 1),
+                _f(o.get("upper_bound_us"), 1),
+                _f(o["matched"]),
+                _f(o.get("residual_us"), 1),
+                o["method"],
             ]
-            for r in sorted(strag["per_rank"], key=key)[:MAX_ROWS]
+            for o in offs[:MAX_ROWS]
         ]
-        extra = (
-            f"; {strag['dropped_steps']} step(s) not held by every rank left out"
-            if strag.get("dropped_steps")
-            else ""
-        )
         _table(
             console,
             (
-                "stragglers",
-                f"{strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
-                "earlier the collectives would end had the rank arrived like the next-latest one; share = of "
-                "the waiting imposed in the round the rank was named; what-if = step time saved per step had "
-                "only this rank arrived like the typical rank; lateness = mean lateness; compute = compute "
-                "time over the median rank's",
+                "clock alignment",
+                f"reference rank {clock.get('reference_rank')}, matched on "
+                f"{clock.get('match_method')}; add offset to a rank's times",
             ),
             [
                 num("rank"),
                 Col("host"),
-                Col("role"),
-                num("last at"),
-                num("p"),
-                num("imposed ms"),
-                num("share"),
-                num("what-if ms/step"),
-                num("late steps"),
-                num("mean late ms"),
-                num("compute vs median"),
+                num("offset us"),
+                num("measured us"),
+                num("lower bound us"),
+                num("upper bound us"),
+                num("matched"),
+                num("residual us"),
+                Col("method"),
             ],
             rows,
-            len(strag["per_rank"]) - MAX_ROWS,
+            len(offs) - MAX_ROWS,
         )
-    if isinstance(strag, dict) and strag.get("per_step"):
-        steps = strag["per_step"]
-        rows = [
-            [
-                _f(s["step"]),
-                _ms(s["step_time(us)"]),
-                _f(s.get("n_instances")),
-                _ms(s["lost(us)"]),
-                _ms(s["excess(us)"]),
-                _ms(s["est_step_time(us)"]),
-                _f(s["last_rank"]),
-                _ms(s.get("max_imposed(us)")),
-                _ms(s["threshold(us)"]),
-                _f(s["late_ranks"]),
-            ]
-            for s in steps[:MAX_ROWS]
-        ]
-        wi = strag.get("what_if") or {}
-        _table(
-            console,
-            (
-                "what-if per step",
-                f"without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
-                f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
-                f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost; last rank = the rank most "
-                "waited for, its imposed = the waiting it imposed; coll = collectives; thresh = the event threshold",
-            ),
-            [
-                num("step"),
-                num("step ms"),
-                num("coll"),
-                num("waiting ms"),
-                num("saved ms"),
-                num("est. step ms"),
-                num("last rank"),
-                num("its imposed ms"),
-                num("thresh ms"),
-                Col("late ranks"),
-            ],
-            rows,
-            len(steps) - MAX_ROWS,
-        )
-    if isinstance(job, dict):
-        clock = job.get("clock") or {}
-        offs = clock.get("offsets") or []
-        miss = job.get("missing_ranks") or []
+
+
+def _mfu(console: Console, mfu: dict[str, Any]) -> None:
+    """The MFU line (or why there is none)."""
+    if mfu.get("mfu") is not None:
         _line(
             console,
-            "job",
-            f"ranks found {job.get('num_ranks_found')}/{job.get('world_size')}"
-            + (f", missing {len(miss)}: {_f(miss[:40])}{' …' if len(miss) > 40 else ''}" if miss else "")
-            + (f", duplicates {_f(job.get('duplicate_ranks'))}" if job.get("duplicate_ranks") else ""),
+            "mfu",
+            f"{100 * mfu['mfu']:.2f}% ({mfu.get('peak_source')}; FLOPs/step "
+            f"{mfu.get('flops_per_step'):.3g} from {mfu.get('flops_source')}, step {mfu.get('step_time_s'):.4f} s, "
+            f"{mfu.get('chips')} chips)",
         )
-        if offs:
-            rows = [
-                [
-                    _f(o["rank"]),
-                    _f(o.get("host")),
-                    _f(o["offset_us"], 1),
-                    _f(o.get("measured_us"), 1),
-                    _f(o.get("lower_bound_us"), 1),
-                    _f(o.get("upper_bound_us"), 1),
-                    _f(o["matched"]),
-                    _f(o.get("residual_us"), 1),
-                    o["method"],
-                ]
-                for o in offs[:MAX_ROWS]
-            ]
-            _table(
-                console,
-                (
-                    "clock alignment",
-                    f"reference rank {clock.get('reference_rank')}, matched on "
-                    f"{clock.get('match_method')}; add offset to a rank's times",
-                ),
-                [
-                    num("rank"),
-                    Col("host"),
-                    num("offset us"),
-                    num("measured us"),
-                    num("lower bound us"),
-                    num("upper bound us"),
-                    num("matched"),
-                    num("residual us"),
-                    Col("method"),
-                ],
-                rows,
-                len(offs) - MAX_ROWS,
-            )
-    mfu = doc.get("mfu")
-    if isinstance(mfu, dict):
-        if mfu.get("mfu") is not None:
-            _line(
-                console,
-                "mfu",
-                f"{100 * mfu['mfu']:.2f}% ({mfu.get('peak_source')}; FLOPs/step "
-                f"{mfu.get('flops_per_step'):.3g} from {mfu.get('flops_source')}, step {mfu.get('step_time_s'):.4f} s, "
-                f"{mfu.get('chips')} chips)",
-            )
-        else:
-            _line(console, "mfu", f"n/a: {mfu.get('reason')}")
-    render_seed_keys(console, doc)
-    if recs:
-        console.print("recommendations", style="bold", highlight=False)
-        for r in recs:  # prose: one wrapped paragraph each (a table column would be a sliver)
-            ev = "; ".join(
-                f"{k} {per_rank(v) if isinstance(v, dict) else _f(v, 3)}" for k, v in r["evidence"].items()
-            )
-            print_wrapped(
-                console, f"{r['severity']} {r['id']}: {r['action']}", indent="  ", subsequent="    "
-            )
-            if ev:
-                print_wrapped(console, f"evidence: {ev}", indent="    ", subsequent="      ")
+    else:
+        _line(console, "mfu", f"n/a: {mfu.get('reason')}")
+
+
+def _recommendations(console: Console, recs: list[dict[str, Any]]) -> None:
+    """Each recommendation as a wrapped paragraph, its evidence below."""
+    console.print("recommendations", style="bold", highlight=False)
+    for r in recs:  # prose: one wrapped paragraph each (a table column would be a sliver)
+        ev = "; ".join(
+            f"{k} {per_rank(v) if isinstance(v, dict) else _f(v, 3)}" for k, v in r["evidence"].items()
+        )
+        print_wrapped(console, f"{r['severity']} {r['id']}: {r['action']}", indent="  ", subsequent="    ")
+        if ev:
+            print_wrapped(console, f"evidence: {ev}", indent="    ", subsequent="      ")
 
 
 def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
