@@ -46,6 +46,22 @@ def text(header: str) -> Col:
     return Col(header, TEXT)
 
 
+PIPE_WIDTH = 200  # piped with no $COLUMNS: wide enough that lines rarely wrap
+
+
+def console() -> Any:
+    """A Rich console for stdout: the terminal's width, else ``$COLUMNS``, else (piped)
+    :data:`PIPE_WIDTH` columns."""
+    import os
+
+    from rich.console import Console
+
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, width=PIPE_WIDTH)
+    return out
+
+
 def table(title: str | None, cols: Sequence[Col], rows: Iterable[Sequence[str]]) -> Any:
     """A compact Rich table: a rule under the header, no frame, columns two spaces apart."""
     from rich import box

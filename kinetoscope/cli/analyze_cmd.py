@@ -172,7 +172,9 @@ def _print_traces(console: Console, traces: list[Any]) -> None:
     must stay whole to be copied."""
     paths = [str(tr.meta.path) for tr in traces]
     folder = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""
-    print_wrapped(console, ["Traces", *([f"in {folder}{os.sep}"] if folder else [])], indent="", style="bold")
+    print_wrapped(
+        console, ["Traces in", f"{folder}{os.sep}"] if folder else "Traces", indent="", style="bold"
+    )
     for tr, path in zip(traces, paths):
         m = tr.meta
         rank = "?" if m.rank is None else str(m.rank)
@@ -289,7 +291,7 @@ def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quie
     from kinetoscope.errors import KinetoscopeError
     from kinetoscope.orchestration import AnalysisRun, record_run
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message
     run = AnalysisRun(document=doc, paths=resolved.paths, inputs=resolved.inputs, trace_id=resolved.trace_id)
     try:
         from kinetoscope.store import Catalog

@@ -115,12 +115,11 @@ def _say_done(
     run: Any, path: Path, err: Any, *, record: bool | None, catalog: str | None, from_document: bool
 ) -> None:
     """Warnings, the verdict's first line, the catalog record (when asked or implied), the path."""
-    from rich.console import Console
     from rich.markup import escape
 
-    from kinetoscope.termtext import print_wrapped
+    from kinetoscope.termtext import console, print_wrapped
 
-    out = Console(highlight=False)
+    out = console()
     for name, msg in (run.document.get("errors") or {}).items():
         err.print(f"[yellow]warning:[/] {escape(str(name))}: {escape(str(msg))}")
     summary = run.document.get("diagnosis_summary") or []

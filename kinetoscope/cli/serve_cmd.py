@@ -207,13 +207,14 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
 
 def _say_ready(webapp: Any, url: str, host: str, loopback: bool, allowed: list[str]) -> None:
     """The ready line (one line: scripts read it), then notes wrapped at the terminal's width."""
-    from rich.console import Console
 
-    from kinetoscope.termtext import print_wrapped
+    from kinetoscope.termtext import console, print_wrapped
 
-    out = Console(highlight=False, soft_wrap=True)
+    out = console()
     out.print(
-        f"{READY_PREFIX} {url}  (catalog {webapp.state.catalog.display_url}, pid {os.getpid()})", markup=False
+        f"{READY_PREFIX} {url}  (catalog {webapp.state.catalog.display_url}, pid {os.getpid()})",
+        markup=False,
+        soft_wrap=True,
     )
     if webapp.state.perfetto is None:
         print_wrapped(

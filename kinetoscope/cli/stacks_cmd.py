@@ -16,7 +16,7 @@ from rich.markup import escape
 from kinetoscope.cli.examples import examples
 from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE, daemon_hosts
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
-from kinetoscope.termtext import print_wrapped
+from kinetoscope.termtext import console, print_wrapped
 
 EXAMPLES = examples(
     ("kscope stacks --job-id $SLURM_JOB_ID", "which rank is where, now"),
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
             interval_s=interval,
             timeout_s=timeout,
         )
-        err = Console(stderr=True, highlight=False)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         report = take_stacks(request, token=token)
@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
             sys.stdout.flush()
         elif report.ranks:
-            _print_report(Console(highlight=False), report, show_stacks)
+            _print_report(console(), report, show_stacks)
         for e in report.errors:
             err.print(f"[bold red]error:[/] {escape(str(e.get('message')))}", soft_wrap=True)
         for r in report.ranks:

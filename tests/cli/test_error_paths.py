@@ -155,7 +155,7 @@ def test_analyze_keeps_paths_whole_and_fits_a_screen(catalog_with_job: tuple[str
     proc = kscope("analyze", str(job), "--no-record", columns=80)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert f"in {job}/\n" in proc.stdout  # the folder whole, on a line of its own when long
+    assert f"{job}/\n" in proc.stdout  # the folder whole, on a line of its own when long
     for f in sorted(job.glob("rank-*.json")):
         assert f" {f.name}\n" in proc.stdout
     full = kscope("analyze", str(job), "--no-record", "--full", columns=80)

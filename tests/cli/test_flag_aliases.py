@@ -36,7 +36,9 @@ def test_rewrite_replaces_old_spellings_up_to_double_dash(capsys: object) -> Non
         "--host",
     ]
     err = capsys.readouterr().err  # type: ignore[attr-defined]
-    assert err.splitlines() == ["warning: kscope serve --host is deprecated: use --bind (" + renames["--host"][1] + ")"]
+    assert err.splitlines() == [
+        "warning: kscope serve --host is deprecated: use --bind (" + renames["--host"][1] + ")"
+    ]
 
 
 def test_analyze_all_still_prints_every_table_with_one_warning() -> None:
