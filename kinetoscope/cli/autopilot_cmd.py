@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from kinetoscope.cli.examples import examples
-from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 
 if TYPE_CHECKING:
@@ -28,8 +27,19 @@ EXAMPLES = examples(
 def register(app: typer.Typer) -> None:
     @app.command("autopilot", epilog=EXAMPLES)
     def autopilot(
-        host: list[str] | None = DAEMON_HOSTS,
-        hosts_file: str | None = HOSTS_FILE,
+        host: list[str] | None = typer.Option(
+            None,
+            "--host",
+            "-H",
+            metavar="HOST[:PORT]",
+            help="A daemon to watch (repeatable, or comma-separated), as in kscope trace.",
+        ),
+        hosts_file: str | None = typer.Option(
+            None,
+            "--hosts-file",
+            metavar="FILE",
+            help="Daemons to watch, one HOST[:PORT] per line (# comments); merged with --host.",
+        ),
         announced: bool = typer.Option(
             False,
             "--announced",
