@@ -16,19 +16,19 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
+from kinetoscope.termtext import Col, num, print_table, print_wrapped, table, text
 
 EXAMPLES = examples(
     ("kscope analyze run/traces/kst-20261121-053012-3f9a/", "verdict, then the tables"),
     ("kscope analyze kst-20261121-053012-3f9a --json > doc.json", "a catalog trace id"),
-    ("kscope analyze trace.json --only kernel_breakdown --all", "one table, every row up to 25"),
+    ("kscope analyze trace.json --only kernel_breakdown --full", "one table, up to 25 rows"),
 )
 
 
-MAX_ROWS = 25  # rows per table with --all
+MAX_ROWS = 25  # rows per table with --full
 COMPACT_ROWS = 10  # rows per table by default: the output should fit a screen or two
 MAX_NAME = 70
 
@@ -105,8 +105,8 @@ def _render_human(
     summary = doc.get("diagnosis_summary")
     if summary:
         console.print("[bold]Diagnosis[/]")
-        for line in summary:  # soft-wrapped: one verdict line stays one line when piped
-            console.print(f"  {escape(str(line))}", highlight=False, soft_wrap=True)
+        for line in summary:  # wrapped between words; numbers and ids stay whole
+            print_wrapped(console, str(line), indent="  ", subsequent="    ")
         console.print()
         from kinetoscope.diagnosis.render import render_rich
 
@@ -118,11 +118,11 @@ def _render_human(
     quiet: dict[str, list[str]] = {}  # note -> analyses with nothing to show
     for name, df in results.items():
         spec = registry.get(name)
-        title = f"[bold]{name}[/] — {spec.description}"
+        title = f"{name} — {spec.description}"
         if name in results.errors:
             console.print()
-            console.print(title)
-            console.print(f"  [red]failed:[/] {escape(str(results.errors[name]))}", highlight=False)
+            print_wrapped(console, title, indent="", subsequent="  ")
+            print_wrapped(console, f"failed: {results.errors[name]}", indent="  ", style="red")
             continue
         if df.is_empty():
             note = results.notes.get(name, "no rows")
@@ -130,22 +130,21 @@ def _render_human(
                 quiet.setdefault(note, []).append(name)
                 continue
             console.print()
-            console.print(title)
-            console.print(f"  {escape(note)}", highlight=False)
+            print_wrapped(console, title, indent="", subsequent="  ")
+            print_wrapped(console, note, indent="  ")
             continue
         console.print()
         _print_table(console, title, df, max_rows if show_all else min(max_rows, COMPACT_ROWS))
     if quiet:
         console.print()
         for note, names in quiet.items():
-            console.print(
-                f"[dim]nothing to show ({escape(note.rstrip('.'))}): {', '.join(names)}[/]", highlight=False
+            print_wrapped(
+                console, f"nothing to show ({note.rstrip('.')}): {', '.join(names)}", indent="", style="dim"
             )
-        console.print("[dim]--all prints every table in full; --json has every row[/]", highlight=False)
+        console.print("[dim]--full prints every table; --json has every row[/]", highlight=False)
     if "diagnosis" in results.errors:
-        console.print(
-            f"\n[red]diagnosis failed:[/] {escape(str(results.errors['diagnosis']))}", highlight=False
-        )
+        console.print()
+        print_wrapped(console, f"diagnosis failed: {results.errors['diagnosis']}", indent="", style="red")
 
 
 def _compact_diagnosis(doc: dict[str, Any]) -> dict[str, Any]:
@@ -168,25 +167,26 @@ def _compact_diagnosis(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _print_traces(console: Console, traces: list[Any]) -> None:
-    """One line per trace file: rank, device, events, path. Not a table: a table column folds a
-    long path mid-token on an 80-column terminal, and a path must stay whole to be copied."""
-    console.print("[bold]Traces[/]")
-    for tr in traces:
+    """One line per trace file: rank, device, events, file name, under the folder they share.
+    Not a table: a table column folds a long path mid-token on an 80-column terminal, and a path
+    must stay whole to be copied."""
+    paths = [str(tr.meta.path) for tr in traces]
+    folder = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""
+    print_wrapped(
+        console, ["Traces in", f"{folder}{os.sep}"] if folder else "Traces", indent="", style="bold"
+    )
+    for tr, path in zip(traces, paths):
         m = tr.meta
         rank = "?" if m.rank is None else str(m.rank)
         if m.rank is not None and m.rank_source not in ("distributedInfo",):
             rank += f" ({m.rank_source})"
-        console.print(
-            f"  rank {escape(rank)}  {m.device_type}  {m.num_trace_events:,} events  {escape(str(m.path))}",
-            highlight=False,
-            soft_wrap=True,
-        )
+        name = os.path.relpath(path, folder) if folder else path
+        parts = [f"rank {rank}", str(m.device_type), f"{m.num_trace_events:,} events", name]
+        print_wrapped(console, parts, indent="  ", subsequent="    ", sep="  ")
     for tr in traces:
         for w in tr.meta.warnings:
-            console.print(
-                f"[yellow]warning:[/] {escape(str(tr.meta.path))}: {escape(str(w))}",
-                highlight=False,
-                soft_wrap=True,
+            print_wrapped(
+                console, f"warning: {tr.meta.path}: {w}", indent="", subsequent="  ", style="yellow"
             )
 
 
@@ -202,22 +202,30 @@ def _print_table(console: Console, title: str, df: Any, max_rows: int) -> None:
         shown = shown.with_columns([(shown[c] - base).alias(c) for c in times]).rename(
             {c: f"{c} from {base:,.0f}" if c == times[0] else c for c in times}
         )
-    table = Table(title=title, title_justify="left")
-    for col in shown.columns:
-        numeric = shown.schema[col].is_numeric()
-        table.add_column(col, justify="right" if numeric else "left", overflow="fold")
+    cols = [_column(c, shown.schema[c].is_numeric()) for c in shown.columns]
+    rows = []
     for row in shown.iter_rows():
         cells = []
         for v, c in zip(row, shown.columns):
             if c in _NAME_COLS and isinstance(v, str):
                 v = display_name(v)
             cells.append(_fmt(v, c))
-        table.add_row(*cells)
-    console.print(table)
+        rows.append(cells)
+    print_wrapped(console, title, indent="", subsequent="  ")
+    print_table(console, table(None, cols, rows))
     if df.height > max_rows:
         console.print(
-            f"  … {df.height - max_rows:,} more rows (--all for {MAX_ROWS}, --json for all)", highlight=False
+            f"  … {df.height - max_rows:,} more rows (--full for {MAX_ROWS}, --json for all)", highlight=False
         )
+
+
+def _column(name: str, numeric: bool) -> Col:
+    """A column of an analysis table: numbers and ids whole, names (kernels, ops) as prose; the
+    header with spaces for underscores so that it can wrap between words."""
+    header = name.replace("_", " ")
+    if numeric:
+        return num(header)
+    return text(header) if name in _NAME_COLS or name.endswith(("name", "description")) else Col(header)
 
 
 def _output(
@@ -283,7 +291,7 @@ def _record(doc: dict[str, Any], resolved: Any, catalog_url: str | None, *, quie
     from kinetoscope.errors import KinetoscopeError
     from kinetoscope.orchestration import AnalysisRun, record_run
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message
     run = AnalysisRun(document=doc, paths=resolved.paths, inputs=resolved.inputs, trace_id=resolved.trace_id)
     try:
         from kinetoscope.store import Catalog
@@ -306,15 +314,18 @@ def _print_flight_recorder(out: Console, report: Any, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps({"flight_recorder": report.to_json()}, indent=2) + "\n")
         return
-    out.print(
-        f"[bold]Flight Recorder[/] ({len(report.files)} dumps, ranks {escape(_ranks_text(report.ranks))})"
+    print_wrapped(
+        out,
+        f"Flight Recorder ({len(report.files)} dumps, ranks {_ranks_text(report.ranks)})",
+        indent="",
+        style="bold",
     )
     for g in report.groups:
-        out.print(
-            ("[bold red]" if g.never_entered else "") + escape(g.summary) + ("[/]" if g.never_entered else "")
+        print_wrapped(
+            out, g.summary, indent="", subsequent="  ", style="bold red" if g.never_entered else None
         )
     if not report.groups:
-        out.print(escape(report.verdict))
+        print_wrapped(out, report.verdict, indent="", subsequent="  ")
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -326,13 +337,16 @@ def register(app: typer.Typer) -> None:
     def analyze(
         inputs: list[str] = typer.Argument(
             None,
+            metavar="[INPUT]...",
             help="Trace files (.json / .json.gz), folders of them (one rank each), storage URLs "
             "(s3://.../<trace_id>) or catalog trace ids.",
             show_default=False,
         ),
-        ranks: str | None = typer.Option(None, "--ranks", help="Only these ranks, e.g. 0,1,4-7."),
+        ranks: str | None = typer.Option(
+            None, "--ranks", metavar="LIST", help="Only these ranks, e.g. 0,1,4-7."
+        ),
         only: list[str] = typer.Option(
-            None, "--only", help="Run only this analysis (repeatable). See --list for names."
+            None, "--only", metavar="NAME", help="Run only this analysis (repeatable). See --list for names."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Parse the files again, ignoring the cache."),
@@ -348,29 +362,34 @@ def register(app: typer.Typer) -> None:
         list_: bool = typer.Option(False, "--list", help="List the analyses and exit."),
         show_all: bool = typer.Option(
             False,
-            "--all",
+            "--full",
             help="Print every analysis table, the empty ones too, up to 25 rows each "
-            "(default: the verdict and the tables with rows, 10 rows each). --json is always complete.",
+            "(default: the verdict and the tables with rows, 10 rows each). --json is always complete. "
+            "(Was --all, which now warns.)",
         ),
         model_flops: float | None = typer.Option(
             None,
             "--model-flops",
+            metavar="FLOPS",
             help="FLOPs of one global training step for MFU, e.g. 6*tokens_per_batch*num_params.",
         ),
         peak_flops: float | None = typer.Option(
             None,
             "--peak-flops",
+            metavar="FLOPS",
             help="Peak FLOP/s of one device for MFU (overrides the built-in table; needed on CPU).",
         ),
         catalog: str | None = typer.Option(
             None,
             "--catalog",
+            metavar="URL",
             help="Catalog URL for trace ids and for recording the analysis "
             "(default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db).",
         ),
         backend: str = typer.Option(
             "auto",
             "--backend",
+            metavar="NAME",
             help="Where the per-rank work runs: 'single' (this process), 'local' (process pool, "
             "one rank per worker), 'ray', or 'auto': Ray when --ray-address or $RAY_ADDRESS is given, this process "
             "for up to 4 rank files or 128 MiB of JSON, else the local pool (it says which and why). See docs/scale.md.",
@@ -378,12 +397,14 @@ def register(app: typer.Typer) -> None:
         workers: int | None = typer.Option(
             None,
             "--workers",
+            metavar="N",
             min=1,
             help="Worker processes (local) or local Ray CPUs (default: CPU count).",
         ),
         ray_address: str | None = typer.Option(
             None,
             "--ray-address",
+            metavar="ADDRESS",
             help="The Ray cluster to join (default: $RAY_ADDRESS; with --backend ray and "
             "neither, a local Ray is started).",
         ),
@@ -402,18 +423,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Analyse traces: temporal, idle-time, kernel and overlap breakdowns and more (HTA-compatible)."""
-        from kinetoscope.analysis import registry
-
-        out = Console(highlight=False, soft_wrap=False)
-        if not out.is_terminal and "COLUMNS" not in os.environ:  # piped: wide tables, unless told
-            out = Console(highlight=False, soft_wrap=False, width=200)
+        out = _console()
         if list_:
-            t = Table(title="Analyses", title_justify="left")
-            for c in ("name", "default", "needs GPU", "description"):
-                t.add_column(c)
-            for s in registry.all_specs():
-                t.add_row(s.name, "yes" if s.default else "", "yes" if s.needs_gpu else "", s.description)
-            out.print(t)
+            _print_analyses(out)
             return
         fr_report = None
         if flight_recorder:
@@ -427,28 +439,15 @@ def register(app: typer.Typer) -> None:
             raise UsageError(
                 "give at least one trace file, folder, storage URL or trace id (kscope analyze PATH ...)"
             )
-        from kinetoscope.document.model import DIAGNOSIS_KEYS as BASE_KEYS
-        from kinetoscope.document.model import EXTRA_DIAGNOSIS_KEYS
-
-        DIAGNOSIS_KEYS = (*BASE_KEYS, *EXTRA_DIAGNOSIS_KEYS)
-        known = set(registry.names())
-        only_analyses = [n for n in only or [] if n not in DIAGNOSIS_KEYS]
-        for n in only_analyses:
-            if n not in known:
-                raise UsageError(
-                    f"--only: unknown analysis {n!r}; known: {', '.join([*registry.names(), *DIAGNOSIS_KEYS])}"
-                )
-        opts = _parse_options(option or [])
-        wanted = _parse_ranks(ranks)
-
         from kinetoscope.orchestration import AnalyzeRequest
 
+        keys = _diagnosis_keys(only or [])
         request = AnalyzeRequest.from_only(
             only or [],
-            DIAGNOSIS_KEYS,
+            keys,
             inputs=tuple(inputs),
-            options=opts,
-            ranks=wanted,
+            options=_parse_options(option or []),
+            ranks=_parse_ranks(ranks),
             model_flops=model_flops,
             peak_flops=peak_flops,
             cache=not no_cache,
@@ -459,19 +458,67 @@ def register(app: typer.Typer) -> None:
             ray_address=ray_address,
         )
         run = _run(request, catalog)
-        resolved, doc = run, run.document
-        traces, results = run.scale.traces, run.scale.results
-        if fr_report is not None:
-            doc["flight_recorder"] = fr_report.to_json()
-        _output(out, as_json, traces, doc, results, show_all)
-        if fr_report is not None and not as_json:
-            _print_flight_recorder(out, fr_report, False)
-        want_record = (
-            record
-            if record is not None
-            else bool(catalog or os.environ.get("KSCOPE_CATALOG") or resolved.trace_id)
-        )
-        if want_record:
-            _record(doc, resolved, catalog, quiet=as_json)
-        if results.errors:
-            raise typer.Exit(1)
+        _finish(out, run, fr_report, as_json=as_json, show_all=show_all, record=record, catalog=catalog)
+
+
+def _console() -> Console:
+    """Stdout for human output: the terminal's width, $COLUMNS, else 200 columns when piped."""
+    out = Console(highlight=False, soft_wrap=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:  # piped: wide tables, unless told
+        out = Console(highlight=False, soft_wrap=False, width=200)
+    return out
+
+
+def _print_analyses(out: Console) -> None:
+    """``--list``: every registered analysis, whether it runs by default, whether it needs a GPU."""
+    from kinetoscope.analysis import registry
+
+    rows = [
+        [s.name, "yes" if s.default else "", "yes" if s.needs_gpu else "", s.description]
+        for s in registry.all_specs()
+    ]
+    out.print("Analyses", style="bold")
+    print_table(out, table(None, [Col("name"), Col("default"), Col("needs GPU"), text("description")], rows))
+
+
+def _diagnosis_keys(only: list[str]) -> tuple[str, ...]:
+    """The diagnosis keys ``--only`` may name; a name that is neither one nor an analysis fails."""
+    from kinetoscope.analysis import registry
+    from kinetoscope.document.model import DIAGNOSIS_KEYS as BASE_KEYS
+    from kinetoscope.document.model import EXTRA_DIAGNOSIS_KEYS
+
+    keys = (*BASE_KEYS, *EXTRA_DIAGNOSIS_KEYS)
+    known = set(registry.names())
+    for n in only:
+        if n not in keys and n not in known:
+            raise UsageError(
+                f"--only: unknown analysis {n!r}; known: {', '.join([*registry.names(), *keys])}"
+            )
+    return keys
+
+
+def _finish(
+    out: Console,
+    run: Any,
+    fr_report: Any,
+    *,
+    as_json: bool,
+    show_all: bool,
+    record: bool | None,
+    catalog: str | None,
+) -> None:
+    """Print the run (tables or JSON), record it when asked or implied, exit 1 if an analysis failed."""
+    doc = run.document
+    traces, results = run.scale.traces, run.scale.results
+    if fr_report is not None:
+        doc["flight_recorder"] = fr_report.to_json()
+    _output(out, as_json, traces, doc, results, show_all)
+    if fr_report is not None and not as_json:
+        _print_flight_recorder(out, fr_report, False)
+    want_record = (
+        record if record is not None else bool(catalog or os.environ.get("KSCOPE_CATALOG") or run.trace_id)
+    )
+    if want_record:
+        _record(doc, run, catalog, quiet=as_json)
+    if results.errors:
+        raise typer.Exit(1)

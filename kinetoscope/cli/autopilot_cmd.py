@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -28,13 +28,17 @@ def register(app: typer.Typer) -> None:
     @app.command("autopilot", epilog=EXAMPLES)
     def autopilot(
         host: list[str] | None = typer.Option(
-            None, "--host", metavar="HOST[:PORT]", help="A daemon to watch (repeatable, or comma-separated)."
+            None,
+            "--host",
+            "-H",
+            metavar="HOST[:PORT]",
+            help="A daemon to watch (repeatable, or comma-separated), as in kscope trace.",
         ),
         hosts_file: str | None = typer.Option(
             None,
             "--hosts-file",
             metavar="FILE",
-            help="Daemons to watch, one host[:port] per line (# comments).",
+            help="Daemons to watch, one HOST[:PORT] per line (# comments); merged with --host.",
         ),
         announced: bool = typer.Option(
             False,
@@ -112,22 +116,9 @@ def register(app: typer.Typer) -> None:
             AutopilotConfig,
             default_instance,
         )
-        from kinetoscope.collect.client import parse_hosts, read_hosts_file
         from kinetoscope.daemon.logsetup import configure_logging
-        from kinetoscope.errors import UsageError
 
-        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise UsageError(f"--log-level {log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
-        addresses = [str(a) for a in parse_hosts(host)] if host else []
-        if hosts_file:
-            addresses = list(dict.fromkeys(addresses + read_hosts_file(hosts_file)))
-        if not addresses and not announced:
-            raise UsageError(
-                "no daemons to watch: give --host HOST[:PORT] (repeatable), --hosts-file FILE, "
-                "or --announced (daemons started with --catalog URL)"
-            )
-        if as_json and not once:
-            raise UsageError("--json needs --once (a service logs instead; see --log-json)")
+        addresses = _check(log_level, host, hosts_file, announced, as_json=as_json, once=once)
         configure_logging(log_level, json_lines=log_json)
         cfg = AutopilotConfig(
             hosts=addresses,
@@ -148,33 +139,69 @@ def register(app: typer.Typer) -> None:
                     f"kscope autopilot metrics: http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True
                 )
             if once:
-                report = pilot.run_cycle()
-                if as_json:
-                    import orjson
-
-                    sys.stdout.write(
-                        orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
-                    )
-                else:
-                    _print_cycle(report)
-                if report.hosts_answered == 0:
-                    raise typer.Exit(_no_daemon(report))
-                return
-            stop = threading.Event()
-
-            def on_signal(signum: int, _frame: FrameType | None) -> None:
-                stop.set()
-
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, on_signal)
-            print(
-                f"kscope autopilot running: {len(addresses)} daemons, catalog {pilot.catalog.display_url}",
-                file=sys.stderr,
-                flush=True,
-            )
-            pilot.run_forever(stop)
+                _once(pilot, as_json)
+            else:
+                _forever(pilot, len(addresses))
         finally:
             pilot.close()
+
+
+def _check(
+    log_level: str,
+    host: list[str] | None,
+    hosts_file: str | None,
+    announced: bool,
+    *,
+    as_json: bool,
+    once: bool,
+) -> list[str]:
+    """The daemons to watch (``--host`` and ``--hosts-file``, once each); usage errors first."""
+    from kinetoscope.collect.client import parse_hosts, read_hosts_file
+    from kinetoscope.errors import UsageError
+
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise UsageError(f"--log-level {log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
+    addresses = [str(a) for a in parse_hosts(host)] if host else []
+    if hosts_file:
+        addresses = list(dict.fromkeys(addresses + read_hosts_file(hosts_file)))
+    if not addresses and not announced:
+        raise UsageError(
+            "no daemons to watch: give --host HOST[:PORT] (repeatable), --hosts-file FILE, "
+            "or --announced (daemons started with --catalog URL)"
+        )
+    if as_json and not once:
+        raise UsageError("--json needs --once (a service logs instead; see --log-json)")
+    return addresses
+
+
+def _once(pilot: Any, as_json: bool) -> None:
+    """``--once``: one cycle, its report (lines or JSON); exit 1 when no daemon answered."""
+    report = pilot.run_cycle()
+    if as_json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        _print_cycle(report)
+    if report.hosts_answered == 0:
+        raise typer.Exit(_no_daemon(report))
+
+
+def _forever(pilot: Any, n_daemons: int) -> None:
+    """Cycle until SIGTERM or SIGINT."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    print(
+        f"kscope autopilot running: {n_daemons} daemons, catalog {pilot.catalog.display_url}",
+        file=sys.stderr,
+        flush=True,
+    )
+    pilot.run_forever(stop)
 
 
 def _print_cycle(report: CycleReport) -> None:

@@ -69,6 +69,9 @@ CatalogOpt = typer.Option(
     "Default: $KSCOPE_CATALOG, else ~/.kinetoscope/catalog.db.",
 )
 JsonOpt = typer.Option(False, "--json", help="Print JSON (stable; see docs/storage-and-catalog.md).")
+LimitOpt = typer.Option(
+    0, "--limit", min=0, metavar="N", help="Show at most N, newest first (default 0: no limit)."
+)
 
 
 def _emit_json(doc: dict[str, Any]) -> None:
@@ -105,13 +108,12 @@ def _open(url: Optional[str]) -> Any:
 PIPE_WIDTH = 250  # piped output (no terminal, no $COLUMNS): wide enough that no table folds
 
 
-def _table(title: str, columns: list[str]) -> Any:
-    from rich.table import Table
+def _table(title: str, columns: list[str], prose: tuple[str, ...] = ()) -> Any:
+    """A catalog table: every column a value (ids, names, sizes: never broken) except the
+    ``prose`` ones (command lines, recommendations), which wrap between words."""
+    from kinetoscope.termtext import Col, table, text
 
-    t = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    return t
+    return table(title, [text(c) if c in prose else Col(c) for c in columns], [])
 
 
 def _console() -> Any:
@@ -126,42 +128,19 @@ def _console() -> Any:
 
 
 def _print(renderable: Any) -> None:
-    """A message on one (soft-wrapped) line; a table as a table when it fits the width, else as
-    one block of ``column value`` pairs per row, so that no id, file name or path is folded
-    mid-token on an 80-column terminal."""
-    from rich.table import Table
+    """A message wrapped between words; a table as a table when it fits the width with every
+    value whole, else as one block of ``header: value`` pairs per row, so that no id, file name
+    or path is folded mid-token on an 80-column terminal (kinetoscope.termtext)."""
+    from kinetoscope.termtext import print_table, print_wrapped
 
     console = _console()
     if isinstance(renderable, str):
-        console.print(renderable, soft_wrap=True, markup=False)
-    elif isinstance(renderable, Table) and _natural_width(console, renderable) > console.width:
-        _print_records(console, renderable)
-    else:
-        console.print(renderable)
-
-
-def _natural_width(console: Any, table: Any) -> int:
-    """The width ``table`` takes when nothing is folded."""
-    from rich.measure import Measurement
-
-    return Measurement.get(console, console.options.update_width(100_000), table).maximum
-
-
-def _print_records(console: Any, table: Any) -> None:
-    """``table`` row by row as ``header: value`` pairs, packed into lines of the console's width;
-    a line breaks between pairs, never inside one (free text alone may wrap between words)."""
-    if table.title:
-        console.print(str(table.title), style="bold", markup=False)
-    for i in range(table.row_count):
-        pairs = [f"{str(col.header).lower()}: {col._cells[i]}" for col in table.columns]
-        line = ""
-        for pair in pairs:
-            if line and len(line) + 3 + len(pair) > console.width - 2:
-                console.print("  " + line, markup=False, soft_wrap=True)
-                line = ""
-            line = f"{line}   {pair}" if line else pair
-        console.print("  " + line, markup=False, overflow="fold")
-    console.print()
+        print_wrapped(console, renderable, indent="", subsequent="  ")
+        return
+    if renderable.title:
+        print_wrapped(console, str(renderable.title), indent="", subsequent="  ", style="bold")
+        renderable.title = None
+    print_table(console, renderable)
 
 
 def _traces_table(title: str, traces: list[Any]) -> Any:
@@ -221,10 +200,12 @@ def register(app: typer.Typer) -> None:
     @app.command("traces", epilog=TRACES_EXAMPLES)
     @_user_errors
     def traces_cmd(
-        job_id: Optional[str] = typer.Option(None, "--job-id", help="Only trace requests of this job."),
+        job_id: Optional[str] = typer.Option(
+            None, "--job-id", metavar="ID", help="Only trace requests of this job."
+        ),
         catalog: Optional[str] = CatalogOpt,
         as_json: bool = JsonOpt,
-        limit: int = typer.Option(100, "--limit", min=0, help="Show at most N requests (0: all)."),
+        limit: int = LimitOpt,
         status: Optional[str] = typer.Option(
             None, "--status", help="Only requests with this status (complete, incomplete, requested)."
         ),
@@ -287,45 +268,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Record an existing trace folder (with its manifest.json) in the catalog."""
         from kinetoscope.errors import UsageError
-        from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
         from kinetoscope.store.storage import parse_store_options
 
         storage_options = parse_store_options(store_option)
         if storage_options and not store:
             raise UsageError("--store-option only applies with --store URL")
-        root = Path(trace_dir)
-        if not root.is_dir():
-            raise ManifestError(f"{root}: not a directory")
-        dirs = (
-            [root]
-            if (root / MANIFEST_NAME).is_file() or any(root.glob("manifest.*.json"))
-            else sorted(
-                p
-                for p in root.iterdir()
-                if p.is_dir() and ((p / MANIFEST_NAME).is_file() or any(p.glob("manifest.*.json")))
-            )
-        )
-        if not dirs:
-            raise ManifestError(
-                f"{root}: no {MANIFEST_NAME} here or in its sub-folders (not a kscope trace folder)"
-            )
-        records = []
+        dirs = _request_dirs(Path(trace_dir))
         with _open(catalog) as cat:
-            for d in dirs:
-                if store:
-                    from kinetoscope.store.upload import PartialUploadError, upload_trace_request
-
-                    try:
-                        objs = upload_trace_request(d, store, storage_options=storage_options)
-                    except PartialUploadError as exc:
-                        # say so in the catalog (status "partial", the reason), then fail
-                        cat.record_trace_request(exc.manifest, exc.stored, base_dir=d.absolute())
-                        raise
-                    from kinetoscope.protocol.manifest import load_trace_dir
-
-                    records.append(cat.record_trace_request(load_trace_dir(d), objs, base_dir=d.absolute()))
-                else:
-                    records.append(cat.import_trace_dir(d, compute_sha256=not no_hash))
+            records = [_import_one(cat, d, store, storage_options, not no_hash) for d in dirs]
             if as_json:
                 _emit_json(
                     {
@@ -363,19 +313,56 @@ def register(app: typer.Typer) -> None:
             _print(_files_table("Files", [rec]))
             _print_file_locations([rec])
             if found:
-                a = _table("Analyses", ["ID", "CREATED (UTC)", "NAME", "VERSION", "STEP TIME", "STRAGGLER"])
-                for r in found:
-                    a.add_row(
-                        str(r.id),
-                        _when(r.created),
-                        r.name,
-                        r.version,
-                        "-" if r.step_time_ms is None else f"{r.step_time_ms:.2f} ms",
-                        r.straggler_kind or "-",
-                    )
-                _print(a)
+                _print(_analyses_table(found))
 
     app.add_typer(catalog_app, name="catalog")
+
+
+def _request_dirs(root: Path) -> list[Path]:
+    """``root`` when it is a request folder (a manifest in it), else its request sub-folders."""
+    from kinetoscope.protocol.manifest import MANIFEST_NAME, ManifestError
+
+    def is_request(p: Path) -> bool:
+        return (p / MANIFEST_NAME).is_file() or any(p.glob("manifest.*.json"))
+
+    if not root.is_dir():
+        raise ManifestError(f"{root}: not a directory")
+    dirs = [root] if is_request(root) else sorted(p for p in root.iterdir() if p.is_dir() and is_request(p))
+    if not dirs:
+        raise ManifestError(
+            f"{root}: no {MANIFEST_NAME} here or in its sub-folders (not a kscope trace folder)"
+        )
+    return dirs
+
+
+def _import_one(cat: Any, d: Path, store: str | None, storage_options: Any, sha256: bool) -> Any:
+    """Record one request folder, uploading its files to ``store`` first when given."""
+    if not store:
+        return cat.import_trace_dir(d, compute_sha256=sha256)
+    from kinetoscope.protocol.manifest import load_trace_dir
+    from kinetoscope.store.upload import PartialUploadError, upload_trace_request
+
+    try:
+        objs = upload_trace_request(d, store, storage_options=storage_options)
+    except PartialUploadError as exc:
+        # say so in the catalog (status "partial", the reason), then fail
+        cat.record_trace_request(exc.manifest, exc.stored, base_dir=d.absolute())
+        raise
+    return cat.record_trace_request(load_trace_dir(d), objs, base_dir=d.absolute())
+
+
+def _analyses_table(found: list[Any]) -> Any:
+    a = _table("Analyses", ["ID", "CREATED (UTC)", "NAME", "VERSION", "STEP TIME", "STRAGGLER"])
+    for r in found:
+        a.add_row(
+            str(r.id),
+            _when(r.created),
+            r.name,
+            r.version,
+            "-" if r.step_time_ms is None else f"{r.step_time_ms:.2f} ms",
+            r.straggler_kind or "-",
+        )
+    return a
 
 
 def _trace_json(r: Any, files: bool = False) -> dict[str, Any]:

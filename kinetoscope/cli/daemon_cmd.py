@@ -119,16 +119,9 @@ def register(app: typer.Typer) -> None:
         from kinetoscope.daemon.daemon import Daemon, DaemonOptions
         from kinetoscope.daemon.logsetup import configure_logging
 
-        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
-        if not 0 <= port <= 65535:
-            raise UsageError(f"--port must be 0-65535, got {port}")
-        if not -1 <= metrics_port <= 65535:
-            raise UsageError(f"--metrics-port must be -1 (off) or 0-65535, got {metrics_port}")
-        if gc_timeout <= 0 or metrics_interval <= 0 or rpc_timeout <= 0:
-            raise UsageError("--gc-timeout, --metrics-interval and --rpc-timeout must be positive")
-        if max_processes_per_uid < 1:
-            raise UsageError(f"--max-processes-per-uid must be at least 1, got {max_processes_per_uid}")
+        _check(
+            log_level, port, metrics_port, (gc_timeout, metrics_interval, rpc_timeout), max_processes_per_uid
+        )
         if token is None and "KSCOPE_TOKEN" in os.environ:
             token = os.environ["KSCOPE_TOKEN"]  # click drops an empty variable; the daemon refuses it
         configure_logging(log_level, json_lines=log_json)
@@ -160,3 +153,19 @@ def register(app: typer.Typer) -> None:
         code = Daemon(options).run(ready=ready)
         sys.stdout.flush()
         raise typer.Exit(code)
+
+
+def _check(
+    log_level: str, port: int, metrics_port: int, periods: tuple[float, float, float], max_per_uid: int
+) -> None:
+    """Usage errors in the daemon's numbers and log level, before anything starts."""
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0-65535, got {port}")
+    if not -1 <= metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be -1 (off) or 0-65535, got {metrics_port}")
+    if min(periods) <= 0:
+        raise UsageError("--gc-timeout, --metrics-interval and --rpc-timeout must be positive")
+    if max_per_uid < 1:
+        raise UsageError(f"--max-processes-per-uid must be at least 1, got {max_per_uid}")

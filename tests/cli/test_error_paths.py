@@ -149,14 +149,16 @@ def test_ids_and_paths_stay_whole(
 
 
 def test_analyze_keeps_paths_whole_and_fits_a_screen(catalog_with_job: tuple[str, Path]) -> None:
-    """The verdict and the tables with rows; the empty ones in one line each (--all prints them)."""
+    """The verdict and the tables with rows; the empty ones in one line each (--full prints them).
+    The trace files print under their folder, each name and the folder whole."""
     _url, job = catalog_with_job
     proc = kscope("analyze", str(job), "--no-record", columns=80)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
+    assert f"{job}/\n" in proc.stdout  # the folder whole, on a line of its own when long
     for f in sorted(job.glob("rank-*.json")):
-        assert str(f) in proc.stdout
-    full = kscope("analyze", str(job), "--no-record", "--all", columns=80)
+        assert f" {f.name}\n" in proc.stdout
+    full = kscope("analyze", str(job), "--no-record", "--full", columns=80)
     assert full.returncode == 0, full.stderr
     assert len(proc.stdout.splitlines()) < len(full.stdout.splitlines())
     assert proc.stdout.splitlines()[0] == "Diagnosis"

@@ -225,7 +225,7 @@ def _start_serve(tmp_path, *args):
 
 
 def test_real_server_on_all_interfaces_keeps_the_host_check_and_body_limit(tmp_path):
-    proc, port, log = _start_serve(tmp_path, "--host", "0.0.0.0", "--max-body-bytes", "2048")
+    proc, port, log = _start_serve(tmp_path, "--bind", "0.0.0.0", "--max-body-bytes", "2048")
     try:
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(base + "/api/traces", timeout=10).status_code == 200
