@@ -45,8 +45,10 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MODEL_SIZES = {
     # name: (input features, hidden width, hidden layers, classes)
@@ -218,7 +220,7 @@ def _start_watchdog(max_seconds: float, rank: int) -> None:
     threading.Thread(target=bomb, name="max-seconds", daemon=True).start()
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
+def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
@@ -279,20 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     ]
     load_s = max(0.0, args.load_ms) / 1000.0
 
-    class Batches(torch.utils.data.Dataset):
+    class Batches(torch.utils.data.Dataset[Any]):
         """The rank's batches; reading one takes ``--load-ms`` (emulated I/O)."""
 
         def __len__(self) -> int:
             return len(batches)
 
-        def __getitem__(self, i: int):
+        def __getitem__(self, i: int) -> Any:
             if load_s:
                 time.sleep(load_s)
             return batches[i]
 
     loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=0)
 
-    def forever():
+    def forever() -> Iterator[Any]:
         while True:  # one epoch after the other, until --steps
             yield from loader
 
