@@ -235,19 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks is not None and args.ranks > 1 and not _under_torchrun():
         _launch_torchrun(args, argv)  # does not return
 
-    import torch  # after the launch decision: the launcher itself need not pay for it twice
-    import torch.distributed as dist
-    from torch import nn
+    import torch.distributed as dist  # after the launch decision: the launcher need not pay for it twice
 
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.max_seconds > 0:
-        _start_watchdog(args.max_seconds, rank)
-    torch.set_num_threads(max(1, args.threads))
-    distributed = world_size > 1 or "MASTER_ADDR" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
-        rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size, distributed = _start_rank(args)
 
     plan = StragglerPlan(
         mode=args.straggler,
@@ -258,6 +248,87 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         block=max(0, args.straggler_block),
     )
+    model, optimizer, loss_fn = _model(args, distributed)
+    data = _batches(args, rank)
+
+    progress_dir = Path(args.progress_dir) if args.progress_dir else None
+    steps_log = None
+    if progress_dir is not None:
+        progress_dir.mkdir(parents=True, exist_ok=True)
+        steps_log = open(progress_dir / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
+
+    if rank == 0:
+        print(
+            f"[train_ddp] world_size={world_size} model={args.model} steps={args.steps or 'until stopped'} "
+            f"straggler={_describe(plan, world_size)} pid={os.getpid()}",
+            flush=True,
+        )
+
+    t_begin = time.time()
+    step = 0
+    loss_value = float("nan")
+    try:
+        while args.steps <= 0 or step < args.steps:
+            t0 = time.time()
+            x, y = next(data)
+            optimizer.zero_grad(set_to_none=True)
+            out = model(x)
+            loss = loss_fn(out, y)
+            slept = plan.sleep_ms(step, rank, world_size)
+            if slept > 0:  # the emulated straggler: between the loss and backward, as in the post
+                time.sleep(slept / 1000.0)
+            loss.backward()
+            optimizer.step()
+            if args.step_sleep_ms > 0:
+                time.sleep(args.step_sleep_ms / 1000.0)
+            step += 1
+            t1 = time.time()
+            if step % 20 == 0:
+                loss_value = float(loss.detach())
+            if progress_dir is not None:
+                assert steps_log is not None
+                _log_step(progress_dir, steps_log, rank, world_size, step, t0, t1, slept)
+            if not args.quiet and rank == 0 and step % 50 == 0:
+                print(
+                    f"[train_ddp] step {step} loss {loss_value:.4f} "
+                    f"({(t1 - t_begin) / step * 1000:.1f} ms/step)",
+                    flush=True,
+                )
+    finally:
+        if steps_log is not None:
+            steps_log.close()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        print(f"[train_ddp] done: {step} steps in {time.time() - t_begin:.1f} s", flush=True)
+    return 0
+
+
+def _start_rank(args: argparse.Namespace) -> tuple[int, int, bool]:
+    """(rank, world size, distributed) of this process, its watchdog and threads set, and its
+    gloo process group joined when it is one rank of a distributed job."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.max_seconds > 0:
+        _start_watchdog(args.max_seconds, rank)
+    torch.set_num_threads(max(1, args.threads))
+    distributed = world_size > 1 or "MASTER_ADDR" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return rank, world_size, distributed
+
+
+def _model(args: argparse.Namespace, distributed: bool) -> tuple[Any, Any, Any]:
+    """(model, optimizer, loss) of ``--model``: an MLP with the same initial weights on every
+    rank, wrapped in DDP when the job is distributed."""
+    import torch
+    from torch import nn
+
     features, hidden, layers, classes = MODEL_SIZES[args.model]
     torch.manual_seed(args.seed)  # same initial weights on every rank
     mods: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
@@ -269,8 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         ddp_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
         model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    return model, optimizer, nn.CrossEntropyLoss()
 
+
+def _batches(args: argparse.Namespace, rank: int) -> Iterator[Any]:
+    """The rank's data shard (8 random batches, its own seed) through a DataLoader, endlessly;
+    reading a batch takes ``--load-ms`` (emulated I/O)."""
+    import torch
+
+    features, _hidden, _layers, classes = MODEL_SIZES[args.model]
     gen = torch.Generator().manual_seed(args.seed * 7919 + rank)  # each rank its own data shard
     batches = [
         (
@@ -298,78 +376,39 @@ def main(argv: list[str] | None = None) -> int:
         while True:  # one epoch after the other, until --steps
             yield from loader
 
-    data = forever()
+    return forever()
 
-    progress_dir = Path(args.progress_dir) if args.progress_dir else None
-    steps_log = None
-    if progress_dir is not None:
-        progress_dir.mkdir(parents=True, exist_ok=True)
-        steps_log = open(progress_dir / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
 
-    desc = (
-        plan.mode
-        if plan.mode == "none"
-        else (
-            f"{plan.mode} (rank {plan.rank if plan.rank >= 0 else ('random' if plan.mode == 'intermittent' else world_size - 1)}"
-            + (f", p={plan.prob:g}" if plan.mode == "intermittent" else "")
-            + f", {plan.lo_ms:g}-{plan.hi_ms:g} ms)"
-        )
+def _describe(plan: StragglerPlan, world_size: int) -> str:
+    """The straggler plan in the start line (``none``, or mode, rank, probability, delays)."""
+    if plan.mode == "none":
+        return plan.mode
+    who = plan.rank if plan.rank >= 0 else ("random" if plan.mode == "intermittent" else world_size - 1)
+    return (
+        f"{plan.mode} (rank {who}"
+        + (f", p={plan.prob:g}" if plan.mode == "intermittent" else "")
+        + f", {plan.lo_ms:g}-{plan.hi_ms:g} ms)"
     )
-    if rank == 0:
-        print(
-            f"[train_ddp] world_size={world_size} model={args.model} steps={args.steps or 'until stopped'} "
-            f"straggler={desc} pid={os.getpid()}",
-            flush=True,
-        )
 
-    t_begin = time.time()
-    step = 0
-    loss_value = float("nan")
-    try:
-        while args.steps <= 0 or step < args.steps:
-            t0 = time.time()
-            x, y = next(data)
-            optimizer.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = loss_fn(out, y)
-            slept = plan.sleep_ms(step, rank, world_size)
-            if slept > 0:  # the emulated straggler: between the loss and backward, as in the post
-                time.sleep(slept / 1000.0)
-            loss.backward()
-            optimizer.step()
-            if args.step_sleep_ms > 0:
-                time.sleep(args.step_sleep_ms / 1000.0)
-            step += 1
-            t1 = time.time()
-            if step % 20 == 0:
-                loss_value = float(loss.detach())
-            if progress_dir is not None:
-                assert steps_log is not None
-                steps_log.write(
-                    json.dumps(
-                        {"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept}
-                    )
-                    + "\n"
-                )
-                _write_json_atomic(
-                    progress_dir / f"rank-{rank}.json",
-                    {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1},
-                )
-            if not args.quiet and rank == 0 and step % 50 == 0:
-                print(
-                    f"[train_ddp] step {step} loss {loss_value:.4f} "
-                    f"({(t1 - t_begin) / step * 1000:.1f} ms/step)",
-                    flush=True,
-                )
-    finally:
-        if steps_log is not None:
-            steps_log.close()
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
-    if rank == 0:
-        print(f"[train_ddp] done: {step} steps in {time.time() - t_begin:.1f} s", flush=True)
-    return 0
+
+def _log_step(
+    progress_dir: Path,
+    steps_log: Any,
+    rank: int,
+    world_size: int,
+    step: int,
+    t0: float,
+    t1: float,
+    slept: float,
+) -> None:
+    """One line of the rank's step log, and its progress file (the driver reads both)."""
+    steps_log.write(
+        json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept}) + "\n"
+    )
+    _write_json_atomic(
+        progress_dir / f"rank-{rank}.json",
+        {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1},
+    )
 
 
 if __name__ == "__main__":
