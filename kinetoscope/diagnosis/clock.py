@@ -698,30 +698,34 @@ def align_clocks(
                 f"rank {r}: no collective matched reference rank {reference}; its clock is left as is"
             )
         res.offsets[r] = int(round(applied))
-        d = e.get("d")
-        resid = (
-            0.0
-            if r == reference
-            else (float(np.median(np.abs(d - applied))) / 1000.0 if d is not None else None)
-        )
-        rows.append(
-            {
-                "rank": r,
-                "host": h,
-                "offset_us": applied / 1000.0,
-                "measured_us": None if e["measured"] is None else float(e["measured"]) / 1000.0,
-                "lower_bound_us": None if e["lo"] is None else float(e["lo"]) / 1000.0,
-                "upper_bound_us": None if e["hi"] is None else float(e["hi"]) / 1000.0,
-                "matched": int(e["matched"] or 0),
-                "residual_us": resid,
-                "method": method,
-                "aligned_via": via.get(r),
-            }
-        )
+        rows.append(_clock_row(r, h, e, applied, method, r == reference, via.get(r)))
     res.table = pl.DataFrame(rows, schema=CLOCK_SCHEMA, orient="row")
     pair_rows += _group_pairs(colls, gref, covered, res.offsets, width)
     res.pairs = pl.DataFrame(pair_rows, schema=PAIRS_SCHEMA, orient="row")
     return res
+
+
+def _clock_row(
+    r: int, h: str | None, e: dict[str, Any], applied: float, method: str, is_reference: bool, via: int | None
+) -> dict[str, Any]:
+    """Rank ``r``'s row of the clock table (``CLOCK_SCHEMA``; µs): its applied and measured
+    offsets, bounds, matches, the residual of its matched pairs and how it was aligned."""
+    d = e.get("d")
+    resid = (
+        0.0 if is_reference else (float(np.median(np.abs(d - applied))) / 1000.0 if d is not None else None)
+    )
+    return {
+        "rank": r,
+        "host": h,
+        "offset_us": applied / 1000.0,
+        "measured_us": None if e["measured"] is None else float(e["measured"]) / 1000.0,
+        "lower_bound_us": None if e["lo"] is None else float(e["lo"]) / 1000.0,
+        "upper_bound_us": None if e["hi"] is None else float(e["hi"]) / 1000.0,
+        "matched": int(e["matched"] or 0),
+        "residual_us": resid,
+        "method": method,
+        "aligned_via": via,
+    }
 
 
 def _base_and_known(
