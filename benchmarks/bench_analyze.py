@@ -137,45 +137,7 @@ def child(mode: str, path: str, extra: str) -> dict:
 
         return {"wall": 0.0, "cpu": 0.0}
     if mode.startswith("ks") and "multi" not in mode:
-        from kinetoscope.trace import load_trace, parallel, prestart_workers
-
-        _ks_analyses([])  # import the analysis modules before timing
-        # extra: "<cache dir>" for ks-first/ks-cache; for ks-cold: "" (automatic: worker
-        # processes started inside the timed call when the file is large enough), "0" (in
-        # this process), "N" (N workers), "warm" / "warmN" (workers started and ready before
-        # the timed call, as for a second file or after prestart_workers())
-        workers = None
-        if mode == "ks-cold":
-            kw = {"cache": False}
-            if extra.startswith("warm"):
-                n = int(extra[4:]) if extra[4:] else None
-                prestart_workers(n)
-                pool = parallel.get_pool(n, start=False)
-                if pool is not None:
-                    pool.wait_ready(120)
-                    parallel.release_pool(pool)
-                    workers = pool.n
-            elif extra:
-                workers = int(extra)
-            if workers is not None:
-                kw["workers"] = workers
-        else:
-            kw = {"cache": True, "cache_dir": extra}
-        stats0 = dict(parallel.STATS)
-        t0, c0 = time.perf_counter(), time.process_time()
-        trace = load_trace(path, **kw)
-        t1 = time.perf_counter()
-        _ks_analyses([trace])
-        out["load"] = t1 - t0
-        out["analyses"] = time.perf_counter() - t1
-        out["wall"] = time.perf_counter() - t0
-        out["cpu"] = time.process_time() - c0
-        out["events"] = len(trace.events)
-        out["rank"] = trace.meta.rank
-        out["chunks_by_workers"] = parallel.STATS["built"] - stats0.get("built", 0)
-        out["chunks_failed"] = parallel.STATS["failed"] - stats0.get("failed", 0)
-        out.update(_worker_usage())
-        return out
+        return _child_ks(mode, path, extra, out)
     if mode == "engine":
         return engine_child(path, int(extra))
     if mode == "make-synth":
@@ -186,69 +148,123 @@ def child(mode: str, path: str, extra: str) -> dict:
         rank = int(extra)
         return _hta_four(out, [rank], trace_files={rank: path}, trace_dir=os.path.dirname(path))
     if mode == "floor-chunked":
-        from kinetoscope.trace.decode import EventStream
-        from kinetoscope.trace.reader import BlockReader
-
-        t0, c0 = time.perf_counter(), time.process_time()
-        gc.disable()
-        n = 0
-        with BlockReader(path) as reader:
-            for chunk in EventStream(path, reader).chunks():
-                n += len(chunk.events)
-                chunk.events = []
-        out["wall"] = time.perf_counter() - t0
-        out["cpu"] = time.process_time() - c0
-        out["events"] = n
-        return out
+        return _child_floor_chunked(path, out)
     if mode in ("ks-multi", "ks-multi-cache"):
-        from kinetoscope.trace import load_traces
-
-        _ks_analyses([])
-        kw = {"cache": False} if mode == "ks-multi" else {"cache": True, "cache_dir": extra}
-        t0, c0 = time.perf_counter(), time.process_time()
-        traces = load_traces(path, **kw)
-        t1 = time.perf_counter()
-        _ks_analyses(traces)
-        out["load"] = t1 - t0
-        out["analyses"] = time.perf_counter() - t1
-        out["wall"] = time.perf_counter() - t0
-        out["cpu"] = time.process_time() - c0
-        out["events"] = sum(len(t.events) for t in traces)
-        return out
+        return _child_ks_multi(mode, path, extra, out)
     if mode == "hta-multi":
         return _hta_four(out, list(range(int(extra))), trace_dir=path)
     if mode == "make-ranks":
         return {"path": str(make_ranks(Path(path), int(extra))), "wall": 0.0, "cpu": 0.0}
     if mode in ("floor-json", "floor-typed"):
-        import msgspec
-        from isal import igzip
-
-        from kinetoscope.trace.decode import TYPED_DECODER
-
-        t0, c0 = time.perf_counter(), time.process_time()
-        gc.disable()
-        with open(path, "rb") as fh:
-            data = igzip.decompress(fh.read()) if path.endswith(".gz") else fh.read()
-        if mode == "floor-json":
-            doc = msgspec.json.decode(data)
-            n = len(doc["traceEvents"]) if isinstance(doc, dict) else len(doc)
-            del doc
-        else:
-            j = data.index(b"[", data.index(b'"traceEvents"'))
-            view = memoryview(data)[j:]
-            try:
-                evs = TYPED_DECODER.decode(view)
-            except msgspec.DecodeError as exc:
-                end = int(re.search(r"byte (\d+)", str(exc)).group(1)) - 1
-                evs = TYPED_DECODER.decode(view[:end])
-            n = len(evs)
-            del evs, view
-        del data
-        out["wall"] = time.perf_counter() - t0
-        out["cpu"] = time.process_time() - c0
-        out["events"] = n
-        return out
+        return _child_floor(mode, path, out)
     raise SystemExit(f"unknown mode {mode}")
+
+
+def _child_ks(mode: str, path: str, extra: str, out: dict) -> dict:
+    from kinetoscope.trace import load_trace, parallel, prestart_workers
+
+    _ks_analyses([])  # import the analysis modules before timing
+    # extra: "<cache dir>" for ks-first/ks-cache; for ks-cold: "" (automatic: worker
+    # processes started inside the timed call when the file is large enough), "0" (in
+    # this process), "N" (N workers), "warm" / "warmN" (workers started and ready before
+    # the timed call, as for a second file or after prestart_workers())
+    workers = None
+    if mode == "ks-cold":
+        kw = {"cache": False}
+        if extra.startswith("warm"):
+            n = int(extra[4:]) if extra[4:] else None
+            prestart_workers(n)
+            pool = parallel.get_pool(n, start=False)
+            if pool is not None:
+                pool.wait_ready(120)
+                parallel.release_pool(pool)
+                workers = pool.n
+        elif extra:
+            workers = int(extra)
+        if workers is not None:
+            kw["workers"] = workers
+    else:
+        kw = {"cache": True, "cache_dir": extra}
+    stats0 = dict(parallel.STATS)
+    t0, c0 = time.perf_counter(), time.process_time()
+    trace = load_trace(path, **kw)
+    t1 = time.perf_counter()
+    _ks_analyses([trace])
+    out["load"] = t1 - t0
+    out["analyses"] = time.perf_counter() - t1
+    out["wall"] = time.perf_counter() - t0
+    out["cpu"] = time.process_time() - c0
+    out["events"] = len(trace.events)
+    out["rank"] = trace.meta.rank
+    out["chunks_by_workers"] = parallel.STATS["built"] - stats0.get("built", 0)
+    out["chunks_failed"] = parallel.STATS["failed"] - stats0.get("failed", 0)
+    out.update(_worker_usage())
+    return out
+
+
+def _child_floor_chunked(path: str, out: dict) -> dict:
+    from kinetoscope.trace.decode import EventStream
+    from kinetoscope.trace.reader import BlockReader
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    gc.disable()
+    n = 0
+    with BlockReader(path) as reader:
+        for chunk in EventStream(path, reader).chunks():
+            n += len(chunk.events)
+            chunk.events = []
+    out["wall"] = time.perf_counter() - t0
+    out["cpu"] = time.process_time() - c0
+    out["events"] = n
+    return out
+
+
+def _child_ks_multi(mode: str, path: str, extra: str, out: dict) -> dict:
+    from kinetoscope.trace import load_traces
+
+    _ks_analyses([])
+    kw = {"cache": False} if mode == "ks-multi" else {"cache": True, "cache_dir": extra}
+    t0, c0 = time.perf_counter(), time.process_time()
+    traces = load_traces(path, **kw)
+    t1 = time.perf_counter()
+    _ks_analyses(traces)
+    out["load"] = t1 - t0
+    out["analyses"] = time.perf_counter() - t1
+    out["wall"] = time.perf_counter() - t0
+    out["cpu"] = time.process_time() - c0
+    out["events"] = sum(len(t.events) for t in traces)
+    return out
+
+
+def _child_floor(mode: str, path: str, out: dict) -> dict:
+    import msgspec
+    from isal import igzip
+
+    from kinetoscope.trace.decode import TYPED_DECODER
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    gc.disable()
+    with open(path, "rb") as fh:
+        data = igzip.decompress(fh.read()) if path.endswith(".gz") else fh.read()
+    if mode == "floor-json":
+        doc = msgspec.json.decode(data)
+        n = len(doc["traceEvents"]) if isinstance(doc, dict) else len(doc)
+        del doc
+    else:
+        j = data.index(b"[", data.index(b'"traceEvents"'))
+        view = memoryview(data)[j:]
+        try:
+            evs = TYPED_DECODER.decode(view)
+        except msgspec.DecodeError as exc:
+            end = int(re.search(r"byte (\d+)", str(exc)).group(1)) - 1
+            evs = TYPED_DECODER.decode(view[:end])
+        n = len(evs)
+        del evs, view
+    del data
+    out["wall"] = time.perf_counter() - t0
+    out["cpu"] = time.process_time() - c0
+    out["events"] = n
+    return out
 
 
 def engine_child(path: str, repeat: int) -> dict:
@@ -701,36 +717,7 @@ def main() -> None:
         files.append((synth, size))
 
     base = run_child("baseline", "-", "")
-    rows = []
-    for path, size in files:
-        synthetic = path.parent == workdir
-        rep = args.synthetic_repeat if synthetic else args.repeat
-        cache_dir = workdir / "cache"
-        name = path.name if synthetic else str(path.relative_to(TRACES / "hta"))
-        print(f"... {name}", file=sys.stderr)
-        r = {"trace": name, "raw_mb": size / 1e6}
-        r["ks_cold"] = best("ks-cold", str(path), "", rep)
-        r["ks_w0"] = best("ks-cold", str(path), "0", rep)
-        r["ks_warm1"] = best("ks-cold", str(path), "warm1", rep)
-        r["ks_warm"] = best("ks-cold", str(path), f"warm{args.workers}", rep)
-        rank = r["ks_cold"].get("rank")
-        rank = 0 if rank is None else rank
-        r["floor_json"] = best("floor-json", str(path), "", rep)
-        r["floor_typed"] = best("floor-typed", str(path), "", rep)
-        r["floor_chunked"] = best("floor-chunked", str(path), "", rep)
-
-        def clear(cache_dir: Path = cache_dir) -> None:
-            import shutil
-
-            shutil.rmtree(cache_dir, ignore_errors=True)
-
-        r["ks_first"] = best("ks-first", str(path), str(cache_dir), rep, prepare=clear)
-        r["ks_cache"] = best("ks-cache", str(path), str(cache_dir), rep)
-        if not args.skip_hta:
-            r["hta"] = best("hta", str(path), str(rank), rep)
-        r["events"] = r["ks_cold"]["events"]
-        rows.append(r)
-        print(json.dumps(r), file=sys.stderr)
+    rows = [_file_row(args, workdir, path, size) for path, size in files]
 
     multi = None
     if args.ranks:
@@ -746,6 +733,38 @@ def main() -> None:
     print_table(rows, base, multi)
     if args.json:
         args.json.write_text(json.dumps({"baseline": base, "rows": rows, "multi": multi}, indent=1))
+
+
+def _file_row(args: argparse.Namespace, workdir: Path, path: Path, size: int) -> dict:
+    """One trace's row: every mode, best of the repeats."""
+    synthetic = path.parent == workdir
+    rep = args.synthetic_repeat if synthetic else args.repeat
+    cache_dir = workdir / "cache"
+    name = path.name if synthetic else str(path.relative_to(TRACES / "hta"))
+    print(f"... {name}", file=sys.stderr)
+    r = {"trace": name, "raw_mb": size / 1e6}
+    r["ks_cold"] = best("ks-cold", str(path), "", rep)
+    r["ks_w0"] = best("ks-cold", str(path), "0", rep)
+    r["ks_warm1"] = best("ks-cold", str(path), "warm1", rep)
+    r["ks_warm"] = best("ks-cold", str(path), f"warm{args.workers}", rep)
+    rank = r["ks_cold"].get("rank")
+    rank = 0 if rank is None else rank
+    r["floor_json"] = best("floor-json", str(path), "", rep)
+    r["floor_typed"] = best("floor-typed", str(path), "", rep)
+    r["floor_chunked"] = best("floor-chunked", str(path), "", rep)
+
+    def clear(cache_dir: Path = cache_dir) -> None:
+        import shutil
+
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+    r["ks_first"] = best("ks-first", str(path), str(cache_dir), rep, prepare=clear)
+    r["ks_cache"] = best("ks-cache", str(path), str(cache_dir), rep)
+    if not args.skip_hta:
+        r["hta"] = best("hta", str(path), str(rank), rep)
+    r["events"] = r["ks_cold"]["events"]
+    print(json.dumps(r), file=sys.stderr)
+    return r
 
 
 def print_table(rows: list[dict], base: dict, multi: dict | None = None) -> None:

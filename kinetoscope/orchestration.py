@@ -288,7 +288,8 @@ def analyze_paths(
     load is an ``errors`` entry; none loading is an ``InputError``."""
     from kinetoscope.scale import run_analysis
 
-    return run_analysis(_request(request, fields), paths).document
+    document: dict[str, Any] = run_analysis(_request(request, fields), paths).document
+    return document
 
 
 def analyze_inputs(

@@ -317,51 +317,91 @@ def build_call_graph(trace: Trace, *, link_backward: bool = True) -> CallGraph:
 
     linked = False
     if link_backward and n_host:
-        main, bwd = _thread_labels(host)
-        if main is not None and bwd is not None:
-            pids = host["pid"].to_numpy()
-            tids = host["tid"].to_numpy()
-            names = host["name"]
-            on_main = (pids == main[0]) & (tids == main[1])
-            on_bwd = (pids == bwd[0]) & (tids == bwd[1])
-            anns = None
-            for prefix in ("## backward ##", "ProfilerStep#"):
-                m = on_main & names.str.starts_with(prefix).fill_null(False).to_numpy()
-                if m.any():
-                    anns = np.flatnonzero(m)
-                    break
-            if anns is not None:
-                anns = anns[np.argsort(hidx[anns], kind="stable")]  # HTA iterates in file order
-                a_ts = ts[anns]
-                a_end = ts[anns] + dur[anns]
-                roots = np.flatnonzero(on_bwd & (ppos < 0))
-                r_ts = ts[roots]
-                r_end = r_ts + dur[roots]
-                # first annotation (file order) that contains each backward root
-                new_par = np.full(len(roots), -1, dtype=np.int64)
-                for a, s0, e0 in zip(anns.tolist(), a_ts.tolist(), a_end.tolist()):
-                    hit = (new_par < 0) & (r_ts >= s0) & (r_end <= e0)
-                    new_par[hit] = a
-                has = new_par >= 0
-                if has.any():
-                    linked = True
-                    moved = roots[has]
-                    offset = np.zeros(n_host, dtype=np.int64)
-                    offset[moved] = depth[new_par[has]] + 1
-                    ppos[moved] = new_par[has]
-                    parent_idx[moved] = hidx[new_par[has]]
-                    # every node in a moved subtree shifts by its top-level ancestor's offset
-                    depth = depth + offset[top]
+        depth, linked = _link_backward(host, ts, dur, ppos, parent_idx, depth, top)
 
     nodes_host = host.select("idx", "kind", "name", "pid", "tid", "ts", "dur").with_columns(
         pl.lit(False).alias("is_device"),
         pl.when(pl.Series(parent_idx >= 0)).then(pl.Series(parent_idx)).otherwise(None).alias("parent"),
         pl.Series("depth", depth, dtype=pl.Int64),
     )
+    dev = _device_nodes(trace, nodes_host)
+    nodes = pl.concat([nodes_host, dev], how="vertical_relaxed").sort("idx")
+    cg = CallGraph(
+        nodes.with_columns(
+            pl.lit(0, dtype=pl.Int64).alias("height"),
+            pl.lit(0, dtype=pl.Int64).alias("num_kernels"),
+            pl.lit(0, dtype=pl.Int64).alias("kernel_dur_sum"),
+            pl.lit(None, dtype=pl.Int64).alias("first_kernel_start"),
+            pl.lit(None, dtype=pl.Int64).alias("last_kernel_end"),
+            pl.lit(0, dtype=pl.Int64).alias("kernel_span"),
+        ),
+        linked_backward=linked,
+    )
+    _aggregate_kernels(cg)
+    return cg
 
-    # device events under their launches
+
+def _link_backward(
+    host: pl.DataFrame,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    ppos: np.ndarray,
+    parent_idx: np.ndarray,
+    depth: np.ndarray,
+    top: np.ndarray,
+) -> tuple[np.ndarray, bool]:
+    """Put the backward thread's top-level events under the first main-thread annotation
+    (``## backward ##``, else ``ProfilerStep#``, in file order) that contains them, as HTA
+    does. Updates ``ppos`` and ``parent_idx`` in place; returns the new depths and whether any
+    event moved."""
+    main, bwd = _thread_labels(host)
+    if main is None or bwd is None:
+        return depth, False
+    hidx = host["idx"].to_numpy()
+    pids = host["pid"].to_numpy()
+    tids = host["tid"].to_numpy()
+    on_main = (pids == main[0]) & (tids == main[1])
+    on_bwd = (pids == bwd[0]) & (tids == bwd[1])
+    anns = _first_annotations(on_main, host["name"])
+    if anns is None:
+        return depth, False
+    anns = anns[np.argsort(hidx[anns], kind="stable")]  # HTA iterates in file order
+    a_ts = ts[anns]
+    a_end = ts[anns] + dur[anns]
+    roots = np.flatnonzero(on_bwd & (ppos < 0))
+    r_ts = ts[roots]
+    r_end = r_ts + dur[roots]
+    # first annotation (file order) that contains each backward root
+    new_par = np.full(len(roots), -1, dtype=np.int64)
+    for a, s0, e0 in zip(anns.tolist(), a_ts.tolist(), a_end.tolist()):
+        hit = (new_par < 0) & (r_ts >= s0) & (r_end <= e0)
+        new_par[hit] = a
+    has = new_par >= 0
+    if not has.any():
+        return depth, False
+    moved = roots[has]
+    offset = np.zeros(host.height, dtype=np.int64)
+    offset[moved] = depth[new_par[has]] + 1
+    ppos[moved] = new_par[has]
+    parent_idx[moved] = hidx[new_par[has]]
+    # every node in a moved subtree shifts by its top-level ancestor's offset
+    return depth + offset[top], True
+
+
+def _first_annotations(on_main: np.ndarray, names: pl.Series) -> np.ndarray | None:
+    """Positions of the main thread's ``## backward ##`` annotations, else its
+    ``ProfilerStep#`` ones; None when it has neither."""
+    for prefix in ("## backward ##", "ProfilerStep#"):
+        m = on_main & names.str.starts_with(prefix).fill_null(False).to_numpy()
+        if m.any():
+            return np.flatnonzero(m)
+    return None
+
+
+def _device_nodes(trace: Trace, nodes_host: pl.DataFrame) -> pl.DataFrame:
+    """Device events as nodes under their launches (one level deeper than the launch)."""
     links = trace.launch_links().unique("gpu_idx", keep="first").select("gpu_idx", "launch_idx")
-    dev = (
+    return (
         trace.device_events()
         .select("idx", "kind", "name", "pid", "tid", "ts", "dur")
         .join(links, left_on="idx", right_on="gpu_idx", how="inner")
@@ -383,20 +423,6 @@ def build_call_graph(trace: Trace, *, link_backward: bool = True) -> CallGraph:
             (pl.col("_ld") + 1).alias("depth"),
         )
     )
-    nodes = pl.concat([nodes_host, dev], how="vertical_relaxed").sort("idx")
-    cg = CallGraph(
-        nodes.with_columns(
-            pl.lit(0, dtype=pl.Int64).alias("height"),
-            pl.lit(0, dtype=pl.Int64).alias("num_kernels"),
-            pl.lit(0, dtype=pl.Int64).alias("kernel_dur_sum"),
-            pl.lit(None, dtype=pl.Int64).alias("first_kernel_start"),
-            pl.lit(None, dtype=pl.Int64).alias("last_kernel_end"),
-            pl.lit(0, dtype=pl.Int64).alias("kernel_span"),
-        ),
-        linked_backward=linked,
-    )
-    _aggregate_kernels(cg)
-    return cg
 
 
 def _aggregate_kernels(cg: CallGraph) -> None:

@@ -636,8 +636,47 @@ def critical_path(
         )
     start, end = _window(full, annotation, instance_id)
     dl = tuple(data_load_events or ())
+    clipped = _clip_window(full, start, end)
+    nodes = _Nodes.of(full, clipped, dl)
+    E = _Edges(nodes.n)
+    attribute = _attributor(E, nodes.ev_list, nodes.st_list)
+    _lock_edges(E, nodes, attribute)
+    _call_stack_edges(E, clipped, nodes)
+    _kernel_edges(
+        full,
+        clipped,
+        nodes.start_node,
+        nodes.end_node,
+        E,
+        nodes.ts.tolist(),
+        attribute,
+        add_zero_weight_launch_edges,
+        warnings,
+    )
+    src, dst, typ, w, attr = _valid_edges(E, nodes, clipped, warnings)
+    cp = CriticalPath(
+        trace=trace,
+        window=(start, end),
+        events=clipped,
+        node_ev=nodes.ev,
+        node_ts=nodes.ts,
+        node_is_start=nodes.is_start,
+        edge_src=src,
+        edge_dst=dst,
+        edge_type=typ,
+        edge_weight=w,
+        edge_attr=attr,
+        data_load_events=dl,
+        warnings=warnings,
+    )
+    _solve(cp, nodes.n, E.k)
+    return cp
 
-    # ---- clip (HTA critical_path_analysis) -------------------------------------------------
+
+def _clip_window(full: pl.DataFrame, start: int, end: int) -> pl.DataFrame:
+    """The events of the window (HTA ``critical_path_analysis``'s clip): CPU events that start
+    in it with a positive duration, and GPU events whose runtime call does (plus every
+    ``Stream Wait Event``), in ``idx`` order."""
     cpu_in = (pl.col("hstream") == -1) & pl.col("ts").is_between(start, end) & (pl.col("dur") > 0)
     runtime = full.filter(pl.col("hstream") == -1).select(
         pl.col("idx").alias("index_correlation"), pl.col("ts").alias("_rts"), pl.col("dur").alias("_rdur")
@@ -651,53 +690,84 @@ def critical_path(
         )
         .drop("_rts", "_rdur")
     )
-    clipped = pl.concat([full.filter(cpu_in), gpu]).sort("idx")
+    return pl.concat([full.filter(cpu_in), gpu]).sort("idx")
 
-    # ---- nodes ---------------------------------------------------------------------------
-    is_node = pl.col("kind").is_in(_NODE_KINDS) | (
-        (pl.col("hstream") != -1) & (pl.col("index_correlation") >= 0)
-    )
-    if dl:
-        is_node = is_node | pl.col("name").str.contains("|".join(re.escape(p) for p in dl))
-    node_events = clipped.filter(is_node)
-    ev_idx = node_events["idx"].to_numpy().astype(np.int64)
-    ev_ts = node_events["ts"].to_numpy().astype(np.int64)
-    ev_end = ev_ts + node_events["dur"].to_numpy().astype(np.int64)
-    m = len(ev_idx)
-    all_ev = np.concatenate([ev_idx, ev_idx])
-    all_ts = np.concatenate([ev_ts, ev_end])
-    all_start = np.concatenate([np.ones(m, dtype=bool), np.zeros(m, dtype=bool)])
-    order = np.lexsort((all_ev, all_ts))  # stable: start before end for zero-length events
-    node_ev = all_ev[order]
-    node_ts = all_ts[order]
-    node_is_start = all_start[order]
-    n_nodes = len(node_ev)
-    # event idx -> start/end node id (-1 when the event has no nodes), dense for speed
-    size = int(cast(int, full["idx"].max())) + 2
-    start_arr = np.full(size, -1, dtype=np.int64)
-    end_arr = np.full(size, -1, dtype=np.int64)
-    nids = np.arange(n_nodes, dtype=np.int64)
-    start_arr[node_ev[node_is_start]] = nids[node_is_start]
-    end_arr[node_ev[~node_is_start]] = nids[~node_is_start]
-    start_node = start_arr.tolist()
-    end_node = end_arr.tolist()
-    ev_name = node_events["name"]
-    lock_ev = np.zeros(size, dtype=bool)
-    lock_ev[ev_idx[ev_name.is_in(list(CUDA_RUNTIME_LOCK_EVENTS)).to_numpy()]] = True
-    blocking_ev = np.zeros(size, dtype=bool)
-    blocking_ev[ev_idx[ev_name.is_in(list(BLOCKING_SYNC_CALLS)).to_numpy()]] = True
-    is_blocking = blocking_ev.tolist()
-    lock_node = lock_ev[node_ev].tolist()
 
-    ev_list = node_ev.tolist()
-    st_list = node_is_start.tolist()
-    E = _Edges(n_nodes)
+@dataclass
+class _Nodes:
+    """The graph's nodes: a start and an end node per node event, numbered by ``(ts, idx)``
+    (start before end), with dense event idx -> node id lists (-1: the event has no node) and
+    per-event flags, as plain lists where the edge loops read them (speed)."""
+
+    ev: np.ndarray  # node -> event idx
+    ts: np.ndarray  # node -> time (ns)
+    is_start: np.ndarray  # node -> start (True) or end node
+    start_node: list[int]  # event idx -> start node
+    end_node: list[int]  # event idx -> end node
+    lock_ev: np.ndarray  # event idx -> CUDA runtime lock event
+    lock_node: list[bool]  # node -> its event is a lock event
+    is_blocking: list[bool]  # event idx -> blocking synchronisation call
+    ev_list: list[int]  # ``ev`` as a list
+    st_list: list[bool]  # ``is_start`` as a list
+
+    @property
+    def n(self) -> int:
+        return len(self.ev)
+
+    @classmethod
+    def of(cls, full: pl.DataFrame, clipped: pl.DataFrame, dl: tuple[str, ...]) -> _Nodes:
+        is_node = pl.col("kind").is_in(_NODE_KINDS) | (
+            (pl.col("hstream") != -1) & (pl.col("index_correlation") >= 0)
+        )
+        if dl:
+            is_node = is_node | pl.col("name").str.contains("|".join(re.escape(p) for p in dl))
+        node_events = clipped.filter(is_node)
+        ev_idx = node_events["idx"].to_numpy().astype(np.int64)
+        ev_ts = node_events["ts"].to_numpy().astype(np.int64)
+        ev_end = ev_ts + node_events["dur"].to_numpy().astype(np.int64)
+        m = len(ev_idx)
+        all_ev = np.concatenate([ev_idx, ev_idx])
+        all_ts = np.concatenate([ev_ts, ev_end])
+        all_start = np.concatenate([np.ones(m, dtype=bool), np.zeros(m, dtype=bool)])
+        order = np.lexsort((all_ev, all_ts))  # stable: start before end for zero-length events
+        node_ev = all_ev[order]
+        node_is_start = all_start[order]
+        # event idx -> start/end node id (-1 when the event has no nodes), dense for speed
+        size = int(cast(int, full["idx"].max())) + 2
+        start_arr = np.full(size, -1, dtype=np.int64)
+        end_arr = np.full(size, -1, dtype=np.int64)
+        nids = np.arange(len(node_ev), dtype=np.int64)
+        start_arr[node_ev[node_is_start]] = nids[node_is_start]
+        end_arr[node_ev[~node_is_start]] = nids[~node_is_start]
+        ev_name = node_events["name"]
+        lock_ev = np.zeros(size, dtype=bool)
+        lock_ev[ev_idx[ev_name.is_in(list(CUDA_RUNTIME_LOCK_EVENTS)).to_numpy()]] = True
+        blocking_ev = np.zeros(size, dtype=bool)
+        blocking_ev[ev_idx[ev_name.is_in(list(BLOCKING_SYNC_CALLS)).to_numpy()]] = True
+        return cls(
+            ev=node_ev,
+            ts=all_ts[order],
+            is_start=node_is_start,
+            start_node=start_arr.tolist(),
+            end_node=end_arr.tolist(),
+            lock_ev=lock_ev,
+            lock_node=lock_ev[node_ev].tolist(),
+            is_blocking=blocking_ev.tolist(),
+            ev_list=node_ev.tolist(),
+            st_list=node_is_start.tolist(),
+        )
+
+
+def _attributor(
+    E: _Edges, ev_list: list[int], st_list: list[bool]
+) -> Callable[[int, int, int, int | None], None]:
+    """HTA ``_attribute_edge`` over these nodes: which event an operator / kernel-kernel edge
+    belongs to (recorded in ``E``)."""
     K = E.k
     akey = E.akey
     aev = E.aev
 
     def attribute(u: int, v: int, typ: int, parent: int | None) -> None:
-        """HTA ``_attribute_edge``: which event an operator / kernel-kernel edge belongs to."""
         if typ == _KKD:
             ev = ev_list[u]
         elif typ != _OPK:
@@ -711,10 +781,15 @@ def critical_path(
         akey.append(u * K + v)
         aev.append(ev)
 
-    # ---- CUDA runtime lock edges ---------------------------------------------------------
+    return attribute
+
+
+def _lock_edges(E: _Edges, nodes: _Nodes, attribute: Callable[[int, int, int, int | None], None]) -> None:
+    """CUDA runtime lock edges: each lock event's end node after the pending starts."""
+    ev_list, st_list = nodes.ev_list, nodes.st_list
     pending: list[int] = []
     last: int | None = None
-    for nid in np.flatnonzero(lock_ev[node_ev]).tolist():
+    for nid in np.flatnonzero(nodes.lock_ev[nodes.ev]).tolist():
         e = ev_list[nid]
         if st_list[nid]:
             pending.append(nid)
@@ -730,7 +805,10 @@ def critical_path(
                 E.add(last, nid, _DEP)
         last = nid
 
-    # ---- call stacks (HTA call_stack.CallGraph + DFS) ------------------------------------
+
+def _stack_rows(clipped: pl.DataFrame) -> pl.DataFrame:
+    """The CPU events HTA builds call stacks from: the backward thread folded into the forward
+    one, without the (pid, tid) pairs that also hold GPU rows (GPU "threads" for HTA)."""
     cpu_rows = clipped.filter(pl.col("hstream") == -1)
     fwd = _single_tid(cpu_rows, "forward")
     bwd = _single_tid(cpu_rows, "autograd")
@@ -741,142 +819,121 @@ def critical_path(
         gpu_keys_tid = pl.when(pl.col("tid") == bwd).then(fwd).otherwise(pl.col("tid"))
     else:
         gpu_keys_tid = pl.col("tid")
-    # a (pid, tid) that also holds GPU rows is a GPU "thread" for HTA: no CPU stack
     gpu_threads = clipped.filter(pl.col("hstream") != -1).select("pid", gpu_keys_tid.alias("tid")).unique()
-    cpu_rows = cpu_rows.join(gpu_threads, on=["pid", "tid"], how="anti")
-    if not cpu_rows.is_empty():
-        c_idx = cpu_rows["idx"].to_numpy().astype(np.int64)
-        c_ts = cpu_rows["ts"].to_numpy().astype(np.int64)
-        c_dur = np.maximum(cpu_rows["dur"].to_numpy().astype(np.int64), 0)
-        g = cpu_rows.select(pl.struct("pid", "tid").rank("dense"))[:, 0].to_numpy().astype(np.int64)
-        n = len(c_idx)
-        # boundaries: start key (ts, 1, -dur, idx); end key (end, 0, dur, -idx)  (HTA compare_events)
-        b_g = np.concatenate([g, g])
-        b_t = np.concatenate([c_ts, c_ts + c_dur])
-        b_type = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
-        b_k3 = np.concatenate([-c_dur, c_dur])
-        b_k4 = np.concatenate([c_idx, -c_idx])
-        b_ev = np.concatenate([c_idx, c_idx])
-        border = np.lexsort((b_k4, b_k3, b_type, b_t, b_g))
-        bg = b_g[border].tolist()
-        bev = b_ev[border].tolist()
-        bstart = (b_type[border] == 1).tolist()
-        stack: list[int] = []
-        parent_of: dict[int, int] = {}
-        last_node: int | None = None
-        last_parent: int | None = None
-        depth = 0
-        cur_g = None
-        # E.add / attribute inlined: this loop runs twice per CPU event
-        eu, ev_, et, ez = E.u.append, E.v.append, E.t.append, E.z.append
-        ak, ae = akey.append, aev.append
-        for gg, e, is_start in zip(bg, bev, bstart):
-            if gg != cur_g:
-                cur_g = gg
-                stack = []
-                last_node = None
-                last_parent = None
-                depth = 0
-            if is_start:
-                par = stack[-1] if stack else -1
-                parent_of[e] = par
-                stack.append(e)
-                s = start_node[e]
-                if s < 0:
-                    continue
-                # HTA skips pairs of runtime-lock nodes unless they are (end, start)
-                if last_node is not None and not (lock_node[last_node] and lock_node[s]):
-                    eu(last_node)
-                    ev_(s)
-                    ez(False)
-                    if depth == 0:
-                        et(_DEP)
-                    else:
-                        et(_OPK)
-                        ak(last_node * K + s)
-                        ae(ev_list[last_node] if st_list[last_node] else cast(int, last_parent))
-                elif last_node is not None and not st_list[last_node]:
-                    eu(last_node)
-                    ev_(s)
-                    ez(False)
-                    if depth == 0:
-                        et(_DEP)
-                    else:
-                        et(_OPK)
-                        ak(last_node * K + s)
-                        ae(cast(int, last_parent))
-                last_node = s
-                last_parent = par
-                depth += 1
-            else:
-                if not stack:
-                    continue
-                e = stack.pop()
-                par = parent_of[e]
-                en = end_node[e]
-                if en < 0:
-                    continue
-                if last_node is not None and not (lock_node[last_node] and lock_node[en]):  # (x, end)
-                    eu(last_node)
-                    ev_(en)
+    return cpu_rows.join(gpu_threads, on=["pid", "tid"], how="anti")
+
+
+def _stack_boundaries(cpu_rows: pl.DataFrame) -> tuple[list[int], list[int], list[bool]]:
+    """(thread group, event idx, is start) of every start and end of the CPU events, in HTA's
+    ``compare_events`` order: start key (ts, 1, -dur, idx); end key (end, 0, dur, -idx)."""
+    c_idx = cpu_rows["idx"].to_numpy().astype(np.int64)
+    c_ts = cpu_rows["ts"].to_numpy().astype(np.int64)
+    c_dur = np.maximum(cpu_rows["dur"].to_numpy().astype(np.int64), 0)
+    g = cpu_rows.select(pl.struct("pid", "tid").rank("dense"))[:, 0].to_numpy().astype(np.int64)
+    n = len(c_idx)
+    b_g = np.concatenate([g, g])
+    b_t = np.concatenate([c_ts, c_ts + c_dur])
+    b_type = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
+    b_k3 = np.concatenate([-c_dur, c_dur])
+    b_k4 = np.concatenate([c_idx, -c_idx])
+    b_ev = np.concatenate([c_idx, c_idx])
+    border = np.lexsort((b_k4, b_k3, b_type, b_t, b_g))
+    return b_g[border].tolist(), b_ev[border].tolist(), (b_type[border] == 1).tolist()
+
+
+def _call_stack_edges(E: _Edges, clipped: pl.DataFrame, nodes: _Nodes) -> None:
+    """Call stack edges (HTA ``call_stack.CallGraph`` + DFS): a walk over each thread's event
+    boundaries linking each node to the previous one, operator edges inside a stack and
+    dependency edges between top-level events."""
+    cpu_rows = _stack_rows(clipped)
+    if cpu_rows.is_empty():
+        return
+    bg, bev, bstart = _stack_boundaries(cpu_rows)
+    start_node, end_node, lock_node = nodes.start_node, nodes.end_node, nodes.lock_node
+    ev_list, st_list, is_blocking = nodes.ev_list, nodes.st_list, nodes.is_blocking
+    K = E.k
+    stack: list[int] = []
+    parent_of: dict[int, int] = {}
+    last_node: int | None = None
+    last_parent: int | None = None
+    depth = 0
+    cur_g = None
+    # E.add / attribute inlined: this loop runs twice per CPU event
+    eu, ev_, et, ez = E.u.append, E.v.append, E.t.append, E.z.append
+    ak, ae = E.akey.append, E.aev.append
+    for gg, e, is_start in zip(bg, bev, bstart):
+        if gg != cur_g:
+            cur_g, stack, last_node, last_parent, depth = gg, [], None, None, 0
+        if is_start:
+            par = stack[-1] if stack else -1
+            parent_of[e] = par
+            stack.append(e)
+            s = start_node[e]
+            if s < 0:
+                continue
+            # HTA skips pairs of runtime-lock nodes unless they are (end, start)
+            if last_node is not None and (
+                not (lock_node[last_node] and lock_node[s]) or not st_list[last_node]
+            ):
+                eu(last_node)
+                ev_(s)
+                ez(False)
+                if depth == 0:
+                    et(_DEP)
+                else:
                     et(_OPK)
-                    ez(is_blocking[e])
-                    ak(last_node * K + en)
-                    ae(ev_list[last_node] if st_list[last_node] else ev_list[en])
-                last_node = en
-                last_parent = par
-                depth -= 1
+                    ak(last_node * K + s)
+                    ae(ev_list[last_node] if st_list[last_node] else cast(int, last_parent))
+            last_node, last_parent = s, par
+            depth += 1
+        elif stack:
+            e = stack.pop()
+            par = parent_of[e]
+            en = end_node[e]
+            if en < 0:
+                continue
+            if last_node is not None and not (lock_node[last_node] and lock_node[en]):  # (x, end)
+                eu(last_node)
+                ev_(en)
+                et(_OPK)
+                ez(is_blocking[e])
+                ak(last_node * K + en)
+                ae(ev_list[last_node] if st_list[last_node] else ev_list[en])
+            last_node, last_parent = en, par
+            depth -= 1
 
-    # ---- kernels and synchronisation ----------------------------------------------------
-    _kernel_edges(
-        full,
-        clipped,
-        start_node,
-        end_node,
-        E,
-        node_ts.tolist(),
-        attribute,
-        add_zero_weight_launch_edges,
-        warnings,
-    )
 
-    # ---- validate and solve ---------------------------------------------------------------
-    src, dst, typ, w, attr = E.finish(node_ts)
+def _valid_edges(
+    E: _Edges, nodes: _Nodes, clipped: pl.DataFrame, warnings: list[str]
+) -> tuple[np.ndarray, ...]:
+    """(src, dst, type, weight, attributed event) of the graph: negative weights set to 0, and
+    synchronisation edges between two GPU ops on the same stream dropped (HTA fails the
+    analysis on them)."""
+    src, dst, typ, w, attr = E.finish(nodes.ts)
     neg = w < 0
     if neg.any():
         warnings.append(f"{int(neg.sum())} edge(s) with negative weight set to 0 (child ends after parent)")
         w = np.where(neg, 0, w)
-    # a sync edge between two GPU ops on the same stream is invalid (HTA fails the analysis)
-    if (typ == _SYNC).any():
-        stream_of = dict(zip(clipped["idx"].to_list(), clipped["hstream"].to_list()))
-        ss = np.array([stream_of.get(e, -1) for e in node_ev[src].tolist()]) if len(src) else np.zeros(0)
-        sd = np.array([stream_of.get(e, -1) for e in node_ev[dst].tolist()]) if len(src) else np.zeros(0)
-        bad = (typ == _SYNC) & (ss != -1) & (ss == sd)
-        if bad.any():
-            warnings.append(
-                f"dropped {int(bad.sum())} synchronisation edge(s) between ops on the same stream"
-            )
-            keep = ~bad
-            src, dst, typ, w, attr = src[keep], dst[keep], typ[keep], w[keep], attr[keep]
-    cp = CriticalPath(
-        trace=trace,
-        window=(start, end),
-        events=clipped,
-        node_ev=node_ev,
-        node_ts=node_ts,
-        node_is_start=node_is_start,
-        edge_src=src,
-        edge_dst=dst,
-        edge_type=typ,
-        edge_weight=w,
-        edge_attr=attr,
-        data_load_events=dl,
-        warnings=warnings,
-    )
-    path = _dag_longest_path(n_nodes, src, dst, w)
+    if not (typ == _SYNC).any():
+        return src, dst, typ, w, attr
+    stream_of = dict(zip(clipped["idx"].to_list(), clipped["hstream"].to_list()))
+    ss = np.array([stream_of.get(e, -1) for e in nodes.ev[src].tolist()]) if len(src) else np.zeros(0)
+    sd = np.array([stream_of.get(e, -1) for e in nodes.ev[dst].tolist()]) if len(src) else np.zeros(0)
+    bad = (typ == _SYNC) & (ss != -1) & (ss == sd)
+    if bad.any():
+        warnings.append(f"dropped {int(bad.sum())} synchronisation edge(s) between ops on the same stream")
+        keep = ~bad
+        src, dst, typ, w, attr = src[keep], dst[keep], typ[keep], w[keep], attr[keep]
+    return src, dst, typ, w, attr
+
+
+def _solve(cp: CriticalPath, n_nodes: int, K: int) -> None:
+    """The longest path of ``cp``'s graph, its edges, and ``success`` (a path of 2+ nodes)."""
+    src, dst = cp.edge_src, cp.edge_dst
+    path = _dag_longest_path(n_nodes, src, dst, cp.edge_weight)
     if path is None:
-        warnings.append("the graph has a cycle; no critical path")
-        return cp
+        cp.warnings.append("the graph has a cycle; no critical path")
+        return
     cp.path_nodes = path
     if len(path) >= 2:
         ekey = src * K + dst
@@ -884,7 +941,6 @@ def critical_path(
         want = path[:-1] * K + path[1:]
         cp.path_edges = eorder[np.searchsorted(ekey[eorder], want)]
     cp.success = len(path) >= 2
-    return cp
 
 
 def _single_tid(cpu_rows: pl.DataFrame, needle: str) -> int | None:
@@ -918,13 +974,23 @@ def _kernel_edges(
     zero_launch: bool,
     warnings: list[str],
 ) -> None:
-    ql = _queue_lengths(full)
+    """Kernel, launch, kernel-kernel and synchronisation edges (HTA ``_construct_graph_from_kernels``),
+    walking the GPU ops and synchronisation calls in time order."""
     rc = _runtime_calls(full)
-    prev_launch = _event_record_previous_launch(full, rc)
-    next_launch = _stream_wait_next_launch(full, rc)
-    full_ts = dict(zip(full["idx"].to_list(), full["ts"].to_list()))
-    full_ic = dict(zip(full["idx"].to_list(), full["index_correlation"].to_list()))
-
+    walk = _KernelWalk(
+        E=E,
+        start_node=start_node,
+        end_node=end_node,
+        node_ts=E_ts,
+        attribute=attribute,
+        zero_launch=zero_launch,
+        warnings=warnings,
+        ql=_queue_lengths(full),
+        prev_launch=_event_record_previous_launch(full, rc),
+        next_launch=_stream_wait_next_launch(full, rc),
+        full_ts=dict(zip(full["idx"].to_list(), full["ts"].to_list())),
+        full_ic=dict(zip(full["idx"].to_list(), full["index_correlation"].to_list())),
+    )
     rows = (
         clipped.filter(
             ((pl.col("hstream") != -1) | pl.col("name").is_in(_SYNC_NAMES))
@@ -938,11 +1004,6 @@ def _kernel_edges(
         )
         .sort("_sort", "idx", maintain_order=True)
     )
-
-    last_node: dict[int, int] = {}
-    kernel_sync: dict[int, int | None] = {}
-    node_ts = E_ts
-
     for eid, kind, name, stream, ic, wait_corr in zip(
         rows["idx"].to_list(),
         rows["kind"].to_list(),
@@ -952,82 +1013,114 @@ def _kernel_edges(
         rows["wait_on_cuda_event_record_corr_id"].to_list(),
     ):
         if kind == "cuda_sync":
-            if name in ("Stream Wait Event", "Event Sync"):
-                launch = prev_launch.get(wait_corr, -1) if prev_launch else -1
-                if launch < 0:
-                    continue
-                src_kernel = full_ic.get(launch, -1)
-                if name == "Stream Wait Event":
-                    dest_launch = next_launch.get(ic, -1)
-                    if dest_launch < 0:
-                        continue
-                    kernel_sync[full_ic.get(dest_launch, -1)] = src_kernel
-                else:
-                    gpu_end = _at(end_node, src_kernel)
-                    rt_end = _at(end_node, ic)
-                    if gpu_end is not None and rt_end is not None:
-                        E.add(gpu_end, rt_end, _SYNC)
-                continue
-            if name in ("Stream Sync", "Context Sync"):
-                rt_end = _at(end_node, ic)
-                targets = list(last_node.values()) if name == "Context Sync" else [last_node.get(stream)]
-                for gnode in targets:
-                    if gnode is not None and rt_end is not None:
-                        E.add(gnode, rt_end, _SYNC)
-            continue
+            walk.sync(name, stream, ic, wait_corr)
+        else:
+            walk.kernel(eid, name, stream, ic)
 
-        s = _at(start_node, eid)
-        en = _at(end_node, eid)
+
+@dataclass
+class _KernelWalk:
+    """The state of ``_kernel_edges``' walk: the last node of each stream, and the pending
+    ``Stream Wait Event`` synchronisation of each kernel (kernel idx -> source kernel idx)."""
+
+    E: _Edges
+    start_node: Any
+    end_node: Any
+    node_ts: list[int]
+    attribute: Callable[[int, int, int, int | None], None]
+    zero_launch: bool
+    warnings: list[str]
+    ql: dict[int, int]
+    prev_launch: Any
+    next_launch: Any
+    full_ts: dict[int, int]
+    full_ic: dict[int, int]
+    last_node: dict[int, int] = field(default_factory=dict)
+    kernel_sync: dict[int, int | None] = field(default_factory=dict)
+
+    def sync(self, name: str, stream: int, ic: int, wait_corr: int) -> None:
+        """A synchronisation call: ``Stream Wait Event`` marks the next kernel launched after it;
+        ``Event Sync``, ``Stream Sync`` and ``Context Sync`` add GPU -> runtime edges."""
+        end_node = self.end_node
+        if name in ("Stream Wait Event", "Event Sync"):
+            launch = self.prev_launch.get(wait_corr, -1) if self.prev_launch else -1
+            if launch < 0:
+                return
+            src_kernel = self.full_ic.get(launch, -1)
+            if name == "Stream Wait Event":
+                dest_launch = self.next_launch.get(ic, -1)
+                if dest_launch >= 0:
+                    self.kernel_sync[self.full_ic.get(dest_launch, -1)] = src_kernel
+                return
+            gpu_end = _at(end_node, src_kernel)
+            rt_end = _at(end_node, ic)
+            if gpu_end is not None and rt_end is not None:
+                self.E.add(gpu_end, rt_end, _SYNC)
+            return
+        if name in ("Stream Sync", "Context Sync"):
+            rt_end = _at(end_node, ic)
+            last_node = self.last_node
+            targets = list(last_node.values()) if name == "Context Sync" else [last_node.get(stream)]
+            for gnode in targets:
+                if gnode is not None and rt_end is not None:
+                    self.E.add(gnode, rt_end, _SYNC)
+
+    def _incoming_sync(self, eid: int, s: int) -> tuple[int | None, int | None]:
+        """The pending synchronisation of kernel ``eid`` as (source kernel, its end node), its
+        edge added to ``s``; consumed."""
+        sync_src = self.kernel_sync.get(eid)
+        if sync_src is None:
+            return None, None
+        sync_end = _at(self.end_node, sync_src)
+        if sync_end is None:
+            sync_src = None
+        else:
+            self.E.add(sync_end, s, _SYNC)
+        self.kernel_sync[eid] = None
+        return sync_src, sync_end
+
+    def kernel(self, eid: int, name: str, stream: int, ic: int) -> None:
+        """A GPU op: its own edge, then a launch edge from its runtime call when the queue was
+        empty, else a kernel-kernel edge from the previous op of its stream when close."""
+        E, node_ts = self.E, self.node_ts
+        s = _at(self.start_node, eid)
+        en = _at(self.end_node, eid)
         if s is None or en is None:
-            continue
+            return
         E.add(s, en, _OPK)
-        attribute(s, en, _OPK, -1)
-
-        sync_src = kernel_sync.get(eid)
-        sync_end: int | None = None
-        edge_added = False
+        self.attribute(s, en, _OPK, -1)
+        sync_src, sync_end = self._incoming_sync(eid, s)
+        edge_added = sync_src is not None
         launch_added = False
-        if sync_src is not None:
-            sync_end = _at(end_node, sync_src)
-            if sync_end is None:
-                sync_src = None
-            else:
-                E.add(sync_end, s, _SYNC)
-                edge_added = True
-            kernel_sync[eid] = None
-
-        rt_ts = full_ts.get(ic)
-        prev = last_node.get(stream)
-        q_rt = ql.get(ic)
-        q_k = ql.get(eid)
+        rt_ts = self.full_ts.get(ic)
+        prev = self.last_node.get(stream)
         if (
-            q_rt == 1
-            and q_k == 0
+            self.ql.get(ic) == 1
+            and self.ql.get(eid) == 0
             and (prev is None or (rt_ts is not None and node_ts[prev] < rt_ts))
             and (
                 sync_src is None or (sync_end is not None and rt_ts is not None and node_ts[sync_end] < rt_ts)
             )
         ):
-            rs = _at(start_node, ic)
+            rs = _at(self.start_node, ic)
             if rs is not None:
                 E.add(rs, s, _KLD)
-                edge_added = True
-                launch_added = True
+                edge_added = launch_added = True
         elif (
             prev is not None
             and node_ts[s] - node_ts[prev] < KERNEL_KERNEL_DELAY_THRESHOLD_NS
             and (sync_src is None or (sync_end is not None and node_ts[sync_end] < node_ts[prev]))
         ):
             E.add(prev, s, _KKD)
-            attribute(prev, s, _KKD, -1)
+            self.attribute(prev, s, _KKD, -1)
             edge_added = True
-        if not edge_added and len(warnings) < 50:
-            warnings.append(f"no launch or kernel-kernel edge for GPU op idx={eid} ({name[:60]})")
-        if zero_launch and not launch_added:
-            rs = _at(start_node, ic)
+        if not edge_added and len(self.warnings) < 50:
+            self.warnings.append(f"no launch or kernel-kernel edge for GPU op idx={eid} ({name[:60]})")
+        if self.zero_launch and not launch_added:
+            rs = _at(self.start_node, ic)
             if rs is not None:
                 E.add(rs, s, _KLD, zero_weight=True)
-        last_node[stream] = en
+        self.last_node[stream] = en
 
 
 def _dag_longest_path(n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray) -> np.ndarray | None:

@@ -10,7 +10,7 @@ class AutopilotMetrics:
     """Counters and gauges named in docs/autopilot.md ("Metrics")."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        prometheus_client.disable_created_metrics()
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.jobs_known = Gauge(

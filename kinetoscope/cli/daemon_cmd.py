@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from kinetoscope.protocol.announce import AnnounceSink
 
 EXAMPLES = examples(
     ("kscope daemon", "RPC on 127.0.0.1:1778, traces to /tmp/kinetoscope/traces"),
@@ -140,7 +143,7 @@ def register(app: typer.Typer) -> None:
             hostname=hostname,
             include_launchers=trace_launchers,
             rpc_timeout_s=rpc_timeout,
-            catalog_url=catalog,
+            announce=_catalog_sink(catalog) if catalog else None,
             max_processes_per_uid=max_processes_per_uid,
             tls_cert=tls_cert,
             tls_key=tls_key,
@@ -169,3 +172,10 @@ def _check(
         raise UsageError("--gc-timeout, --metrics-interval and --rpc-timeout must be positive")
     if max_per_uid < 1:
         raise UsageError(f"--max-processes-per-uid must be at least 1, got {max_per_uid}")
+
+
+def _catalog_sink(catalog_url: str) -> AnnounceSink:
+    """``--catalog URL``: the daemon announces itself to this catalog (SQLAlchemy loads only then)."""
+    from kinetoscope.store.fleet import catalog_sink
+
+    return catalog_sink(catalog_url)

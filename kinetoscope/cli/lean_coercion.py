@@ -31,8 +31,9 @@ def _plain_str(desc: TypeDescriptor) -> bool:
 
 def _plain_str_list(desc: TypeDescriptor) -> bool:
     """A ``list[str]`` parameter whose items Typer coerces with ``str(item)`` only."""
+    origin: object = get_origin(desc.annotation)  # typeshed's overloads type an Any argument as a ParamSpec's
     return (
-        get_origin(desc.annotation) is list
+        origin is list
         and get_args(desc.annotation) == (str,)
         and desc.parameter_info.parser is None
         and desc.file_annotation is None
@@ -68,4 +69,4 @@ def lean_runtime_param(descriptor: TypeDescriptor) -> RuntimeParam:
 
 def install() -> None:
     """Make every Typer parameter of this process coerce through :class:`LeanRuntimeParam`."""
-    core.build_runtime_param = lean_runtime_param
+    vars(core)["build_runtime_param"] = lean_runtime_param  # typer.core re-exports it implicitly

@@ -388,7 +388,7 @@ def _waiter_gone(waiter: Any, hostname: str) -> bool:
     if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(started, (int, float)):
         return False
     try:
-        return abs(psutil.Process(pid).create_time() - float(started)) > 1.0  # pid reused
+        return bool(abs(psutil.Process(pid).create_time() - float(started)) > 1.0)  # pid reused
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:  # e.g. access denied: it exists

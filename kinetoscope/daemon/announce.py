@@ -1,10 +1,12 @@
-"""``kscope daemon --catalog URL``: the daemon announces itself to the autopilot's catalog.
+"""``kscope daemon --catalog URL``: the daemon announces itself, every ``interval_s``.
 
-Every ``interval_s`` (and at start) it upserts its row of ``fleet_hosts`` (address, host name,
-GPU count, version, heartbeat) with :meth:`kinetoscope.store.fleet.FleetStore.announce`;
-``kscope autopilot --announced`` then watches every daemon whose heartbeat is recent. A catalog
-that cannot be reached is logged (rate-limited) and retried at the next beat: announcing is
-secondary, it never stops the daemon. SQLAlchemy loads only when ``--catalog`` is given.
+Every ``interval_s`` (and at start) a thread hands a ``protocol.announce.HostAnnouncement``
+(address, host name, GPU count, version) to the ``AnnounceSink`` it was given; the CLI plugs in
+the autopilot's catalog (``store.fleet.catalog_sink``, which upserts the daemon's row of
+``fleet_hosts``), and ``kscope autopilot --announced`` then watches every daemon whose heartbeat
+is recent. The daemon never imports the store (an import-linter contract). A heartbeat that
+cannot be delivered is logged (rate-limited) and retried at the next beat: announcing is
+secondary, it never stops the daemon.
 """
 
 from __future__ import annotations
@@ -14,23 +16,24 @@ import threading
 from collections.abc import Callable
 
 from kinetoscope.daemon.logsetup import RateLimitedLogger
+from kinetoscope.protocol.announce import AnnounceSink, HostAnnouncement
 
 log = logging.getLogger("kinetoscope.daemon")
 
 
-class CatalogAnnouncer:
-    """A thread that heartbeats this daemon into the catalog's ``fleet_hosts``."""
+class Announcer:
+    """A thread that heartbeats this daemon into ``sink`` (module docstring)."""
 
     def __init__(
         self,
-        catalog_url: str,
+        sink: AnnounceSink,
         address: Callable[[], str],
         hostname: str,
         devices: Callable[[], int | None],
         version: str,
         interval_s: float = 30.0,
     ) -> None:
-        self.catalog_url = catalog_url
+        self.sink = sink
         self._address = address
         self.hostname = hostname
         self._devices = devices
@@ -50,12 +53,10 @@ class CatalogAnnouncer:
 
     def announce_once(self) -> bool:
         from kinetoscope.errors import KinetoscopeError
-        from kinetoscope.store.catalog import Catalog
-        from kinetoscope.store.fleet import FleetStore
 
+        beat = HostAnnouncement(self._address(), self.hostname, self._devices(), self.version)
         try:
-            with Catalog.open(self.catalog_url) as cat:
-                FleetStore(cat).announce(self._address(), self.hostname, self._devices(), self.version)
+            self.sink(beat)
         except (KinetoscopeError, OSError) as exc:
             self._rl.warning(
                 "announce",

@@ -55,7 +55,7 @@ class AuthThrottle:
             while len(self._failures) > MAX_PEERS:
                 self._failures.popitem(last=False)
             self.total += 1
-        delay = min(MAX_DELAY_S, STEP_S * 2 ** min(count - 1, 16))
+        delay: float = min(MAX_DELAY_S, STEP_S * 2 ** min(count - 1, 16))
         self._rl.warning(
             "unauthorized",
             "RPC request from %s with a missing or wrong token (%d from that address in a row); "

@@ -26,6 +26,7 @@ from kinetoscope.daemon.rpc_server import DEFAULT_BINDS, BindSpec, RpcServer, is
 from kinetoscope.daemon.tls import server_tls
 from kinetoscope.daemon.traces import TraceBook
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.announce import AnnounceSink
 from kinetoscope.protocol.defaults import DEFAULT_PORT, DEFAULT_TRACE_ROOT
 
 log = logging.getLogger("kinetoscope.daemon")
@@ -53,7 +54,8 @@ class DaemonOptions:
     rpc_timeout_s: float = 5.0  # whole request, from accept to its last byte
     rpc_min_rate_bps: float = 1024.0  # after the first second (see rpc_server)
     max_connections: int = 64  # requests handled at once (status is answered besides)
-    catalog_url: str | None = None  # announce this daemon to the autopilot's catalog (daemon/announce.py)
+    # where to announce this daemon (daemon/announce.py); ``kscope daemon --catalog`` plugs in the catalog
+    announce: AnnounceSink | None = None
     announce_interval_s: float = 30.0
     max_processes_per_uid: int = MAX_PROCESSES_PER_UID  # registrations one user may hold (issue 32)
     tls_cert: str | None = None  # RPC over TLS (daemon/tls.py); with tls_key
@@ -157,8 +159,8 @@ class Daemon:
             self._started.append(self.sampler)
             if self.options.metrics_port is not None:
                 self._start_exporter()
-            if self.options.catalog_url:
-                self._start_announcer(self.options.catalog_url)
+            if self.options.announce is not None:
+                self._start_announcer(self.options.announce)
         except BaseException:
             self.stop()
             raise
@@ -209,8 +211,8 @@ class Daemon:
             exporter.port,
         )
 
-    def _start_announcer(self, url: str) -> None:
-        from kinetoscope.daemon.announce import CatalogAnnouncer
+    def _start_announcer(self, sink: AnnounceSink) -> None:
+        from kinetoscope.daemon.announce import Announcer
 
         def address() -> str:  # a wildcard bind is reached by host name
             host, port = self.rpc.addresses[0]
@@ -218,8 +220,8 @@ class Daemon:
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
         nvml = getattr(self.sampler, "_nvml", None)
-        announcer = CatalogAnnouncer(
-            url,
+        announcer = Announcer(
+            sink,
             address,
             self.hostname,
             lambda: len(nvml.handles) if nvml else None,

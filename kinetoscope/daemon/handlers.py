@@ -90,7 +90,7 @@ def failure(message: str, status: str = "failed", **extra: Any) -> dict[str, Any
 _MISSING = object()
 
 
-def _int(req: dict, name: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
+def _int(req: dict[str, Any], name: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
     value = req.get(name, default)
     if value is _MISSING:
         raise RequestError(f"missing '{name}'")
@@ -103,7 +103,7 @@ def _int(req: dict, name: str, default: Any = _MISSING, *, minimum: int | None =
     return value
 
 
-def _bool(req: dict, name: str, default: bool = False) -> bool:
+def _bool(req: dict[str, Any], name: str, default: bool = False) -> bool:
     value = req.get(name, default)
     if value is None:
         return default
@@ -112,7 +112,7 @@ def _bool(req: dict, name: str, default: bool = False) -> bool:
     return value
 
 
-def _pids(req: dict, name: str = "pids") -> list[int]:
+def _pids(req: dict[str, Any], name: str = "pids") -> list[int]:
     value = req.get(name)
     if value is None:
         return []
@@ -129,7 +129,7 @@ _JOB_ID_ERROR = (
 )
 
 
-def _job_id(req: dict) -> str | None:
+def _job_id(req: dict[str, Any]) -> str | None:
     """kscope job ids: absent/null = any job; an int or a decimal string = that Kineto/Slurm
     job id; another job identity (``torchrun:...``, ``k8s:...``: protocol/jobident.py) = that job."""
     value = req.get("job_id")
@@ -219,7 +219,7 @@ class RpcHandlers:
             self._mnt_ns: str | None = os.readlink("/proc/self/ns/mnt")
         except OSError:
             self._mnt_ns = None
-        self._functions: dict[str, Callable[[dict], dict[str, Any]]] = {
+        self._functions: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "getStatus": self.get_status,
             "getVersion": self.get_version,
             "setKinetOnDemandRequest": self.set_kineto_on_demand_request,
@@ -311,22 +311,22 @@ class RpcHandlers:
         return response
 
     # ------------------------------------------------------------------ dyno functions
-    def get_status(self, req: dict) -> dict[str, Any]:
+    def get_status(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"status": 1}
 
-    def get_version(self, req: dict) -> dict[str, Any]:
+    def get_version(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"version": VERSION}
 
-    def dcgm_prof_pause(self, req: dict) -> dict[str, Any]:
+    def dcgm_prof_pause(self, req: dict[str, Any]) -> dict[str, Any]:
         if "duration_s" not in req:
             return failure("missing 'duration_s'")  # Dynolog: {"status":"failed"}
         _int(req, "duration_s")
         return {"status": False}  # no DCGM in this daemon
 
-    def dcgm_prof_resume(self, req: dict) -> dict[str, Any]:
+    def dcgm_prof_resume(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"status": False}
 
-    def set_kineto_on_demand_request(self, req: dict) -> dict[str, Any]:
+    def set_kineto_on_demand_request(self, req: dict[str, Any]) -> dict[str, Any]:
         """Dynolog's ``setOnDemandConfig`` over RPC: same matching, limit, busy and wrapping."""
         if "config" not in req or "pids" not in req:
             raise RequestError("missing 'config' or 'pids'")  # Dynolog: {"status":"failed"}
@@ -482,7 +482,7 @@ class RpcHandlers:
             job_owner=ident.owner,
         )
 
-    def kscope_list_processes(self, req: dict) -> dict[str, Any]:
+    def kscope_list_processes(self, req: dict[str, Any]) -> dict[str, Any]:
         """One page of the registered processes: ``offset`` (default 0) and ``limit`` (default
         and at most ``rpc.MAX_LIST_PROCESSES``); ``total`` and ``next_offset`` (null on the last
         page) say how to get the rest. A bounded answer however many processes registered."""
@@ -503,7 +503,7 @@ class RpcHandlers:
         )
         return rpc.response_fields(response)
 
-    def kscope_trace(self, req: dict) -> dict[str, Any]:
+    def kscope_trace(self, req: dict[str, Any]) -> dict[str, Any]:
         trace_id = req.get("trace_id")
         if not kc.valid_trace_id(trace_id):
             raise RequestError("'trace_id' must be 1-128 letters, digits or '-'")
@@ -679,7 +679,7 @@ class RpcHandlers:
                     MAX_RESENDS,
                 )
 
-    def kscope_trace_status(self, req: dict) -> dict[str, Any]:
+    def kscope_trace_status(self, req: dict[str, Any]) -> dict[str, Any]:
         trace_id = req.get("trace_id")
         if not kc.valid_trace_id(trace_id):
             raise RequestError("'trace_id' must be 1-128 letters, digits or '-'")
@@ -740,7 +740,7 @@ class RpcHandlers:
         )
         return rpc.response_fields(response)
 
-    def kscope_stacks(self, req: dict) -> dict[str, Any]:
+    def kscope_stacks(self, req: dict[str, Any]) -> dict[str, Any]:
         """§9.4: py-spy snapshots of the matching processes (``daemon/stacks.py``, docs/stacks.md)."""
         job_id = _job_id(req)
         pids = [] if _bool(req, "all") else _pids(req)

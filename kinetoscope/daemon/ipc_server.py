@@ -264,7 +264,9 @@ class IpcServer:
         self.stats.drop(reason)
         self._rl.warning(reason, "dropped IPC datagram (" + reason + "): " + msg, *args)
 
-    def _handle(self, data: bytes, anc: list, flags: int, addr: object, t0: float) -> None:
+    def _handle(
+        self, data: bytes, anc: list[tuple[int, int, bytes]], flags: int, addr: object, t0: float
+    ) -> None:
         # This runs for every poll of every rank: plain ints, no enum arithmetic, few calls.
         if flags & _MSG_TRUNC or len(data) > MAX_DATAGRAM:
             self._drop("oversized", "more than %d bytes", MAX_DATAGRAM)

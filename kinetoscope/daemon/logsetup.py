@@ -77,7 +77,7 @@ class RateLimitedLogger:
             self._window[key] = (start, logged, suppressed + 1)
             return False, 0
 
-    def _log(self, level: int, key: str, msg: str, args: tuple, exc_info: bool = False) -> None:
+    def _log(self, level: int, key: str, msg: str, args: tuple[object, ...], exc_info: bool = False) -> None:
         if not self.logger.isEnabledFor(level):
             return
         ok, suppressed = self._allow(key)

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import prometheus_client
@@ -102,7 +103,7 @@ class DaemonMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         # The "<name>_created" timestamp series only add noise to a daemon's scrape.
-        prometheus_client.disable_created_metrics()
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ipc = IpcStats()
@@ -267,11 +268,11 @@ class _Nvml:
         for i, h, uuid, name in self.handles:
             g = GpuSample(i, uuid, name)
             for key, fn in (
-                ("util", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h)),
-                ("mem", lambda h=h: nv.nvmlDeviceGetMemoryInfo(h)),
-                ("power", lambda h=h: nv.nvmlDeviceGetPowerUsage(h)),
-                ("temp", lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                ("clock", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                ("util", partial(nv.nvmlDeviceGetUtilizationRates, h)),
+                ("mem", partial(nv.nvmlDeviceGetMemoryInfo, h)),
+                ("power", partial(nv.nvmlDeviceGetPowerUsage, h)),
+                ("temp", partial(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)),
+                ("clock", partial(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)),
             ):
                 try:
                     v = fn()

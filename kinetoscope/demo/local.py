@@ -402,7 +402,7 @@ class TrainingJob:
             lines = log.read_text().splitlines()[-200:]
         except OSError:
             return 0.0
-        times = []
+        times: list[float] = []
         for line in lines:
             with contextlib.suppress(ValueError, KeyError):
                 times.append(json.loads(line)["t0"])

@@ -45,8 +45,10 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MODEL_SIZES = {
     # name: (input features, hidden width, hidden layers, classes)
@@ -218,7 +220,7 @@ def _start_watchdog(max_seconds: float, rank: int) -> None:
     threading.Thread(target=bomb, name="max-seconds", daemon=True).start()
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
+def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
@@ -233,19 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks is not None and args.ranks > 1 and not _under_torchrun():
         _launch_torchrun(args, argv)  # does not return
 
-    import torch  # after the launch decision: the launcher itself need not pay for it twice
-    import torch.distributed as dist
-    from torch import nn
+    import torch.distributed as dist  # after the launch decision: the launcher need not pay for it twice
 
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.max_seconds > 0:
-        _start_watchdog(args.max_seconds, rank)
-    torch.set_num_threads(max(1, args.threads))
-    distributed = world_size > 1 or "MASTER_ADDR" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
-        rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size, distributed = _start_rank(args)
 
     plan = StragglerPlan(
         mode=args.straggler,
@@ -256,47 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         block=max(0, args.straggler_block),
     )
-    features, hidden, layers, classes = MODEL_SIZES[args.model]
-    torch.manual_seed(args.seed)  # same initial weights on every rank
-    mods: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
-    for _ in range(layers - 1):
-        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
-    mods.append(nn.Linear(hidden, classes))
-    model: nn.Module = nn.Sequential(*mods)
-    if distributed:
-        ddp_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
-        model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    gen = torch.Generator().manual_seed(args.seed * 7919 + rank)  # each rank its own data shard
-    batches = [
-        (
-            torch.randn(args.batch_size, features, generator=gen),
-            torch.randint(0, classes, (args.batch_size,), generator=gen),
-        )
-        for _ in range(8)
-    ]
-    load_s = max(0.0, args.load_ms) / 1000.0
-
-    class Batches(torch.utils.data.Dataset):
-        """The rank's batches; reading one takes ``--load-ms`` (emulated I/O)."""
-
-        def __len__(self) -> int:
-            return len(batches)
-
-        def __getitem__(self, i: int):
-            if load_s:
-                time.sleep(load_s)
-            return batches[i]
-
-    loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=0)
-
-    def forever():
-        while True:  # one epoch after the other, until --steps
-            yield from loader
-
-    data = forever()
+    model, optimizer, loss_fn = _model(args, distributed)
+    data = _batches(args, rank)
 
     progress_dir = Path(args.progress_dir) if args.progress_dir else None
     steps_log = None
@@ -304,19 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         progress_dir.mkdir(parents=True, exist_ok=True)
         steps_log = open(progress_dir / f"rank-{rank}.steps.jsonl", "a", buffering=1)  # noqa: SIM115
 
-    desc = (
-        plan.mode
-        if plan.mode == "none"
-        else (
-            f"{plan.mode} (rank {plan.rank if plan.rank >= 0 else ('random' if plan.mode == 'intermittent' else world_size - 1)}"
-            + (f", p={plan.prob:g}" if plan.mode == "intermittent" else "")
-            + f", {plan.lo_ms:g}-{plan.hi_ms:g} ms)"
-        )
-    )
     if rank == 0:
         print(
             f"[train_ddp] world_size={world_size} model={args.model} steps={args.steps or 'until stopped'} "
-            f"straggler={desc} pid={os.getpid()}",
+            f"straggler={_describe(plan, world_size)} pid={os.getpid()}",
             flush=True,
         )
 
@@ -343,16 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 loss_value = float(loss.detach())
             if progress_dir is not None:
                 assert steps_log is not None
-                steps_log.write(
-                    json.dumps(
-                        {"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept}
-                    )
-                    + "\n"
-                )
-                _write_json_atomic(
-                    progress_dir / f"rank-{rank}.json",
-                    {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1},
-                )
+                _log_step(progress_dir, steps_log, rank, world_size, step, t0, t1, slept)
             if not args.quiet and rank == 0 and step % 50 == 0:
                 print(
                     f"[train_ddp] step {step} loss {loss_value:.4f} "
@@ -368,6 +303,112 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"[train_ddp] done: {step} steps in {time.time() - t_begin:.1f} s", flush=True)
     return 0
+
+
+def _start_rank(args: argparse.Namespace) -> tuple[int, int, bool]:
+    """(rank, world size, distributed) of this process, its watchdog and threads set, and its
+    gloo process group joined when it is one rank of a distributed job."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.max_seconds > 0:
+        _start_watchdog(args.max_seconds, rank)
+    torch.set_num_threads(max(1, args.threads))
+    distributed = world_size > 1 or "MASTER_ADDR" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return rank, world_size, distributed
+
+
+def _model(args: argparse.Namespace, distributed: bool) -> tuple[Any, Any, Any]:
+    """(model, optimizer, loss) of ``--model``: an MLP with the same initial weights on every
+    rank, wrapped in DDP when the job is distributed."""
+    import torch
+    from torch import nn
+
+    features, hidden, layers, classes = MODEL_SIZES[args.model]
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+    mods: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    mods.append(nn.Linear(hidden, classes))
+    model: nn.Module = nn.Sequential(*mods)
+    if distributed:
+        ddp_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return model, optimizer, nn.CrossEntropyLoss()
+
+
+def _batches(args: argparse.Namespace, rank: int) -> Iterator[Any]:
+    """The rank's data shard (8 random batches, its own seed) through a DataLoader, endlessly;
+    reading a batch takes ``--load-ms`` (emulated I/O)."""
+    import torch
+
+    features, _hidden, _layers, classes = MODEL_SIZES[args.model]
+    gen = torch.Generator().manual_seed(args.seed * 7919 + rank)  # each rank its own data shard
+    batches = [
+        (
+            torch.randn(args.batch_size, features, generator=gen),
+            torch.randint(0, classes, (args.batch_size,), generator=gen),
+        )
+        for _ in range(8)
+    ]
+    load_s = max(0.0, args.load_ms) / 1000.0
+
+    class Batches(torch.utils.data.Dataset[Any]):
+        """The rank's batches; reading one takes ``--load-ms`` (emulated I/O)."""
+
+        def __len__(self) -> int:
+            return len(batches)
+
+        def __getitem__(self, i: int) -> Any:
+            if load_s:
+                time.sleep(load_s)
+            return batches[i]
+
+    loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=0)
+
+    def forever() -> Iterator[Any]:
+        while True:  # one epoch after the other, until --steps
+            yield from loader
+
+    return forever()
+
+
+def _describe(plan: StragglerPlan, world_size: int) -> str:
+    """The straggler plan in the start line (``none``, or mode, rank, probability, delays)."""
+    if plan.mode == "none":
+        return plan.mode
+    who = plan.rank if plan.rank >= 0 else ("random" if plan.mode == "intermittent" else world_size - 1)
+    return (
+        f"{plan.mode} (rank {who}"
+        + (f", p={plan.prob:g}" if plan.mode == "intermittent" else "")
+        + f", {plan.lo_ms:g}-{plan.hi_ms:g} ms)"
+    )
+
+
+def _log_step(
+    progress_dir: Path,
+    steps_log: Any,
+    rank: int,
+    world_size: int,
+    step: int,
+    t0: float,
+    t1: float,
+    slept: float,
+) -> None:
+    """One line of the rank's step log, and its progress file (the driver reads both)."""
+    steps_log.write(
+        json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept}) + "\n"
+    )
+    _write_json_atomic(
+        progress_dir / f"rank-{rank}.json",
+        {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1},
+    )
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ then comes from the issuing ``c10d::`` op's recorded shapes (``host_op_nelems``)
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from statistics import median
 from typing import Any
 
-import orjson
 import polars as pl
 
 from kinetoscope.diagnosis.extract import figures_of
@@ -85,24 +83,6 @@ def element_bytes(kernel_name: str | None) -> tuple[int, bool]:
     if m and m.group(1).lower() in _DTYPE_BYTES:
         return _DTYPE_BYTES[m.group(1).lower()], False
     return 4, True
-
-
-def host_op_nelems(trace: Trace) -> dict[int, int]:
-    """Elements per collective from the issuing ``c10d::<collective>_`` op's recorded shapes
-    (``record_shapes=True``; CPU/gloo traces carry no ``In msg nelems``), keyed by the op's start
-    (= the collective's ``arrival`` for the ``backend_annotation`` signal): the sum over the
-    first argument's tensors of the product of their dimensions."""
-    ops = trace.events.filter(pl.col("name").str.starts_with("c10d::") & pl.col("input_dims").is_not_null())
-    out: dict[int, int] = {}
-    for ts, dims in ops.select("ts", "input_dims").iter_rows():
-        try:
-            first = orjson.loads(dims)[0]
-        except (orjson.JSONDecodeError, IndexError, TypeError):
-            continue
-        tensors = first if first and isinstance(first[0], list) else [first]
-        if tensors and all(isinstance(t, list) and all(isinstance(x, int) for x in t) for t in tensors):
-            out[int(ts)] = sum(math.prod(t) for t in tensors)
-    return out
 
 
 def _with_nelems(trace: Trace, df: pl.DataFrame) -> pl.DataFrame:

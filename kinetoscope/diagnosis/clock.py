@@ -666,23 +666,7 @@ def align_clocks(
             est[r] = _measure(None)
             continue
         shared = _groups_of(colls[par]) & _groups_of(colls[r])
-        base = 0.0 if par == reference else float(est[par]["measured"])
-        if (
-            same_host_shares_clock
-            and hosts.get(par) is not None
-            and par != reference
-            and (hosts.get(par) == hosts.get(reference))
-        ):
-            base = 0.0
-        known = (
-            int(round(-base))
-            if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
-            else (
-                0
-                if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(par)
-                else None
-            )
-        )
+        base, known = _base_and_known(r, par, reference, est, hosts, same_host_shares_clock)
         p, method = match_instances(_in(colls[par], shared), _in(colls[r], shared), width, known_offset=known)
         if method != "none":
             methods.add(method)
@@ -708,44 +692,94 @@ def align_clocks(
     for r in ranks:
         e = est[r]
         h = hosts.get(r)
-        if r == reference:
-            applied, method = 0.0, "reference"
-        elif same_host_shares_clock and h is not None and h == ref_host:
-            applied, method = 0.0, "same_host"
-        elif same_host_shares_clock and h is not None and len(by_host.get(h, [])) > 1:
-            applied, method = float(np.median(by_host[h])) - bias, "host_median"
-        elif e["measured"] is not None:
-            applied, method = float(e["measured"]) - (bias if h is not None else 0.0), "collectives"
-        else:
-            applied, method = 0.0, "unaligned"
+        applied, method = _applied(r, reference, h, ref_host, e, by_host, bias, same_host_shares_clock)
+        if method == "unaligned":
             res.notes.append(
                 f"rank {r}: no collective matched reference rank {reference}; its clock is left as is"
             )
         res.offsets[r] = int(round(applied))
-        d = e.get("d")
-        resid = (
-            0.0
-            if r == reference
-            else (float(np.median(np.abs(d - applied))) / 1000.0 if d is not None else None)
-        )
-        rows.append(
-            {
-                "rank": r,
-                "host": h,
-                "offset_us": applied / 1000.0,
-                "measured_us": None if e["measured"] is None else float(e["measured"]) / 1000.0,
-                "lower_bound_us": None if e["lo"] is None else float(e["lo"]) / 1000.0,
-                "upper_bound_us": None if e["hi"] is None else float(e["hi"]) / 1000.0,
-                "matched": int(e["matched"] or 0),
-                "residual_us": resid,
-                "method": method,
-                "aligned_via": via.get(r),
-            }
-        )
+        rows.append(_clock_row(r, h, e, applied, method, r == reference, via.get(r)))
     res.table = pl.DataFrame(rows, schema=CLOCK_SCHEMA, orient="row")
     pair_rows += _group_pairs(colls, gref, covered, res.offsets, width)
     res.pairs = pl.DataFrame(pair_rows, schema=PAIRS_SCHEMA, orient="row")
     return res
+
+
+def _clock_row(
+    r: int, h: str | None, e: dict[str, Any], applied: float, method: str, is_reference: bool, via: int | None
+) -> dict[str, Any]:
+    """Rank ``r``'s row of the clock table (``CLOCK_SCHEMA``; µs): its applied and measured
+    offsets, bounds, matches, the residual of its matched pairs and how it was aligned."""
+    d = e.get("d")
+    resid = (
+        0.0 if is_reference else (float(np.median(np.abs(d - applied))) / 1000.0 if d is not None else None)
+    )
+    return {
+        "rank": r,
+        "host": h,
+        "offset_us": applied / 1000.0,
+        "measured_us": None if e["measured"] is None else float(e["measured"]) / 1000.0,
+        "lower_bound_us": None if e["lo"] is None else float(e["lo"]) / 1000.0,
+        "upper_bound_us": None if e["hi"] is None else float(e["hi"]) / 1000.0,
+        "matched": int(e["matched"] or 0),
+        "residual_us": resid,
+        "method": method,
+        "aligned_via": via,
+    }
+
+
+def _base_and_known(
+    r: int,
+    par: int,
+    reference: int,
+    est: dict[int, dict[str, Any]],
+    hosts: dict[int, str | None],
+    same_host_shares_clock: bool,
+) -> tuple[float, int | None]:
+    """For rank ``r`` measured against its parent ``par``: the parent's offset to the reference
+    (0 on the reference's host, whose clock it shares), and the offset ``r`` is known to have
+    when it shares a host's clock (that of the reference, else its parent's), else None."""
+    base = 0.0 if par == reference else float(est[par]["measured"])
+    if (
+        same_host_shares_clock
+        and hosts.get(par) is not None
+        and par != reference
+        and (hosts.get(par) == hosts.get(reference))
+    ):
+        base = 0.0
+    known = (
+        int(round(-base))
+        if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
+        else (
+            0
+            if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(par)
+            else None
+        )
+    )
+    return base, known
+
+
+def _applied(
+    r: int,
+    reference: int,
+    h: str | None,
+    ref_host: str | None,
+    e: dict[str, Any],
+    by_host: dict[str, list[float]],
+    bias: float,
+    same_host_shares_clock: bool,
+) -> tuple[float, str]:
+    """(offset applied to rank ``r`` in ns, how it was chosen: ``reference``, ``same_host``,
+    ``host_median``, ``collectives`` or ``unaligned``); ``e`` is its estimate."""
+    if r == reference:
+        return 0.0, "reference"
+    if same_host_shares_clock and h is not None and h == ref_host:
+        return 0.0, "same_host"
+    if same_host_shares_clock and h is not None and len(by_host.get(h, [])) > 1:
+        return float(np.median(by_host[h])) - bias, "host_median"
+    if e["measured"] is not None:
+        return float(e["measured"]) - (bias if h is not None else 0.0), "collectives"
+    return 0.0, "unaligned"
 
 
 def _group_pairs(

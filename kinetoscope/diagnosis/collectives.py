@@ -37,9 +37,11 @@ collective), autograd hooks, ``torch.distributed.ddp.reducer::*`` (bucket copies
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
+import orjson
 import polars as pl
 
 from kinetoscope.analysis.kernel_types import COMMUNICATION_PATTERN
@@ -337,3 +339,21 @@ def collective_host_ops_mask() -> pl.Expr:
         | pl.col("name").str.contains(BACKEND_ANNOTATION_PATTERN)
         | pl.col("name").str.starts_with("ProcessGroup")
     )
+
+
+def host_op_nelems(trace: Trace) -> dict[int, int]:
+    """Elements per collective from the issuing ``c10d::<collective>_`` op's recorded shapes
+    (``record_shapes=True``; CPU/gloo traces carry no ``In msg nelems``), keyed by the op's start
+    (= the collective's ``arrival`` for the ``backend_annotation`` signal): the sum over the
+    first argument's tensors of the product of their dimensions."""
+    ops = trace.events.filter(pl.col("name").str.starts_with("c10d::") & pl.col("input_dims").is_not_null())
+    out: dict[int, int] = {}
+    for ts, dims in ops.select("ts", "input_dims").iter_rows():
+        try:
+            first = orjson.loads(dims)[0]
+        except (orjson.JSONDecodeError, IndexError, TypeError):
+            continue
+        tensors = first if first and isinstance(first[0], list) else [first]
+        if tensors and all(isinstance(t, list) and all(isinstance(x, int) for x in t) for t in tensors):
+            out[int(ts)] = sum(math.prod(t) for t in tensors)
+    return out

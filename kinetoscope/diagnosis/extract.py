@@ -32,9 +32,13 @@ from kinetoscope.trace.model import Trace, TraceMeta
 from kinetoscope.trace.schema import DEVICE_KINDS
 
 if TYPE_CHECKING:
-    from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, LaunchGapCounts
-    from kinetoscope.diagnosis.pipeline import StepCut
-    from kinetoscope.diagnosis.recompile import CompileRegion
+    from kinetoscope.diagnosis.detectors import (
+        AttentionFinding,
+        CompileFinding,
+        CompileRegion,
+        LaunchGapCounts,
+    )
+    from kinetoscope.diagnosis.pipeline_cuts import StepCut
     from kinetoscope.diagnosis.timestamps import TimestampAnomalies
 
 # Per local step (own clock), ns; nulls where the rank had nothing of that kind in the step
@@ -68,9 +72,9 @@ class RankFigures:
     event_count: int  # rows of the events table (``assembly`` keeps the largest duplicate)
     launch_summary: pl.DataFrame  # ``analysis.launch_stats.kernel_launch_summary`` (defaults)
     # Inputs of the seeds' analyses (``diagnosis.seed_analyses``), own clock, offset-free:
-    pipe: dict[int, StepCut] | None  # ``pipeline.rank_cuts``: local step -> cut; None: no send/recv
-    compile_regions: list[CompileRegion]  # ``recompile.compile_regions``: one per compilation
-    host_nelems: dict[int, int]  # ``bandwidth.host_op_nelems``: c10d op start -> elements
+    pipe: dict[int, StepCut] | None  # ``pipeline_cuts.rank_cuts``: local step -> cut; None: no send/recv
+    compile_regions: list[CompileRegion]  # ``detectors.compile_regions``: one per compilation
+    host_nelems: dict[int, int]  # ``collectives.host_op_nelems``: c10d op start -> elements
     launch_gaps: LaunchGapCounts  # ``detectors.launch_gap_counts``: host-bound gaps, counted
     # ``timestamps.timestamp_anomalies`` (local steps); None for figures made before it existed
     timestamps: TimestampAnomalies | None = None
@@ -165,12 +169,15 @@ def rank_figures(trace: Trace) -> RankFigures:
     """Extract everything the diagnosis reads of one rank (see ``RankFigures``)."""
     from kinetoscope.analysis.launch_stats import kernel_launch_summary
     from kinetoscope.analysis.steps import detect_steps
-    from kinetoscope.diagnosis.bandwidth import host_op_nelems
-    from kinetoscope.diagnosis.collectives import extract_collectives
-    from kinetoscope.diagnosis.detectors import detect_attention, detect_compilation, launch_gap_counts
+    from kinetoscope.diagnosis.collectives import extract_collectives, host_op_nelems
+    from kinetoscope.diagnosis.detectors import (
+        compile_regions,
+        detect_attention,
+        detect_compilation,
+        launch_gap_counts,
+    )
     from kinetoscope.diagnosis.mfu import _device_of, precision_time, trace_step_flops
-    from kinetoscope.diagnosis.pipeline import rank_cuts
-    from kinetoscope.diagnosis.recompile import compile_regions
+    from kinetoscope.diagnosis.pipeline_cuts import rank_cuts
     from kinetoscope.diagnosis.timestamps import timestamp_anomalies
 
     steps = detect_steps(trace).select("step", "start", "end", "source")

@@ -376,44 +376,14 @@ def compute_mfu(
         res.flops_per_step = float(model_flops)
         res.flops_source = "model_flops"
     else:
-        per_rank = []
-        srcs = set()
-        for fig in job.figures.values():  # per local step: only the median per rank is used
-            f = fig.step_flops
-            if f.height:
-                per_rank.append(float(f["flops"].median()))
-                srcs.update(f["source"].to_list())
-        if per_rank:
-            res.flops_per_step = float(np.mean(per_rank)) * world
-            res.flops_source = "trace" if srcs == {"trace"} else "shapes"
-            if len(per_rank) < world:
-                res.assumptions.append(
-                    f"FLOPs measured on {len(per_rank)} of {world} ranks and scaled to the world size"
-                )
-            if res.flops_source == "shapes":
-                res.assumptions.append(
-                    "FLOPs estimated from recorded input shapes of matmul/conv/attention ops "
-                    "(other ops ignored; recomputation counted)"
-                )
+        _trace_flops(res, job, world)
     # peak
     is_cpu = all(t.meta.device_type == "CPU" for t in job.traces.values())
     if peak_flops:
         res.peak_flops_per_chip = float(peak_flops)
         res.peak_source = "--peak-flops"
     elif not is_cpu:
-        t0 = next(iter(job.traces.values()))
-        name, cus = next(iter(job.figures.values())).device  # t0's (same order as job.traces)
-        res.device = name
-        key = match_device(name, cus, vendor_amd=t0.meta.device_type == "AMD GPU")
-        res.device_key = key
-        prec = precision or pick_precision(f.precision_time for f in job.figures.values())
-        if prec is None:
-            prec = "bf16"
-            res.assumptions.append("precision not visible in kernel names: assumed bf16 (mixed precision)")
-        res.precision = prec
-        if key:
-            res.peak_flops_per_chip = PEAK_FLOPS[key][prec]
-            res.peak_source = f"table: {key} {prec} dense"
+        _table_peak(res, job, precision)
     if res.flops_per_step is None:
         res.reason = (
             "no FLOPs: pass --model-flops (e.g. 6 * tokens_per_batch * num_params per step), or "
@@ -422,20 +392,67 @@ def compute_mfu(
         return res
     res.achieved_flops_per_chip = res.flops_per_step / res.step_time_s / world if res.step_time_s else None
     if res.peak_flops_per_chip is None:
-        if is_cpu:
-            res.reason = (
-                "CPU-only trace: MFU is relative to an accelerator's peak FLOPs; a CPU's peak depends on "
-                "cores, SIMD width and clock, so it is not assumed. Pass --peak-flops to compute it."
-            )
-        elif not res.device:
-            res.reason = (
-                "the trace has no deviceProperties (the GPU's name is unknown), so its peak FLOPs "
-                "are unknown: pass --peak-flops"
-            )
-        else:
-            res.reason = f"device {res.device!r} is not in the peak-FLOPs table: pass --peak-flops"
+        res.reason = _no_peak_reason(res, is_cpu)
         return res
     if res.achieved_flops_per_chip is not None:
         res.mfu = res.achieved_flops_per_chip / res.peak_flops_per_chip
     res.assumptions.append("one device per rank; chip_count = world size")
     return res
+
+
+def _trace_flops(res: MFUResult, job: Job, world: int) -> None:
+    """FLOPs per global step from the ranks' traces (``with_flops`` or recorded shapes): the
+    mean over ranks of each rank's median step, scaled to the world size."""
+    per_rank = []
+    srcs = set()
+    for fig in job.figures.values():  # per local step: only the median per rank is used
+        f = fig.step_flops
+        if f.height:
+            per_rank.append(float(f["flops"].median()))
+            srcs.update(f["source"].to_list())
+    if not per_rank:
+        return
+    res.flops_per_step = float(np.mean(per_rank)) * world
+    res.flops_source = "trace" if srcs == {"trace"} else "shapes"
+    if len(per_rank) < world:
+        res.assumptions.append(
+            f"FLOPs measured on {len(per_rank)} of {world} ranks and scaled to the world size"
+        )
+    if res.flops_source == "shapes":
+        res.assumptions.append(
+            "FLOPs estimated from recorded input shapes of matmul/conv/attention ops "
+            "(other ops ignored; recomputation counted)"
+        )
+
+
+def _table_peak(res: MFUResult, job: Job, precision: str | None) -> None:
+    """The device (first rank's) and its peak FLOPs from ``PEAK_FLOPS`` at the precision asked,
+    else the one the GEMM kernels' names show most (bf16 when none does)."""
+    t0 = next(iter(job.traces.values()))
+    name, cus = next(iter(job.figures.values())).device  # t0's (same order as job.traces)
+    res.device = name
+    key = match_device(name, cus, vendor_amd=t0.meta.device_type == "AMD GPU")
+    res.device_key = key
+    prec = precision or pick_precision(f.precision_time for f in job.figures.values())
+    if prec is None:
+        prec = "bf16"
+        res.assumptions.append("precision not visible in kernel names: assumed bf16 (mixed precision)")
+    res.precision = prec
+    if key:
+        res.peak_flops_per_chip = PEAK_FLOPS[key][prec]
+        res.peak_source = f"table: {key} {prec} dense"
+
+
+def _no_peak_reason(res: MFUResult, is_cpu: bool) -> str:
+    """Why there is no MFU when the FLOPs are known but the peak is not."""
+    if is_cpu:
+        return (
+            "CPU-only trace: MFU is relative to an accelerator's peak FLOPs; a CPU's peak depends on "
+            "cores, SIMD width and clock, so it is not assumed. Pass --peak-flops to compute it."
+        )
+    if not res.device:
+        return (
+            "the trace has no deviceProperties (the GPU's name is unknown), so its peak FLOPs "
+            "are unknown: pass --peak-flops"
+        )
+    return f"device {res.device!r} is not in the peak-FLOPs table: pass --peak-flops"

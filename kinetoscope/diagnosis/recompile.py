@@ -14,58 +14,18 @@ zero-length ``user_annotation`` ``dynamo_data: compile_id=F/C`` (also ``entire_f
     step that paid for the compilation.
 
 The cross-check is ``torch._dynamo.utils.counters["frames"]["total"]`` (compilations in the
-process) and ``counters["stats"]["unique_graphs"]``: see tests/diagnosis/test_recompile.py.
+process) and ``counters["stats"]["unique_graphs"]``: see tests/diagnosis/test_recompile.py. The
+per-rank part (``detectors.compile_regions``) is extracted with the rank's figures (``extract``).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
-from kinetoscope.diagnosis.detectors import _COMPILE_SPANS
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.trace.model import Trace
-
-_DATA = re.compile(r"^(?:dynamo_data|entire_frame_compile_data)\b.*compile_id=(\d+)/(\d+)")
-
-
-@dataclass(frozen=True)
-class CompileRegion:
-    """One compilation of a rank on its own clock (``compile_regions``): frame ``F``, compile
-    count ``C``, the start of the outermost compile span holding its annotation (else the
-    annotation's time) and that span's end (None without a span)."""
-
-    frame: int
-    count: int
-    start: int
-    end: int | None
-
-
-def compile_regions(trace: Trace) -> list[CompileRegion]:
-    """The compilations of one rank in annotation order, first annotation of each ``F/C`` only
-    (the per-rank figure ``extract.RankFigures.compile_regions``; O(compilations))."""
-    ev = trace.events
-    ann = ev.filter(
-        pl.col("name").str.contains(r"^(?:dynamo_data|entire_frame_compile_data)\b.*compile_id=\d+/\d+")
-    )
-    spans = ev.filter(pl.col("name").is_in(list(_COMPILE_SPANS)) & pl.col("dur").is_not_null()).select(
-        "ts", (pl.col("ts") + pl.col("dur")).alias("end")
-    )
-    seen: dict[tuple[int, int], CompileRegion] = {}
-    for name, ts in ann.sort("ts").select("name", "ts").iter_rows():
-        m = _DATA.match(name)
-        if not m:
-            continue
-        key = (int(m.group(1)), int(m.group(2)))
-        if key in seen:
-            continue
-        around = spans.filter((pl.col("ts") <= ts) & (pl.col("end") >= ts)).sort("ts")
-        start, end = (int(around["ts"][0]), int(around["end"].max())) if around.height else (int(ts), None)  # type: ignore[arg-type]
-        seen[key] = CompileRegion(frame=key[0], count=key[1], start=start, end=end)
-    return list(seen.values())
 
 
 def compile_events(trace: Trace, rank: int, steps: pl.DataFrame, offset: int = 0) -> list[dict[str, Any]]:

@@ -218,6 +218,21 @@ def validate_manifest(doc: Any, source: str = "manifest") -> dict[str, Any]:
     a ``file`` name, integral floats as ints, numeric ids (``job_id``...) as strings."""
     if not isinstance(doc, Mapping):
         raise _schema_error(source, f"must be a JSON object, got {type(doc).__name__}")
+    _check_header(doc, source)
+    files = doc.get("files", [])
+    if files is None:
+        files = []
+    if not isinstance(files, list):
+        raise _schema_error(source, "'files' must be a list")
+    seen: set[str] = set()
+    for i, entry in enumerate(files):
+        _check_entry(entry, f"files[{i}]: ", seen, source)
+    return _normalised(doc, files)
+
+
+def _check_header(doc: Mapping[str, Any], source: str) -> None:
+    """The top-level fields: version (refused when newer than this reader), trace id, times,
+    strings, hosts, request."""
     version = doc.get("kinetoscope_manifest")
     if version is None:
         raise _schema_error(source, "not a Kinetoscope manifest (no 'kinetoscope_manifest' key)")
@@ -241,36 +256,37 @@ def validate_manifest(doc: Any, source: str = "manifest") -> dict[str, Any]:
         raise _schema_error(source, "'hosts' must be a list of host names")
     if doc.get("request") is not None and not isinstance(doc["request"], Mapping):
         raise _schema_error(source, "'request' must be an object")
-    files = doc.get("files", [])
-    if files is None:
-        files = []
-    if not isinstance(files, list):
-        raise _schema_error(source, "'files' must be a list")
-    seen: set[str] = set()
-    for i, entry in enumerate(files):
-        where = f"files[{i}]: "
-        if not isinstance(entry, Mapping):
-            raise _schema_error(source, f"{where}must be an object")
-        name = entry.get("file")
-        if name is None and isinstance(entry.get("path"), str):
-            name = os.path.basename(entry["path"])
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-            raise _schema_error(source, f"{where}'file' must be a plain file name, got {name!r}")
-        if name in seen:
-            raise _schema_error(source, f"{where}file {name!r} is listed twice")
-        seen.add(name)
-        for key in _INT_FIELDS:
-            _check_int(entry, key, where, source)
-        for key in _STR_FIELDS:
-            v = entry.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
-                raise _schema_error(source, f"{where}{key!r} must be a string, got {v!r}")
-        c = entry.get("complete")
-        if c is not None and not isinstance(c, bool):
-            raise _schema_error(source, f"{where}'complete' must be true/false, got {c!r}")
-        d = entry.get("duration_ms")
-        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float))):
-            raise _schema_error(source, f"{where}'duration_ms' must be a number, got {d!r}")
+
+
+def _check_entry(entry: Any, where: str, seen: set[str], source: str) -> None:
+    """One ``files`` entry (``where``: its position, for messages); its name joins ``seen``."""
+    if not isinstance(entry, Mapping):
+        raise _schema_error(source, f"{where}must be an object")
+    name = entry.get("file")
+    if name is None and isinstance(entry.get("path"), str):
+        name = os.path.basename(entry["path"])
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise _schema_error(source, f"{where}'file' must be a plain file name, got {name!r}")
+    if name in seen:
+        raise _schema_error(source, f"{where}file {name!r} is listed twice")
+    seen.add(name)
+    for key in _INT_FIELDS:
+        _check_int(entry, key, where, source)
+    for key in _STR_FIELDS:
+        v = entry.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
+            raise _schema_error(source, f"{where}{key!r} must be a string, got {v!r}")
+    c = entry.get("complete")
+    if c is not None and not isinstance(c, bool):
+        raise _schema_error(source, f"{where}'complete' must be true/false, got {c!r}")
+    d = entry.get("duration_ms")
+    if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float))):
+        raise _schema_error(source, f"{where}'duration_ms' must be a number, got {d!r}")
+
+
+def _normalised(doc: Mapping[str, Any], files: list[Any]) -> dict[str, Any]:
+    """A deep copy of a checked manifest: ``files`` a list of entries, each with a ``file``
+    name, integral floats as ints, numeric ids as strings."""
     out = copy.deepcopy(dict(doc))
     out_files = []
     for entry in files:
@@ -512,18 +528,7 @@ def merge_manifests(
             if h not in hosts:
                 hosts.append(h)
         for e in d["files"]:
-            have = by_name.get(e["file"])
-            if have is None:
-                by_name[e["file"]] = copy.deepcopy(e)
-                order.append(e["file"])
-                continue
-            for k, v in e.items():
-                if have.get(k) is None and v is not None:
-                    have[k] = copy.deepcopy(v)
-            if e.get("complete") is True and have.get("complete") is not True:
-                have["complete"] = True
-                if e.get("bytes") is not None:
-                    have["bytes"] = e["bytes"]
+            _merge_entry(by_name, order, e)
     merged["files"] = [by_name[n] for n in order]
     for e in merged["files"]:
         h = e.get("host")
@@ -532,6 +537,22 @@ def merge_manifests(
     if hosts:
         merged["hosts"] = hosts
     return merged
+
+
+def _merge_entry(by_name: dict[str, dict[str, Any]], order: list[str], e: dict[str, Any]) -> None:
+    """Merge a later manifest's file entry ``e`` into the entries so far (``merge_manifests``)."""
+    have = by_name.get(e["file"])
+    if have is None:
+        by_name[e["file"]] = copy.deepcopy(e)
+        order.append(e["file"])
+        return
+    for k, v in e.items():
+        if have.get(k) is None and v is not None:
+            have[k] = copy.deepcopy(v)
+    if e.get("complete") is True and have.get("complete") is not True:
+        have["complete"] = True
+        if e.get("bytes") is not None:
+            have["bytes"] = e["bytes"]
 
 
 def load_trace_dir(trace_dir: str | os.PathLike[str]) -> dict[str, Any]:

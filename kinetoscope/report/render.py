@@ -40,7 +40,8 @@ def plotly_js() -> str:
     except (FileNotFoundError, ModuleNotFoundError, OSError):  # pragma: no cover - other layouts
         from plotly.offline import get_plotlyjs
 
-        return get_plotlyjs()
+        js: str = get_plotlyjs()  # untyped in plotly
+        return js
 
 
 @functools.lru_cache(maxsize=1)

@@ -225,7 +225,7 @@ def _stamped(conn: Connection) -> set[str] | None:
 
 def upgrade(engine: Engine) -> None:
     """Bring the schema to head (no-op when current); safe with concurrent openers."""
-    from kinetoscope.store.migrations import HEAD
+    from kinetoscope.store.schema import HEAD
 
     with engine.connect().execution_options(kscope_readonly=True) as conn:
         if _stamped(conn) == {HEAD}:

@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from kinetoscope.protocol.announce import AnnounceSink, HostAnnouncement
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet_models import fleet_alerts, fleet_hosts, fleet_jobs, fleet_samples
 
@@ -703,3 +704,15 @@ class FleetStore:
                 index_elements=keys, set_={k: v for k, v in values.items() if k not in keys}
             )
         )
+
+
+def catalog_sink(catalog_url: str) -> AnnounceSink:
+    """An ``AnnounceSink`` that records each heartbeat of a daemon in the catalog at
+    ``catalog_url`` (:meth:`FleetStore.announce`); ``kscope daemon --catalog`` plugs it in.
+    The catalog is opened for each beat (one short transaction every ``announce_interval_s``)."""
+
+    def announce(beat: HostAnnouncement) -> None:
+        with Catalog.open(catalog_url) as cat:
+            FleetStore(cat).announce(beat.address, beat.hostname, beat.devices, beat.version)
+
+    return announce

@@ -1,7 +1,7 @@
 """Catalog tables of the fleet autopilot (``kscope autopilot``): hosts, jobs, samples, alerts.
 
 They live on the catalog's declarative ``Base`` (so alembic sees one schema and
-``tests/store/test_migrations.py`` checks them too); ``models.py`` imports this module at its end.
+``tests/store/test_migrations.py`` checks them too); ``schema.py`` gathers every table module.
 Migrations: ``migrations/versions/0002_fleet.py``, ``0003_fleet_evidence.py``. Meaning of every column: docs/autopilot.md.
 
 Terms:

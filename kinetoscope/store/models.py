@@ -140,7 +140,3 @@ jobs = cast(sa.Table, Job.__table__)
 trace_requests = cast(sa.Table, TraceRequest.__table__)
 trace_files = cast(sa.Table, TraceFile.__table__)
 analyses = cast(sa.Table, Analysis.__table__)
-
-# The fleet autopilot's tables (same Base, so migrations and their test see one schema).
-from kinetoscope.store import fleet_models as _fleet_models  # noqa: E402,F401
-from kinetoscope.store import stacks_models as _stacks_models  # noqa: E402,F401

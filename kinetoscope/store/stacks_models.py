@@ -1,8 +1,8 @@
 """Catalog table of stack snapshots (``kscope stacks``, the autopilot's hang check, the web
 app's "take stacks now"): one row per capture of a job's ranks, with its groups and verdict.
 
-On the catalog's declarative ``Base`` like every table (``models.py`` imports this module at its
-end); migration ``migrations/versions/0004_stacks.py``. Columns: docs/stacks.md ("Catalog").
+On the catalog's declarative ``Base`` like every table (``schema.py`` gathers every table
+module); migration ``migrations/versions/0004_stacks.py``. Columns: docs/stacks.md ("Catalog").
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.store.retry import (
@@ -44,6 +44,7 @@ from kinetoscope.store.retry import (
 )
 
 log = logging.getLogger("kinetoscope.store")
+T = TypeVar("T")
 
 CHUNK = 4 * 2**20
 TMP_MARK = ".kscope-tmp-"
@@ -187,7 +188,7 @@ class TraceStore:
         return f"TraceStore({self.url!r})"
 
     # -- helpers ---------------------------------------------------------------------------
-    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _run(self, what: str, fn: Callable[[], T]) -> T:
         retries = [0]
 
         def on_retry(attempt: int, exc: BaseException) -> None:
@@ -276,7 +277,8 @@ class TraceStore:
 
         def _read() -> bytes:
             with self._backend.open(key, "rb") as f:
-                return f.read()
+                data: bytes = f.read()
+                return data
 
         return self._run(f"read of {self.url_for(key)}", _read)
 
@@ -557,7 +559,8 @@ class _S3Backend(_Backend):
         if checksum:
             kwargs["ChecksumMode"] = "ENABLED"
         try:
-            return self.fs.call_s3("head_object", **kwargs)
+            head: dict[str, Any] = self.fs.call_s3("head_object", **kwargs)  # s3fs is untyped
+            return head
         except FileNotFoundError as exc:
             # s3fs maps both a missing key and a missing bucket onto FileNotFoundError.
             if "bucket" in str(exc).lower():
@@ -662,7 +665,8 @@ class _S3Backend(_Backend):
         self.fs.get_file(f"{self.bucket}/{self._key(key)}", str(dst))
 
     def open(self, key: str, mode: str) -> IO[Any]:
-        return self.fs.open(f"{self.bucket}/{self._key(key)}", mode)
+        f: IO[Any] = self.fs.open(f"{self.bucket}/{self._key(key)}", mode)  # s3fs is untyped
+        return f
 
     def info(self, key: str) -> StoredObject | None:
         head = self._head(key)
@@ -749,7 +753,8 @@ class _FsspecBackend(_Backend):
         self.fs.get_file(self._p(key), str(dst))
 
     def open(self, key: str, mode: str) -> IO[Any]:
-        return self.fs.open(self._p(key), mode)
+        f: IO[Any] = self.fs.open(self._p(key), mode)  # fsspec is untyped
+        return f
 
     def info(self, key: str) -> StoredObject | None:
         try:

@@ -523,46 +523,21 @@ class EventStream:
                     raise self._error("invalid JSON: trailing comma in object")
                 self.pos += 1
                 break
-            if c != 0x22:
-                raise self._error("invalid JSON: expected a key string in the top-level object")
-            key = self._read_key()
+            key = self._member_key(c)
             if key is None:
-                return self._eof_in_object("inside a top-level key")
-            c = self._peek()
-            if c is None:
-                return self._eof_in_object(f"after top-level key {key!r}")
-            if c != 0x3A:
-                raise self._error("invalid JSON: expected ':' after a key")
-            self.pos += 1
-            c = self._peek()
-            if c is None:
-                return self._eof_in_object(f"at top-level key {key!r}")
+                return None
             if key == "traceEvents":
-                if self.state.saw_events:
-                    raise self._error("'traceEvents' appears twice", field="traceEvents")
-                if c != 0x5B:
-                    raise self._error("'traceEvents' is not an array", field="traceEvents")
-                self.state.saw_events = True
-                self.pos += 1
-                yield from self._events()
+                yield from self._trace_events()
                 if self.stopped:
                     return
             elif not self._read_value(key):
                 return
             first = False
-            c = self._peek()
-            if c is None:
-                return self._eof_in_object("inside the top-level object")
-            if c == 0x2C:  # ','
-                self.pos += 1
-                c = self._peek()
-                if c == 0x7D:
-                    raise self._error("invalid JSON: trailing comma in object")
-                continue
-            if c == 0x7D:
-                self.pos += 1
+            more = self._next_member()
+            if more is None:
+                return None
+            if not more:
                 break
-            raise self._error("invalid JSON: expected ',' or '}' in the top-level object")
         if not self.state.saw_events:
             raise TraceError(  # at the '}' that closed the document
                 self.path,
@@ -570,6 +545,54 @@ class EventStream:
                 offset=self.base + self.pos - 1,
             )
         self._expect_end()
+
+    def _member_key(self, c: int) -> str | None:
+        """Read a top-level member's ``"key":`` (``c``: the byte at the position), leaving the
+        position at its value; None when the file ends first (``_eof_in_object`` said so)."""
+        if c != 0x22:
+            raise self._error("invalid JSON: expected a key string in the top-level object")
+        key = self._read_key()
+        if key is None:
+            self._eof_in_object("inside a top-level key")
+            return None
+        c2 = self._peek()
+        if c2 is None:
+            self._eof_in_object(f"after top-level key {key!r}")
+            return None
+        if c2 != 0x3A:
+            raise self._error("invalid JSON: expected ':' after a key")
+        self.pos += 1
+        if self._peek() is None:
+            self._eof_in_object(f"at top-level key {key!r}")
+            return None
+        return key
+
+    def _trace_events(self) -> Iterator[Chunk]:
+        """The ``traceEvents`` member's value (the position is at its first byte)."""
+        if self.state.saw_events:
+            raise self._error("'traceEvents' appears twice", field="traceEvents")
+        if self._peek() != 0x5B:
+            raise self._error("'traceEvents' is not an array", field="traceEvents")
+        self.state.saw_events = True
+        self.pos += 1
+        yield from self._events()
+
+    def _next_member(self) -> bool | None:
+        """After a member: True when a ',' says another follows, False when '}' closed the
+        object (both consumed); None when the file ends there (``_eof_in_object`` said so)."""
+        c = self._peek()
+        if c is None:
+            self._eof_in_object("inside the top-level object")
+            return None
+        if c == 0x2C:  # ','
+            self.pos += 1
+            if self._peek() == 0x7D:
+                raise self._error("invalid JSON: trailing comma in object")
+            return True
+        if c == 0x7D:
+            self.pos += 1
+            return False
+        raise self._error("invalid JSON: expected ',' or '}' in the top-level object")
 
     def _eof_in_object(self, where: str) -> None:
         if self.salvage and self.state.saw_events:
@@ -854,23 +877,14 @@ class EventStream:
                 if cut is None and not self.eof:
                     # no boundary within reach (a huge event or run of whitespace): take the
                     # results in flight, then this chunk by the serial rules (linear, limited)
-                    start, done = yield from self._take_all(job, start)
-                    if done:
-                        return
-                    nxt = yield from self._serial(start, steps=1)
+                    nxt = yield from self._drain_then_serial(job, start, final=False)
                     if nxt is None:
                         return
                     start = nxt
                     continue
                 final = cut is None  # the rest of the data: the array's end should be in it
-                while job.has_result():  # take finished results first
-                    res = job.take()
-                    if res is None:
-                        break
-                    yield self._built(res)
-                    if res.end is not None:
-                        self.pos = res.end - self.base
-                        return
+                if (yield from self._take_ready(job)):  # take finished results first
+                    return
                 if job.failed_at is not None:  # decode from the failed chunk's start here
                     start = job.failed_at - self.base
                     job.failed_at = None
@@ -880,47 +894,82 @@ class EventStream:
                     start = nxt
                     continue
                 if job.can_submit():
-                    view = memoryview(self.buf)
-                    try:
-                        sent = job.submit(
-                            view[start : len(self.buf) if cut is None else cut + 1], self.base + start, final
-                        )
-                    finally:
-                        view.release()
-                    if sent and cut is not None:  # (not final)
-                        m = _BOUNDARY.match(self.buf, cut)
-                        assert m is not None
-                        start = m.end() - 1
-                        keep = job.oldest_offset()
-                        start -= self._compact(start if keep is None else min(start, keep - self.base))
-                        continue
-                    if sent:  # the last chunk is in flight: take every result
-                        start, done = yield from self._take_all(job, start)
-                        if not done:
-                            yield from self._serial(start)  # (a chunk failed: from there, here)
-                        return
-                elif job.in_flight():  # wait for a free slot
-                    res = job.take()
-                    if res is not None:
-                        yield self._built(res)
-                        if res.end is not None:
-                            self.pos = res.end - self.base
+                    if self._send(job, start, cut, final):
+                        if cut is None:  # the last chunk is in flight: take every result
+                            yield from self._drain_then_serial(job, start, final=True)
                             return
+                        start = self._after_cut(job, cut)
+                        continue
+                elif job.in_flight():  # wait for a free slot
+                    if (yield from self._take_one(job)):
+                        return
                     continue
                 # no worker can take this chunk (none ready yet, or it is too big): take every
                 # result, then decode it here
-                start, done = yield from self._take_all(job, start)
-                if done:
-                    return
-                if final:
-                    yield from self._serial(start)
-                    return
-                nxt = yield from self._serial(start, steps=1)
+                nxt = yield from self._drain_then_serial(job, start, final)
                 if nxt is None:
                     return
                 start = nxt
         finally:
             job.close()
+
+    def _send(self, job: Any, start: int, cut: int | None, final: bool) -> bool:
+        """Submit ``buf[start:cut + 1]`` (to the end of the data when ``cut`` is None) to a
+        worker; whether it was sent."""
+        view = memoryview(self.buf)
+        try:
+            sent: bool = job.submit(
+                view[start : len(self.buf) if cut is None else cut + 1], self.base + start, final
+            )
+        finally:
+            view.release()
+        return sent
+
+    def _after_cut(self, job: Any, cut: int) -> int:
+        """Where the next chunk starts after one sent up to the boundary at ``cut``; the bytes
+        before it (and before the oldest chunk in flight) are dropped from the buffer."""
+        m = _BOUNDARY.match(self.buf, cut)
+        assert m is not None
+        start = m.end() - 1
+        keep = job.oldest_offset()
+        return start - self._compact(start if keep is None else min(start, keep - self.base))
+
+    def _take_ready(self, job: Any) -> Generator[Any, None, bool]:
+        """Yield the frames of the results already finished, in order; True when one reached
+        the end of ``traceEvents`` (then ``self.pos`` is past it)."""
+        while job.has_result():
+            res = job.take()
+            if res is None:
+                break
+            yield self._built(res)
+            if res.end is not None:
+                self.pos = res.end - self.base
+                return True
+        return False
+
+    def _take_one(self, job: Any) -> Generator[Any, None, bool]:
+        """Yield the frames of the next result (waiting for it); True when it reached the end of
+        ``traceEvents``. No frames when the next chunk failed (``job.failed_at``)."""
+        res = job.take()
+        if res is None:
+            return False
+        yield self._built(res)
+        if res.end is not None:
+            self.pos = res.end - self.base
+            return True
+        return False
+
+    def _drain_then_serial(self, job: Any, start: int, final: bool) -> Generator[Any, None, int | None]:
+        """Take every result in flight, then decode here with the serial rules from where they
+        stopped: one chunk (returning where the next starts), or the rest of the data when
+        ``final``. None when the array ended."""
+        start, done = yield from self._take_all(job, start)
+        if done:
+            return None
+        if final:
+            yield from self._serial(start)
+            return None
+        return (yield from self._serial(start, steps=1))
 
     def _take_all(self, job: Any, start: int) -> Generator[Any, None, tuple[int, bool]]:
         """Yield the in-flight chunks' frames in file order. Returns ``(start, done)``: where the

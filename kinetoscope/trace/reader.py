@@ -195,42 +195,17 @@ class BlockReader:
                 data = self._pending + self.fh.read(READ_BYTES)
                 self._pending = b""
                 if not data:  # end of the file
-                    if self._d is not None:
-                        try:
-                            out = self._d.flush()
-                        except ZLIB_ERROR as exc:
-                            return self._corrupt(exc)
-                        if self._d.eof:
-                            self._tail = self._d.unused_data
-                            self._d = None
-                            if out:
-                                return out
-                            if self._tail:
-                                continue
-                            return b""
-                        if out:
-                            return out
-                        return self._truncated()
-                    return b""
+                    out = self._gzip_end()
+                    if out is None:
+                        continue
+                    return out
                 self.consumed += len(data)
                 self._tail = data
             if self._d is None:  # between gzip members: another member, zero padding, or garbage
-                rest = self._tail
-                if len(rest) < 2 and not self._done:
-                    more = self.fh.read(READ_BYTES)
-                    self.consumed += len(more)
-                    if more:
-                        self._tail = rest + more
-                        continue
-                if rest.startswith(GZIP_MAGIC):
-                    self._d = isal_zlib.decompressobj(31)
-                    self.member_start = self.consumed - len(rest)
-                    self.member_produced = self.produced
-                elif not rest.strip(b"\x00"):
-                    self._tail = b""  # padding after the stream: ignore
+                out = self._between_members()
+                if out is None:
                     continue
-                else:
-                    return self._trailing_garbage(len(rest))
+                return out
             d = self._d
             try:
                 out = d.decompress(self._tail, self.block_bytes)
@@ -242,6 +217,45 @@ class BlockReader:
                 self._d = None
             if out:
                 return out
+
+    def _gzip_end(self) -> bytes | None:
+        """At the end of the file: the rest of the member in progress (b"" when done, an error
+        when it is cut short), or None when data follows the member (read on)."""
+        if self._d is None:
+            return b""
+        try:
+            out: bytes = self._d.flush()
+        except ZLIB_ERROR as exc:
+            return self._corrupt(exc)
+        if self._d.eof:
+            self._tail = self._d.unused_data
+            self._d = None
+            if out:
+                return out
+            return None if self._tail else b""
+        if out:
+            return out
+        return self._truncated()
+
+    def _between_members(self) -> bytes | None:
+        """Between gzip members: start the next member, skip zero padding (None: read on), or
+        judge what follows as trailing garbage."""
+        rest = self._tail
+        if len(rest) < 2 and not self._done:
+            more = self.fh.read(READ_BYTES)
+            self.consumed += len(more)
+            if more:
+                self._tail = rest + more
+                return None
+        if rest.startswith(GZIP_MAGIC):
+            self._d = isal_zlib.decompressobj(31)
+            self.member_start = self.consumed - len(rest)
+            self.member_produced = self.produced
+            return None  # (the member is decompressed on the next turn: ``_tail`` holds it)
+        if not rest.strip(b"\x00"):
+            self._tail = b""  # padding after the stream: ignore
+            return None
+        return self._trailing_garbage(len(rest))
 
     def _truncated(self) -> bytes:
         msg = f"gzip stream ends early after {self.consumed} compressed bytes (file truncated?)"

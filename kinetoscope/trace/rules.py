@@ -403,88 +403,113 @@ class RowBuilder:
         ids.register(raw_pid)
         ids.register(raw_tid)
         if ph == "X":
-            name = ev.get("name")
-            if not isinstance(name, str):
-                raise TraceError(path, "complete event without a string 'name'", event_index=i, field="name")
-            if "ts" not in ev:
-                raise TraceError(path, "complete event without 'ts'", event_index=i, field="ts")
-            if "dur" not in ev:
-                raise TraceError(path, "complete event without 'dur'", event_index=i, field="dur")
-            cat = ev.get("cat")
-            cat = cat if isinstance(cat, str) else ("" if cat is None else coerce_str(cat))
-            cols = self.events
-            ts = ns_value(ev["ts"], path, i, "ts")
-            dur = ns_value(ev["dur"], path, i, "dur")
-            cols["idx"].append(i)
-            cols["cat"].append(cat)
-            cols["name"].append(name)
-            cols["pid"].append(ids(raw_pid))
-            cols["tid"].append(ids(raw_tid))
-            cols["ts"].append(ts)
-            cols["dur"].append(dur)
-            args = ev.get("args")
-            if not isinstance(args, dict):
-                args = {}
-            for col in ARG_COLUMN_NAMES:
-                value: int | float | str | None = None
-                for key in ARG_KEYS_BY_COLUMN[col]:
-                    raw = args.get(key)
-                    if raw is None:
-                        continue
-                    if col in INT_ARG_COLUMNS:
-                        value = self._int(raw, col)
-                    elif col in FLOAT_ARG_COLUMNS:
-                        value = coerce_float(raw)
-                    else:
-                        value = coerce_str(raw)
-                    if value is not None:
-                        break
-                cols[col].append(value)
-            if cat == PROFILER_RANGE_CAT and args:
-                self._range_counters(args, i, name, ids(raw_pid), ts)
+            self._complete(ev, i, raw_pid, raw_tid)
         elif ph in FLOW_PHASES:
-            f = self.flows
-            f["idx"].append(i)
-            f["ph"].append(ph)
-            f["cat"].append(coerce_str(ev.get("cat")))
-            f["name"].append(coerce_str(ev.get("name")))
-            f["id"].append(self._int(ev.get("id"), "flow id"))
-            f["pid"].append(ids(raw_pid))
-            f["tid"].append(ids(raw_tid))
-            f["ts"].append(ns_value(ev.get("ts", 0), path, i, "ts"))
-            f["bp"].append(coerce_str(ev.get("bp")))
+            self._flow(ev, i, ph, raw_pid, raw_tid)
         elif ph == "C":
-            args = ev.get("args")
-            if isinstance(args, dict):
-                ts = ns_value(ev.get("ts", 0), path, i, "ts")
-                name = coerce_str(ev.get("name"))
-                pid = ids(raw_pid)
-                for key, value in args.items():
-                    self._counter_row(i, name, pid, ts, key, value)
+            self._counter(ev, i, raw_pid)
         elif ph == "i" or ph == "I":
-            args = ev.get("args")
-            if not isinstance(args, dict):
-                args = {}
-            n = self.instants
-            n["idx"].append(i)
-            n["cat"].append(coerce_str(ev.get("cat")))
-            n["name"].append(coerce_str(ev.get("name")))
-            n["pid"].append(ids(raw_pid))
-            n["tid"].append(ids(raw_tid))
-            n["ts"].append(ns_value(ev.get("ts", 0), path, i, "ts"))
-            n["scope"].append(coerce_str(ev.get("s")))
-            for key, col in INSTANT_ARG_KEYS.items():
-                n[col].append(self._int(args.get(key), col))
+            self._instant(ev, i, raw_pid, raw_tid)
         else:  # "M"
-            args = ev.get("args")
-            if not isinstance(args, dict):
-                args = {}
-            mname = ev.get("name")
-            m = self.meta_rows
-            m["idx"].append(i)
-            m["mname"].append(mname if isinstance(mname, str) else None)
-            m["pid"].append(ids(raw_pid))
-            m["tid"].append(ids(raw_tid))
-            m["a_name"].append(coerce_str(args.get("name")))
-            m["a_labels"].append(coerce_str(args.get("labels")))
-            m["a_sort_index"].append(self._int(args.get("sort_index"), "sort_index"))
+            self._meta(ev, i, raw_pid, raw_tid)
+
+    def _complete(self, ev: dict[str, Any], i: int, raw_pid: Any, raw_tid: Any) -> None:
+        """An ``X`` event: one events row (its args in the typed columns)."""
+        path, ids = self.path, self.ids
+        name = ev.get("name")
+        if not isinstance(name, str):
+            raise TraceError(path, "complete event without a string 'name'", event_index=i, field="name")
+        if "ts" not in ev:
+            raise TraceError(path, "complete event without 'ts'", event_index=i, field="ts")
+        if "dur" not in ev:
+            raise TraceError(path, "complete event without 'dur'", event_index=i, field="dur")
+        cat = ev.get("cat")
+        cat = cat if isinstance(cat, str) else ("" if cat is None else coerce_str(cat))
+        cols = self.events
+        ts = ns_value(ev["ts"], path, i, "ts")
+        dur = ns_value(ev["dur"], path, i, "dur")
+        cols["idx"].append(i)
+        cols["cat"].append(cat)
+        cols["name"].append(name)
+        cols["pid"].append(ids(raw_pid))
+        cols["tid"].append(ids(raw_tid))
+        cols["ts"].append(ts)
+        cols["dur"].append(dur)
+        args = ev.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        self._arg_columns(cols, args)
+        if cat == PROFILER_RANGE_CAT and args:
+            self._range_counters(args, i, name, ids(raw_pid), ts)
+
+    def _arg_columns(self, cols: dict[str, list[Any]], args: dict[str, Any]) -> None:
+        """Append one value to every args column: the first of its keys present with a value
+        of the column's type (None when none is)."""
+        for col in ARG_COLUMN_NAMES:
+            value: int | float | str | None = None
+            for key in ARG_KEYS_BY_COLUMN[col]:
+                raw = args.get(key)
+                if raw is None:
+                    continue
+                if col in INT_ARG_COLUMNS:
+                    value = self._int(raw, col)
+                elif col in FLOAT_ARG_COLUMNS:
+                    value = coerce_float(raw)
+                else:
+                    value = coerce_str(raw)
+                if value is not None:
+                    break
+            cols[col].append(value)
+
+    def _flow(self, ev: dict[str, Any], i: int, ph: str, raw_pid: Any, raw_tid: Any) -> None:
+        ids = self.ids
+        f = self.flows
+        f["idx"].append(i)
+        f["ph"].append(ph)
+        f["cat"].append(coerce_str(ev.get("cat")))
+        f["name"].append(coerce_str(ev.get("name")))
+        f["id"].append(self._int(ev.get("id"), "flow id"))
+        f["pid"].append(ids(raw_pid))
+        f["tid"].append(ids(raw_tid))
+        f["ts"].append(ns_value(ev.get("ts", 0), self.path, i, "ts"))
+        f["bp"].append(coerce_str(ev.get("bp")))
+
+    def _counter(self, ev: dict[str, Any], i: int, raw_pid: Any) -> None:
+        args = ev.get("args")
+        if isinstance(args, dict):
+            ts = ns_value(ev.get("ts", 0), self.path, i, "ts")
+            name = coerce_str(ev.get("name"))
+            pid = self.ids(raw_pid)
+            for key, value in args.items():
+                self._counter_row(i, name, pid, ts, key, value)
+
+    def _instant(self, ev: dict[str, Any], i: int, raw_pid: Any, raw_tid: Any) -> None:
+        ids = self.ids
+        args = ev.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        n = self.instants
+        n["idx"].append(i)
+        n["cat"].append(coerce_str(ev.get("cat")))
+        n["name"].append(coerce_str(ev.get("name")))
+        n["pid"].append(ids(raw_pid))
+        n["tid"].append(ids(raw_tid))
+        n["ts"].append(ns_value(ev.get("ts", 0), self.path, i, "ts"))
+        n["scope"].append(coerce_str(ev.get("s")))
+        for key, col in INSTANT_ARG_KEYS.items():
+            n[col].append(self._int(args.get(key), col))
+
+    def _meta(self, ev: dict[str, Any], i: int, raw_pid: Any, raw_tid: Any) -> None:
+        ids = self.ids
+        args = ev.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        mname = ev.get("name")
+        m = self.meta_rows
+        m["idx"].append(i)
+        m["mname"].append(mname if isinstance(mname, str) else None)
+        m["pid"].append(ids(raw_pid))
+        m["tid"].append(ids(raw_tid))
+        m["a_name"].append(coerce_str(args.get("name")))
+        m["a_labels"].append(coerce_str(args.get("labels")))
+        m["a_sort_index"].append(self._int(args.get("sort_index"), "sort_index"))

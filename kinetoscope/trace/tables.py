@@ -222,6 +222,138 @@ def _opt_str_col(vals: Any) -> pl.Series:
     return pl.Series(vals, dtype=pl.String)
 
 
+# ---- the typed fast path's tables, one chunk at a time ---------------------------------------
+# A gatherer returns (columns, pids, tids) of one table's events in the chunk, or None when the
+# chunk has none; a frame builder turns the columns into the table (ids resolved by the caller).
+_Gathered = tuple[dict[str, Any], Sequence[Any], Sequence[Any]]
+
+
+def _gather_x(
+    evs: list[Any], tys: list[type], counts: dict[type, int], fam: D.Family, first: int
+) -> _Gathered | None:
+    n_x = counts.get(fam.X, 0)
+    if not n_x:
+        return None
+    xs, xidx = _sub(evs, tys, fam.X, first, len(evs), n_x)
+    cat, name, pid, tid, ts, dur, args = zip(*map(astuple, xs))
+    if None in name:
+        raise _Slow  # complete event without a name: the reference raises
+    if PROFILER_RANGE_CAT in cat:
+        raise _Slow  # CUPTI counters in args (-> counters rows): the reference path
+    return {"idx": xidx, "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}, pid, tid
+
+
+def _gather_flows(
+    evs: list[Any], tys: list[type], counts: dict[type, int], fam: D.Family, first: int
+) -> _Gathered | None:
+    flow_set = frozenset(fam.flows)
+    n_flow = sum(counts.get(t, 0) for t in flow_set)
+    if not n_flow:
+        return None
+    fs, fidx = _sub(evs, tys, flow_set, first, len(evs), n_flow)
+    fcat, fname, fid, fpid, ftid, fts, fbp = zip(*map(astuple, fs))
+    flow_ph = dict(zip(fam.flows, ("s", "f", "t")))
+    flows = {
+        "idx": fidx,
+        "ph": list(map(flow_ph.__getitem__, map(type, fs))),
+        "cat": fcat,
+        "name": fname,
+        "id": fid,
+        "ts": fts,
+        "bp": fbp,
+    }
+    return flows, fpid, ftid
+
+
+def _gather_instants(
+    evs: list[Any], tys: list[type], counts: dict[type, int], fam: D.Family, first: int
+) -> _Gathered | None:
+    instant_set = frozenset(fam.instants)
+    n_inst = sum(counts.get(t, 0) for t in instant_set)
+    if not n_inst:
+        return None
+    ins, iidx = _sub(evs, tys, instant_set, first, len(evs), n_inst)
+    iargs: Sequence[Any]
+    icat, iname, ipid, itid, its, iscope, iargs = zip(*map(astuple, ins))
+    return {"idx": iidx, "cat": icat, "name": iname, "ts": its, "scope": iscope, "args": iargs}, ipid, itid
+
+
+def _gather_meta(
+    evs: list[Any], tys: list[type], counts: dict[type, int], fam: D.Family, first: int
+) -> _Gathered | None:
+    n_meta = counts.get(D.Meta, 0)
+    if not n_meta:
+        return None
+    ms, midx = _sub(evs, tys, D.Meta, first, len(evs), n_meta)
+    margs: Sequence[Any]
+    mname, mpid, mtid, margs = zip(*map(astuple, ms))
+    return {"idx": midx, "mname": mname, "args": margs}, mpid, mtid
+
+
+def _flow_frame(flows: dict[str, Any], id_series: dict[str, pl.Series], warn: Counter[str]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "idx": flows["idx"].alias("idx"),
+            "ph": pl.Series(flows["ph"], dtype=pl.String),
+            "cat": _opt_str_col(flows["cat"]),
+            "name": _opt_str_col(flows["name"]),
+            "id": _int_col(flows["id"], warn, "flow id"),
+            "pid": id_series["f.pid"],
+            "tid": id_series["f.tid"],
+            "ts": _ns(flows["ts"], missing_zero=True),
+            "bp": _opt_str_col(flows["bp"]),
+        },
+    )
+
+
+def _instant_frame(inst: dict[str, Any], id_series: dict[str, pl.Series], warn: Counter[str]) -> pl.DataFrame:
+    iargs = inst["args"]
+    if None in iargs:
+        iargs = [D.EMPTY_INSTANT_ARGS if a is None else a for a in iargs]
+    acols = list(zip(*map(astuple, iargs)))
+    data = {
+        "idx": inst["idx"].alias("idx"),
+        "cat": _opt_str_col(inst["cat"]),
+        "name": _opt_str_col(inst["name"]),
+        "pid": id_series["i.pid"],
+        "tid": id_series["i.tid"],
+        "ts": _ns(inst["ts"], missing_zero=True),
+        "scope": _opt_str_col(inst["scope"]),
+    }
+    for col, vals in zip(_INSTANT_COLS, acols):
+        data[col] = _int_col(vals, warn, col)
+    return pl.DataFrame(data)
+
+
+def _meta_frame(meta: dict[str, Any], id_series: dict[str, pl.Series], warn: Counter[str]) -> pl.DataFrame:
+    margs = meta["args"]
+    if None in margs:
+        margs = [D.EMPTY_META_ARGS if a is None else a for a in margs]
+    a_name, a_labels, a_sort = zip(*map(astuple, margs))
+    return pl.DataFrame(
+        {
+            "idx": meta["idx"].alias("idx"),
+            "mname": _opt_str_col(meta["mname"]),
+            "pid": id_series["m.pid"],
+            "tid": id_series["m.tid"],
+            "a_name": _opt_str_col(a_name),
+            "a_labels": _opt_str_col(a_labels),
+            "a_sort_index": _int_col(a_sort, warn, "sort_index"),
+        }
+    )
+
+
+def _arg_columns(df: pl.DataFrame) -> pl.DataFrame:
+    """args keys -> columns (coalescing keys that feed one column, in ARG_COLUMNS order)."""
+    out: dict[str, pl.Expr] = {}
+    for key in D.XARG_KEYS:
+        if key not in df.columns:
+            continue
+        out_col = ARG_COLUMNS[key][0]
+        out[out_col] = pl.coalesce(out[out_col], pl.col(key)) if out_col in out else pl.col(key)
+    return df.select([e.alias(c) for c, e in out.items()])
+
+
 class TableBuilder:
     """Accumulates per-chunk frames for one file; :meth:`finish` concatenates them."""
 
@@ -348,59 +480,58 @@ class TableBuilder:
         # committed only if the whole chunk succeeds: a chunk that falls back (_Slow) or is
         # decoded again (_NeedExact) is counted once, by the attempt that succeeds
         warn: Counter[str] = Counter()
-        ids_out_of_range = 0
+        # one table's columns (name -> values or Series), absent when the chunk has no such events
+        gathered: dict[str, dict[str, Any]] = {}
         pending_ids: list[tuple[str, Any]] = []  # (table.col, raw id list)
-
-        # one table's columns (name -> values or Series), None when the chunk has no such events
-        x: dict[str, Any] | None
-        flows: dict[str, Any] | None
-        inst: dict[str, Any] | None
-        meta: dict[str, Any] | None
-        x = flows = inst = meta = None
-        flow_set = frozenset(fam.flows)
-        instant_set = frozenset(fam.instants)
-        n_x = counts.get(fam.X, 0)
-        if n_x:
-            xs, xidx = _sub(evs, tys, fam.X, first, n, n_x)
-            cat, name, pid, tid, ts, dur, args = zip(*map(astuple, xs))
-            if None in name:
-                raise _Slow  # complete event without a name: the reference raises
-            if PROFILER_RANGE_CAT in cat:
-                raise _Slow  # CUPTI counters in args (-> counters rows): the reference path
-            x = {"idx": xidx, "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
-            pending_ids += [("x.pid", pid), ("x.tid", tid)]
-        n_flow = sum(counts.get(t, 0) for t in flow_set)
-        if n_flow:
-            fs, fidx = _sub(evs, tys, flow_set, first, n, n_flow)
-            fcat, fname, fid, fpid, ftid, fts, fbp = zip(*map(astuple, fs))
-            flow_ph = dict(zip(fam.flows, ("s", "f", "t")))
-            flows = {
-                "idx": fidx,
-                "ph": list(map(flow_ph.__getitem__, map(type, fs))),
-                "cat": fcat,
-                "name": fname,
-                "id": fid,
-                "ts": fts,
-                "bp": fbp,
-            }
-            pending_ids += [("f.pid", fpid), ("f.tid", ftid)]
-        n_inst = sum(counts.get(t, 0) for t in instant_set)
-        if n_inst:
-            ins, iidx = _sub(evs, tys, instant_set, first, n, n_inst)
-            iargs: Sequence[Any]
-            icat, iname, ipid, itid, its, iscope, iargs = zip(*map(astuple, ins))
-            inst = {"idx": iidx, "cat": icat, "name": iname, "ts": its, "scope": iscope, "args": iargs}
-            pending_ids += [("i.pid", ipid), ("i.tid", itid)]
-        n_meta = counts.get(D.Meta, 0)
-        if n_meta:
-            ms, midx = _sub(evs, tys, D.Meta, first, n, n_meta)
-            margs: Sequence[Any]
-            mname, mpid, mtid, margs = zip(*map(astuple, ms))
-            meta = {"idx": midx, "mname": mname, "args": margs}
-            pending_ids += [("m.pid", mpid), ("m.tid", mtid)]
+        for key, gather in (
+            ("x", _gather_x),
+            ("f", _gather_flows),
+            ("i", _gather_instants),
+            ("m", _gather_meta),
+        ):
+            got = gather(evs, tys, counts, fam, first)
+            if got is not None:
+                gathered[key], pid, tid = got
+                pending_ids += [(f"{key}.pid", pid), (f"{key}.tid", tid)]
         n_counter = counts.get(D.Counter, 0)
+        id_series, ids_out_of_range = self._id_series(evs, tys, counts, fam, pending_ids, n_counter)
 
-        # pid/tid: ints pass straight through; strings need labels in file order
+        # build frames (nothing is committed until every table of the chunk is built)
+        frames: dict[str, pl.DataFrame] = {}
+        if "x" in gathered:
+            frames["events"] = self._x_frame(gathered["x"], id_series, warn)
+        if "f" in gathered:
+            frames["flows"] = _flow_frame(gathered["f"], id_series, warn)
+        if "i" in gathered:
+            frames["instants"] = _instant_frame(gathered["i"], id_series, warn)
+        if "m" in gathered:
+            frames["meta"] = _meta_frame(gathered["m"], id_series, warn)
+        counters = None
+        if n_counter:
+            counters = self._counter_frame(evs, tys, first, n_counter, warn, redecode)
+
+        # commit
+        self.warn.update(warn)
+        self.ids.out_of_range += ids_out_of_range
+        for name, table in (("events", self.events), ("flows", self.flows), ("instants", self.instants)):
+            if name in frames:
+                table.append(frames[name])
+        if "meta" in frames:
+            self.meta_rows.append(frames["meta"])
+        if counters is not None:
+            self.counters.append(counters)
+
+    def _id_series(
+        self,
+        evs: list[Any],
+        tys: list[type],
+        counts: dict[type, int],
+        fam: D.Family,
+        pending_ids: list[tuple[str, Any]],
+        n_counter: int,
+    ) -> tuple[dict[str, pl.Series], int]:
+        """pid/tid columns by ``table.col``: ints pass straight through; strings need labels in
+        file order. Also how many ids did not fit in int64 (committed with the chunk)."""
         id_series: dict[str, pl.Series] = {}
         failed: list[tuple[str, Any]] = []
         for key, vals in pending_ids:
@@ -410,113 +541,58 @@ class TableBuilder:
                 failed.append((key, vals))
         if failed or n_counter:
             self._register_labels(evs, tys, failed, counts, fam)
+        out_of_range = 0
         for key, vals in failed:
             id_series[key], bad = self._map_ids(vals)
-            ids_out_of_range += bad
+            out_of_range += bad
+        return id_series, out_of_range
 
-        # build frames (nothing is committed until every table of the chunk is built)
-        frames: dict[str, pl.DataFrame] = {}
-        if x is not None:
-            cat_s = pl.Series("cat", x["cat"], dtype=pl.String)
-            if cat_s.null_count():
-                cat_s = cat_s.fill_null("")
-            cols = {
-                "idx": x["idx"].alias("idx"),
-                "cat": cat_s,
-                "name": pl.Series("name", x["name"], dtype=pl.String),
-                "pid": id_series["x.pid"].alias("pid"),
-                "tid": id_series["x.tid"].alias("tid"),
-                "ts": _ns(x["ts"], missing_zero=False).alias("ts"),
-                "dur": _ns(x["dur"], missing_zero=False, dur=True).alias("dur"),
-            }
-            df = pl.DataFrame(cols)
-            argdf = self._x_args(x["args"], cat_s, warn)
-            if argdf is not None:
-                df = pl.concat([df, argdf], how="horizontal")
-            frames["events"] = df
-        if flows is not None:
-            frames["flows"] = pl.DataFrame(
-                {
-                    "idx": flows["idx"].alias("idx"),
-                    "ph": pl.Series(flows["ph"], dtype=pl.String),
-                    "cat": _opt_str_col(flows["cat"]),
-                    "name": _opt_str_col(flows["name"]),
-                    "id": _int_col(flows["id"], warn, "flow id"),
-                    "pid": id_series["f.pid"],
-                    "tid": id_series["f.tid"],
-                    "ts": _ns(flows["ts"], missing_zero=True),
-                    "bp": _opt_str_col(flows["bp"]),
-                },
-            )
-        if inst is not None:
-            iargs = inst["args"]
-            if None in iargs:
-                iargs = [D.EMPTY_INSTANT_ARGS if a is None else a for a in iargs]
-            acols = list(zip(*map(astuple, iargs)))
-            data = {
-                "idx": inst["idx"].alias("idx"),
-                "cat": _opt_str_col(inst["cat"]),
-                "name": _opt_str_col(inst["name"]),
-                "pid": id_series["i.pid"],
-                "tid": id_series["i.tid"],
-                "ts": _ns(inst["ts"], missing_zero=True),
-                "scope": _opt_str_col(inst["scope"]),
-            }
-            for col, vals in zip(_INSTANT_COLS, acols):
-                data[col] = _int_col(vals, warn, col)
-            frames["instants"] = pl.DataFrame(data)
-        if meta is not None:
-            margs = meta["args"]
-            if None in margs:
-                margs = [D.EMPTY_META_ARGS if a is None else a for a in margs]
-            a_name, a_labels, a_sort = zip(*map(astuple, margs))
-            frames["meta"] = pl.DataFrame(
-                {
-                    "idx": meta["idx"].alias("idx"),
-                    "mname": _opt_str_col(meta["mname"]),
-                    "pid": id_series["m.pid"],
-                    "tid": id_series["m.tid"],
-                    "a_name": _opt_str_col(a_name),
-                    "a_labels": _opt_str_col(a_labels),
-                    "a_sort_index": _int_col(a_sort, warn, "sort_index"),
-                }
-            )
-        counters = None
-        if n_counter:
-            cs, cidx = _sub(evs, tys, D.Counter, first, n, n_counter)
-            rb = RowBuilder(self.path, self.ids, warn)
-            rows = []
-            inexact = False
-            for ev in cs:
-                d = {"ph": "C", "name": ev.name, "pid": ev.pid, "tid": ev.tid, "args": ev.args}
-                ts = ev.ts
-                if ts is not UNSET:
-                    d["ts"] = ts
-                    if type(ts) is float and not _float_is_exact(ts):
-                        inexact = True
-                rows.append(d)
-            positions = cidx.to_list()
-            if inexact:  # the counters' timestamps need their text: decode this chunk again
-                again = redecode(D.EXACT_GENERIC_DECODER)
-                rows = [again[i - first] for i in positions]
-            for i, d in zip(positions, rows):
-                rb.add(d, i)
-            if rb.counters["idx"]:
-                counters = pl.DataFrame(rb.counters, schema=COUNTERS_SCHEMA)
+    def _x_frame(
+        self, x: dict[str, Any], id_series: dict[str, pl.Series], warn: Counter[str]
+    ) -> pl.DataFrame:
+        """The events table of the chunk's complete events, args columns included."""
+        cat_s = pl.Series("cat", x["cat"], dtype=pl.String)
+        if cat_s.null_count():
+            cat_s = cat_s.fill_null("")
+        cols = {
+            "idx": x["idx"].alias("idx"),
+            "cat": cat_s,
+            "name": pl.Series("name", x["name"], dtype=pl.String),
+            "pid": id_series["x.pid"].alias("pid"),
+            "tid": id_series["x.tid"].alias("tid"),
+            "ts": _ns(x["ts"], missing_zero=False).alias("ts"),
+            "dur": _ns(x["dur"], missing_zero=False, dur=True).alias("dur"),
+        }
+        df = pl.DataFrame(cols)
+        argdf = self._x_args(x["args"], cat_s, warn)
+        if argdf is not None:
+            df = pl.concat([df, argdf], how="horizontal")
+        return df
 
-        # commit
-        self.warn.update(warn)
-        self.ids.out_of_range += ids_out_of_range
-        if "events" in frames:
-            self.events.append(frames["events"])
-        if "flows" in frames:
-            self.flows.append(frames["flows"])
-        if "instants" in frames:
-            self.instants.append(frames["instants"])
-        if "meta" in frames:
-            self.meta_rows.append(frames["meta"])
-        if counters is not None:
-            self.counters.append(counters)
+    def _counter_frame(
+        self, evs: list[Any], tys: list[type], first: int, n_counter: int, warn: Counter[str], redecode: Any
+    ) -> pl.DataFrame | None:
+        """The counters rows of the chunk, through the reference rules (``RowBuilder``); decoded
+        again when a timestamp needs its text."""
+        cs, cidx = _sub(evs, tys, D.Counter, first, len(evs), n_counter)
+        rb = RowBuilder(self.path, self.ids, warn)
+        rows = []
+        inexact = False
+        for ev in cs:
+            d = {"ph": "C", "name": ev.name, "pid": ev.pid, "tid": ev.tid, "args": ev.args}
+            ts = ev.ts
+            if ts is not UNSET:
+                d["ts"] = ts
+                if type(ts) is float and not _float_is_exact(ts):
+                    inexact = True
+            rows.append(d)
+        positions = cidx.to_list()
+        if inexact:  # the counters' timestamps need their text: decode this chunk again
+            again = redecode(D.EXACT_GENERIC_DECODER)
+            rows = [again[i - first] for i in positions]
+        for i, d in zip(positions, rows):
+            rb.add(d, i)
+        return pl.DataFrame(rb.counters, schema=COUNTERS_SCHEMA) if rb.counters["idx"] else None
 
     def _register_labels(
         self,
@@ -565,7 +641,6 @@ class TableBuilder:
             args = tuple(D.EMPTY_XARGS if a is None else a for a in args)
         groups = cat_s.to_frame().with_row_index("__i").group_by("cat", maintain_order=True).agg("__i").rows()
         parts: list[pl.DataFrame] = []
-        encode = _ENCODER.encode
         for cat, positions in groups:
             if len(groups) == 1:
                 sub = args
@@ -573,39 +648,7 @@ class TableBuilder:
                 sub = (args[positions[0]],)
             else:
                 sub = itemgetter(*positions)(args)
-            m = len(sub)
-            known = self.arg_fields.get(cat)
-            if known is None:  # first sight of this category: learn its fields from a sample
-                sample = list(map(astuple, sub[:_LEARN_SAMPLE]))
-                known = self.arg_fields[cat] = {
-                    fi for fi, col in enumerate(zip(*sample)) if col.count(None) != len(col)
-                }
-            # how many fields are present in total: every present field is one '"key":' in the
-            # compact encoding (omit_defaults); text inside values can only add to the count
-            total = encode(sub).count(b'":')
-            series: dict[int, pl.Series] = {}
-            got = 0
-            w1: Counter[str] = Counter()
-            if known:
-                if len(known) <= 3:
-                    cols = {fi: list(map(attrgetter(D.XARG_FIELDS[fi]), sub)) for fi in known}
-                else:
-                    tups = list(map(astuple, sub))
-                    cols = {fi: list(map(itemgetter(fi), tups)) for fi in known}
-                for fi in sorted(cols):
-                    s = self._arg_series(fi, cols[fi], w1)
-                    nn = m - s.null_count()
-                    if nn:
-                        series[fi] = s
-                        got += nn
-            if got == total:
-                warn.update(w1)
-            else:  # a field not seen before in this category (or odd text): all of them
-                series = {}
-                for fi, col in enumerate(zip(*map(astuple, sub))):
-                    if col.count(None) != m:
-                        series[fi] = self._arg_series(fi, col, warn)
-                        known.add(fi)
+            series = self._category_args(cat, sub, warn)
             if not series:
                 continue
             data: dict[str, pl.Series] = {"__i": pl.Series(positions, dtype=pl.UInt32)}
@@ -623,14 +666,47 @@ class TableBuilder:
                 df = pl.DataFrame({"__i": pl.arange(0, n, dtype=pl.UInt32, eager=True)}).join(
                     df, on="__i", how="left"
                 )
-        # args keys -> columns (coalescing keys that feed one column, in ARG_COLUMNS order)
-        out: dict[str, pl.Expr] = {}
-        for key in D.XARG_KEYS:
-            if key not in df.columns:
-                continue
-            out_col = ARG_COLUMNS[key][0]
-            out[out_col] = pl.coalesce(out[out_col], pl.col(key)) if out_col in out else pl.col(key)
-        return df.select([e.alias(c) for c, e in out.items()])
+        return _arg_columns(df)
+
+    def _category_args(self, cat: str, sub: tuple[Any, ...], warn: Counter[str]) -> dict[int, pl.Series]:
+        """The present args fields (field index -> column) of one category's events ``sub``:
+        the fields known for the category, unless the encoded text holds more keys than they
+        found (then every field)."""
+        m = len(sub)
+        known = self.arg_fields.get(cat)
+        if known is None:  # first sight of this category: learn its fields from a sample
+            sample = list(map(astuple, sub[:_LEARN_SAMPLE]))
+            known = self.arg_fields[cat] = {
+                fi for fi, col in enumerate(zip(*sample)) if col.count(None) != len(col)
+            }
+        # how many fields are present in total: every present field is one '"key":' in the
+        # compact encoding (omit_defaults); text inside values can only add to the count
+        total = _ENCODER.encode(sub).count(b'":')
+        series: dict[int, pl.Series] = {}
+        got = 0
+        w1: Counter[str] = Counter()
+        if known:
+            if len(known) <= 3:
+                cols = {fi: list(map(attrgetter(D.XARG_FIELDS[fi]), sub)) for fi in known}
+            else:
+                tups = list(map(astuple, sub))
+                cols = {fi: list(map(itemgetter(fi), tups)) for fi in known}
+            for fi in sorted(cols):
+                s = self._arg_series(fi, cols[fi], w1)
+                nn = m - s.null_count()
+                if nn:
+                    series[fi] = s
+                    got += nn
+        if got == total:
+            warn.update(w1)
+            return series
+        # a field not seen before in this category (or odd text): all of them
+        series = {}
+        for fi, col in enumerate(zip(*map(astuple, sub))):
+            if col.count(None) != m:
+                series[fi] = self._arg_series(fi, col, warn)
+                known.add(fi)
+        return series
 
     def _arg_series(self, fi: int, vals: Any, warn: Counter[str]) -> pl.Series:
         key = D.XARG_KEYS[fi]

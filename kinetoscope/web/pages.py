@@ -107,7 +107,7 @@ def job_page(request: Request, job_id: str, web: WebContext = Ctx) -> HTMLRespon
         raise HTTPException(404, f"no job {job_id!r} in the catalog")
     traces = ctx["traces"]
     analyses = [a for t in traces for a in catalog.analyses(trace_id=t.trace_id, limit=20)]
-    from kinetoscope.web.stacks import latest_for_job
+    from kinetoscope.store.stacks_store import latest_stacks
 
     return render_page(
         request,
@@ -116,7 +116,7 @@ def job_page(request: Request, job_id: str, web: WebContext = Ctx) -> HTMLRespon
         traces=traces,
         fleet=ctx["fleet"],
         analyses=sorted(analyses, key=lambda a: a.created, reverse=True),
-        stacks=latest_for_job(web, job_id),
+        stacks=latest_stacks(catalog, job_id=job_id, limit=1),  # as web.stacks.latest_for_job
     )
 
 

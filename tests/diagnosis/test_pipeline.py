@@ -15,7 +15,8 @@ from seed_jobs import run_torchrun
 
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.extract import figures_of
-from kinetoscope.diagnosis.pipeline import _cut, _rank_pipe, expected_bubble, placed
+from kinetoscope.diagnosis.pipeline import expected_bubble
+from kinetoscope.diagnosis.pipeline_cuts import _cut, _rank_pipe, placed
 from kinetoscope.diagnosis.recommendations import pipeline_bubble, pipeline_imbalance
 from kinetoscope.trace import load_traces
 

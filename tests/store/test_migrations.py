@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from kinetoscope.store.catalog import Catalog, current_revisions, head_revisions
-from kinetoscope.store.models import Base
+from kinetoscope.store.schema import Base
 
 
 def test_migrate_empty_db_to_head_matches_models(catalog_url: str) -> None:

@@ -1,8 +1,9 @@
 """Alembic migrations of the catalog (applied by ``Catalog.open``; see ``catalog.upgrade``).
 
-``HEAD`` names the newest revision so that opening an up-to-date catalog does not need to
-import alembic; ``tests/store/test_migrations.py`` checks it against the scripts. Bump it with
-every new revision.
+``HEAD``, the newest revision, is defined in ``kinetoscope.store.schema`` (bump it there with
+every new revision) and named here too.
 """
 
-HEAD = "0005_job_identity"
+from kinetoscope.store.schema import HEAD
+
+__all__ = ["HEAD"]

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
 
-from kinetoscope.store.models import Base
+from kinetoscope.store.schema import Base
 
 config = context.config
 target_metadata = Base.metadata
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
