@@ -25,6 +25,11 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
+def _m(description: str) -> msgspec.Meta:
+    """A field's one-line description: the web form's label and the API schema's text."""
+    return msgspec.Meta(description=description)
+
+
 class TraceOptions(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
     """What to record: the ``dyno gputrace`` options (docs/protocol.md §4.1) plus kscope's own.
 
@@ -42,17 +47,19 @@ class TraceOptions(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True
       epoch; 0 = as soon as possible). The daemon refuses a time in the past.
     """
 
-    duration_ms: Positive | None = None
-    iterations: Positive | None = None
-    iteration_roundup: Positive | None = None
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    process_limit: Positive | None = None
-    include_launchers: bool | None = None
-    profile_start_time_ms: NonNegative | None = None
+    duration_ms: Annotated[Positive | None, _m("record N milliseconds (duration mode)")] = None
+    iterations: Annotated[Positive | None, _m("record N training iterations (optimizer.step() calls)")] = None
+    iteration_roundup: Annotated[
+        Positive | None, _m("start at the next iteration that is a multiple of R")
+    ] = None
+    record_shapes: Annotated[bool, _m("record shapes")] = False
+    profile_memory: Annotated[bool, _m("profile memory (duration only)")] = False
+    with_stack: Annotated[bool, _m("with stack")] = False
+    with_flops: Annotated[bool, _m("with FLOPs")] = False
+    with_modules: Annotated[bool, _m("with modules")] = False
+    process_limit: Annotated[Positive | None, _m("process limit per host")] = None
+    include_launchers: Annotated[bool | None, _m("include launchers")] = None
+    profile_start_time_ms: Annotated[NonNegative | None, _m("start time, ms since the epoch (0: now)")] = None
 
     @property
     def mode(self) -> str:
@@ -67,6 +74,17 @@ class TraceOptions(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True
 
 # The option names, in definition order (forms and manifests list them this way).
 OPTION_FIELDS: tuple[str, ...] = TraceOptions.__struct_fields__
+
+
+def field_descriptions(kind: type[msgspec.Struct]) -> dict[str, str]:
+    """name -> the ``Meta(description=...)`` of each field of ``kind`` that has one."""
+    out: dict[str, str] = {}
+    for f in msgspec.structs.fields(kind):
+        for meta in getattr(f.type, "__metadata__", ()):
+            if isinstance(meta, msgspec.Meta) and meta.description:
+                out[f.name] = meta.description
+    return out
+
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -116,6 +134,7 @@ __all__ = [
     "TraceOptions",
     "decode_as",
     "decode_options",
+    "field_descriptions",
     "field_error",
     "options_fields",
 ]
