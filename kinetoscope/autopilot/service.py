@@ -46,9 +46,8 @@ from kinetoscope.collect.trigger import (
     TraceResult,
     align_roundup,
     requested_by,
-    trigger_trace,
-    wait_for_trace,
 )
+from kinetoscope.collect.workflow import Delivery, TraceWorkflow
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import Claim, FleetStore, SampleRow, utcnow
@@ -451,12 +450,7 @@ class Autopilot:
         if not res.files:
             kind = res.errors[0].kind if res.errors else "no_match"
             return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
-        res = wait_for_trace(
-            res,
-            timeout=self.policy.trace_timeout_s,
-            token=self.config.token,
-            rpc_timeout=self.policy.rpc_timeout_s,
-        )
+        res = TraceWorkflow(self._delivery()).run(res)  # wait, then store and record a usable trace
         if any(e.kind == "exited" for e in res.errors):
             return (
                 "job_ended",
@@ -468,7 +462,26 @@ class Autopilot:
         if not any(f.complete for f in res.files):
             kind = res.errors[0].kind if res.errors else "incomplete"
             return "failed", kind, "; ".join(e.message for e in res.errors)[:4000] or None, None, None
-        return self._store_and_analyse(sample, res)
+        bad = [e for e in res.errors if e.kind == "store"]
+        if bad:
+            return "failed", "store", bad[0].message, None, None
+        return self._analyse(sample, res)
+
+    def _delivery(self) -> Delivery:
+        """The trace workflow's steps for a sample: wait, store (when configured) and record in
+        the fleet's catalog, only a usable trace (``strict``); catalog failures raise."""
+        return Delivery(
+            wait=True,
+            timeout_s=self.policy.trace_timeout_s,
+            token=self.config.token,
+            rpc_timeout_s=self.policy.rpc_timeout_s,
+            manifest_on_trigger=False,
+            store=self.config.store_url or None,
+            record=True,
+            catalog=self.catalog.url,
+            raise_errors=True,
+            strict=True,
+        )
 
     def _trigger(self, sample: SampleRow) -> TraceResult:
         target, options = self._options(sample)
@@ -480,12 +493,7 @@ class Autopilot:
                 output_dir=self.config.output_dir,
                 trace_id=sample.sample_id,
             )
-            return trigger_trace(
-                request,
-                token=self.config.token,
-                rpc_timeout=self.policy.rpc_timeout_s,
-                write_manifest_file=False,
-            )
+            return TraceWorkflow(self._delivery()).trigger(request)
         except KinetoscopeError as exc:  # e.g. a trace id a daemon has seen: reported, not raised
             res = TraceResult(trace_id=sample.sample_id, hosts=[], target=target, options=options)
             res.errors.append(TraceProblem(kind="failed", message=str(exc)))
@@ -536,18 +544,11 @@ class Autopilot:
                 )
         return res if res.files else None
 
-    def _store_and_analyse(
+    def _analyse(
         self, sample: SampleRow, res: TraceResult
     ) -> tuple[str, str | None, str | None, dict[str, Any] | None, int | None]:
-        from kinetoscope.collect.deliver import record_trace_result, store_trace_result
         from kinetoscope.orchestration import ANALYSIS_NAME, analyze_inputs, record_run
 
-        if self.config.store_url:
-            store_trace_result(res, self.config.store_url)
-            bad = [e for e in res.errors if e.kind == "store"]
-            if bad:
-                return "failed", "store", bad[0].message, None, None
-        record_trace_result(res, self.catalog.url, raise_errors=True)
         existing = self.catalog.latest_analysis(sample.sample_id, name=ANALYSIS_NAME)
         paths: list[Any] = []  # the local files, for the evidence's own timestamp check
         if existing is None:

@@ -145,15 +145,12 @@ def store_trace_result(
     trace_dir = _local_request_dir(result)
     if trace_dir is None:
         where = ", ".join(result.output_dirs) or "its request folder"
-        result.errors.append(
-            TraceProblem(
-                kind="store",
-                message=(
-                    f"cannot store trace {result.trace_id} in {url}: its files are not on this machine "
-                    f"({where} does not exist here). Run `{_retry_hint('<dir>', url, storage_options)}` on each "
-                    "host that has them, or put the daemons' trace root on shared storage"
-                ),
-            )
+        _store_problem(
+            result,
+            None,
+            f"cannot store trace {result.trace_id} in {url}: its files are not on this machine "
+            f"({where} does not exist here). Run `{_retry_hint('<dir>', url, storage_options)}` on each "
+            "host that has them, or put the daemons' trace root on shared storage",
         )
         return []
     try:
@@ -165,40 +162,17 @@ def store_trace_result(
         result.store_url = ts.url
         entries = load_trace_dir(trace_dir)["files"]
         expected = [e for e in entries if e.get("complete") is not False]
-        refused = refused_local_files(trace_dir, expected)
-        if refused:
-            _note_refused(result, refused)
-            listed = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
-            result.errors.append(
-                TraceProblem(
-                    kind="store",
-                    path=str(trace_dir),
-                    message=(
-                        f"nothing of trace {result.trace_id} was stored in {url}: {len(refused)} file(s) "
-                        f"listed as complete are not regular trace files now ({listed}); a traced process "
-                        "replaced them after they were checked, so they are not read (docs/security.md)"
-                    ),
-                )
-            )
+        if _refused_now(result, trace_dir, expected, url):
             return []
-        # The trigger's user may not own the daemon-made folder: then only the stored manifest.json
-        # carries sha256/url (and the catalog gets them from the stored objects).
-        writable = os.access(trace_dir, os.W_OK) and (
-            not (trace_dir / MANIFEST_NAME).exists() or os.access(trace_dir / MANIFEST_NAME, os.W_OK)
-        )
-        objs = upload_trace_request(trace_dir, ts, update_local=writable)
+        objs = upload_trace_request(trace_dir, ts, update_local=_writable(trace_dir))
     except PartialUploadError as exc:  # disk full, quota...: what arrived is kept and recorded
         result.stored, result.store_error = list(exc.stored), str(exc.manifest["store_error"])
-        result.errors.append(
-            TraceProblem(
-                kind="store",
-                path=str(trace_dir),
-                message=(
-                    f"storing trace {result.trace_id} in {url} stopped part-way ({result.store_error}); "
-                    f"recorded as partial. The trace files are kept in {trace_dir}; finish with "
-                    f"`{_retry_hint(trace_dir, url, storage_options)}`"
-                ),
-            )
+        _store_problem(
+            result,
+            trace_dir,
+            f"storing trace {result.trace_id} in {url} stopped part-way ({result.store_error}); "
+            f"recorded as partial. The trace files are kept in {trace_dir}; finish with "
+            f"`{_retry_hint(trace_dir, url, storage_options)}`",
         )
         return []
     except (KinetoscopeError, OSError) as exc:
@@ -207,32 +181,70 @@ def store_trace_result(
             if isinstance(exc, KinetoscopeError)
             else f"{exc.filename or trace_dir}: {exc.strerror or exc}"
         )
-        result.errors.append(
-            TraceProblem(
-                kind="store",
-                path=str(trace_dir),
-                message=(
-                    f"storing trace {result.trace_id} in {url} failed: {what}. Nothing was lost: the trace files "
-                    f"are kept in {trace_dir}; retry with `{_retry_hint(trace_dir, url, storage_options)}`"
-                ),
-            )
+        _store_problem(
+            result,
+            trace_dir,
+            f"storing trace {result.trace_id} in {url} failed: {what}. Nothing was lost: the trace files "
+            f"are kept in {trace_dir}; retry with `{_retry_hint(trace_dir, url, storage_options)}`",
         )
         return []
     result.stored = list(objs)
+    _report_upload(
+        result, trace_dir, entries, expected, objs, ts.url, _retry_hint("<dir>", url, storage_options)
+    )
+    return objs
+
+
+def _store_problem(result: TraceResult, trace_dir: Path | None, message: str) -> None:
+    path = str(trace_dir) if trace_dir is not None else None
+    result.errors.append(TraceProblem(kind="store", path=path, message=message))
+
+
+def _writable(trace_dir: Path) -> bool:
+    """Whether this user may update the folder's manifest. The trigger's user may not own the
+    daemon-made folder: then only the stored manifest.json carries sha256/url (and the catalog
+    gets them from the stored objects)."""
+    manifest = trace_dir / MANIFEST_NAME
+    return os.access(trace_dir, os.W_OK) and (not manifest.exists() or os.access(manifest, os.W_OK))
+
+
+def _refused_now(result: TraceResult, trace_dir: Path, expected: list[dict[str, Any]], url: str) -> bool:
+    """Whether a file listed as complete is no longer a regular trace file (then nothing is stored)."""
+    refused = refused_local_files(trace_dir, expected)
+    if not refused:
+        return False
+    _note_refused(result, refused)
+    listed = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))
+    _store_problem(
+        result,
+        trace_dir,
+        f"nothing of trace {result.trace_id} was stored in {url}: {len(refused)} file(s) "
+        f"listed as complete are not regular trace files now ({listed}); a traced process "
+        "replaced them after they were checked, so they are not read (docs/security.md)",
+    )
+    return True
+
+
+def _report_upload(
+    result: TraceResult,
+    trace_dir: Path,
+    entries: list[dict[str, Any]],
+    expected: list[dict[str, Any]],
+    objs: Sequence[StoredObject],
+    store_url: str,
+    hint: str,
+) -> None:
+    """Errors and notes about what the upload left out: complete files of other hosts, planted
+    files, incomplete files."""
     uploaded = {o.key.rsplit("/", 1)[-1] for o in objs}
     missing = [e for e in expected if e["file"] not in uploaded]
     if missing:
         listed = ", ".join(f"{e['file']} (host {e.get('host') or '?'})" for e in missing)
-        result.errors.append(
-            TraceProblem(
-                kind="store",
-                path=str(trace_dir),
-                message=(
-                    f"{len(missing)} complete trace file(s) of {result.trace_id} are not on this machine and "
-                    f"were not stored in {ts.url}: {listed}; run `{_retry_hint('<dir>', url, storage_options)}` on "
-                    "their host"
-                ),
-            )
+        _store_problem(
+            result,
+            trace_dir,
+            f"{len(missing)} complete trace file(s) of {result.trace_id} are not on this machine and "
+            f"were not stored in {store_url}: {listed}; run `{hint}` on their host",
         )
     skipped = len(entries) - len(expected)
     planted = [e for e in entries if e.get("refused")]
@@ -244,7 +256,6 @@ def store_trace_result(
         )
     if skipped > 0:
         _add_note(result, f"{skipped} incomplete trace file(s) were not stored; they stay in {trace_dir}")
-    return objs
 
 
 def trace_result_manifest(result: TraceResult) -> tuple[dict[str, Any], Path | None]:

@@ -22,18 +22,22 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from kinetoscope.collect.client import DEFAULT_TIMEOUT_S, DaemonClient, DaemonError, HostAddress, parse_hosts
 from kinetoscope.collect.window_fit import fit_roundup
-from kinetoscope.daemon.traces import file_status
 from kinetoscope.errors import UsageError
 from kinetoscope.protocol import jobident, rpc
-from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS, build_config
+from kinetoscope.protocol.kineto_config import build_config
 from kinetoscope.protocol.manifest import Manifest, ManifestFile, dumps_manifest, utc_now_iso, write_manifest
+from kinetoscope.protocol.trace_options import OPTION_FIELDS, options_fields
+from kinetoscope.protocol.trace_options import TraceOptions as WireOptions
+from kinetoscope.protocol.tracefile import check_file
 
 if TYPE_CHECKING:
     from kinetoscope.store.storage import StoredObject
@@ -46,19 +50,11 @@ _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 # ---------------------------------------------------------------------------------------
 # Request
 # ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TraceOptions:
-    """What to record; mirrors ``dyno gputrace`` options (docs/protocol.md §4.1/§4.2)."""
+class TraceOptions(WireOptions, omit_defaults=True, kw_only=True, frozen=True):
+    """What to record (:class:`kinetoscope.protocol.trace_options.TraceOptions`, the one
+    definition), plus what only the trigger uses and never sends: ``align``, ``steps_per_s``,
+    ``wait_s``. ``include_launchers`` is False here ("not asked"): the daemon's own default."""
 
-    duration_ms: int | None = None
-    iterations: int | None = None
-    iteration_roundup: int | None = None
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    process_limit: int | None = None
     include_launchers: bool = False
     # Iteration traces of several processes: pick an --iteration-roundup that starts every rank at
     # the same iteration (align_roundup) unless one is given; False = each rank's next step.
@@ -71,67 +67,63 @@ class TraceOptions:
     wait_s: float | None = None
 
     def validate(self) -> None:
-        if (self.duration_ms is None) == (self.iterations is None):
-            raise UsageError("choose what to record: either --duration-ms N or --iterations N")
-        if self.duration_ms is not None and self.duration_ms <= 0:
-            raise UsageError(
-                f"--duration-ms must be a positive number of milliseconds, got {self.duration_ms}"
-            )
-        if self.iterations is not None and self.iterations <= 0:
-            raise UsageError(f"--iterations must be a positive number, got {self.iterations}")
-        if self.iteration_roundup is not None:
-            if self.iterations is None:
-                raise UsageError("--iteration-roundup only applies to --iterations")
-            if self.iteration_roundup <= 0:
-                raise UsageError(f"--iteration-roundup must be at least 1, got {self.iteration_roundup}")
-            if not self.align:
-                raise UsageError("--no-align and --iteration-roundup contradict each other; give one")
-        if not self.align and self.iterations is None:
-            raise UsageError("--no-align only applies to --iterations (duration traces start by time)")
-        if self.profile_memory and self.iterations is not None:
-            raise UsageError(
-                "--profile-memory needs --duration-ms: Kineto's memory profiling is time-based "
-                "(PROFILE_MEMORY_DURATION_MSECS), and dyno rejects it with --iterations too"
-            )
-        if self.process_limit is not None and self.process_limit <= 0:
-            raise UsageError(f"--process-limit must be at least 1, got {self.process_limit}")
+        """Raise UsageError, in the CLI's words (its flag names), for a request to refuse."""
+        problem = _option_problem(self)
+        if problem:
+            raise UsageError(problem)
 
-    @property
-    def mode(self) -> str:
-        return "iterations" if self.iterations is not None else "duration"
+    def wire(self) -> WireOptions:
+        """The options as sent (``kscopeTrace``): iteration mode names its roundup (1 unless
+        given); the trigger-only fields are left out."""
+        fields = {name: getattr(self, name) for name in OPTION_FIELDS}
+        if self.iterations is not None:
+            fields["iteration_roundup"] = self.iteration_roundup or 1
+        else:
+            fields["iteration_roundup"] = None
+        fields["include_launchers"] = True if self.include_launchers else None
+        return WireOptions(**fields)
 
     def config_text(self, log_file: str | None) -> str:
         """The Kineto config ``dyno gputrace`` would send for these options (docs/protocol.md §4.2), built by the
         daemon's own builder so trigger and daemon cannot disagree. ``log_file=None`` leaves out the
         per-process ``ACTIVITIES_LOG_FILE`` line (the part every process of a request shares)."""
         self.validate()
-        return build_config(
-            log_file=log_file,
-            duration_ms=self.duration_ms if self.duration_ms is not None else DEFAULT_DURATION_MS,
-            iterations=self.iterations if self.iterations is not None else -1,
-            iteration_roundup=self.iteration_roundup or 1,
-            record_shapes=self.record_shapes,
-            profile_memory=self.profile_memory,
-            with_stack=self.with_stack,
-            with_flops=self.with_flops,
-            with_modules=self.with_modules,
-        )
+        return build_config(self.wire(), log_file=log_file)
 
     def rpc_fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.iterations is not None:
-            out["iterations"] = self.iterations
-            out["iteration_roundup"] = self.iteration_roundup or 1
-        else:
-            out["duration_ms"] = self.duration_ms
-        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
-            if getattr(self, name):
-                out[name] = True
-        if self.process_limit is not None:
-            out["process_limit"] = self.process_limit
-        if self.include_launchers:
-            out["include_launchers"] = True
-        return out
+        """The JSON fields these options add to a ``kscopeTrace`` request."""
+        return options_fields(self.wire())
+
+    def replace(self, **changes: Any) -> TraceOptions:
+        """A copy with ``changes`` (the options are frozen)."""
+        return msgspec.structs.replace(self, **changes)
+
+
+def _positive(flag: str, value: int | None, what: str) -> str | None:
+    return f"{flag} must be {what}, got {value}" if value is not None and value <= 0 else None
+
+
+def _option_problem(o: TraceOptions) -> str | None:
+    """Why ``o`` cannot be sent (in the CLI's words), or None."""
+    if (o.duration_ms is None) == (o.iterations is None):
+        return "choose what to record: either --duration-ms N or --iterations N"
+    if o.iteration_roundup is not None and o.iterations is None:
+        return "--iteration-roundup only applies to --iterations"
+    if o.iteration_roundup is not None and o.iteration_roundup > 0 and not o.align:
+        return "--no-align and --iteration-roundup contradict each other; give one"
+    if not o.align and o.iterations is None:
+        return "--no-align only applies to --iterations (duration traces start by time)"
+    if o.profile_memory and o.iterations is not None:
+        return (
+            "--profile-memory needs --duration-ms: Kineto's memory profiling is time-based "
+            "(PROFILE_MEMORY_DURATION_MSECS), and dyno rejects it with --iterations too"
+        )
+    return (
+        _positive("--duration-ms", o.duration_ms, "a positive number of milliseconds")
+        or _positive("--iterations", o.iterations, "a positive number")
+        or _positive("--iteration-roundup", o.iteration_roundup, "at least 1")
+        or _positive("--process-limit", o.process_limit, "at least 1")
+    )
 
 
 @dataclass(frozen=True)
@@ -556,12 +548,12 @@ def is_local_host(address: HostAddress) -> bool:
 def check_trace_file(path: str | os.PathLike[str]) -> tuple[bool, int | None, bool]:
     """(exists, bytes, complete) of a Kineto JSON trace on this machine.
 
-    The daemon's own check (:func:`kinetoscope.daemon.traces.file_status`): Kineto writes
+    The daemon's own check (:func:`kinetoscope.protocol.tracefile.check_file`): Kineto writes
     ``<path>.tmp`` and renames it when done, so an existing final file is complete; we still check
     that it is one whole JSON object (bounded reads; gzip files: decompress to the end). A
     symlink, FIFO, device or hard link at ``path`` is never followed nor read: not complete."""
-    st = file_status(os.fspath(path))
-    return st["exists"], st["bytes"], st["complete"]
+    check = check_file(os.fspath(path))
+    return check.exists, check.bytes, check.complete
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
@@ -704,7 +696,7 @@ def aligned_options(
     )
     if fitted:
         note += f"; {fitted}"
-    return replace(options, iteration_roundup=roundup), note
+    return options.replace(iteration_roundup=roundup), note
 
 
 # ---------------------------------------------------------------------------------------
@@ -750,25 +742,17 @@ def trigger_trace(
     failure is its own ``errors`` entry, never the others'. The manifest is written into each
     request folder reported by the daemons (created locally if needed)."""
     hosts = list(dict.fromkeys(request.hosts))
-    target, options, output_dir = request.target, request.options, request.output_dir
+    target, options = request.target, request.options
     target.validate()
     options.validate()
     trace_id = validate_trace_id(request.trace_id) if request.trace_id else new_trace_id()
-    if output_dir is not None and "://" in str(output_dir):
-        if not str(output_dir).startswith("file://"):
-            raise UsageError(
-                f"output folder {output_dir}: Kineto writes local files only; leave the output folder to the "
-                "daemons' trace root (or a local/NFS folder) and upload with --store "
-                "(kinetoscope.collect.deliver.store_trace_result)"
-            )
-        output_dir = str(output_dir)[len("file://") :]
+    output_dir = _local_output_dir(request.output_dir)
     timing = FanoutTiming(hosts=len(hosts))
+    align_note = None
     if needs_alignment(options):
         listing = _FanoutClock(timing, "list", on_answer)
         options, align_note = aligned_options(hosts, target, options, token, rpc_timeout, listing.done)
         timing.listing_s = listing.elapsed()
-    else:
-        align_note = None
     result = TraceResult(
         trace_id=trace_id,
         hosts=hosts,
@@ -777,9 +761,8 @@ def trigger_trace(
         created=utc_now_iso(),
         requested_by=requested_by(),
         fanout=timing,
+        notes=[align_note] if align_note else [],
     )
-    if align_note:
-        result.notes.append(align_note)
     call = rpc.KscopeTraceRequest(
         trace_id=trace_id,
         output_dir=os.path.abspath(output_dir) if output_dir is not None else None,
@@ -789,108 +772,135 @@ def trigger_trace(
     clock = _FanoutClock(timing, "trace", on_answer)
     replies = _ask_all(hosts, token, rpc_timeout, lambda c: c.trace(call), clock.done)
     timing.all_answered_s = clock.elapsed()
-    no_match: list[str] = []
-    for hr in replies:
-        if hr.error is not None:
-            result.errors.append(_problem_from_error(hr.error))
-            continue
-        reply = hr.reply or {}
-        host = str(hr.address)
-        hostname = str(reply.get("hostname") or hr.address.host)
-        if not result.config and isinstance(reply.get("config"), str):
-            result.config = reply["config"]
-        out = reply.get("trace_dir") or reply.get("output_dir")
-        if isinstance(out, str) and out:
-            trace_dir = out if Path(out).name == trace_id else str(Path(out) / trace_id)
-            if trace_dir not in result.output_dirs and (reply.get("matched") or output_dir is not None):
-                result.output_dirs.append(trace_dir)
-        matched = reply.get("matched") or []
-        if not matched:
-            registered = reply.get("registered") or "nothing"
-            if target.all:
-                no_match.append(f"nothing to trace on host {hostname} ({host}): {registered}")
-            else:
-                no_match.append(
-                    f"no process on host {hostname} ({host}) {target.describe()}; registered: {registered}"
-                )
-            continue
-        for m in matched:
-            pid = _as_int(m.get("pid"))
-            if pid is None:
-                continue
-            proc = MatchedProcess(
-                host=host,
-                hostname=hostname,
-                pid=pid,
-                rank=_as_int(m.get("rank")),
-                local_rank=_as_int(m.get("local_rank")),
-                world_size=_as_int(m.get("world_size")),
-                job_id=_as_str(m.get("job_id")),
-                cmdline=_as_str(m.get("cmdline")) or "",
-                path=_as_str(m.get("path")),
-                triggered=bool(m.get("triggered")),
-                busy=bool(m.get("busy")),
-                is_launcher=bool(m.get("is_launcher")),
-                reason=_as_str(m.get("reason")),
-                host_pid=_as_int(m.get("host_pid")),
-                container_pid=_as_int(m.get("container_pid")),
-                job_source=_as_str(m.get("job_source")),
-                kineto_job_id=_as_str(m.get("kineto_job_id")),
-                pod=_as_str(m.get("pod")),
-                namespace=_as_str(m.get("namespace")),
-            )
-            result.matched.append(proc)
-            if proc.triggered and proc.path:
-                result.files.append(TraceFile(host=host, pid=pid, rank=proc.rank, path=proc.path))
-            elif proc.busy:
-                result.errors.append(
-                    TraceProblem(
-                        kind="busy",
-                        host=host,
-                        pid=pid,
-                        message=(
-                            f"pid {pid} on {hostname} was not traced: an earlier trace request for it is still "
-                            "waiting to be picked up (the process has not polled since; is it stuck, or "
-                            "still tracing?)"
-                        ),
-                    )
-                )
-    if not result.config:
-        result.config = options.config_text(None)
-    if not result.matched:
-        reasons = no_match or []
-        if reasons or not result.errors:
-            result.errors.append(
-                TraceProblem(kind="no_match", message="; ".join(reasons) or f"no process {target.describe()}")
-            )
-    else:
-        result.notes.extend(no_match)
-        limited = [m for m in result.matched if m.state == "limit"]
-        if limited:
-            result.notes.append(
-                f"{len(limited)} matched process(es) not traced because of --process-limit "
-                f"{options.process_limit}: " + ", ".join(f"pid {m.pid} on {m.hostname}" for m in limited)
-            )
-        launchers = [m for m in result.matched if m.state == "launcher"]
-        if launchers:
-            result.notes.append(
-                "not tracing launcher process(es) "
-                + ", ".join(f"pid {m.pid} on {m.hostname}" for m in launchers)
-                + " (their children are the ranks; --include-launchers traces them too)"
-            )
-        if not result.files and not any(m.busy for m in result.matched):
-            result.errors.append(
-                TraceProblem(
-                    kind="no_match",
-                    message="processes matched but none was traced: "
-                    + "; ".join(
-                        f"pid {m.pid} on {m.hostname}: {m.reason or m.state}" for m in result.matched
-                    ),
-                )
-            )
+    no_match = [m for hr in replies if (m := _take_reply(result, hr, output_dir is not None))]
+    _conclude(result, no_match)
     if write_manifest_file and result.files:
         save_manifest(result)
     return result
+
+
+def _local_output_dir(output_dir: str | None) -> str | None:
+    """The output folder as the daemons get it: a ``file://`` URL's path; any other URL is refused
+    (Kineto writes local files only)."""
+    if output_dir is None or "://" not in str(output_dir):
+        return output_dir
+    if not str(output_dir).startswith("file://"):
+        raise UsageError(
+            f"output folder {output_dir}: Kineto writes local files only; leave the output folder to the "
+            "daemons' trace root (or a local/NFS folder) and upload with --store "
+            "(kinetoscope.collect.deliver.store_trace_result)"
+        )
+    return str(output_dir)[len("file://") :]
+
+
+def _take_reply(result: TraceResult, hr: HostReply, dir_given: bool) -> str | None:
+    """One host's ``kscopeTrace`` answer into ``result`` (its processes, files, folder, errors);
+    the "nothing matched on this host" line when it matched nothing."""
+    if hr.error is not None:
+        result.errors.append(_problem_from_error(hr.error))
+        return None
+    reply = hr.reply or {}
+    host = str(hr.address)
+    hostname = str(reply.get("hostname") or hr.address.host)
+    if not result.config and isinstance(reply.get("config"), str):
+        result.config = reply["config"]
+    out = reply.get("trace_dir") or reply.get("output_dir")
+    if isinstance(out, str) and out:
+        trace_dir = out if Path(out).name == result.trace_id else str(Path(out) / result.trace_id)
+        if trace_dir not in result.output_dirs and (reply.get("matched") or dir_given):
+            result.output_dirs.append(trace_dir)
+    matched = reply.get("matched") or []
+    if not matched:
+        registered = reply.get("registered") or "nothing"
+        if result.target.all:
+            return f"nothing to trace on host {hostname} ({host}): {registered}"
+        return f"no process on host {hostname} ({host}) {result.target.describe()}; registered: {registered}"
+    for m in matched:
+        proc = _matched_process(host, hostname, m)
+        if proc is not None:
+            _add_matched(result, proc)
+    return None
+
+
+def _matched_process(host: str, hostname: str, m: dict[str, Any]) -> MatchedProcess | None:
+    """A ``matched`` entry of a ``kscopeTrace`` answer (§9.2); None without a pid."""
+    pid = _as_int(m.get("pid"))
+    if pid is None:
+        return None
+    return MatchedProcess(
+        host=host,
+        hostname=hostname,
+        pid=pid,
+        rank=_as_int(m.get("rank")),
+        local_rank=_as_int(m.get("local_rank")),
+        world_size=_as_int(m.get("world_size")),
+        job_id=_as_str(m.get("job_id")),
+        cmdline=_as_str(m.get("cmdline")) or "",
+        path=_as_str(m.get("path")),
+        triggered=bool(m.get("triggered")),
+        busy=bool(m.get("busy")),
+        is_launcher=bool(m.get("is_launcher")),
+        reason=_as_str(m.get("reason")),
+        host_pid=_as_int(m.get("host_pid")),
+        container_pid=_as_int(m.get("container_pid")),
+        job_source=_as_str(m.get("job_source")),
+        kineto_job_id=_as_str(m.get("kineto_job_id")),
+        pod=_as_str(m.get("pod")),
+        namespace=_as_str(m.get("namespace")),
+    )
+
+
+def _add_matched(result: TraceResult, proc: MatchedProcess) -> None:
+    """A matched process: its file when triggered, a ``busy`` problem when busy."""
+    result.matched.append(proc)
+    if proc.triggered and proc.path:
+        result.files.append(TraceFile(host=proc.host, pid=proc.pid, rank=proc.rank, path=proc.path))
+    elif proc.busy:
+        result.errors.append(
+            TraceProblem(
+                kind="busy",
+                host=proc.host,
+                pid=proc.pid,
+                message=(
+                    f"pid {proc.pid} on {proc.hostname} was not traced: an earlier trace request for it is still "
+                    "waiting to be picked up (the process has not polled since; is it stuck, or "
+                    "still tracing?)"
+                ),
+            )
+        )
+
+
+def _conclude(result: TraceResult, no_match: list[str]) -> None:
+    """The request's config text, and the notes and errors about what was not traced."""
+    if not result.config:
+        result.config = result.options.config_text(None)
+    if not result.matched:
+        if no_match or not result.errors:
+            message = "; ".join(no_match) or f"no process {result.target.describe()}"
+            result.errors.append(TraceProblem(kind="no_match", message=message))
+        return
+    result.notes.extend(no_match)
+    limited = [m for m in result.matched if m.state == "limit"]
+    if limited:
+        result.notes.append(
+            f"{len(limited)} matched process(es) not traced because of --process-limit "
+            f"{result.options.process_limit}: " + ", ".join(f"pid {m.pid} on {m.hostname}" for m in limited)
+        )
+    launchers = [m for m in result.matched if m.state == "launcher"]
+    if launchers:
+        result.notes.append(
+            "not tracing launcher process(es) "
+            + ", ".join(f"pid {m.pid} on {m.hostname}" for m in launchers)
+            + " (their children are the ranks; --include-launchers traces them too)"
+        )
+    if not result.files and not any(m.busy for m in result.matched):
+        result.errors.append(
+            TraceProblem(
+                kind="no_match",
+                message="processes matched but none was traced: "
+                + "; ".join(f"pid {m.pid} on {m.hostname}: {m.reason or m.state}" for m in result.matched),
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -926,7 +936,9 @@ def build_manifest(result: TraceResult) -> Manifest:
     request = {
         "target": {k: v for k, v in asdict(result.target).items() if v not in (None, (), False)},
         "options": {
-            k: v for k, v in asdict(result.options).items() if v not in (None, False) and k != "align"
+            k: v
+            for k, v in msgspec.structs.asdict(result.options).items()
+            if v not in (None, False) and k != "align"
         },
     }
     if not result.options.align:
@@ -977,66 +989,82 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
     index = {(f.host, f.pid): f for f in result.files}
     now = time.monotonic()
     for hr in replies:
-        if hr.error is not None:
-            problems.append(_problem_from_error(hr.error))
-            continue
-        if (hr.reply or {}).get("known") is False:
-            problems.append(
-                TraceProblem(
-                    kind="failed",
-                    host=str(hr.address),
-                    message=f"daemon {hr.address} has no record of trace {result.trace_id} "
-                    "(was it restarted since the request?)",
-                )
-            )
+        problem = _status_problem(result, hr)
+        if problem is not None:
+            problems.append(problem)
             continue
         for entry in (hr.reply or {}).get("files") or []:
             pid = _as_int(entry.get("pid"))
             f = index.get((str(hr.address), pid)) if pid is not None else None
-            if f is None:
-                continue
-            path = _as_str(entry.get("path"))
-            if path:
-                f.path = path
-            f.exists = bool(entry.get("exists"))
-            f.bytes = _as_int(entry.get("bytes"))
-            f.complete = bool(entry.get("complete"))
-            if entry.get("delivered") is not None:
-                f.delivered = bool(entry.get("delivered"))
-            if entry.get("alive") is not None:
-                f.alive = bool(entry.get("alive"))
-            if entry.get("writing") is not None:
-                f.partial = bool(entry.get("writing"))
-            f.tmp_bytes = _as_int(entry.get("tmp_bytes"))
-            poll_ago = entry.get("last_poll_s_ago")
-            f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
-            f.retries = _as_int(entry.get("retries")) or 0
-            reason = entry.get("reason")
-            f.refused = reason[:300] if isinstance(reason, str) and reason else None
-            if f.refused:
-                f.complete = False
-            ago = entry.get("delivered_s_ago")
-            if isinstance(ago, (int, float)):  # the daemon's clock; restarts when it re-sends the config
-                f.delivered_mono = now - float(ago)
-            elif not f.delivered:
-                f.delivered_mono = None
-            elif f.delivered_mono is None:
-                f.delivered_mono = now
+            if f is not None:
+                _apply_status(f, entry, now)
     if check_local:
-        address_of = {str(h): h for h in result.hosts}
-        for f in result.files:
-            addr = address_of.get(f.host)
-            if f.complete or addr is None or not is_local_host(addr):
-                continue
-            st = file_status(f.path)  # O_NOFOLLOW, regular files only, bounded reads
-            if st["exists"]:
-                f.exists, f.bytes, f.complete = True, st["bytes"], st["complete"]
-                f.refused = f.refused or st["reason"]
-            f.partial = f.partial or st["writing"]
-            if st["writing"] and f.tmp_bytes is None:
-                with contextlib.suppress(OSError):
-                    f.tmp_bytes = os.lstat(f.path + ".tmp").st_size
+        _check_local_files(result)
     return problems
+
+
+def _status_problem(result: TraceResult, hr: HostReply) -> TraceProblem | None:
+    """A host's failed status call, or its daemon not knowing the request; None when answered."""
+    if hr.error is not None:
+        return _problem_from_error(hr.error)
+    if (hr.reply or {}).get("known") is False:
+        return TraceProblem(
+            kind="failed",
+            host=str(hr.address),
+            message=f"daemon {hr.address} has no record of trace {result.trace_id} "
+            "(was it restarted since the request?)",
+        )
+    return None
+
+
+def _optional_bool(entry: dict[str, Any], name: str, current: bool | None) -> bool | None:
+    value = entry.get(name)
+    return current if value is None else bool(value)
+
+
+def _apply_status(f: TraceFile, entry: dict[str, Any], now: float) -> None:
+    """One file's kscopeTraceStatus entry (§9.3) into ``f``; ``now`` is ``time.monotonic()``."""
+    f.path = _as_str(entry.get("path")) or f.path
+    f.exists = bool(entry.get("exists"))
+    f.bytes = _as_int(entry.get("bytes"))
+    f.complete = bool(entry.get("complete"))
+    f.delivered = _optional_bool(entry, "delivered", f.delivered)
+    f.alive = _optional_bool(entry, "alive", f.alive)
+    f.partial = bool(_optional_bool(entry, "writing", f.partial))
+    f.tmp_bytes = _as_int(entry.get("tmp_bytes"))
+    poll_ago = entry.get("last_poll_s_ago")
+    f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
+    f.retries = _as_int(entry.get("retries")) or 0
+    reason = entry.get("reason")
+    f.refused = reason[:300] if isinstance(reason, str) and reason else None
+    if f.refused:
+        f.complete = False
+    ago = entry.get("delivered_s_ago")
+    if isinstance(ago, (int, float)):  # the daemon's clock; restarts when it re-sends the config
+        f.delivered_mono = now - float(ago)
+    elif not f.delivered:
+        f.delivered_mono = None
+    elif f.delivered_mono is None:
+        f.delivered_mono = now
+
+
+def _check_local_files(result: TraceResult) -> None:
+    """Files of daemons on this machine that are not complete yet: checked here too (O_NOFOLLOW,
+    regular files only, bounded reads: :func:`kinetoscope.protocol.tracefile.check_file`)."""
+    address_of = {str(h): h for h in result.hosts}
+    for f in result.files:
+        addr = address_of.get(f.host)
+        if f.complete or addr is None or not is_local_host(addr):
+            continue
+        check = check_file(f.path)
+        if check.exists:
+            f.exists, f.bytes, f.complete = True, check.bytes, check.complete
+            f.refused = f.refused or check.reason
+        writing = not check.exists and os.path.lexists(f.path + ".tmp")
+        f.partial = f.partial or writing
+        if writing and f.tmp_bytes is None:
+            with contextlib.suppress(OSError):
+                f.tmp_bytes = os.lstat(f.path + ".tmp").st_size
 
 
 KINETO_WARMUP_S = 5.0  # Kineto's ACTIVITIES_WARMUP_PERIOD_SECS default (duration traces)

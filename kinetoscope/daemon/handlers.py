@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import orjson
@@ -51,9 +51,11 @@ from kinetoscope.daemon.traces import (
 )
 from kinetoscope.protocol import jobident, rpc
 from kinetoscope.protocol import kineto_config as kc
+from kinetoscope.protocol.trace_options import OptionsError, TraceOptions, decode_as
 from kinetoscope.protocol.wire import CONFIG_ACTIVITIES, encode_rpc_json
 
 log = logging.getLogger("kinetoscope.daemon.rpc")
+_Request = TypeVar("_Request", bound=msgspec.Struct)
 
 # What `getVersion` reports: Dynolog's protocol version, with our own as semver build metadata
 # (semver precedence ignores it, so tools comparing against "0.6.0" see an equal version).
@@ -103,15 +105,6 @@ def _int(req: dict[str, Any], name: str, default: Any = _MISSING, *, minimum: in
     return value
 
 
-def _bool(req: dict[str, Any], name: str, default: bool = False) -> bool:
-    value = req.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be true or false, got {type(value).__name__}")
-    return value
-
-
 def _pids(req: dict[str, Any], name: str = "pids") -> list[int]:
     value = req.get(name)
     if value is None:
@@ -129,10 +122,9 @@ _JOB_ID_ERROR = (
 )
 
 
-def _job_id(req: dict[str, Any]) -> str | None:
+def _job_id(value: object) -> str | None:
     """kscope job ids: absent/null = any job; an int or a decimal string = that Kineto/Slurm
     job id; another job identity (``torchrun:...``, ``k8s:...``: protocol/jobident.py) = that job."""
-    value = req.get("job_id")
     if value is None:
         return None
     if isinstance(value, bool):
@@ -144,6 +136,22 @@ def _job_id(req: dict[str, Any]) -> str | None:
     if isinstance(value, str) and jobident.valid_identity(value):
         return value
     raise RequestError(_JOB_ID_ERROR)
+
+
+def _decode(req: dict[str, Any], kind: type[_Request]) -> _Request:
+    """The request as its typed struct (protocol/rpc.py), every field's type and limit checked:
+    a bad one is a one-line :class:`RequestError` naming the field."""
+    try:
+        return decode_as(req, kind)
+    except OptionsError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _config(options: TraceOptions, log_file: str | None) -> str:
+    try:
+        return kc.build_config(options, log_file=log_file)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -486,10 +494,10 @@ class RpcHandlers:
         """One page of the registered processes: ``offset`` (default 0) and ``limit`` (default
         and at most ``rpc.MAX_LIST_PROCESSES``); ``total`` and ``next_offset`` (null on the last
         page) say how to get the rest. A bounded answer however many processes registered."""
-        job_id = _job_id(req)
-        offset = _int(req, "offset", 0, minimum=0)
-        limit = _int(req, "limit", rpc.MAX_LIST_PROCESSES, minimum=1)
-        limit = min(limit, rpc.MAX_LIST_PROCESSES)
+        call = _decode(req, rpc.KscopeListProcessesRequest)
+        job_id = _job_id(call.job_id)
+        offset = call.offset or 0
+        limit = min(call.limit or rpc.MAX_LIST_PROCESSES, rpc.MAX_LIST_PROCESSES)
         now = time.monotonic()
         snap = self.registry.snapshot(job_id)
         page = snap[offset : offset + limit]
@@ -504,114 +512,109 @@ class RpcHandlers:
         return rpc.response_fields(response)
 
     def kscope_trace(self, req: dict[str, Any]) -> dict[str, Any]:
-        trace_id = req.get("trace_id")
-        if not kc.valid_trace_id(trace_id):
+        """§9.2: queue a per-process Kineto config for every matching process of the request."""
+        call = _decode(req, rpc.KscopeTraceRequest)
+        if not kc.valid_trace_id(call.trace_id):
             raise RequestError("'trace_id' must be 1-128 letters, digits or '-'")
-        assert isinstance(trace_id, str)
-        job_id = _job_id(req)
-        pids = [] if _bool(req, "all") else _pids(req)
-        limit = _int(req, "process_limit", None)
-        include_launchers = _bool(req, "include_launchers", self.include_launchers)
-        iterations = _int(req, "iterations", -1)
-        options = dict(
-            duration_ms=_int(req, "duration_ms", kc.DEFAULT_DURATION_MS, minimum=1),
-            iterations=iterations,
-            iteration_roundup=_int(req, "iteration_roundup", 1, minimum=1),
-            profile_start_time_ms=_int(req, "profile_start_time_ms", 0, minimum=0),
-            record_shapes=_bool(req, "record_shapes"),
-            profile_memory=_bool(req, "profile_memory"),
-            with_stack=_bool(req, "with_stack"),
-            with_flops=_bool(req, "with_flops"),
-            with_modules=_bool(req, "with_modules"),
-        )
-        self._check_start_time(options["profile_start_time_ms"])
-        try:
-            shared_config = kc.build_config(log_file=None, **options)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
-        output_dir = req.get("output_dir") or self.trace_root
-        try:
-            output_dir = confine(output_dir, self.root, "output_dir")
-            trace_dir = confine(os.path.join(output_dir, trace_id), self.root, "output_dir/trace_id")
-        except PathRefused as exc:
-            raise RequestError(str(exc)) from None
-        host = safe_name(self.hostname)
-        record = TraceRecord(
-            trace_id=trace_id,
-            output_dir=output_dir,
-            trace_dir=trace_dir,
-            config=shared_config,
-            root=self.root,
-        )
-        if not self.book.reserve(record):
-            raise RequestError(f"trace_id {trace_id!r} was already used on this daemon")
-
-        candidates = self.registry.candidates(job_id=job_id, pids=pids, include_launchers=include_launchers)
-        created: list[str] = []
-        if candidates:
-            try:
-                created = ensure_dir_under(
-                    self.root, trace_dir, {p.info.uid if p.info else None for p in candidates}
-                )
-            except (OSError, PathRefused) as exc:
-                self.book.discard(trace_id)
-                raise RequestError(f"cannot create trace directory {trace_dir}: {exc}") from None
+        job_id = _job_id(call.job_id)
+        options = call.options
+        self._check_start_time(options.profile_start_time_ms or 0)
+        record = self._reserve(call.trace_id, call.output_dir, _config(options, None))
+        launchers = self.include_launchers if options.include_launchers is None else options.include_launchers
+        pids = [] if call.all else list(call.pids or [])
+        candidates = self.registry.candidates(job_id=job_id, pids=pids, include_launchers=launchers)
+        created = self._create_trace_dir(record, candidates)
         files: dict[int, TraceFile] = {}
-
-        def make(p: Process) -> PendingConfig:
-            rank = p.info.rank if p.info else None
-            name = f"rank-{rank}.pt.trace.json" if rank is not None else f"{host}.pt.trace.json"
-            log_file = os.path.join(trace_dir, name)
-            text = kc.build_config(log_file=log_file, **options)
-            pending = PendingConfig(kc.wrap_with_trace_id(text, trace_id), trace_id)
-            files[id(p)] = TraceFile(p, log_file, kc.kineto_output_path(log_file, p.pid), pending)
-            return pending
-
-        def refuse(p: Process) -> str | None:
-            return trace_root_unreachable(p, self.trace_root, self._mnt_ns)
-
         matches = self.registry.trigger(
             job_id=job_id,
             pids=pids,
-            limit=limit,
-            include_launchers=include_launchers,
-            make_config=make,
-            refuse=refuse,
+            limit=options.process_limit,
+            include_launchers=launchers,
+            make_config=self._config_maker(record, options, files),
+            refuse=lambda p: trace_root_unreachable(p, self.trace_root, self._mnt_ns),
         )
         record.files = [files[id(m.process)] for m in matches if m.outcome == TRIGGERED]
         self.metrics.triggered.inc(len(record.files))
-        manifest = None
-        if record.files:
-            manifest = write_manifest(
-                record, self.hostname, [file_status(f.path, record.root) for f in record.files]
-            )
-        else:
-            self.book.discard(trace_id)
-            for d in reversed(created):
-                try:
-                    os.rmdir(d)
-                except OSError:
-                    pass
+        manifest = self._settle(record, created)
         log.info(
             "kscopeTrace %s: matched %d, triggered %d -> %s",
-            trace_id,
+            record.trace_id,
             len(matches),
             len(record.files),
-            trace_dir,
+            record.trace_dir,
         )
         now = time.monotonic()
         response = rpc.KscopeTraceResponse(
             hostname=self.hostname,
-            trace_id=trace_id,
-            output_dir=output_dir,
-            trace_dir=trace_dir,
+            trace_id=record.trace_id,
+            output_dir=record.output_dir,
+            trace_dir=record.trace_dir,
             manifest=manifest,
-            config=shared_config,
+            config=record.config,
             matched=[self._matched(m, files, now) for m in matches],
             triggered=len(record.files),
             registered=self.registry.summary(),
         )
         return rpc.response_fields(response)
+
+    def _reserve(self, trace_id: str, output_dir: str | None, shared_config: str) -> TraceRecord:
+        """The request's record, its folders confined under the trace root and its id reserved."""
+        try:
+            out = confine(output_dir or self.trace_root, self.root, "output_dir")
+            trace_dir = confine(os.path.join(out, trace_id), self.root, "output_dir/trace_id")
+        except PathRefused as exc:
+            raise RequestError(str(exc)) from None
+        record = TraceRecord(
+            trace_id=trace_id, output_dir=out, trace_dir=trace_dir, config=shared_config, root=self.root
+        )
+        if not self.book.reserve(record):
+            raise RequestError(f"trace_id {trace_id!r} was already used on this daemon")
+        return record
+
+    def _create_trace_dir(self, record: TraceRecord, candidates: list[Process]) -> list[str]:
+        """Create the request folder (owned for the candidates' uids); the folders created."""
+        if not candidates:
+            return []
+        try:
+            return ensure_dir_under(
+                self.root, record.trace_dir, {p.info.uid if p.info else None for p in candidates}
+            )
+        except (OSError, PathRefused) as exc:
+            self.book.discard(record.trace_id)
+            raise RequestError(f"cannot create trace directory {record.trace_dir}: {exc}") from None
+
+    def _config_maker(
+        self, record: TraceRecord, options: TraceOptions, files: dict[int, TraceFile]
+    ) -> Callable[[Process], PendingConfig]:
+        """What gives each triggered process its own config (``rank-<r>.pt.trace.json``) and
+        notes its file in ``files`` (by the process's id)."""
+        host = safe_name(self.hostname)
+
+        def make(p: Process) -> PendingConfig:
+            rank = p.info.rank if p.info else None
+            name = f"rank-{rank}.pt.trace.json" if rank is not None else f"{host}.pt.trace.json"
+            log_file = os.path.join(record.trace_dir, name)
+            text = _config(options, log_file)
+            pending = PendingConfig(kc.wrap_with_trace_id(text, record.trace_id), record.trace_id)
+            files[id(p)] = TraceFile(p, log_file, kc.kineto_output_path(log_file, p.pid), pending)
+            return pending
+
+        return make
+
+    def _settle(self, record: TraceRecord, created: list[str]) -> str | None:
+        """Write the host manifest of a request that triggered files; else forget the request
+        and remove the folders it created. The manifest's path, or None."""
+        if record.files:
+            return write_manifest(
+                record, self.hostname, [file_status(f.path, record.root) for f in record.files]
+            )
+        self.book.discard(record.trace_id)
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        return None
 
     def _matched(self, m: Match, files: dict[int, TraceFile], now: float) -> rpc.MatchedProcess:
         info = self._process_info(m.process, m.is_launcher, now)
@@ -742,13 +745,11 @@ class RpcHandlers:
 
     def kscope_stacks(self, req: dict[str, Any]) -> dict[str, Any]:
         """§9.4: py-spy snapshots of the matching processes (``daemon/stacks.py``, docs/stacks.md)."""
-        job_id = _job_id(req)
-        pids = [] if _bool(req, "all") else _pids(req)
-        timeout_ms = _int(req, "timeout_ms", None, minimum=1)
-        timeout_s = stack_snapshots.DEFAULT_TIMEOUT_S if timeout_ms is None else timeout_ms / 1000
-        targets = self.registry.candidates(
-            job_id=job_id, pids=pids, include_launchers=_bool(req, "include_launchers")
-        )
+        call = _decode(req, rpc.KscopeStacksRequest)
+        job_id = _job_id(call.job_id)
+        pids = [] if call.all else list(call.pids or [])
+        timeout_s = stack_snapshots.DEFAULT_TIMEOUT_S if call.timeout_ms is None else call.timeout_ms / 1000
+        targets = self.registry.candidates(job_id=job_id, pids=pids, include_launchers=call.include_launchers)
         if len(targets) > stack_snapshots.MAX_PROCESSES:
             raise RequestError(
                 f"{len(targets)} processes match; a stacks request takes at most "
@@ -757,8 +758,8 @@ class RpcHandlers:
         exe = stack_snapshots.find_py_spy()
         processes = stack_snapshots.take(
             targets,
-            native=_bool(req, "native"),
-            with_locals=_bool(req, "locals"),
+            native=call.native,
+            with_locals=call.locals,
             timeout_s=min(timeout_s, stack_snapshots.MAX_TIMEOUT_S),
         )
         log.info(

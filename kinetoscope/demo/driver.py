@@ -34,9 +34,8 @@ from kinetoscope.collect.trigger import (
     TraceOptions,
     TraceRequest,
     TraceResult,
-    trigger_trace,
-    wait_for_trace,
 )
+from kinetoscope.collect.workflow import Delivery, TraceEvent, TraceWorkflow, Waiting
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, terminate_on_sigterm
 from kinetoscope.errors import KinetoscopeError
 
@@ -197,7 +196,7 @@ def step_trigger(ctx: DemoContext) -> None:
         Target(job_id=ctx.job_id, job_id_text=str(ctx.job_id)),
         TraceOptions(iterations=o.iterations, iteration_roundup=roundup),
     )
-    ctx.trace = trigger_trace(request)
+    ctx.trace = TraceWorkflow().trigger(request)
     ctx.say(
         f"[dim]$ kscope trace --host {ctx.daemon.address} --job-id {ctx.job_id} --iterations {o.iterations} "
         f"--iteration-roundup {roundup}[/]"
@@ -218,14 +217,14 @@ def step_wait_files(ctx: DemoContext) -> None:
     total = len(ctx.trace.files)
     with ctx.console.status(f"   waiting for {total} trace files...") as status:
 
-        def progress(r: TraceResult) -> None:
-            done = sum(1 for f in r.files if f.complete)
-            picked = sum(1 for f in r.files if f.delivered)
-            status.update(f"   config picked up by {picked}/{total} ranks, {done}/{total} files complete...")
+        def progress(event: TraceEvent) -> None:
+            if isinstance(event, Waiting):
+                status.update(
+                    f"   config picked up by {event.picked}/{total} ranks, {event.done}/{total} files complete..."
+                )
 
-        ctx.trace = wait_for_trace(
-            ctx.trace, timeout=ctx.remaining(60), on_progress=progress, poll_interval=0.3
-        )
+        delivery = Delivery(timeout_s=ctx.remaining(60), poll_interval_s=0.3)
+        ctx.trace = TraceWorkflow(delivery, progress).wait(ctx.trace)
     if ctx.trace.errors:
         raise DemoFailed("; ".join(e.message for e in ctx.trace.errors))
     ctx.console.print(_indent(files_table(ctx.trace, compact=True)))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
+
+from kinetoscope.protocol.trace_options import TraceOptions, decode_options
 
 ACTIVITIES_LOG_FILE = "ACTIVITIES_LOG_FILE"
 PROFILE_START_TIME = "PROFILE_START_TIME"
@@ -23,22 +26,12 @@ def _flag(value: bool) -> str:
     return "true" if value else "false"
 
 
-def build_config(
-    *,
-    log_file: str | None,
-    duration_ms: int = DEFAULT_DURATION_MS,
-    iterations: int = -1,
-    profile_start_time_ms: int = 0,
-    iteration_roundup: int = 1,
-    record_shapes: bool = False,
-    profile_memory: bool = False,
-    with_stack: bool = False,
-    with_flops: bool = False,
-    with_modules: bool = False,
-) -> str:
+def build_config(options: TraceOptions | None = None, *, log_file: str | None, **fields: Any) -> str:
     """The Kineto config text ``dyno gputrace`` sends (docs/protocol.md §4.2), byte for byte.
 
-    ``iterations > 0`` selects iteration mode (``PROFILE_START_ITERATION=0``, then
+    ``options`` says what to record; without it, ``fields`` are the same options as keywords
+    (:class:`~kinetoscope.protocol.trace_options.TraceOptions`' names, checked as the RPC checks
+    them). ``iterations`` set selects iteration mode (``PROFILE_START_ITERATION=0``, then
     ``PROFILE_START_ITERATION_ROUNDUP`` and ``ACTIVITIES_ITERATIONS``), otherwise duration mode
     (``PROFILE_START_TIME`` and ``ACTIVITIES_DURATION_MSECS``). Option flags follow in dyno's
     order, as ``true``/``false``; no trailing newline. ``log_file=None`` leaves out the
@@ -46,39 +39,36 @@ def build_config(
     request; never send such a config: Kineto would write to its default path).
 
     Raises ValueError for combinations dyno rejects (``profile_memory`` with iterations panics
-    the CLI) or that Kineto cannot parse (negative numbers).
+    the CLI) or that Kineto cannot parse (numbers out of range: the message names the field).
     """
-    if profile_memory and iterations > 0:
-        raise ValueError("profile_memory cannot be combined with iteration mode (dyno rejects it too)")
-    for name, value in (
-        ("duration_ms", duration_ms),
-        ("profile_start_time_ms", profile_start_time_ms),
-        ("iteration_roundup", iteration_roundup),
-    ):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+    if options is None:
+        options = decode_options(fields)
+    else:
+        options.check()
     if log_file is not None:
         _check_value(ACTIVITIES_LOG_FILE, log_file)
+    duration_ms = options.duration_ms if options.duration_ms is not None else DEFAULT_DURATION_MS
     parts: list[str] = []
     if log_file is not None:
         parts.append(f"{ACTIVITIES_LOG_FILE}={log_file}\n")
-    if iterations > 0:
+    if options.iterations is not None:
         parts.append(
             "PROFILE_START_ITERATION=0"
-            f"\nPROFILE_START_ITERATION_ROUNDUP={iteration_roundup}"
-            f"\nACTIVITIES_ITERATIONS={iterations}"
+            f"\nPROFILE_START_ITERATION_ROUNDUP={options.iteration_roundup or 1}"
+            f"\nACTIVITIES_ITERATIONS={options.iterations}"
         )
     else:
-        parts.append(f"{PROFILE_START_TIME}={profile_start_time_ms}\nACTIVITIES_DURATION_MSECS={duration_ms}")
-    parts.append(f"\nPROFILE_REPORT_INPUT_SHAPES={_flag(record_shapes)}")
-    if profile_memory:
+        start = options.profile_start_time_ms or 0
+        parts.append(f"{PROFILE_START_TIME}={start}\nACTIVITIES_DURATION_MSECS={duration_ms}")
+    parts.append(f"\nPROFILE_REPORT_INPUT_SHAPES={_flag(options.record_shapes)}")
+    if options.profile_memory:
         parts.append(
             f"\nPROFILE_PROFILE_MEMORY=true\nPROFILE_MEMORY=true\nPROFILE_MEMORY_DURATION_MSECS={duration_ms}"
         )
     parts.append(
-        f"\nPROFILE_WITH_STACK={_flag(with_stack)}"
-        f"\nPROFILE_WITH_FLOPS={_flag(with_flops)}"
-        f"\nPROFILE_WITH_MODULES={_flag(with_modules)}"
+        f"\nPROFILE_WITH_STACK={_flag(options.with_stack)}"
+        f"\nPROFILE_WITH_FLOPS={_flag(options.with_flops)}"
+        f"\nPROFILE_WITH_MODULES={_flag(options.with_modules)}"
     )
     return "".join(parts)
 

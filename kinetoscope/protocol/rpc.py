@@ -7,15 +7,18 @@ their defaults (``omit_defaults``), so a request carries only what the caller as
 before; responses keep every field (``null`` where unknown), and the daemon sends them as JSON
 with sorted keys (``wire.encode_rpc_json``). Field names are contracts: add, never rename.
 
-The daemon still reads requests field by field (``handlers._int``, ``_bool``, ...) because it
-must answer any malformed request with a one-line reason naming the field.
+The daemon decodes requests into these structs (``trace_options.decode_as``): a malformed
+request is answered with one line naming the field. The options of ``kscopeTrace`` are defined
+once, in :mod:`kinetoscope.protocol.trace_options`, and inherited here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+
+from kinetoscope.protocol.trace_options import OPTION_FIELDS, TraceOptions
 
 LIST_PROCESSES = "kscopeListProcesses"
 TRACE = "kscopeTrace"
@@ -37,33 +40,28 @@ class KscopeListProcessesRequest(msgspec.Struct, omit_defaults=True, kw_only=Tru
     ``MAX_LIST_PROCESSES`` from ``offset`` (the answer's ``next_offset`` asks for the next)."""
 
     job_id: int | str | None = None
-    offset: int | None = None
-    limit: int | None = None
+    offset: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
-class KscopeTraceRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+class KscopeTraceRequest(TraceOptions, omit_defaults=True, kw_only=True, frozen=True):
     """§9.2: trace the matching processes of one daemon.
 
     Which processes: ``job_id``, ``pids`` (a pid also matches its descendants) or ``all``. What
-    to record: ``duration_ms`` or ``iterations`` (+ ``iteration_roundup``), and the ``dyno
-    gputrace`` option flags (§4.1). ``output_dir`` must lie under the daemon's trace root."""
+    to record: the :class:`~kinetoscope.protocol.trace_options.TraceOptions` fields, inherited
+    and sent flat under their own names (``duration_ms``, ``iterations``, ...) as Dynolog-style
+    clients send them. ``output_dir`` must lie under the daemon's trace root."""
 
     trace_id: str
     job_id: int | str | None = None
     pids: list[int] | None = None
     all: bool = False
     output_dir: str | None = None
-    duration_ms: int | None = None
-    iterations: int | None = None
-    iteration_roundup: int | None = None
-    profile_start_time_ms: int | None = None
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    process_limit: int | None = None
-    include_launchers: bool = False
+
+    @property
+    def options(self) -> TraceOptions:
+        """What to record, without the request's who and where."""
+        return TraceOptions(**{name: getattr(self, name) for name in OPTION_FIELDS})
 
 
 class KscopeTraceStatusRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -85,7 +83,7 @@ class KscopeStacksRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
     all: bool = False
     native: bool = False
     locals: bool = False
-    timeout_ms: int | None = None
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1)] | None = None
     include_launchers: bool = False
 
 

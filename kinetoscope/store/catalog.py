@@ -606,74 +606,10 @@ class Catalog:
         store_base = base_from_objs or (urls.get("*") if "*" in urls else None) or doc.get("store_url")
         now = _now()
         created = parse_time(doc.get("created")) or None
-        seen = created or now
-        config = doc.get("config")
-        top_job = doc.get("job_id")
-        file_rows: list[dict[str, Any]] = []
-        for e in doc["files"]:
-            name = e["file"]
-            url = (
-                e.get("url") or urls.get(name) or (f"{urls['*']}/{trace_id}/{name}" if "*" in urls else None)
-            )
-            path = _recorded_path(e.get("path"), name, base_dir)
-            file_rows.append(
-                {
-                    "trace_id": trace_id,
-                    "file": name,
-                    "path": path,
-                    "host": e.get("host"),
-                    "pid": _int_or_none(e.get("pid")),
-                    "rank": _int_or_none(e.get("rank")),
-                    "local_rank": _int_or_none(e.get("local_rank")),
-                    "world_size": _int_or_none(e.get("world_size")),
-                    "job_id": str(e["job_id"]) if e.get("job_id") is not None else top_job,
-                    "cmdline": e.get("cmdline"),
-                    "iterations": _int_or_none(e.get("iterations")) or _config_iterations(config),
-                    "duration_ms": _float_or_none(e.get("duration_ms")) or _config_duration_ms(config),
-                    "bytes": _int_or_none(e.get("bytes")),
-                    "sha256": e.get("sha256"),
-                    "storage_url": url,
-                    "complete": e.get("complete"),
-                    "recorded_at": now,
-                    "updated_at": now,
-                    "host_pid": _int_or_none(e.get("host_pid")),
-                    "container_pid": _int_or_none(e.get("container_pid")),
-                }
-            )
-        sources = {
-            str(e["job_id"]): str(e["job_source"])
-            for e in doc["files"]
-            if e.get("job_id") is not None and isinstance(e.get("job_source"), str)
-        }
-
+        file_rows = _file_rows(doc, urls, base_dir, now)
         with self._write() as conn:
             # 1. the request row (exists + locked before anything else: fixed lock order)
-            ins = (
-                self._insert(conn, trace_requests)
-                .values(
-                    trace_id=trace_id,
-                    created=created,
-                    recorded_at=now,
-                    updated_at=now,
-                    config=config,
-                    requested_by=doc.get("requested_by"),
-                    hosts=[],
-                    job_ids=[],
-                    status="requested",
-                    file_count=0,
-                    complete_files=0,
-                    total_bytes=0,
-                    store_url=store_base,
-                    manifest=doc,
-                )
-                .on_conflict_do_nothing(index_elements=["trace_id"])
-            )
-            conn.execute(ins)
-            conn.execute(
-                sa.select(trace_requests.c.trace_id)
-                .where(trace_requests.c.trace_id == trace_id)
-                .with_for_update()
-            )
+            self._lock_request_row(conn, doc, created, now, store_base)
             # 2. files: upsert keyed by (trace_id, file); nulls never erase known values
             if file_rows:
                 stmt = self._insert(conn, trace_files)
@@ -688,94 +624,135 @@ class Catalog:
                 )
                 conn.execute(stmt, file_rows)
             # 3. aggregates from every file known for this request
-            rows = conn.execute(
-                sa.select(
-                    trace_files.c.host,
-                    trace_files.c.job_id,
-                    trace_files.c.bytes,
-                    trace_files.c.complete,
-                    trace_files.c.world_size,
-                    trace_files.c.cmdline,
-                ).where(trace_files.c.trace_id == trace_id)
-            ).all()
-            hosts: list[str] = list(doc.get("hosts") or [])
-            job_ids: list[str] = []
-            for r in rows:
-                if r.host and r.host not in hosts:
-                    hosts.append(r.host)
-                if r.job_id and r.job_id not in job_ids:
-                    job_ids.append(r.job_id)
-            if top_job and top_job not in job_ids:
-                job_ids.append(top_job)
-            n_files = len(rows)
-            n_complete = sum(1 for r in rows if r.complete is True)
-            if doc.get("status"):
-                status = str(doc["status"])
-            elif n_files == 0:
-                status = "requested"
-            elif any(r.complete is False for r in rows):
-                status = "incomplete"
-            else:
-                status = "complete"
-            old = conn.execute(sa.select(trace_requests).where(trace_requests.c.trace_id == trace_id)).one()
-            old_hosts = [h for h in (old.hosts or []) if h not in hosts]
-            conn.execute(
-                trace_requests.update()
-                .where(trace_requests.c.trace_id == trace_id)
-                .values(
-                    created=created or old.created,
-                    updated_at=now,
-                    config=config if config is not None else old.config,
-                    requested_by=doc.get("requested_by") or old.requested_by,
-                    hosts=sorted(hosts + old_hosts),
-                    job_ids=sorted(job_ids),
-                    status=status,
-                    file_count=n_files,
-                    complete_files=n_complete,
-                    total_bytes=sum(r.bytes or 0 for r in rows),
-                    store_url=store_base or old.store_url,
-                    manifest=doc,
-                )
-            )
+            rows, job_ids = self._update_request_row(conn, doc, created, now, store_base)
             # 4. jobs, locked in sorted order
+            sources = {
+                str(e["job_id"]): str(e["job_source"])
+                for e in doc["files"]
+                if e.get("job_id") is not None and isinstance(e.get("job_source"), str)
+            }
             for job_id in sorted(job_ids):
-                jrows = [r for r in rows if r.job_id == job_id] or []
-                j_hosts = {r.host for r in jrows if r.host} or (
-                    set(doc.get("hosts") or []) if job_id == top_job else set()
-                )
-                j_ws = max((r.world_size for r in jrows if r.world_size is not None), default=None)
-                j_cmd = next((r.cmdline for r in jrows if r.cmdline), None)
-                conn.execute(
-                    self._insert(conn, jobs)
-                    .values(
-                        job_id=job_id,
-                        hosts=sorted(j_hosts),
-                        world_size=j_ws,
-                        first_seen=seen,
-                        last_seen=seen,
-                        cmdline=j_cmd,
-                        job_source=sources.get(job_id),
-                    )
-                    .on_conflict_do_nothing(index_elements=["job_id"])
-                )
-                cur = conn.execute(sa.select(jobs).where(jobs.c.job_id == job_id).with_for_update()).one()
-                merged_hosts = sorted(set(cur.hosts or []) | j_hosts)
-                ws = max([w for w in (cur.world_size, j_ws) if w is not None], default=None)
-                conn.execute(
-                    jobs.update()
-                    .where(jobs.c.job_id == job_id)
-                    .values(
-                        hosts=merged_hosts,
-                        world_size=ws,
-                        first_seen=min(cur.first_seen, seen),
-                        last_seen=max(cur.last_seen, seen),
-                        cmdline=cur.cmdline or j_cmd,
-                        job_source=sources.get(job_id) or cur.job_source,
-                    )
-                )
+                self._merge_job(conn, job_id, rows, doc, created or now, sources.get(job_id))
         rec = self.get_trace_request(trace_id)
         assert rec is not None
         return rec
+
+    def _lock_request_row(
+        self, conn: Any, doc: dict[str, Any], created: Any, now: Any, store_base: str | None
+    ) -> None:
+        """Insert the request's row when new, then lock it (``record_trace_request`` step 1)."""
+        trace_id = doc["trace_id"]
+        ins = (
+            self._insert(conn, trace_requests)
+            .values(
+                trace_id=trace_id,
+                created=created,
+                recorded_at=now,
+                updated_at=now,
+                config=doc.get("config"),
+                requested_by=doc.get("requested_by"),
+                hosts=[],
+                job_ids=[],
+                status="requested",
+                file_count=0,
+                complete_files=0,
+                total_bytes=0,
+                store_url=store_base,
+                manifest=doc,
+            )
+            .on_conflict_do_nothing(index_elements=["trace_id"])
+        )
+        conn.execute(ins)
+        conn.execute(
+            sa.select(trace_requests.c.trace_id)
+            .where(trace_requests.c.trace_id == trace_id)
+            .with_for_update()
+        )
+
+    def _update_request_row(
+        self, conn: Any, doc: dict[str, Any], created: Any, now: Any, store_base: str | None
+    ) -> tuple[list[Any], list[str]]:
+        """The request's aggregates from every file known for it (hosts, jobs, counts, status);
+        returns those files' rows and the request's job ids (``record_trace_request`` step 3)."""
+        trace_id, config, top_job = doc["trace_id"], doc.get("config"), doc.get("job_id")
+        rows = conn.execute(
+            sa.select(
+                trace_files.c.host,
+                trace_files.c.job_id,
+                trace_files.c.bytes,
+                trace_files.c.complete,
+                trace_files.c.world_size,
+                trace_files.c.cmdline,
+            ).where(trace_files.c.trace_id == trace_id)
+        ).all()
+        hosts: list[str] = list(doc.get("hosts") or [])
+        job_ids: list[str] = []
+        for r in rows:
+            if r.host and r.host not in hosts:
+                hosts.append(r.host)
+            if r.job_id and r.job_id not in job_ids:
+                job_ids.append(r.job_id)
+        if top_job and top_job not in job_ids:
+            job_ids.append(top_job)
+        old = conn.execute(sa.select(trace_requests).where(trace_requests.c.trace_id == trace_id)).one()
+        old_hosts = [h for h in (old.hosts or []) if h not in hosts]
+        conn.execute(
+            trace_requests.update()
+            .where(trace_requests.c.trace_id == trace_id)
+            .values(
+                created=created or old.created,
+                updated_at=now,
+                config=config if config is not None else old.config,
+                requested_by=doc.get("requested_by") or old.requested_by,
+                hosts=sorted(hosts + old_hosts),
+                job_ids=sorted(job_ids),
+                status=_request_status(doc, rows),
+                file_count=len(rows),
+                complete_files=sum(1 for r in rows if r.complete is True),
+                total_bytes=sum(r.bytes or 0 for r in rows),
+                store_url=store_base or old.store_url,
+                manifest=doc,
+            )
+        )
+        return rows, job_ids
+
+    def _merge_job(
+        self, conn: Any, job_id: str, rows: list[Any], doc: dict[str, Any], seen: Any, source: str | None
+    ) -> None:
+        """Insert or merge one job of the request (hosts, world size, first/last seen, command)."""
+        jrows = [r for r in rows if r.job_id == job_id]
+        j_hosts = {r.host for r in jrows if r.host} or (
+            set(doc.get("hosts") or []) if job_id == doc.get("job_id") else set()
+        )
+        j_ws = max((r.world_size for r in jrows if r.world_size is not None), default=None)
+        j_cmd = next((r.cmdline for r in jrows if r.cmdline), None)
+        conn.execute(
+            self._insert(conn, jobs)
+            .values(
+                job_id=job_id,
+                hosts=sorted(j_hosts),
+                world_size=j_ws,
+                first_seen=seen,
+                last_seen=seen,
+                cmdline=j_cmd,
+                job_source=source,
+            )
+            .on_conflict_do_nothing(index_elements=["job_id"])
+        )
+        cur = conn.execute(sa.select(jobs).where(jobs.c.job_id == job_id).with_for_update()).one()
+        ws = max([w for w in (cur.world_size, j_ws) if w is not None], default=None)
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.job_id == job_id)
+            .values(
+                hosts=sorted(set(cur.hosts or []) | j_hosts),
+                world_size=ws,
+                first_seen=min(cur.first_seen, seen),
+                last_seen=max(cur.last_seen, seen),
+                cmdline=cur.cmdline or j_cmd,
+                job_source=source or cur.job_source,
+            )
+        )
 
     def import_trace_dir(
         self, trace_dir: str | os.PathLike[str], *, compute_sha256: bool = True
@@ -1161,3 +1138,48 @@ __all__ = [
     "record_request_dir",
     "join_url",
 ]
+
+
+def _request_status(doc: Mapping[str, Any], rows: list[Any]) -> str:
+    """The manifest's own ``status`` (abandoned, partial), else what the files say."""
+    if doc.get("status"):
+        return str(doc["status"])
+    if not rows:
+        return "requested"
+    return "incomplete" if any(r.complete is False for r in rows) else "complete"
+
+
+def _file_rows(
+    doc: Mapping[str, Any], urls: Mapping[str, str], base_dir: str | os.PathLike[str] | None, now: Any
+) -> list[dict[str, Any]]:
+    """The ``trace_files`` rows of a validated manifest (``record_trace_request``)."""
+    trace_id, config, top_job = doc["trace_id"], doc.get("config"), doc.get("job_id")
+    out: list[dict[str, Any]] = []
+    for e in doc["files"]:
+        name = e["file"]
+        url = e.get("url") or urls.get(name) or (f"{urls['*']}/{trace_id}/{name}" if "*" in urls else None)
+        out.append(
+            {
+                "trace_id": trace_id,
+                "file": name,
+                "path": _recorded_path(e.get("path"), name, base_dir),
+                "host": e.get("host"),
+                "pid": _int_or_none(e.get("pid")),
+                "rank": _int_or_none(e.get("rank")),
+                "local_rank": _int_or_none(e.get("local_rank")),
+                "world_size": _int_or_none(e.get("world_size")),
+                "job_id": str(e["job_id"]) if e.get("job_id") is not None else top_job,
+                "cmdline": e.get("cmdline"),
+                "iterations": _int_or_none(e.get("iterations")) or _config_iterations(config),
+                "duration_ms": _float_or_none(e.get("duration_ms")) or _config_duration_ms(config),
+                "bytes": _int_or_none(e.get("bytes")),
+                "sha256": e.get("sha256"),
+                "storage_url": url,
+                "complete": e.get("complete"),
+                "recorded_at": now,
+                "updated_at": now,
+                "host_pid": _int_or_none(e.get("host_pid")),
+                "container_pid": _int_or_none(e.get("container_pid")),
+            }
+        )
+    return out

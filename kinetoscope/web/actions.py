@@ -4,48 +4,58 @@
   when not on this machine), ``kinetoscope.orchestration.analyze_paths`` (all analyses + diagnosis),
   then ``Catalog.record_analysis``.
 * :func:`trigger_and_collect` — the form's :class:`TriggerParams` become one
-  ``TraceRequest``; ``kinetoscope.collect.trigger.trigger_trace`` on the daemons,
-  ``wait_for_trace`` with progress, then ``kinetoscope.collect.deliver.record_trace_result``
-  records the request in the catalog (as ``kscope trace`` does; the files of a folder on this
-  machine with their sha256) and it is optionally analysed.
+  ``TraceRequest``, run through the one trace workflow (``kinetoscope.collect.workflow``:
+  trigger, wait with progress, record in the catalog as ``kscope trace`` does; the files of a
+  folder on this machine with their sha256); it is then optionally analysed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import msgspec
+from msgspec import Meta
+
+from kinetoscope.collect.trigger import TraceOptions as CollectOptions
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.protocol.trace_options import OPTION_FIELDS, OptionsError, TraceOptions, decode_as
 from kinetoscope.web.tasks import Task, TaskManager
 
 if TYPE_CHECKING:
     from kinetoscope.collect.trigger import TraceRequest
 
 
-@dataclass
-class TriggerParams:
-    """A trace request from the web form / ``POST /api/trigger`` (mirrors ``kscope trace``)."""
+class TriggerParams(TraceOptions, frozen=True, kw_only=True):
+    """A trace request from the web form / ``POST /api/trigger``: the trace options
+    (:class:`kinetoscope.protocol.trace_options.TraceOptions`, inherited: one definition, its
+    limits and descriptions feed the API schema and the form) and who, where, how long."""
 
-    hosts: list[str] = field(default_factory=list)
-    job_id: str | None = None
-    pids: str | None = None
-    all: bool = False
-    iterations: int | None = None
-    iteration_roundup: int | None = None
-    align: bool = True  # False = `kscope trace --no-align`
-    duration_ms: int | None = None
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    process_limit: int | None = None
-    include_launchers: bool = False
-    output_dir: str | None = None
-    trace_id: str | None = None
-    timeout_s: float = 120.0
-    analyze: bool = False
+    hosts: Annotated[
+        list[str], Meta(description="daemon addresses host[:port]; default: the server's --daemon list")
+    ] = []
+    job_id: Annotated[str | None, Meta(description="trace the processes of this job id (SLURM_JOB_ID)")] = (
+        None
+    )
+    pids: Annotated[str | None, Meta(description="comma-separated pids (or their descendants)")] = None
+    all: Annotated[bool, Meta(description="every registered process")] = False
+    align: Annotated[bool, Meta(description="False: `kscope trace --no-align`")] = True
+    output_dir: Annotated[
+        str | None, Meta(description="root folder on the traced hosts (default: the daemon's trace root)")
+    ] = None
+    trace_id: Annotated[str | None, Meta(description="name of the request (default: generated)")] = None
+    timeout_s: Annotated[float, Meta(ge=1, le=3600, description="how long to wait for the files")] = 120.0
+    analyze: Annotated[bool, Meta(description="analyse the request once its files are complete")] = False
+
+    def summary(self) -> dict[str, Any]:
+        """The fields given (not left empty), as the task list shows them."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v not in (None, False, [], "")}
+
+    def options(self) -> CollectOptions:
+        """What to record, as the trigger takes it (``kscope trace``'s options)."""
+        fields = {name: getattr(self, name) for name in OPTION_FIELDS}
+        fields["include_launchers"] = bool(self.include_launchers)
+        return CollectOptions(**fields, align=self.align)
 
     def build(self, default_hosts: list[str], allowed: list[str] | None = None) -> TraceRequest:
         """The :class:`~kinetoscope.collect.trigger.TraceRequest`, validated like the CLI's
@@ -53,7 +63,7 @@ class TriggerParams:
         contact (:func:`check_daemons_allowed`); None skips the check (library callers that
         chose the hosts themselves)."""
         from kinetoscope.collect.client import parse_hosts
-        from kinetoscope.collect.trigger import TraceOptions, parse_trace_request
+        from kinetoscope.collect.trigger import parse_trace_request
 
         asked = parse_hosts(self.hosts or default_hosts or None)  # an unusable address is said first
         if allowed is not None:
@@ -62,22 +72,27 @@ class TriggerParams:
         pids = self.pids if self.pids and self.pids.strip() else None
         if sum([job_id is not None, pids is not None, bool(self.all)]) != 1:
             raise UsageError("choose which processes to trace: exactly one of job id, pids or all")
-        # the form mirrors the CLI: TraceOptions fields with a same-named field here (not steps_per_s)
-        options = TraceOptions(
-            **{f.name: getattr(self, f.name) for f in fields(TraceOptions) if hasattr(self, f.name)}
-        )
         request, _notes = parse_trace_request(
             hosts=self.hosts or default_hosts,
             job_id=job_id,
             pids=pids,
             all=bool(self.all),
-            options=options,
+            options=self.options(),
             output_dir=self.output_dir,
             trace_id=self.trace_id or None,
         )
         if not 1 <= float(self.timeout_s) <= 3600:
             raise UsageError("timeout must be between 1 and 3600 seconds")
         return request
+
+
+def decode_params(fields: Any) -> TriggerParams:
+    """:class:`TriggerParams` from a JSON object or a form's typed fields; a bad field is a
+    ``UsageError`` naming it (HTTP 400/422)."""
+    try:
+        return decode_as(fields, TriggerParams)
+    except OptionsError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class DaemonNotAllowed(UsageError):
@@ -234,11 +249,11 @@ def trigger_and_collect(
     token: str | None = None,
     analysis_options: dict[str, Any] | None = None,
 ) -> None:
-    """``allowed``: the daemons this server may contact (checked again here, before any
-    connection); ``roots`` (:class:`kinetoscope.web.guards.ServeRoots`): files the daemons
-    report outside them are neither hashed nor analysed."""
-    from kinetoscope.collect.deliver import record_trace_result
-    from kinetoscope.collect.trigger import trigger_trace, wait_for_trace
+    """The trace workflow (``kinetoscope.collect.workflow``) for one form / API request, its
+    events shown as the task's state. ``allowed``: the daemons this server may contact (checked
+    again here, before any connection); ``roots`` (:class:`kinetoscope.web.guards.ServeRoots`):
+    files the daemons report outside them are neither hashed nor analysed."""
+    from kinetoscope.collect.workflow import Delivery, run_trace
 
     request = params.build(default_hosts, allowed)
     hosts = ", ".join(map(str, request.hosts))
@@ -248,64 +263,90 @@ def trigger_and_collect(
         message=f"asking {hosts}",
         log=f"trace {request.target.describe()} on {hosts}",
     )
-    result = trigger_trace(request, token=token)
-    tasks.update(
-        task,
-        trace_id=result.trace_id,
-        matched=[m.to_json() for m in result.matched],
-        files=_files_json(result),
-        notes=list(result.notes),
-        errors=[e.message for e in result.errors],
-        log=f"request {result.trace_id}: {len(result.files)} process(es) triggered",
+    view = _TaskView(tasks, task, roots)
+    delivery = Delivery(
+        wait=True,
+        timeout_s=float(params.timeout_s),
+        token=token,
+        record=True,
+        catalog=catalog,
+        raise_errors=True,
+        hash_local_files=view.hash_local_files,
     )
+    result = run_trace(request, delivery, view)
     if not result.files:
         raise KinetoscopeError("; ".join(e.message for e in result.errors) or "nothing was traced")
-    total = len(result.files)
-
-    def progress(r: Any) -> None:
-        done = sum(1 for f in r.files if f.complete)
-        picked = sum(1 for f in r.files if f.delivered)
-        tasks.update(
-            task,
-            phase="waiting",
-            files=_files_json(r),
-            message=f"config picked up by {picked}/{total}, {done}/{total} files complete",
-        )
-
-    result = wait_for_trace(
-        result, timeout=float(params.timeout_s), token=token, on_progress=progress, poll_interval=0.5
-    )
-    tasks.update(
-        task, files=_files_json(result), errors=[e.message for e in result.errors], notes=list(result.notes)
-    )
     complete = sum(1 for f in result.files if f.complete)
-    tasks.update(
-        task,
-        phase="recording",
-        message="recording the request in the catalog",
-        log=f"{complete}/{total} file(s) complete",
-    )
-    outside = _outside_roots(result, roots)
-    if outside:  # a daemon named files elsewhere on this machine: record, never hash or analyse
-        tasks.update(
-            task,
-            errors=task.errors
-            + [
-                f"{len(outside)} reported file(s) lie outside the serving roots (first: {outside[0]}): not hashed"
-            ],
-        )
-    rec = record_trace_result(result, catalog, raise_errors=True, hash_local_files=not outside)
-    assert rec is not None  # result.files is not empty
-    tasks.update(
-        task,
-        trace_id=rec.trace_id,
-        log=f"recorded {rec.trace_id}: {rec.complete_files}/{rec.file_count} files",
-    )
     if complete == 0:
         raise KinetoscopeError("no trace file was written: " + "; ".join(e.message for e in result.errors))
-    if params.analyze:
-        analyze_request(tasks, task, catalog, rec.trace_id, analysis_options=analysis_options, roots=roots)
+    total = len(result.files)
+    if params.analyze and view.record is not None:
+        analyze_request(
+            tasks, task, catalog, view.record.trace_id, analysis_options=analysis_options, roots=roots
+        )
     elif result.errors:
         tasks.update(task, message=f"{complete}/{total} files complete; see the errors")
     else:
         tasks.update(task, message=f"{complete}/{total} files complete")
+
+
+class _TaskView:
+    """The workflow's events as one background task's state (phase, files, notes, errors, log)."""
+
+    def __init__(self, tasks: TaskManager, task: Task, roots: Any) -> None:
+        self.tasks, self.task, self.roots = tasks, task, roots
+        self.record: Any = None  # the catalog's record, once recorded
+
+    def __call__(self, event: Any) -> None:
+        from kinetoscope.collect.workflow import Recorded, Triggered, Waited, Waiting
+
+        if isinstance(event, Triggered):
+            self.triggered(event.result)
+        elif isinstance(event, Waiting):
+            msg = (
+                f"config picked up by {event.picked}/{event.total}, {event.done}/{event.total} files complete"
+            )
+            self.tasks.update(self.task, phase="waiting", files=_files_json(event.result), message=msg)
+        elif isinstance(event, Waited):
+            self.waited(event.result)
+        elif isinstance(event, Recorded) and event.record is not None:
+            self.record = rec = event.record
+            log = f"recorded {rec.trace_id}: {rec.complete_files}/{rec.file_count} files"
+            self.tasks.update(self.task, trace_id=rec.trace_id, log=log)
+
+    def triggered(self, result: Any) -> None:
+        self.tasks.update(
+            self.task,
+            trace_id=result.trace_id,
+            matched=[m.to_json() for m in result.matched],
+            files=_files_json(result),
+            notes=list(result.notes),
+            errors=[e.message for e in result.errors],
+            log=f"request {result.trace_id}: {len(result.files)} process(es) triggered",
+        )
+
+    def waited(self, result: Any) -> None:
+        errors = [e.message for e in result.errors]
+        self.tasks.update(self.task, files=_files_json(result), errors=errors, notes=list(result.notes))
+        complete = sum(1 for f in result.files if f.complete)
+        self.tasks.update(
+            self.task,
+            phase="recording",
+            message="recording the request in the catalog",
+            log=f"{complete}/{len(result.files)} file(s) complete",
+        )
+
+    def hash_local_files(self, result: Any) -> bool:
+        """Hash the files only when none the daemons reported lies outside the serving roots
+        (those are recorded, never hashed or analysed)."""
+        outside = _outside_roots(result, self.roots)
+        if outside:
+            first = outside[0]
+            self.tasks.update(
+                self.task,
+                errors=self.task.errors
+                + [
+                    f"{len(outside)} reported file(s) lie outside the serving roots (first: {first}): not hashed"
+                ],
+            )
+        return not outside

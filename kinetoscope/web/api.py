@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+import msgspec
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
 
 import kinetoscope
+from kinetoscope.protocol.trace_options import field_error
 from kinetoscope.web.actions import TriggerParams
 from kinetoscope.web.context import WebContext, analysis_links, web_context
 
@@ -22,31 +23,28 @@ router = APIRouter()
 Ctx = Depends(web_context)
 
 
-class TriggerBody(BaseModel):
-    """A trace request (the fields of ``kscope trace``)."""
+async def trigger_body(request: Request) -> TriggerParams:
+    """The JSON body of ``POST /api/trigger`` as :class:`TriggerParams`, decoded by msgspec with
+    the struct's limits: a bad field is a 422 naming it."""
+    try:
+        body = await request.body()
+    except Exception:  # e.g. the body limit stopped it (guards.BodyLimit has answered 413), as FastAPI does
+        raise HTTPException(400, "there was an error reading the body") from None
+    try:
+        return msgspec.json.decode(body, type=TriggerParams)
+    except msgspec.ValidationError as exc:
+        raise HTTPException(422, field_error(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise HTTPException(422, f"the body is not JSON: {exc}") from None
 
-    hosts: list[str] = Field(
-        default_factory=list, description="daemon addresses host[:port]; default: the server's --daemon list"
-    )
-    job_id: str | None = Field(None, description="trace the processes of this job id (SLURM_JOB_ID)")
-    pids: str | None = Field(None, description="comma-separated pids (or their descendants)")
-    all: bool = Field(False, description="every registered process")
-    iterations: int | None = Field(None, ge=1, description="record N training iterations")
-    iteration_roundup: int | None = Field(None, ge=1, description="start at the next multiple of R")
-    duration_ms: int | None = Field(None, ge=1, description="record N milliseconds (instead of iterations)")
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    process_limit: int | None = Field(None, ge=1)
-    include_launchers: bool = False
-    output_dir: str | None = Field(
-        None, description="root folder on the traced hosts (default: the daemon's trace root)"
-    )
-    trace_id: str | None = Field(None, description="name of the request (default: generated)")
-    timeout_s: float = Field(120.0, ge=1, le=3600, description="how long to wait for the files")
-    analyze: bool = Field(False, description="analyse the request once its files are complete")
+
+# The request body's schema in /openapi.json, generated from the struct (fields, limits, texts).
+_TRIGGER_SCHEMA = msgspec.json.schema_components([TriggerParams], ref_template="#/components/schemas/{name}")[
+    1
+]["TriggerParams"]
+TRIGGER_BODY_OPENAPI = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": _TRIGGER_SCHEMA}}}
+}
 
 
 @router.get("/api/health", tags=["meta"], summary="Server, version and catalog")
@@ -153,9 +151,9 @@ def api_daemons(web: WebContext = Ctx) -> dict[str, Any]:
     tags=["actions"],
     status_code=202,
     summary="Trigger a trace on daemons; poll the task for progress",
+    openapi_extra=TRIGGER_BODY_OPENAPI,
 )
-def api_trigger(body: TriggerBody, web: WebContext = Ctx) -> dict[str, Any]:
-    params = TriggerParams(**body.model_dump())
+def api_trigger(params: TriggerParams = Depends(trigger_body), web: WebContext = Ctx) -> dict[str, Any]:
     return {"task": web.start_trigger(params).to_json()}
 
 

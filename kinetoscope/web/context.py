@@ -173,7 +173,7 @@ class WebContext:
                 token=settings.token,
                 analysis_options=settings.analysis_options,
             ),
-            params={k: v for k, v in vars(params).items() if v not in (None, False, [], "")},
+            params=params.summary(),
         )
 
     def daemon_status(self, addresses: list[str]) -> list[dict[str, Any]]:

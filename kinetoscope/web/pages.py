@@ -14,13 +14,15 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
-from fastapi import APIRouter, Depends, Form, HTTPException, Request
+import msgspec
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 import kinetoscope
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.trace_options import TraceOptions, field_descriptions
 from kinetoscope.units import fmt_bytes, fmt_datetime, fmt_fixed
-from kinetoscope.web.actions import TriggerParams
+from kinetoscope.web.actions import TriggerParams, decode_params
 from kinetoscope.web.context import WebContext, web_context
 
 _HERE = Path(__file__).resolve().parent
@@ -229,79 +231,112 @@ def plotly_bundle() -> Response:
 def trigger_page(request: Request, job_id: str | None = None, web: WebContext = Ctx) -> HTMLResponse:
     form = {"job_id": job_id} if job_id else {}
     status_rows = web.daemon_status(web.settings.daemons)
-    return render_page(request, "trigger.html.j2", status_rows=status_rows, form=form, error=None)
+    return render_page(
+        request, "trigger.html.j2", status_rows=status_rows, form=form, option_flags=OPTION_FLAGS, error=None
+    )
 
 
-def _int_or_none(name: str, v: str) -> int | None:
-    """A form field that holds a positive whole number, or nothing."""
-    v = v.strip()
-    if not v:
+# What an empty form means: the template's defaults (a form posted without a field gets these;
+# "align" has no checkbox on the form: always aligned, as `kscope trace` without --no-align).
+FORM_DEFAULTS = {
+    "align": "true",
+    "target": "job",
+    "mode": "iterations",
+    "iterations": "10",
+    "duration_ms": "500",
+    "timeout_s": "120",
+}
+# The form's radio buttons: which fields each choice uses (the others' inputs are ignored).
+_MODE_FIELDS = {"iterations": ("iterations", "iteration_roundup"), "duration": ("duration_ms",)}
+_TARGET_FIELDS = {"job": ("job_id",), "pids": ("pids",), "all": ()}
+
+
+def _base_type(t: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    """The type under ``Optional`` and ``Annotated`` (what a form field's text must become)."""
+    if isinstance(t, msgspec.inspect.Metadata):
+        return _base_type(t.type)
+    if isinstance(t, msgspec.inspect.UnionType):
+        inner = [x for x in t.types if not isinstance(x, msgspec.inspect.NoneType)]
+        return _base_type(inner[0]) if len(inner) == 1 else t
+    return t
+
+
+def _form_value(name: str, t: msgspec.inspect.Type, raw: str) -> Any:
+    """A form field's text as the struct's field type; None for an empty field."""
+    kind, raw, label = _base_type(t), raw.strip(), name.replace("_", " ")
+    if isinstance(kind, msgspec.inspect.BoolType):
+        return raw.lower() in ("true", "on", "1", "yes")
+    if isinstance(kind, msgspec.inspect.ListType):
+        return [h.strip() for h in raw.split(",") if h.strip()]
+    if not raw:
         return None
-    if not v.isdigit():
-        raise KinetoscopeError(f"{name}: {v!r} is not a positive whole number", exit_code=2)
-    return int(v)
+    if isinstance(kind, msgspec.inspect.IntType):
+        if not raw.isdigit():
+            raise KinetoscopeError(f"{label}: {raw!r} is not a positive whole number", exit_code=2)
+        return int(raw)
+    if isinstance(kind, msgspec.inspect.FloatType):
+        try:
+            return float(raw)
+        except ValueError:
+            raise KinetoscopeError(f"{label}: {raw!r} is not a number", exit_code=2) from None
+    return raw
+
+
+def _struct_fields(kind: type[msgspec.Struct]) -> list[msgspec.inspect.Field]:
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return list(info.fields)
+
+
+# The form's option checkboxes: the boolean trace options, labelled by their descriptions.
+OPTION_FLAGS = [
+    (f.name, field_descriptions(TraceOptions)[f.name])
+    for f in _struct_fields(TraceOptions)
+    if isinstance(_base_type(f.type), msgspec.inspect.BoolType)
+]
+
+
+def params_from_form(form: dict[str, str]) -> TriggerParams:
+    """The trigger form as :class:`TriggerParams`, field by field from the struct's own types
+    (no field is written out here): the ``target`` and ``mode`` radios choose which inputs count."""
+    mode, target = form.get("mode", "iterations"), form.get("target", "job")
+    ignored = {n for m, names in _MODE_FIELDS.items() if m != mode for n in names}
+    ignored |= {n for t, names in _TARGET_FIELDS.items() if t != target for n in names}
+    fields: dict[str, Any] = {"all": target == "all"}
+    for f in _struct_fields(TriggerParams):
+        if f.name in ignored or f.name == "all":
+            continue
+        value = _form_value(f.name, f.type, form.get(f.name, FORM_DEFAULTS.get(f.name, "")))
+        if value is not None:
+            fields[f.name] = value
+    return decode_params(fields)
+
+
+async def _form_fields(request: Request) -> dict[str, str]:
+    """The posted form's text fields."""
+    try:
+        form = await request.form()
+    except Exception:  # e.g. the body limit stopped it (guards.BodyLimit has answered 413), as FastAPI does
+        raise HTTPException(400, "there was an error reading the form") from None
+    return {k: v for k, v in form.items() if isinstance(v, str)}
 
 
 @router.post("/trigger")
 def trigger_action(
-    request: Request,
-    hosts: str = Form(""),
-    target: str = Form("job"),
-    job_id: str = Form(""),
-    pids: str = Form(""),
-    mode: str = Form("iterations"),
-    iterations: str = Form("10"),
-    iteration_roundup: str = Form(""),
-    duration_ms: str = Form("500"),
-    record_shapes: bool = Form(False),
-    profile_memory: bool = Form(False),
-    with_stack: bool = Form(False),
-    with_flops: bool = Form(False),
-    with_modules: bool = Form(False),
-    include_launchers: bool = Form(False),
-    process_limit: str = Form(""),
-    output_dir: str = Form(""),
-    timeout_s: str = Form("120"),
-    analyze: bool = Form(False),
-    web: WebContext = Ctx,
+    request: Request, form: dict[str, str] = Depends(_form_fields), web: WebContext = Ctx
 ) -> Response:
-    form = {
-        "hosts": hosts, "target": target, "job_id": job_id, "pids": pids, "mode": mode, "iterations": iterations,
-        "iteration_roundup": iteration_roundup, "duration_ms": duration_ms, "record_shapes": record_shapes,
-        "profile_memory": profile_memory, "with_stack": with_stack, "with_flops": with_flops,
-        "with_modules": with_modules, "include_launchers": include_launchers, "process_limit": process_limit,
-        "output_dir": output_dir, "timeout_s": timeout_s, "analyze": analyze,
-    }  # fmt: skip
     try:
-        try:
-            timeout = float(timeout_s or 120)
-        except ValueError:
-            raise KinetoscopeError(f"timeout: {timeout_s!r} is not a number", exit_code=2) from None
-        iters = mode == "iterations"
-        params = TriggerParams(
-            hosts=[h.strip() for h in hosts.split(",") if h.strip()],
-            job_id=job_id.strip() if target == "job" else None,
-            pids=pids.strip() if target == "pids" else None,
-            all=target == "all",
-            iterations=_int_or_none("iterations", iterations) if iters else None,
-            iteration_roundup=_int_or_none("iteration roundup", iteration_roundup) if iters else None,
-            duration_ms=_int_or_none("duration", duration_ms) if mode == "duration" else None,
-            record_shapes=record_shapes,
-            profile_memory=profile_memory,
-            with_stack=with_stack,
-            with_flops=with_flops,
-            with_modules=with_modules,
-            include_launchers=include_launchers,
-            process_limit=_int_or_none("process limit", process_limit),
-            output_dir=output_dir.strip() or None,
-            timeout_s=timeout,
-            analyze=analyze,
-        )
-        task = web.start_trigger(params)
+        task = web.start_trigger(params_from_form(form))
     except KinetoscopeError as exc:
         status_rows = web.daemon_status(web.settings.daemons)
         return render_page(
-            request, "trigger.html.j2", http_status=400, status_rows=status_rows, form=form, error=str(exc)
+            request,
+            "trigger.html.j2",
+            http_status=400,
+            status_rows=status_rows,
+            form=form,
+            option_flags=OPTION_FLAGS,
+            error=str(exc),
         )
     return RedirectResponse(f"/tasks/{task.id}", status_code=303)
 

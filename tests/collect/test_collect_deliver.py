@@ -306,3 +306,29 @@ def test_a_store_that_fills_up_records_the_request_as_partial(
     assert rec is not None and rec.status == "partial", rec
     assert "0 of 1 files stored" in rec.manifest["store_error"]
     assert not (store / TRACE_ID / "manifest.json").exists()
+
+
+def test_the_workflow_runs_every_step_and_tells_each(fake_daemon, tmp_path):
+    """collect/workflow.py: trigger -> record -> wait -> store -> record, one event per step, and
+    the same catalog record as the steps called one by one (the test above)."""
+    from kinetoscope.collect import workflow as wf
+
+    db = str(tmp_path / "wf.db")
+    events: list[object] = []
+    delivery = wf.Delivery(
+        wait=True, timeout_s=10, store=str(tmp_path / "store"), record=True, record_requested=True, catalog=db
+    )
+    request = TraceRequest(
+        parse_hosts([fake_daemon.address]), Target(pids=(42,)), TraceOptions(duration_ms=100)
+    )
+    res = wf.run_trace(request, delivery, events.append)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:3] == ["Triggering", "HostAnswered", "Triggered"]
+    assert kinds[3:] == ["Recorded", *["Waiting"] * (len(kinds) - 7), "Waited", "Storing", "Recorded"]
+    first, last = (e for e in events if isinstance(e, wf.Recorded))
+    assert not first.final and first.record.status == "requested"
+    assert (
+        last.final and last.record.status == "complete" and last.record.store_url == str(tmp_path / "store")
+    )
+    assert res.ok and res.stored and res.catalog == f"sqlite:///{db}"
+    assert last.record.files[0].sha256 == hashlib.sha256(BODY).hexdigest()
