@@ -25,6 +25,7 @@ from typing import Any
 
 from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, child_env
+from kinetoscope.diagnosis.straggler_kinds import job_kind, rank_kind
 from kinetoscope.protocol.manifest import read_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -184,10 +185,29 @@ def new_scenarios(
     return out
 
 
+def stall_steps(injected: dict[int, dict[int, float]]) -> dict[int, list[int]]:
+    """Rank -> the traced steps (indices) it was made to stall in, from the job's own log."""
+    out: dict[int, list[int]] = {}
+    for k, by_rank in sorted(injected.items()):
+        for r in by_rank:
+            out.setdefault(int(r), []).append(int(k))
+    return out
+
+
+def stall_label(injected: dict[int, dict[int, float]], n_steps: int) -> tuple[str, list[int]]:
+    """Expected (kind, ranks) of a job whose ranks stall at random (``intermittent`` and
+    ``rotating`` types): every rank that stalled, the kind by the verdict's own taxonomy
+    (``kinetoscope.diagnosis.straggler_kinds.job_kind``) applied to the steps each rank was made
+    to stall in (the injection log, not the product's reading of the trace): ``rotating`` when
+    the stalls move between ranks, ``intermittent`` for a specific few, ``none`` when nobody
+    stalled."""
+    late = stall_steps(injected)
+    return job_kind(late, n_steps), sorted(late)
+
+
 def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]], n_steps: int) -> tuple[str, list[int]]:
     """Expected (kind, ranks) of a new-type job from who stalled in the traced steps:
-    ``rotating``: every rank that stalled (``rotating`` with three stalls or more on two ranks or
-    more, else ``intermittent``, ``none`` when nobody did); ``mixed``: the persistent ranks and
+    ``rotating``: ``stall_label``; ``mixed``: the persistent ranks and
     the intermittent rank when it stalled in ``MIN_RECURRING`` of the ``n_steps`` traced steps or
     more (else its kind is the rest's), as a persistent one when in more than half of them (the
     verdict's definition); ``masking``: the two ranks."""
@@ -196,14 +216,12 @@ def new_label(sc: CpuScenario, injected: dict[int, dict[int, float]], n_steps: i
         for r in by_rank:
             stalls[r] = stalls.get(r, 0) + 1
     if sc.type == "rotating":
-        ranks = sorted(stalls)
-        if not ranks:
-            return "none", []
-        many = len(ranks) >= 2 and sum(stalls.values()) >= 3
-        return ("rotating" if many else "intermittent"), ranks
+        return stall_label(injected, n_steps)
     kinds = {int(r): k for r, k in sc.extra.get("kinds", {}).items()}
     ranks = sorted(r for r, k in kinds.items() if k != "intermittent" or stalls.get(r, 0) >= MIN_RECURRING)
-    has_int = any(kinds[r] == "intermittent" and 2 * stalls[r] <= n_steps for r in ranks)
+    has_int = any(
+        kinds[r] == "intermittent" and rank_kind(stalls[r], n_steps) == "intermittent" for r in ranks
+    )
     return ("mixed" if has_int else "persistent"), ranks
 
 
@@ -291,18 +309,22 @@ def run(
     steps, injected = dr.ground_truth(job, files, roundup, ITERATIONS)
     slept = sorted({r for d in injected.values() for r in d})
     expected = slept if sc.type == "intermittent" else sorted(sc.hit)
+    new_kind = sc.kind
     if sc.type in NEW_CPU_TYPES:
         new_kind, expected = new_label(sc, injected, len(steps))
+    elif sc.type == "intermittent":  # the same taxonomy as the new rotating type
+        new_kind, expected = stall_label(injected, len(steps))
     facts = {
         "traced_steps": [steps[0], steps[-1]],
         "ranks_injected_in_window": slept,
         "events": sum(len(d) for d in injected.values()),
         "step_ms": _median_step_ms(job, sc.world, steps),
     }
-    if sc.type in NEW_CPU_TYPES:
+    if sc.type in NEW_CPU_TYPES or sc.type == "intermittent":
         facts |= {
             "expected_kind": new_kind,
             "stalls": {r: sum(r in d for d in injected.values()) for r in slept},
+            "stall_steps": stall_steps(injected),
         }
     return [str(trace_dir)], expected, facts
 

@@ -42,6 +42,7 @@ import numpy as np
 import orjson
 
 from benchmarks.diag_scenarios import truth
+from kinetoscope.diagnosis.straggler_kinds import is_rotating, job_kind, rank_kind
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HTA = REPO_ROOT / "tests" / "data" / "traces" / "hta"
@@ -320,6 +321,7 @@ def make_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario
     per_step = max(1.0, base.n / base.n_steps)
     plan = Plan.empty(world, base.n, jitter_frac * base.step_us / per_step * 2)
     params: dict[str, Any] = {"jitter_mean_us": round(plan.jitter_mean_us, 1)}
+    kind = KIND.get(stype, "none")
     ranks: list[int] = []
     even = np.ones(base.n)
     if stype in ("persistent", "small"):
@@ -357,6 +359,7 @@ def make_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario
             plan.delay[r, i] = rng.uniform(0.2, 0.6) * base.step_us
         ranks = sorted(set(who))
         params |= {"events": [[r, i] for r, i in zip(who, insts, strict=True)]}
+        kind = stall_kind(base, params["events"])
     elif stype in ("slow_link", "slow_ring"):
         # a slow link or NIC on rank r: the ring runs at its pace (every rank's transfer longer
         # by `frac` of a step in all); slow_link: r's own side also completes `tail_share` of that
@@ -379,7 +382,7 @@ def make_scenario(stype: str, base_name: str, world: int, seed: int) -> Scenario
     elif stype != "clean":
         raise ValueError(f"unknown scenario type {stype!r}; expected one of {', '.join(TYPES)}")
     sid = f"gpu-{stype}-{base_name}-w{world}-s{seed}"
-    return Scenario(sid, stype, base_name, world, seed, ranks, KIND[stype], params, plan)
+    return Scenario(sid, stype, base_name, world, seed, ranks, kind, params, plan)
 
 
 def build(sc: Scenario, out: Path) -> list[Path]:
@@ -439,6 +442,21 @@ STEPPED, MIN_STEPS, MIN_STALLS = ("rotating", "mixed", "mixed3"), 5, 3
 N_STRAGGLERS = {"rotating": 2, "masking": 2, "mixed": 2, "mixed3": 3}
 
 
+def _late_of(base: Base, events: list[list[int]]) -> dict[int, list[int]]:
+    """Rank -> the steps of its stall events ([rank, instance] pairs)."""
+    late: dict[int, list[int]] = {}
+    for r, i in events:
+        late.setdefault(int(r), []).append(int(base.step_of[i]))
+    return late
+
+
+def stall_kind(base: Base, events: list[list[int]]) -> str:
+    """Kind of an ``intermittent`` scenario by the verdict's taxonomy
+    (``kinetoscope.diagnosis.straggler_kinds``) on its injected stall events: ``rotating`` when
+    they move between ranks over steps, else ``intermittent`` (a one-step base never rotates)."""
+    return "rotating" if is_rotating(_late_of(base, events)) else "intermittent"
+
+
 def _stall_steps(base: Base, p: float, rng: random.Random) -> list[int]:
     """Steps that stall, each with probability ``p``, drawn again until ``MIN_STALLS`` do (a
     6-step base: otherwise too few for a verdict to tell a recurring rank from noise)."""
@@ -487,6 +505,7 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
             plan.delay[r, i] = rng.uniform(0.5, 0.8) * base.step_us
             events.append([r, i])
         ranks, params = sorted(set(who.values())), params | {"prob": round(p, 3), "events": events}
+        kind = job_kind(_late_of(base, events), base.n_steps)
     elif stype == "masking":
         pair = sorted(rng.sample(range(world), 2))
         frac = rng.uniform(0.10, 0.40)
@@ -510,7 +529,7 @@ def make_new_scenario(stype: str, base_name: str, world: int, seed: int) -> Scen
             plan.stretch[who[2]] = _per_step_split(base, cfrac, base.A - base.seg0, rng)
             params |= {"compute": who[2], "compute_frac": round(cfrac, 3)}
         ranks = sorted(who)
-        if 2 * len(late) > base.n_steps:
+        if rank_kind(len(late), base.n_steps) == "persistent":
             kind = "persistent"
     else:
         raise ValueError(f"unknown new scenario type {stype!r}; expected one of {', '.join(NEW_TYPES)}")

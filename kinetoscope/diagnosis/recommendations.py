@@ -304,7 +304,9 @@ def straggler_intermittent(ri: RuleInput) -> list[Recommendation]:
         _rec(
             "straggler-intermittent",
             "high" if rotating and worth else "medium" if worth or rotating else "low",
-            "Intermittent stragglers: different ranks arrive late in some steps"
+            "Rotating stragglers: the slowdown moves between ranks from step to step"
+            if rotating
+            else "Intermittent stragglers: different ranks arrive late in some steps"
             if len(s.ranks) != 1
             else f"Intermittent straggler: rank {s.ranks[0]} arrives late in some steps",
             evidence,

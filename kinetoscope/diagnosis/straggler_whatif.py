@@ -21,9 +21,8 @@ chosen ranks working like the typical peer (``whatif.search``). Figures (JSON co
     its cost in its worst step: a steady straggler is late in every step, one with stalls only in
     those) and ``kind``.
 ``kind``
-    ``persistent`` (every named rank late in at least half of the steps), ``intermittent``,
-    ``mixed`` (both), ``rotating`` (two or more ranks, none persistent, each stalling in its
-    own steps, three stalls or more: the slowdown moves between ranks), or ``none``.
+    ``straggler_kinds.job_kind`` of the named ranks' late steps: ``persistent``,
+    ``intermittent``, ``mixed``, ``rotating`` (the slowdown moves between ranks) or ``none``.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from kinetoscope.diagnosis.straggler_causes import rank_cause
+from kinetoscope.diagnosis.straggler_kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.straggler_model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain
@@ -42,7 +42,7 @@ from kinetoscope.diagnosis.whatif.search import WhatIf, explain
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
 STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
-COMPARABLE = 0.5  # a rank of the rules' intermittent ones joins the named ones when it costs half as much
+COMPARABLE = 0.5  # a rank of the replay's set joins the named ones when it costs half as much
 MIN_RECURRING = 3  # ... and was late in this many steps at least (one or two host stalls are no straggler)
 
 
@@ -54,6 +54,8 @@ class NamedRank(msgspec.Struct, frozen=True):
     own_cost: float  # S_w - 1: its slowdown when it alone is observed
     late_steps: list[int]
     kind: str  # persistent | intermittent
+    peak: float = 0.0  # the largest share of an observed step it alone costs (a stall: STALL_COST)
+    typical: float = 0.0  # the median over steps of that share (a steady delay: LATE_COST or more)
 
 
 class WhatIfReport(msgspec.Struct, frozen=True):
@@ -115,7 +117,7 @@ def whatif_report(
         m_s=None,
         explaining_set=named,
         recovered_fraction=exp.recovered_fraction,
-        kind=_kind(named, exp, len(step_labels)),
+        kind=_kind(named, len(step_labels)),
         lost_fraction=float(sum(exp.gains)),
         fidelity=fid,
         steps=model.n_steps,
@@ -137,13 +139,14 @@ def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int],
     share = exp.cost[i] * scale
     bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
     late = [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
-    persistent = len(late) * 2 >= max(len(steps), 1) and (len(late) >= 2 or len(steps) == 1)
     return NamedRank(
         rank=ranks[lane],
         cost=float(gain),
         own_cost=float(exp.cost[i].mean()),
         late_steps=late,
-        kind="persistent" if persistent else "intermittent",
+        kind=rank_kind(len(late), len(steps)),
+        peak=float(share.max(initial=0.0)),
+        typical=float(np.median(share)) if share.size else 0.0,
     )
 
 
@@ -161,18 +164,21 @@ def _m_w(w: WhatIf, exp: Any) -> float | None:
     return float(rem[0])
 
 
-def _kind(named: list[NamedRank], exp: Any, n_steps: int) -> str:
+def _kind(named: list[NamedRank], n_steps: int) -> str:
+    """The replay's kind: ``straggler_kinds.job_kind`` on the late steps of the named ranks (as
+    the benchmark's labels count every injected stall; a rotating verdict then names only the
+    ranks that stalled, ``_stalled``)."""
     if not named:
         return "none"
-    kinds = {n.kind for n in named}
-    if kinds == {"persistent"}:
-        return "persistent"
-    if "persistent" in kinds:
-        return "mixed"
-    stalls = [s for n in named for s in n.late_steps]
-    if len(named) >= 2 and len(stalls) >= 3 and len(set(stalls)) == len(stalls):
-        return "rotating"
-    return "intermittent"
+    kind = job_kind({n.rank: n.late_steps for n in named}, n_steps)
+    return kind if kind != "none" else named[0].kind
+
+
+def _stalled(n: NamedRank) -> bool:
+    """A persistent rank, or one that alone cost ``STALL_COST`` of a step at least once: an
+    intermittent rank below that is late only by the host's noise (on a loaded CPU host a rank
+    alone costs up to 10-15 % of a step now and then)."""
+    return n.kind == "persistent" or n.peak >= STALL_COST
 
 
 def reconcile(
@@ -182,56 +188,46 @@ def reconcile(
     bd: pl.DataFrame,
     named_roles: dict[int, str],
 ) -> None:
-    """What the replays add to the verdict (in place):
+    """What the replays add to the verdict (in place), in this order:
 
-    * a rank the rules named intermittent beside persistent ones (so not in ``ranks``), late in
-      ``MIN_RECURRING`` steps or more, that the replay also names, costing at least
-      ``COMPARABLE`` of the least costly named rank (two near-equal stragglers of different
-      kinds), joins them; with ranks of both kinds the verdict is ``mixed``. The rules' noise
-      decisions stand: a rank they did not name, or named for one or two stalls, does not join;
-    * a ``none`` verdict (arrivals compared) becomes ``rotating`` when the replay finds stalls
-      moving between ranks costing ``min_intermittent_lost_fraction`` of step time or more.
+    * on a pipeline job whose transfers the replay paired, the replay's explaining set replaces
+      the rules' ranks (``adopt_group_set``);
+    * ``rotating`` (``straggler_kinds``): when the replay reads the stalls as moving between
+      ranks, costing ``min_intermittent_lost_fraction`` of step time or more, and the rules named
+      nobody, or intermittent ranks, or ranks the replay sees late in only a few steps and not
+      steadily (each in its explaining set as intermittent, its median share of a step below
+      ``LATE_COST``), the verdict is ``rotating`` and names every rank of the replay's set that
+      stalled (``_as_rotating``);
+    * otherwise, a rank of the replay's explaining set the rules did not name, late in
+      ``MIN_RECURRING`` steps or more (by the replay, or by the rules for a rank they listed as
+      intermittent beside the named ones), costing ``min_intermittent_lost_fraction``
+      of step time or more and at least ``COMPARABLE`` of the least costly named rank, joins
+      the named ranks (two near-equal stragglers of different kinds, one masking the other at
+      the collectives), with the replay's kind; with ranks of both kinds the verdict is
+      ``mixed`` (``_join``).
     """
     if adopt_group_set(rep, wi, bd):
         return
-    costs = {n.rank: n for n in wi.explaining_set}
-    if rep.kind in ("persistent", "intermittent") and rep.ranks:
-        floor = COMPARABLE * min((costs[r].cost for r in rep.ranks if r in costs), default=np.inf)
-        late = rep.per_rank_column("late_steps")
-        extra = [
-            r
-            for r in wi.ranks()
-            if r not in rep.ranks
-            and r in rep.intermittent_ranks
-            and costs[r].cost >= floor
-            and (late.get(str(r)) or 0) >= MIN_RECURRING
-        ]
-        if not extra:
-            return
-        rep.ranks = rep.ranks + extra
-        roles = {named_roles.get(r) or costs[r].kind for r in rep.ranks}
-        if len(roles) > 1:
-            rep.kind = "mixed"
-        rep.hosts.update({r: None for r in extra if r not in rep.hosts})
-        for r in extra:
-            rep.causes.setdefault(r, rank_cause(bd, r, costs[r].late_steps))
-        rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
+    if _rotates(rep, wi, th):
+        _as_rotating(rep, wi, bd)
         return
-    if rep.kind != "none" or rep.skew_fraction is None or wi.kind != "rotating":
-        return
+    if rep.kind in ("persistent", "intermittent", "mixed") and rep.ranks:
+        extra = _joining(rep, wi, th)
+        if extra:
+            _join(rep, wi, bd, named_roles, extra)
+
+
+def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> bool:
+    """Whether the verdict becomes ``rotating`` (``reconcile``)."""
+    if wi.kind != "rotating" or rep.skew_fraction is None:
+        return False
     if wi.lost_fraction < th.min_intermittent_lost_fraction:
-        return
-    rep.kind = "rotating"
-    rep.ranks = wi.ranks()
-    rep.intermittent_ranks = list(rep.ranks)
-    rep.lost_fraction = wi.lost_fraction
-    if rep.mean_step_time_us:
-        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - wi.lost_fraction)
-    rep.causes = {n.rank: rank_cause(bd, n.rank, n.late_steps) for n in wi.explaining_set}
-    rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
-    rep.reason = (
-        f"the replay finds stalls moving between ranks {rep.ranks} (each late in its own steps), "
-        f"together costing {100 * wi.lost_fraction:.1f}% of step time"
+        return False
+    if rep.kind in ("none", "intermittent"):
+        return True
+    seen = {n.rank: n for n in wi.explaining_set}
+    return rep.kind in ("persistent", "mixed") and all(
+        r in seen and seen[r].kind == "intermittent" and seen[r].typical < LATE_COST for r in rep.ranks
     )
 
 
@@ -290,11 +286,90 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     return True
 
 
+def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> list[int]:
+    """Ranks of the replay's explaining set that join the named ones (``reconcile``)."""
+    costs = {n.rank: n for n in wi.explaining_set}
+    named = [costs[r].cost for r in rep.ranks if r in costs]
+    floor = max(COMPARABLE * min(named, default=np.inf), th.min_intermittent_lost_fraction)
+    ruled = rep.per_rank_column("late_steps")  # the rules' count, for the ranks they named intermittent
+
+    def recurs(n: NamedRank) -> bool:
+        by_rules = (ruled.get(str(n.rank)) or 0) if n.rank in rep.intermittent_ranks else 0
+        return max(len(n.late_steps), by_rules) >= MIN_RECURRING
+
+    return [n.rank for n in wi.explaining_set if n.rank not in rep.ranks and n.cost >= floor and recurs(n)]
+
+
+def _join(
+    rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, named_roles: dict[int, str], extra: list[int]
+) -> None:
+    """Add ``extra`` to the named ranks; ``mixed`` when both kinds are among them."""
+    costs = {n.rank: n for n in wi.explaining_set}
+    rep.ranks = rep.ranks + extra
+    rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in extra]
+    roles = {named_roles.get(r) or "intermittent" for r in rep.ranks if r not in extra}
+    roles |= {costs[r].kind for r in extra}  # a rank the replay adds has the replay's kind
+    if len(roles) > 1:
+        rep.kind = "mixed"
+    rep.hosts.update({r: None for r in extra if r not in rep.hosts})
+    _set_roles(rep, {r: costs[r].kind for r in extra}, clear=False)
+    for r in extra:
+        rep.causes.setdefault(r, rank_cause(bd, r, costs[r].late_steps))
+    rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
+
+
+def _set_roles(rep: StragglerReport, roles: dict[int, str], clear: bool) -> None:
+    """The per-rank table's ``role`` of these ranks (``clear``: every other rank's emptied)."""
+    if "role" not in rep.per_rank.columns or not roles:
+        return
+    keep = pl.lit(None, dtype=pl.String) if clear else pl.col("role")
+    role = pl.col("rank").replace_strict(roles, default=None, return_dtype=pl.String)
+    rep.per_rank = rep.per_rank.with_columns(
+        pl.when(pl.col("rank").is_in(list(roles))).then(role).otherwise(keep).alias("role")
+    )
+
+
+def _as_rotating(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> None:
+    """The verdict ``rotating``: every rank of the replay's set that stalled, with its cost, and
+    the ranks the rules named for their stalls (each too cheap alone for the replay's set: one
+    stall in many steps), with what the rules say fixing it saves."""
+    moving = [n for n in wi.explaining_set if n.late_steps and _stalled(n)]
+    own = [n.rank for n in moving]
+    ruled = [r for r in rep.ranks if r not in own] if rep.kind == "intermittent" else []
+    late = rep.per_rank_column("late_steps")
+    rep.kind = "rotating"
+    rep.ranks = own + ruled
+    rep.intermittent_ranks = list(rep.ranks)
+    rep.lost_fraction = float(sum(n.cost for n in moving) + sum(_ruled_cost(rep, r) for r in ruled))
+    if rep.mean_step_time_us:
+        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - rep.lost_fraction)
+    rep.hosts = {r: rep.hosts.get(r) for r in rep.ranks}
+    _set_roles(rep, dict.fromkeys(rep.ranks, "rotating"), clear=True)
+    causes = {n.rank: rank_cause(bd, n.rank, n.late_steps) for n in moving}
+    rep.causes = causes | {r: rep.causes.get(r) or rank_cause(bd, r, None) for r in ruled}
+    rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
+    rep.reason = (
+        f"the replay finds stalls moving between ranks {rep.ranks} (each late in only a few "
+        f"steps: {', '.join(f'rank {r}: {late.get(str(r)) or 0}' for r in rep.ranks)}), together "
+        f"costing {100 * rep.lost_fraction:.1f}% of step time"
+    )
+
+
+def _ruled_cost(rep: StragglerReport, r: int) -> float:
+    """What fixing rank ``r`` saves by the rules' what-if, as a share of the mean step."""
+    saving = rep.per_rank_column("whatif_saving(us)").get(str(r)) or 0.0
+    return float(saving) / rep.mean_step_time_us if rep.mean_step_time_us else 0.0
+
+
 def rotating_line(rep: StragglerReport, wi: dict[str, Any]) -> str:
-    """The headline of a ``rotating`` verdict: every rank with its own cost and steps."""
+    """The headline of a ``rotating`` verdict: every named rank with its own cost and steps."""
+    named = {n["rank"]: n for n in wi.get("explaining_set", [])}
+    late = rep.per_rank_column("late_steps")
     segs = [
-        f"rank {n['rank']}: {100 * n['cost']:.1f}% of step time (late in steps {n['late_steps']})"
-        for n in wi.get("explaining_set", [])
+        f"rank {r}: {100 * named[r]['cost']:.1f}% of step time (late in steps {named[r]['late_steps']})"
+        if r in named
+        else f"rank {r}: {100 * _ruled_cost(rep, r):.1f}% of step time (late in {late.get(str(r)) or 0} steps)"
+        for r in rep.ranks
     ]
     return (
         f"ROTATING STRAGGLERS: the slowdown moves between {len(segs)} ranks, costing "

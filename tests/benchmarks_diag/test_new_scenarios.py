@@ -58,7 +58,7 @@ def test_existing_sequences_are_unchanged() -> None:
         [
             s.sid,
             s.ranks,
-            s.kind,
+            gpu.KIND[s.type],  # the plans and ranks; the kind follows straggler_kinds (below)
             s.params,
             [round(float(x.sum()), 3) for x in (s.plan.delay, s.plan.stretch, s.plan.link)],
         ]
@@ -71,6 +71,10 @@ def test_existing_sequences_are_unchanged() -> None:
         "knobs": _h(_knob_rows()),
     }
     assert got == OLD_FINGERPRINTS
+    # an intermittent job whose stalls move between ranks over steps is labelled rotating now
+    kinds = {s.sid: s.kind for s in gpu.scenarios(2, ["nccl_parser", "sampled128"])}
+    assert kinds["gpu-intermittent-nccl_parser-w4-s1"] == "rotating"
+    assert kinds["gpu-intermittent-nccl_parser-w2-s0"] == "intermittent"
     assert not {s.type for s in cpu.scenarios(40, seed=3)} & set(cpu.NEW_CPU_TYPES)
     assert not {s.type for s in gpu.scenarios(1, ["nccl_parser"])} & set(gpu.NEW_TYPES)
 

@@ -6,11 +6,14 @@ jobs in ``test_whatif_kineto.py``); the breakdown table is empty, so causes read
 
 from __future__ import annotations
 
+import msgspec
 import polars as pl
 
 from kinetoscope.diagnosis.breakdown import BREAKDOWN_COLUMNS
 from kinetoscope.diagnosis.straggler_model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.straggler_whatif import NamedRank, WhatIfReport, reconcile, rotating_line
+
+STALL = 0.4  # each rank's largest share of a step: a stall (straggler_whatif.STALL_COST)
 
 
 def _wi(kind: str, named: list[tuple[int, float, list[int], str]]) -> WhatIfReport:
@@ -20,7 +23,7 @@ def _wi(kind: str, named: list[tuple[int, float, list[int], str]]) -> WhatIfRepo
         per_optype={"between-collectives": 1.3, "step-tail": 1.0},
         m_w=0.5,
         m_s=None,
-        explaining_set=[NamedRank(r, c, c, late, k) for r, c, late, k in named],
+        explaining_set=[NamedRank(r, c, c, late, k, peak=STALL) for r, c, late, k in named],
         recovered_fraction=0.8,
         kind=kind,
         lost_fraction=sum(c for _, c, _, _ in named),
@@ -82,8 +85,8 @@ def test_a_minor_rank_of_the_set_does_not_join():
     assert rep.ranks == [7] and rep.kind == "persistent"
 
 
-def test_host_stalls_and_ranks_the_rules_did_not_name_do_not_join():
-    # two stalls (late in 2 steps), and a rank the rules left out: the rules' noise decisions stand
+def test_host_stalls_do_not_join():
+    # two stalls (late in 2 steps) and one: fewer than MIN_RECURRING, noise to the verdict
     rep = StragglerReport(kind="persistent", ranks=[1, 3], intermittent_ranks=[4], skew_fraction=0.3)
     rep.per_rank = _per_rank({1: 13, 3: 13, 4: 2, 0: 0})
     wi = _wi(
@@ -97,3 +100,81 @@ def test_host_stalls_and_ranks_the_rules_did_not_name_do_not_join():
     )
     reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 3: "persistent", 4: "intermittent"})
     assert rep.ranks == [1, 3] and rep.kind == "persistent"
+
+
+def test_intermittent_verdict_whose_stalls_move_between_ranks_becomes_rotating():
+    rep = StragglerReport(kind="intermittent", ranks=[4, 3], intermittent_ranks=[4, 3], skew_fraction=0.3)
+    wi = _wi(
+        "rotating",
+        [(4, 0.12, [1, 5], "intermittent"), (3, 0.09, [2], "intermittent"), (1, 0.07, [6], "intermittent")],
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {4: "intermittent", 3: "intermittent"})
+    assert rep.kind == "rotating" and rep.ranks == [4, 3, 1]
+
+
+def test_persistent_by_the_rules_but_a_few_steps_by_the_replay_becomes_rotating():
+    rep = StragglerReport(kind="mixed", ranks=[0, 1], intermittent_ranks=[3], skew_fraction=0.3)
+    wi = _wi(
+        "rotating",
+        [
+            (0, 0.15, [4, 15], "intermittent"),
+            (1, 0.15, [0, 1, 6], "intermittent"),
+            (3, 0.04, [12], "intermittent"),
+        ],
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {0: "persistent", 1: "intermittent"})
+    assert rep.kind == "rotating" and rep.ranks == [0, 1, 3]
+    # a rank the replay also calls persistent keeps the rules' verdict
+    rep = StragglerReport(kind="persistent", ranks=[0], skew_fraction=0.3)
+    wi = _wi("rotating", [(0, 0.15, list(range(8)), "persistent"), (1, 0.15, [0, 1, 6], "intermittent")])
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {0: "persistent"})
+    assert rep.kind != "rotating" and rep.ranks[0] == 0
+
+
+def test_a_rank_late_only_by_the_hosts_noise_is_not_named_rotating():
+    rep = StragglerReport(kind="none", skew_fraction=0.27, mean_step_time_us=100_000.0)
+    wi = _wi(
+        "rotating",
+        [
+            (3, 0.07, [7], "intermittent"),
+            (2, 0.07, [12, 13], "intermittent"),
+            (0, 0.08, [2, 6, 10], "intermittent"),
+        ],
+    )
+    noise = NamedRank(1, 0.023, 0.037, [5, 6, 8], "intermittent", peak=0.12)
+    wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"explaining_set": [*wi.explaining_set, noise]}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {})
+    assert rep.kind == "rotating" and rep.ranks == [3, 2, 0]
+
+
+def test_a_steadily_late_rank_keeps_its_persistent_verdict():
+    # late by the replay in two steps only (its worst dwarfs the rest) but steadily: median share
+    # of a step above LATE_COST, so not a rotation
+    rep = StragglerReport(kind="persistent", ranks=[2, 3], skew_fraction=0.3)
+    steady = NamedRank(2, 0.11, 0.28, [4, 11], "intermittent", peak=1.2, typical=0.2)
+    wi = _wi("rotating", [(3, 0.08, [8, 10, 14], "intermittent")])
+    wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"explaining_set": [steady, *wi.explaining_set]}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {2: "persistent", 3: "persistent"})
+    assert rep.kind == "persistent" and rep.ranks == [2, 3]
+
+
+def test_a_masked_equal_rank_joins_with_the_replays_kind():
+    # two equal persistent ranks: the rules call one intermittent (two stalls), the replay sees
+    # it late in most steps: it joins as persistent, the verdict stays persistent
+    rep = StragglerReport(kind="persistent", ranks=[1], intermittent_ranks=[0], skew_fraction=0.3)
+    rep.per_rank = _per_rank({1: 14, 0: 2})
+    wi = _wi(
+        "mixed",
+        [(0, 0.144, [0, 1, 2, 4, 7, 9, 11, 13, 15], "persistent"), (1, 0.144, [0, 1, 2], "intermittent")],
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 0: "intermittent"})
+    assert rep.kind == "persistent" and rep.ranks == [1, 0]
+
+
+def test_a_masked_co_straggler_the_rules_missed_joins_when_it_recurs():
+    # the rules name rank 2 (persistent) only; the replay charges rank 0 nearly as much, late in 5
+    # steps: two stragglers of different kinds (issue 27's mixed jobs)
+    rep = StragglerReport(kind="persistent", ranks=[2], skew_fraction=0.3)
+    wi = _wi("mixed", [(2, 0.20, list(range(8)), "persistent"), (0, 0.19, [3, 4, 7], "intermittent")])
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {2: "persistent"})
+    assert rep.ranks == [2, 0] and rep.kind == "mixed"
