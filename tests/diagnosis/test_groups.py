@@ -227,3 +227,31 @@ def test_real_gloo_mesh_job_names_exactly_the_slowed_rank() -> None:
     assert s.ranks == [5], (s.kind, s.ranks, d.summary()[:1])
     assert s.whatif is not None and s.whatif["transfers"] == 0 and s.whatif["process_groups"]
     assert d.summary()[0].split(":", 1)[1].count("rank ") == 1
+
+
+def _two_hosts(dst: Path, skew_us: float) -> Path:
+    """The real gloo mesh job relabelled as two hosts: ranks 4-7's files get another
+    ``host_name`` and their clock reads ``skew_us`` ahead."""
+    import gzip
+    import json
+
+    for f in sorted(REAL.glob("rank-*.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        if int(f.name.split("-")[1].split("_")[0]) >= 4:
+            doc["host_name"] = "vm2"
+            for e in doc["traceEvents"]:
+                if isinstance(e.get("ts"), int | float):
+                    e["ts"] += skew_us
+        (dst / f.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return dst
+
+
+def test_real_gloo_mesh_job_on_two_hosts_infers_the_single_host_groups(tmp_path: Path) -> None:
+    """Gap 3 of issue 27: the same real job as two hosts whose clocks differ by 250 ms infers
+    the groups the job logged (as on one host), and still names exactly rank 5."""
+    want = (REAL / "groups_issued_by_the_job.txt").read_text().split()
+    d = diagnose(_two_hosts(tmp_path, 250_000.0))
+    assert sorted({d.job.hosts()[r] for r in range(8)}) == ["vm", "vm2"]
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
+    assert found == want
+    assert d.stragglers.ranks == [5], (d.stragglers.kind, d.stragglers.ranks)
