@@ -28,7 +28,7 @@ told apart). In order of preference:
     ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
     Ranks on several hosts (several clocks): each host's ends are first shifted onto the first
     host's clock (``_across_hosts``: of the shifts tried, the one giving the split with the most
-    groups; membership needs no common clock, only which ranks finish each instance of a
+    groups that span hosts; membership needs no common clock, only which ranks finish each instance of a
     sequence together). Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
@@ -236,11 +236,15 @@ def _memberships(todo: dict[int, pl.DataFrame]) -> dict[int, dict[str, str]] | N
     return found if _consistent(found) else None
 
 
-def _split_size(found: dict[int, dict[str, str]] | None, n: int) -> int:
-    """How many groups of fewer than all ``n`` ranks a split names (0: none found)."""
+def _spanning(found: dict[int, dict[str, str]] | None, n: int, new: set[int]) -> tuple[int, int]:
+    """How many groups of fewer than all ``n`` ranks a split names that join ``new`` ranks with
+    others, and how many it names in all ((0, 0): none found). Groups within one host do not
+    depend on the shift of another host's clock: only the spanning ones say it lined up."""
     if found is None:
-        return 0
-    return len({m for lanes in found.values() for m in lanes.values() if m.count(",") + 1 < n})
+        return 0, 0
+    groups = {m for lanes in found.values() for m in lanes.values() if m.count(",") + 1 < n}
+    ranks = [{int(x) for x in m.split(",")} for m in groups]
+    return sum(1 for g in ranks if g & new and g - new), len(groups)
 
 
 def _across_hosts(
@@ -248,7 +252,8 @@ def _across_hosts(
 ) -> dict[int, dict[str, str]] | None:
     """Memberships of ranks on several hosts (several clocks): hosts are added one at a time,
     each with the clock shift (ns, against the first host) under which the ranks placed so far
-    and its own give the split with the most groups. Candidate shifts: 0 (the hosts' clocks
+    and its own give the split with the most groups joining the new host's ranks with others
+    (then the most groups). Candidate shifts: 0 (the hosts' clocks
     agree, as on synchronised hosts), then the best-coinciding shift of each (lane of a placed
     rank, rank of the new host) pair, nearest first (``_best_shift``). Membership needs no
     common clock: only which ranks finish each instance of a sequence together."""
@@ -256,12 +261,12 @@ def _across_hosts(
     placed = {r: todo[r] for r in by_host[order[0]]}
     found: dict[int, dict[str, str]] | None = None
     for h in order[1:]:
-        best: tuple[int, dict[int, pl.DataFrame], dict[int, dict[str, str]] | None] | None = None
+        best: tuple[tuple[int, int], dict[int, pl.DataFrame], dict[int, dict[str, str]] | None] | None = None
         for d in _candidate_shifts(placed, {q: todo[q] for q in by_host[h]}):
             trial = placed | {q: todo[q].with_columns(pl.col("end") - d) for q in by_host[h]}
             got = _memberships(trial)
-            n = _split_size(got, len(trial))
-            if n and (best is None or n > best[0]):
+            n = _spanning(got, len(trial), set(by_host[h]))
+            if n[0] and (best is None or n > best[0]):
                 best = (n, trial, got)
         if best is None:
             return None
