@@ -210,11 +210,8 @@ def _infer_lanes(
         by_host.setdefault(hosts.get(r), []).append(r)
     if len(by_host) == 1:
         return _memberships(todo) or {}
-    found = _across_hosts(todo, by_host)
-    if found is None:
-        info.notes.append("groups not inferred: no shift of a host's clock gives a consistent split")
-        return {}
-    return found
+    # no shift gives a split joining hosts (a job of one group, as DDP): job-wide, as on one host
+    return _across_hosts(todo, by_host) or {}
 
 
 def _memberships(todo: dict[int, pl.DataFrame]) -> dict[int, dict[str, str]] | None:
