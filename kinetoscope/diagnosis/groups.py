@@ -26,7 +26,10 @@ told apart). In order of preference:
     end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
     (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that): the
     ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
-    Used only when every rank is on one host (one clock) and the lanes give a consistent split
+    Ranks on several hosts (several clocks): each host's ends are first shifted onto the first
+    host's clock (``_across_hosts``: of the shifts tried, the one giving the split with the most
+    groups that span hosts; membership needs no common clock, only which ranks finish each instance of a
+    sequence together). Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
     ``"*"``, as before groups were known.
@@ -50,6 +53,12 @@ JOB_WIDE = "*"
 INFER_TOL_NS = 5_000_000
 INFER_RATIO = 3.0
 INFER_FLOOR_NS = 50_000
+# Hosts' clocks are searched for an offset within this much of the first host's.
+INFER_SKEW_NS = 2_000_000_000
+# Ends of a lane scored per candidate host offset, and ranks per aligned host tried (cost bound).
+_SHIFT_SAMPLE = 64
+_SHIFT_RANKS = 8
+_SHIFT_TRIES = 16
 # A lane needs this many instances to be placed by inference.
 _MIN_LANE = 3
 
@@ -196,8 +205,18 @@ def _infer_lanes(
             todo[r] = u.with_columns(_lane=pl.col("lane").replace_strict(merge, default=pl.col("lane")))
     if len(todo) < 3:
         return {}
-    if len({hosts.get(r) for r in todo}) > 1:  # no shared clock to compare ends on
-        return {}
+    by_host: dict[str | None, list[int]] = {}
+    for r in sorted(todo):
+        by_host.setdefault(hosts.get(r), []).append(r)
+    if len(by_host) == 1:
+        return _memberships(todo) or {}
+    # no shift gives a split joining hosts (a job of one group, as DDP): job-wide, as on one host
+    return _across_hosts(todo, by_host) or {}
+
+
+def _memberships(todo: dict[int, pl.DataFrame]) -> dict[int, dict[str, str]] | None:
+    """Per rank, lane -> members for ranks on one clock (module docstring), or None when the
+    lanes do not give a consistent split."""
     ends = {r: np.sort(t["end"].to_numpy()) for r, t in todo.items()}
     found: dict[int, dict[str, str]] = {}
     sizes: dict[tuple[int, str], int] = {}
@@ -211,9 +230,86 @@ def _infer_lanes(
             for raw in sub["lane"].unique().to_list():
                 found[r][raw] = members
     _complete_partition(found, todo, sizes)
-    if not _consistent(found):
-        return {}
+    return found if _consistent(found) else None
+
+
+def _spanning(found: dict[int, dict[str, str]] | None, n: int, new: set[int]) -> tuple[int, int]:
+    """How many groups of fewer than all ``n`` ranks a split names that join ``new`` ranks with
+    others, and how many it names in all ((0, 0): none found). Groups within one host do not
+    depend on the shift of another host's clock: only the spanning ones say it lined up."""
+    if found is None:
+        return 0, 0
+    groups = {m for lanes in found.values() for m in lanes.values() if m.count(",") + 1 < n}
+    ranks = [{int(x) for x in m.split(",")} for m in groups]
+    return sum(1 for g in ranks if g & new and g - new), len(groups)
+
+
+def _across_hosts(
+    todo: dict[int, pl.DataFrame], by_host: dict[str | None, list[int]]
+) -> dict[int, dict[str, str]] | None:
+    """Memberships of ranks on several hosts (several clocks): hosts are added one at a time,
+    each with the clock shift (ns, against the first host) under which the ranks placed so far
+    and its own give the split with the most groups joining the new host's ranks with others
+    (then the most groups). Candidate shifts: 0 (the hosts' clocks
+    agree, as on synchronised hosts), then the best-coinciding shift of each (lane of a placed
+    rank, rank of the new host) pair, nearest first (``_best_shift``). Membership needs no
+    common clock: only which ranks finish each instance of a sequence together."""
+    order = list(by_host)
+    placed = {r: todo[r] for r in by_host[order[0]]}
+    found: dict[int, dict[str, str]] | None = None
+    for h in order[1:]:
+        best: tuple[tuple[int, int], dict[int, pl.DataFrame], dict[int, dict[str, str]] | None] | None = None
+        for d in _candidate_shifts(placed, {q: todo[q] for q in by_host[h]}):
+            trial = placed | {q: todo[q].with_columns(pl.col("end") - d) for q in by_host[h]}
+            got = _memberships(trial)
+            n = _spanning(got, len(trial), set(by_host[h]))
+            if n[0] and (best is None or n > best[0]):
+                best = (n, trial, got)
+        if best is None:
+            return None
+        _n, placed, found = best
     return found
+
+
+def _candidate_shifts(placed: dict[int, pl.DataFrame], new: dict[int, pl.DataFrame]) -> list[int]:
+    """Clock shifts to try for a new host's ranks: 0, then per (lane of a placed rank, new rank)
+    pair its best shift, pairs of nearest ends first; at most ``_SHIFT_TRIES``."""
+    ends = {q: np.sort(t["end"].to_numpy()) for q, t in new.items()}
+    pairs: list[tuple[float, int]] = []
+    for r in sorted(placed)[:_SHIFT_RANKS]:
+        for _k, sub in placed[r].group_by("_lane"):
+            if sub.height >= _MIN_LANE:
+                lane = np.sort(sub["end"].to_numpy())
+                pairs += [_best_shift(lane, e) for e in ends.values()]
+    base = [0]
+    for gap, d in sorted(pairs):
+        if gap <= INFER_TOL_NS and d not in base:
+            base.append(d)
+    # a pair's best shift is off by the spread of its members' ends (ms on gloo): try around it
+    steps = [k * INFER_TOL_NS // 10 for k in (0, -1, 1, -2, 2, -3, 3, -4, 4)]
+    out = [0] + [d + k for d in base[1:_SHIFT_TRIES] for k in steps]
+    return list(dict.fromkeys(out))
+
+
+def _best_shift(lane: np.ndarray, e: np.ndarray) -> tuple[float, int]:
+    """The offset ``d`` (ns, within ``INFER_SKEW_NS``) under which the lane's ends, moved by
+    ``d``, fall nearest ends of ``e``, and the median distance then: the candidates are the
+    ends of ``e`` near the lane's middle end (a member holds its counterpart)."""
+    if e.size == 0 or lane.size == 0:
+        return float("inf"), 0
+    anchor = lane[lane.size // 2]
+    cand = e[(e >= anchor - INFER_SKEW_NS) & (e <= anchor + INFER_SKEW_NS)] - anchor
+    if cand.size == 0:
+        return float("inf"), 0
+    pts = lane[np.unique(np.linspace(0, lane.size - 1, min(lane.size, _SHIFT_SAMPLE)).astype(np.int64))]
+    x = pts[None, :] + cand[:, None]
+    pos = np.clip(np.searchsorted(e, x), 1, max(e.size - 1, 1)) if e.size > 1 else np.zeros_like(x)
+    gap = np.abs(e[pos] - x)
+    if e.size > 1:
+        gap = np.minimum(gap, np.abs(e[pos - 1] - x))
+    med = np.median(gap, axis=1)
+    k = int(np.argmin(med))
+    return float(med[k]), int(cand[k])
 
 
 def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) -> str:

@@ -38,7 +38,9 @@ class WhatIf(Part):
     """``stragglers.whatif``: the replay of the job (docs/diagnosis.md §8). ``slowdown`` is the
     observed step time over the ideal one; ``per_rank``/``per_optype`` the slowdown each rank /
     op type alone explains; ``m_w``/``m_s`` the waiting and skew margins; ``explaining_set`` the
-    ranks that, fixed, recover ``recovered_fraction`` of the lost time."""
+    ranks that, fixed, recover ``recovered_fraction`` of the lost time. ``process_groups``: the
+    replay joined process groups or pipeline transfers (not only job-wide collectives);
+    ``transfers``: the pipeline send/recv pairs it joined with their peers (0: none)."""
 
     slowdown: float | None = None
     per_rank: dict[str, float] = msgspec.field(default_factory=dict)
@@ -49,6 +51,8 @@ class WhatIf(Part):
     recovered_fraction: float | None = None
     kind: str | None = None
     lost_fraction: float | None = None
+    process_groups: bool = False
+    transfers: int = 0
 
 
 class NextRank(Part):

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pytest
 
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.attribution import build_matrix
@@ -227,3 +228,38 @@ def test_real_gloo_mesh_job_names_exactly_the_slowed_rank() -> None:
     assert s.ranks == [5], (s.kind, s.ranks, d.summary()[:1])
     assert s.whatif is not None and s.whatif["transfers"] == 0 and s.whatif["process_groups"]
     assert d.summary()[0].split(":", 1)[1].count("rank ") == 1
+
+
+def _two_hosts(dst: Path, second: set[int], skew_us: float) -> Path:
+    """The real gloo mesh job relabelled as two hosts: the files of the ranks in ``second`` get
+    another ``host_name`` and their clock reads ``skew_us`` ahead."""
+    import gzip
+    import json
+
+    for f in sorted(REAL.glob("rank-*.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        if int(f.name.split("-")[1].split("_")[0]) in second:
+            doc["host_name"] = "vm2"
+            for e in doc["traceEvents"]:
+                if isinstance(e.get("ts"), int | float):
+                    e["ts"] += skew_us
+        (dst / f.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("second", "skew_us"),
+    [({4, 5, 6, 7}, 250_000.0), ({1, 3, 5, 7}, -130_000.0)],
+    ids=["tp-groups-within-a-host", "tp-groups-across-hosts"],
+)
+def test_real_gloo_mesh_job_on_two_hosts_infers_the_single_host_groups(
+    tmp_path: Path, second: set[int], skew_us: float
+) -> None:
+    """Gap 3 of issue 27: the same real job as two hosts whose clocks differ (250 ms, -130 ms)
+    infers the groups the job logged (as on one host), and still names exactly rank 5."""
+    want = (REAL / "groups_issued_by_the_job.txt").read_text().split()
+    d = diagnose(_two_hosts(tmp_path, second, skew_us))
+    assert sorted({d.job.hosts()[r] for r in range(8)}) == ["vm", "vm2"]
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
+    assert found == want
+    assert d.stragglers.ranks == [5], (d.stragglers.kind, d.stragglers.ranks)
