@@ -25,7 +25,7 @@ from typing import Any
 
 from kinetoscope.collect.trigger import Target, TraceOptions, TraceRequest, trigger_trace, wait_for_trace
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, child_env
-from kinetoscope.diagnosis.straggler_kinds import job_kind, rank_kind
+from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.protocol.manifest import read_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def stall_steps(injected: dict[int, dict[int, float]]) -> dict[int, list[int]]:
 def stall_label(injected: dict[int, dict[int, float]], n_steps: int) -> tuple[str, list[int]]:
     """Expected (kind, ranks) of a job whose ranks stall at random (``intermittent`` and
     ``rotating`` types): every rank that stalled, the kind by the verdict's own taxonomy
-    (``kinetoscope.diagnosis.straggler_kinds.job_kind``) applied to the steps each rank was made
+    (``kinetoscope.diagnosis.stragglers.kinds.job_kind``) applied to the steps each rank was made
     to stall in (the injection log, not the product's reading of the trace): ``rotating`` when
     the stalls move between ranks, ``intermittent`` for a specific few, ``none`` when nobody
     stalled."""

@@ -42,7 +42,7 @@ import numpy as np
 import orjson
 
 from benchmarks.diag_scenarios import truth
-from kinetoscope.diagnosis.straggler_kinds import is_rotating, job_kind, rank_kind
+from kinetoscope.diagnosis.stragglers.kinds import is_rotating, job_kind, rank_kind
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HTA = REPO_ROOT / "tests" / "data" / "traces" / "hta"
@@ -452,7 +452,7 @@ def _late_of(base: Base, events: list[list[int]]) -> dict[int, list[int]]:
 
 def stall_kind(base: Base, events: list[list[int]]) -> str:
     """Kind of an ``intermittent`` scenario by the verdict's taxonomy
-    (``kinetoscope.diagnosis.straggler_kinds``) on its injected stall events: ``rotating`` when
+    (``kinetoscope.diagnosis.stragglers.kinds``) on its injected stall events: ``rotating`` when
     they move between ranks over steps, else ``intermittent`` (a one-step base never rotates)."""
     return "rotating" if is_rotating(_late_of(base, events)) else "intermittent"
 

@@ -40,7 +40,7 @@ from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
 from kinetoscope.diagnosis.result import Diagnosis
-from kinetoscope.diagnosis.stragglers import StragglerReport, StragglerThresholds, analyze_stragglers
+from kinetoscope.diagnosis.stragglers.verdict import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.diagnosis.whatif.p2p import p2p_links
 from kinetoscope.trace.model import Trace

@@ -303,7 +303,7 @@ def saving_between(
     mx: Matrix, last_before: np.ndarray, last_after: np.ndarray, *, from_median: bool = False
 ) -> np.ndarray:
     """``saving_fixed`` from the two sets' completions (``last_fixed``), computed once each
-    where many sets are compared (``straggler_tables.lost_shares``)."""
+    where many sets are compared (``stragglers.tables.lost_shares``)."""
     m = mx.m.astype(np.float64)
     ref = m if from_median else np.minimum(m, last_after)
     saved: np.ndarray = np.clip(mx.per_step(ref, last_before) - mx.per_step(ref, last_after), 0, None)

@@ -41,7 +41,7 @@ import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job, event_count
 from kinetoscope.diagnosis.clock import ClockAlignment
-from kinetoscope.diagnosis.straggler_model import StragglerReport
+from kinetoscope.diagnosis.stragglers.model import StragglerReport
 from kinetoscope.diagnosis.timestamps import TimestampAnomalies
 
 MIN_COMMON_STEPS = 2

@@ -37,7 +37,7 @@ from kinetoscope.diagnosis.detectors import AttentionFinding, CompileFinding, po
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.hsgd import plan as hsgd_plan
 from kinetoscope.diagnosis.mfu import MFUResult
-from kinetoscope.diagnosis.stragglers import StragglerReport
+from kinetoscope.diagnosis.stragglers.verdict import StragglerReport
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 

@@ -15,8 +15,8 @@ from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.evidence import Evidence, headline
 from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.mfu import MFUResult
-from kinetoscope.diagnosis.straggler_model import StragglerReport
-from kinetoscope.diagnosis.straggler_whatif import rotating_line
+from kinetoscope.diagnosis.stragglers.model import StragglerReport
+from kinetoscope.diagnosis.stragglers.reconcile import rotating_line
 
 # A sentence ends at ". " before a capital letter (so "e.g. the" does not end one).
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")

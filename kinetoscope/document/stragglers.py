@@ -1,6 +1,6 @@
 """The read form of the ``stragglers`` part (docs/diagnosis.md §8).
 
-The straggler verdict is produced by ``kinetoscope.diagnosis.stragglers`` (its JSON form is
+The straggler verdict is produced by ``kinetoscope.diagnosis.stragglers.verdict`` (its JSON form is
 ``StragglerReport.to_dict``); this is how the views read it. ``kind`` is a plain string
 (``none``, ``persistent``, ``intermittent``, ``rotating``, ``mixed``, ``not_assessed``, ...): a
 new kind reads through unchanged. Unknown keys are ignored, so the producer may add fields

@@ -58,7 +58,7 @@ def test_existing_sequences_are_unchanged() -> None:
         [
             s.sid,
             s.ranks,
-            gpu.KIND[s.type],  # the plans and ranks; the kind follows straggler_kinds (below)
+            gpu.KIND[s.type],  # the plans and ranks; the kind follows stragglers.kinds (below)
             s.params,
             [round(float(x.sum()), 3) for x in (s.plan.delay, s.plan.stretch, s.plan.link)],
         ]

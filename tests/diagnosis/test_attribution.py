@@ -12,8 +12,8 @@ from diag_synth import MS, make_job
 
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.attribution import Matrix
-from kinetoscope.diagnosis.straggler_kinds import job_kind
-from kinetoscope.diagnosis.stragglers import binom_sf, union_by_group
+from kinetoscope.diagnosis.stragglers.kinds import job_kind
+from kinetoscope.diagnosis.stragglers.verdict import binom_sf, union_by_group
 
 
 def _jitter(world: int, steps: int, n_coll: int = 2, sd_ns: float = 200_000, seed: int = 0) -> np.ndarray:
@@ -242,7 +242,7 @@ def test_one_dominant_rank_says_who_holds_the_job_back_next():
 
 def test_random_ranks_stalling_are_rotating():
     # one random rank stalls in 30 % of the steps: the slowdown moves between ranks, which the
-    # taxonomy (straggler_kinds) calls rotating, read off the injected steps
+    # taxonomy (stragglers.kinds) calls rotating, read off the injected steps
     world, steps = 6, 30
     rng = np.random.default_rng(5)
     late = [[0.0] * steps for _ in range(world)]

@@ -67,7 +67,7 @@ def test_rotating_job_on_two_hosts_gets_the_plan_first():
             late[rng.randrange(world)][s] = 60.0
     jit = [[[rng.randint(0, 200_000) for _ in range(2)] for _ in range(steps)] for _ in range(world)]
     d = diagnose(make_job(world, steps, late_ms=late, jitter_ns=jit, hosts=["a"] * 4 + ["b"] * 4))
-    # one random rank per stalled step: the slowdown moves between ranks (straggler_kinds)
+    # one random rank per stalled step: the slowdown moves between ranks (stragglers.kinds)
     assert d.stragglers.kind == "rotating" and (d.stragglers.lost_fraction or 0) >= 0.10
     rec = d.recommendations[0]  # the plan comes first
     assert rec["id"] == "straggler-intermittent" and rec["severity"] == "high"

@@ -103,6 +103,6 @@ def test_ranks_named_for_their_stalls_keep_their_arrivals_between_the_stalls():
     assert gt.stragglers == [0, 1, 2] == _label(LOADED)["expected"]
     assert gt.imposed_us[4] / n_steps / step < 0.015
     s = diagnose([str(f) for f in files]).stragglers
-    # four stalls on three ranks in steps of their own: rotating by straggler_kinds (issue 27;
+    # four stalls on three ranks in steps of their own: rotating by stragglers.kinds (issue 27;
     # the label file predates that kind)
     assert s.kind == "rotating" and sorted(s.ranks) == [0, 1, 2]

@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks.diag_scenarios import gpu, truth
 from kinetoscope.diagnosis import diagnose
-from kinetoscope.diagnosis.stragglers import StragglerThresholds, _Matrix, _slow_link
+from kinetoscope.diagnosis.stragglers.verdict import StragglerThresholds, _Matrix, _slow_link
 
 needs_dlrm8 = pytest.mark.skipif(
     not gpu.DLRM8.is_dir(), reason=f"real DLRM job traces not found at {gpu.DLRM8}"

@@ -1,4 +1,4 @@
-"""Steady lateness (``kinetoscope.diagnosis.steady``): the t-test's tail, the per-step skews, and
+"""Steady lateness (``kinetoscope.diagnosis.stragglers.steady``): the t-test's tail, the per-step skews, and
 the verdict on a small steady delay hidden by a loaded host's bursts of noise."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from diag_synth import make_job
 
-from kinetoscope.diagnosis import StragglerThresholds, diagnose, straggler_naming
+from kinetoscope.diagnosis import StragglerThresholds, diagnose
 from kinetoscope.diagnosis.attribution import Matrix
-from kinetoscope.diagnosis.steady import mean_t_sf, step_skews, student_t_sf
+from kinetoscope.diagnosis.stragglers import naming as straggler_naming
+from kinetoscope.diagnosis.stragglers.steady import mean_t_sf, step_skews, student_t_sf
 
 
 @pytest.mark.parametrize("t", [-3.0, -0.5, 0.0, 0.3, 1.0, 2.5, 7.0, 40.0])

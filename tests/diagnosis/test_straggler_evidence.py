@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.diag_scenarios import gpu, truth
 from kinetoscope.diagnosis import diagnose
-from kinetoscope.diagnosis.stragglers import StragglerThresholds
+from kinetoscope.diagnosis.stragglers.verdict import StragglerThresholds
 
 
 def _build(tmp_path: Path, stype: str, base: str, world: int, seed: int) -> tuple[gpu.Scenario, list[str]]:

@@ -1,9 +1,9 @@
-"""The one taxonomy of straggler kinds (``straggler_kinds``), shared by the verdict and the
+"""The one taxonomy of straggler kinds (``stragglers.kinds``), shared by the verdict and the
 benchmark's labels."""
 
 from __future__ import annotations
 
-from kinetoscope.diagnosis.straggler_kinds import is_rotating, job_kind, rank_kind
+from kinetoscope.diagnosis.stragglers.kinds import is_rotating, job_kind, rank_kind
 
 
 def test_rank_kind_is_persistent_beyond_half_of_the_steps():

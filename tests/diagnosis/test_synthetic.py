@@ -15,7 +15,7 @@ from kinetoscope.diagnosis import StragglerThresholds, diagnose
 from kinetoscope.diagnosis.assembly import assemble_jobs
 from kinetoscope.diagnosis.clock import align_clocks
 from kinetoscope.diagnosis.collectives import extract_collectives, normalize_collective
-from kinetoscope.diagnosis.straggler_kinds import job_kind
+from kinetoscope.diagnosis.stragglers.kinds import job_kind
 
 
 def _jitter(world: int, steps: int, n_coll: int = 2, sd_ns: int = 200_000, seed: int = 0):

@@ -1,4 +1,4 @@
-"""What the replay adds to the straggler verdict (``straggler_whatif.reconcile``) and its headline.
+"""What the replay adds to the straggler verdict (``stragglers.reconcile.reconcile``) and its headline.
 
 The report and the what-if block are built here by hand (the replay itself is tested on real
 jobs in ``test_whatif_kineto.py``); the breakdown table is empty, so causes read "no data".
@@ -10,10 +10,10 @@ import msgspec
 import polars as pl
 
 from kinetoscope.diagnosis.breakdown import BREAKDOWN_COLUMNS
-from kinetoscope.diagnosis.straggler_model import StragglerReport, StragglerThresholds
-from kinetoscope.diagnosis.straggler_whatif import NamedRank, WhatIfReport, reconcile, rotating_line
+from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
+from kinetoscope.diagnosis.stragglers.reconcile import NamedRank, WhatIfReport, reconcile, rotating_line
 
-STALL = 0.4  # each rank's largest share of a step: a stall (straggler_whatif.STALL_COST)
+STALL = 0.4  # each rank's largest share of a step: a stall (stragglers.reconcile.STALL_COST)
 
 
 def _wi(kind: str, named: list[tuple[int, float, list[int], str]]) -> WhatIfReport:

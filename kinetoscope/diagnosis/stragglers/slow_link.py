@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from kinetoscope.diagnosis.attribution import Matrix, binom_sf
-from kinetoscope.diagnosis.straggler_model import StragglerThresholds
+from kinetoscope.diagnosis.stragglers.model import StragglerThresholds
 
 
 @dataclass

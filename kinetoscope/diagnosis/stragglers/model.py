@@ -116,7 +116,7 @@ class StragglerReport:
     per_rank: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_RANK_SCHEMA))
     per_step: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_STEP_SCHEMA))
     thresholds: StragglerThresholds = field(default_factory=StragglerThresholds)
-    whatif: dict[str, Any] | None = None  # straggler_whatif.WhatIfReport.to_dict()
+    whatif: dict[str, Any] | None = None  # stragglers.reconcile.WhatIfReport.to_dict()
 
     def rank_row(self, r: int) -> dict[str, Any]:
         """The per-rank row of rank ``r`` (empty dict when absent)."""

@@ -26,9 +26,9 @@ class SteadySkew:
     """Rank ``rank``'s per-step skews (``step_skews``): positive (behind the others) in
     ``behind`` of ``steps`` steps, their median ``median_share`` of a mean step, and ``p`` the
     one-sided t-test p-value that their mean is zero (the rank no later than its peers);
-    ``late``: the verdict's steady-lateness test passed (``straggler_naming.steadily_late``);
+    ``late``: the verdict's steady-lateness test passed (``stragglers.naming.steadily_late``);
     ``skews``: the per-step skews themselves (ns), which the spike test of a steadily late rank
-    reads (``straggler_naming.spike_share``)."""
+    reads (``stragglers.naming.spike_share``)."""
 
     rank: int
     behind: int

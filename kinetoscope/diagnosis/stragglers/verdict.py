@@ -62,9 +62,9 @@ kind
     (occasional delays, or arrival jitter).
 
 Modules (one job each): ``attribution`` (instance matrix, imposed wait, what-if rounds, noise),
-``straggler_naming`` (thresholds, naming, persistence), ``slow_link`` (late collective ends),
-``straggler_causes`` (causes compared with peers), ``straggler_tables`` (per-step and per-rank
-tables, next ranks), ``straggler_model`` (thresholds, report, JSON). This module puts them
+``stragglers.naming`` (thresholds, naming, persistence), ``slow_link`` (late collective ends),
+``stragglers.causes`` (causes compared with peers), ``stragglers.tables`` (per-step and per-rank
+tables, next ranks), ``stragglers.model`` (thresholds, report, JSON). This module puts them
 together into the verdict.
 """
 
@@ -86,16 +86,14 @@ from kinetoscope.diagnosis.attribution import (
     saving_fixed,
     union_by_group,
 )
-from kinetoscope.diagnosis.slow_link import SlowLink, end_skew, find_slow_links, link_cause
-from kinetoscope.diagnosis.steady import steady_skew
-from kinetoscope.diagnosis.straggler_causes import rank_cause
-from kinetoscope.diagnosis.straggler_model import (
+from kinetoscope.diagnosis.stragglers.causes import rank_cause
+from kinetoscope.diagnosis.stragglers.model import (
     PER_RANK_SCHEMA,
     PER_STEP_SCHEMA,
     StragglerReport,
     StragglerThresholds,
 )
-from kinetoscope.diagnosis.straggler_naming import (
+from kinetoscope.diagnosis.stragglers.naming import (
     Named,
     attach_steady,
     frequency,
@@ -111,8 +109,10 @@ from kinetoscope.diagnosis.straggler_naming import (
     spike_share,
     steadily_late,
 )
-from kinetoscope.diagnosis.straggler_tables import lost_shares, next_ranks, per_rank_table, per_step_table
-from kinetoscope.diagnosis.straggler_whatif import reconcile, whatif_report
+from kinetoscope.diagnosis.stragglers.reconcile import reconcile, whatif_report
+from kinetoscope.diagnosis.stragglers.slow_link import SlowLink, end_skew, find_slow_links, link_cause
+from kinetoscope.diagnosis.stragglers.steady import steady_skew
+from kinetoscope.diagnosis.stragglers.tables import lost_shares, next_ranks, per_rank_table, per_step_table
 
 # former private names, kept for callers and tests that import them from here
 _Matrix = Matrix
@@ -163,7 +163,7 @@ def analyze_stragglers(
     because not every rank holds them (reported); ``host_issued``: the arrivals are host issue
     times (gloo, host ops), so a step loses its largest wait, not the union of its waits;
     ``step_spans`` (rank, step, start, end on the aligned clock): when given, the job is also
-    replayed (``straggler_whatif``): ``whatif`` in the report, and what it adds to the verdict;
+    replayed (``stragglers.reconcile``): ``whatif`` in the report, and what it adds to the verdict;
     ``links``: pipeline transfers paired with their peers, for that replay (``whatif.p2p``)."""
     th = thresholds or StragglerThresholds()
     hosts = hosts or {}

@@ -18,8 +18,8 @@ from kinetoscope.diagnosis.attribution import (
     saving_between,
     saving_fixed,
 )
-from kinetoscope.diagnosis.straggler_model import PER_RANK_SCHEMA, PER_STEP_SCHEMA
-from kinetoscope.diagnosis.straggler_naming import Named
+from kinetoscope.diagnosis.stragglers.model import PER_RANK_SCHEMA, PER_STEP_SCHEMA
+from kinetoscope.diagnosis.stragglers.naming import Named
 
 
 def per_step_table(

@@ -20,9 +20,9 @@ from kinetoscope.diagnosis.attribution import (
     noise_sigma,
     saving_fixed,
 )
-from kinetoscope.diagnosis.slow_link import SlowLink
-from kinetoscope.diagnosis.steady import SteadySkew, steady_skew
-from kinetoscope.diagnosis.straggler_model import StragglerThresholds
+from kinetoscope.diagnosis.stragglers.model import StragglerThresholds
+from kinetoscope.diagnosis.stragglers.slow_link import SlowLink
+from kinetoscope.diagnosis.stragglers.steady import SteadySkew, steady_skew
 
 
 @dataclass(frozen=True)

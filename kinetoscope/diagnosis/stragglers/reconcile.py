@@ -21,7 +21,7 @@ chosen ranks working like the typical peer (``whatif.search``). Figures (JSON co
     its cost in its worst step: a steady straggler is late in every step, one with stalls only in
     those) and ``kind``.
 ``kind``
-    ``straggler_kinds.job_kind`` of the named ranks' late steps: ``persistent``,
+    ``stragglers.kinds.job_kind`` of the named ranks' late steps: ``persistent``,
     ``intermittent``, ``mixed``, ``rotating`` (the slowdown moves between ranks) or ``none``.
 """
 
@@ -33,9 +33,9 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from kinetoscope.diagnosis.straggler_causes import rank_cause
-from kinetoscope.diagnosis.straggler_kinds import job_kind, rank_kind
-from kinetoscope.diagnosis.straggler_model import StragglerReport, StragglerThresholds
+from kinetoscope.diagnosis.stragglers.causes import rank_cause
+from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
+from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain
 
@@ -165,7 +165,7 @@ def _m_w(w: WhatIf, exp: Any) -> float | None:
 
 
 def _kind(named: list[NamedRank], n_steps: int) -> str:
-    """The replay's kind: ``straggler_kinds.job_kind`` on the late steps of the named ranks (as
+    """The replay's kind: ``stragglers.kinds.job_kind`` on the late steps of the named ranks (as
     the benchmark's labels count every injected stall; a rotating verdict then names only the
     ranks that stalled, ``_stalled``)."""
     if not named:
@@ -192,7 +192,7 @@ def reconcile(
 
     * on a pipeline job whose transfers the replay paired, the replay's explaining set replaces
       the rules' ranks (``adopt_group_set``);
-    * ``rotating`` (``straggler_kinds``): when the replay reads the stalls as moving between
+    * ``rotating`` (``stragglers.kinds``): when the replay reads the stalls as moving between
       ranks, costing ``min_intermittent_lost_fraction`` of step time or more, and the rules named
       nobody, or intermittent ranks, or ranks the replay sees late in only a few steps and not
       steadily (each in its explaining set as intermittent, its median share of a step below

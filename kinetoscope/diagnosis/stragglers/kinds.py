@@ -1,12 +1,12 @@
 """One taxonomy of straggler kinds, from who was late in which steps.
 
 Used by the verdict (on the steps the what-if replay finds each rank late in,
-``straggler_whatif``) and by the accuracy benchmark's labels (on the steps each rank was made to
+``stragglers.reconcile``) and by the accuracy benchmark's labels (on the steps each rank was made to
 stall in, from the injection log), so that both speak of the same thing. Terms:
 
 late steps of a rank
     the steps in which that rank alone held the step back (the verdict: it alone costs a share
-    of the step, ``straggler_whatif.LATE_COST``, and half of what it costs in its worst step;
+    of the step, ``stragglers.reconcile.LATE_COST``, and half of what it costs in its worst step;
     a label: it was made to stall in that step).
 persistent rank
     late in more than half of the steps (at least two, or the only step of a one-step trace).
