@@ -52,6 +52,7 @@ from kinetoscope.collect.workflow import (
     run_trace,
 )
 from kinetoscope.errors import UsageError
+from kinetoscope.readback import check_captured
 
 EXAMPLES = examples(
     ("kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait", "one job, 10 steps"),
@@ -179,9 +180,14 @@ def _when_stepping(
     """Probe until the job steps steadily (``collect.stepping``); the request with the measured
     step rate for the aligned roundup. Not steady by the deadline: said, and traced anyway."""
     from kinetoscope.collect.stepping import wait_until_stepping
+    from kinetoscope.readback import probe_steps
 
     probe = wait_until_stepping(
-        request, token=token, deadline_s=deadline_s, say=lambda line: err.print(f"[dim]{escape(line)}[/]")
+        request,
+        token=token,
+        deadline_s=deadline_s,
+        steps_of=probe_steps,
+        say=lambda line: err.print(f"[dim]{escape(line)}[/]"),
     )
     if probe is None or not probe.steady:
         note = (
@@ -267,7 +273,7 @@ def _delivery(
         store=store_url,
         trace_store=trace_store,
         storage_options=storage_options,
-        captured=True,
+        captured=check_captured,
     )
 
 

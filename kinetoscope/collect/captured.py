@@ -4,28 +4,25 @@ empty files, fall-backs, and whether the set can carry a cross-rank verdict.
 Why: a trace request can "succeed" (every file complete) and still be useless: files taken while
 the job was starting, windows that do not overlap, a rank that traced 0 events, a rank whose
 iteration trace fell back to a 500 ms duration trace. ``kscope trace`` reads the files it
-waited for with the diagnosis' own evidence (``diagnosis.evidence``), so it says so at once,
-in the table, in ``--json`` (``captured``) and with exit status 3 (docs/collect.md).
+waited for with the diagnosis' own evidence, so it says so at once, in the table, in ``--json``
+(``captured``) and with exit status 3 (docs/collect.md).
 
-Only files on this machine are read, and at most ``MAX_FILES`` of them (a large request is
-checked by ``kscope analyze``).
+This module holds the judgement's structs and the exit rule; the reading itself needs the
+analysis engine, which collection does not import (the ``collect-engine`` contract): it is a
+:data:`CapturedCheck` that the caller gives the workflow (``Delivery.captured``), in ``kscope
+trace`` ``kinetoscope.readback.check_captured``.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from kinetoscope.collect.trigger import TraceFile, TraceResult
-from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS
+from kinetoscope.collect.trigger import TraceResult
 
-MAX_FILES = 64
 UNUSABLE_EXIT = 3  # ``kscope trace``: the files are there, but cannot carry a cross-rank verdict
-# A rank asked for iterations whose window is this close to Kineto's default duration and holds
-# fewer steps than asked fell back to a duration trace (no iteration hook in the process).
-FALLBACK_TOLERANCE = 0.1
 
 
 class CapturedFile(msgspec.Struct, kw_only=True):
@@ -63,113 +60,8 @@ class Captured(msgspec.Struct, kw_only=True):
         return out
 
 
-def _local_complete(result: TraceResult) -> list[TraceFile]:
-    return [f for f in result.files if f.complete and os.path.isfile(f.path)]
-
-
-def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
-    """Read back the complete local files of ``result`` and judge the set (module docstring)."""
-    files = _local_complete(result)
-    if not files:
-        return Captured(checked=False, why_not="no complete file on this machine to read back")
-    if len(files) > max_files:
-        return Captured(
-            checked=False, why_not=f"{len(files)} files (more than {max_files}): run kscope analyze"
-        )
-    if len(files) < len([f for f in result.files if f.complete]):
-        return Captured(
-            checked=False, why_not="some files are on other hosts: run kscope analyze on the stored set"
-        )
-    from kinetoscope.diagnosis import diagnose
-
-    d = diagnose([f.path for f in files])
-    ev = d.evidence
-    if ev is None:  # pragma: no cover - diagnose always sets it
-        return Captured(checked=False, why_not="no evidence")
-    by_path = {os.path.realpath(r.path): r for r in ev.ranks}
-    asked = result.options.iterations
-    out = Captured(
-        checked=True,
-        usable=_usable(ev, asked is not None),
-        reason=ev.reason,
-        command=_command(result) if not ev.assessed and asked is not None else None,
-        steps_in_common=ev.steps_in_common if len(ev.ranks) > 1 else None,
-        windows_overlap=ev.windows_overlap,
-        windows_aligned=ev.windows_aligned,
-        evidence=ev.lines(),
-    )
-    for f in files:
-        r = by_path.get(os.path.realpath(f.path))
-        if r is None:  # a file of another job (assembly keeps the largest job)
-            continue
-        window = (
-            None
-            if r.window_start_ms is None or r.window_end_ms is None
-            else r.window_end_ms - r.window_start_ms
-        )
-        fell_back = bool(
-            asked
-            and r.steps < asked
-            and window is not None
-            and abs(window - DEFAULT_DURATION_MS) <= FALLBACK_TOLERANCE * DEFAULT_DURATION_MS
-        )
-        out.files.append(
-            CapturedFile(
-                rank=f.rank if f.rank is not None else r.rank,
-                pid=f.pid,
-                path=f.path,
-                events=r.events,
-                iterations=r.steps,
-                iterations_asked=asked,
-                window_ms=None if window is None else round(window, 1),
-                empty=r.empty,
-                fell_back_to_duration=fell_back,
-                timestamp_anomalies=r.timestamps.total,
-            )
-        )
-    out.warming_up = _warming_up(ev, asked)
-    if out.warming_up and out.command is None and not out.usable:
-        out.command = _command(result)
-    return out
-
-
-def _usable(ev: Any, iterations: bool) -> bool:
-    """Whether the set can carry a verdict: no empty file; for an iteration trace (a training
-    job's steps were asked for), also what the evidence needs for a cross-rank verdict. A
-    duration trace without steps (an inference server, a data pipeline) is usable as it is."""
-    if any(r.empty for r in ev.ranks):
-        return False
-    return bool(ev.assessed) or not iterations
-
-
-def _warming_up(ev: Any, asked: int | None) -> str | None:
-    """Why the job looks like it is still starting (a start-up step, fewer steps than asked)."""
-    slow = [r for r in ev.ranks if r.startup_step_ratio is not None]
-    short = [r for r in ev.ranks if asked and 0 < r.steps < asked]
-    idle = [r for r in ev.ranks if r.steps == 0]
-    parts = []
-    if idle:
-        parts.append(f"{len(idle)} of {len(ev.ranks)} file(s) hold no step: it may not be stepping yet")
-    if slow:
-        r = max(slow, key=lambda r: r.startup_step_ratio or 0.0)
-        parts.append(f"rank {r.rank}'s first traced step lasts {r.startup_step_ratio:g}x its later ones")
-    if short:
-        parts.append(f"{len(short)} rank(s) traced fewer iterations than the {asked} asked")
-    if not parts:
-        return None
-    return "the job looks like it is still warming up (" + "; ".join(parts) + ")"
-
-
-def _command(result: TraceResult) -> str:
-    t = result.target
-    if t.job_id_text or t.job_id is not None:
-        target = f"--job-id {t.job_id_text or t.job_id}"
-    elif t.pids:
-        target = "-p " + ",".join(map(str, t.pids))
-    else:
-        target = "--all"
-    n = max(20, result.options.iterations or 0)
-    return f"kscope trace {target} --iterations {n} --when-stepping --wait"
+# Reads back the complete local files of a waited result and judges the set (module docstring).
+CapturedCheck = Callable[[TraceResult], Captured]
 
 
 def unusable(captured: dict[str, Any] | None) -> bool:

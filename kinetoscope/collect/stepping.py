@@ -5,8 +5,10 @@ or warming caches) holds few, uneven steps, and iteration windows that the ranks
 different times; no verdict can rest on it. Kineto does not report its iteration count to the
 daemon (the IPC poll carries the job id, the pids and the config type only: docs/protocol.md
 §2), so the job's progress is measured with **probes**: short duration traces (``PROBE_MS``)
-of one process per host, read back here. The job steps steadily once a probe holds at least
-``STEADY_STEPS`` complete steps whose durations are within ``STEADY_SPREAD`` of their median;
+of one process per host, read back here with a :data:`StepReader` that the caller passes
+(``kinetoscope.readback.probe_steps`` in ``kscope trace``: reading a trace file needs the
+analysis engine, which collection does not import). The job steps steadily once a probe holds
+at least ``STEADY_STEPS`` complete steps whose durations are within ``STEADY_SPREAD`` of their median;
 the probe's step rate then sets the aligned roundup (``TraceOptions.steps_per_s``).
 
 Each probe is one more profiling run of that process: on GPUs, profiling a process again and
@@ -29,6 +31,9 @@ STEADY_STEPS = 3
 STEADY_SPREAD = 0.5  # every one of the last STEADY_STEPS steps within +-50% of their median
 PROBE_PAUSE_S = 2.0
 
+# (start, end) in ns of each complete step in one trace file, in the file's order.
+StepReader = Callable[[str], list[tuple[int, int]]]
+
 
 @dataclass
 class Probe:
@@ -41,25 +46,24 @@ class Probe:
     problem: str | None = None
 
 
-def read_probe(path: str) -> tuple[int, float | None, bool]:
-    """(complete steps, steps per second, steady) of one probe file."""
-    from kinetoscope.analysis.steps import detect_steps
-    from kinetoscope.trace import load_trace
-
-    steps = detect_steps(load_trace(path, cache=False))
-    if steps.height < 2:
-        return steps.height, None, False
-    d = (steps["end"] - steps["start"]).cast(float).to_list()
-    span_s = (int(steps["end"].max()) - int(steps["start"].min())) / 1e9  # type: ignore[arg-type]
-    rate = steps.height / span_s if span_s > 0 else None
+def read_probe(path: str, steps_of: StepReader) -> tuple[int, float | None, bool]:
+    """(complete steps, steps per second, steady) of one probe file, its steps read by ``steps_of``."""
+    spans = steps_of(path)
+    if len(spans) < 2:
+        return len(spans), None, False
+    d = [float(end - start) for start, end in spans]
+    span_s = (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e9
+    rate = len(spans) / span_s if span_s > 0 else None
     last = sorted(d[-STEADY_STEPS:])
     med = last[len(last) // 2]
     steady = len(d) >= STEADY_STEPS and med > 0 and all(abs(x - med) <= STEADY_SPREAD * med for x in last)
-    return steps.height, rate, steady
+    return len(spans), rate, steady
 
 
-def probe_once(request: TraceRequest, k: int, token: str | None, timeout: float) -> Probe:
-    """Trace one process per host for ``PROBE_MS`` and read the first file back."""
+def probe_once(
+    request: TraceRequest, k: int, token: str | None, timeout: float, steps_of: StepReader
+) -> Probe:
+    """Trace one process per host for ``PROBE_MS`` and read the first file back (``steps_of``)."""
     base = request.trace_id or "kst"
     probe_req = replace(
         request,
@@ -82,7 +86,7 @@ def probe_once(request: TraceRequest, k: int, token: str | None, timeout: float)
             res.trace_id, 0, None, False, problem="; ".join(e.message for e in res.errors) or "no file"
         )
     try:
-        steps, rate, steady = read_probe(done[0].path)
+        steps, rate, steady = read_probe(done[0].path, steps_of)
     except Exception as exc:  # noqa: BLE001 - a probe that cannot be read is one more probe, not an error
         return Probe(res.trace_id, 0, None, False, problem=f"{done[0].path}: {exc}")
     finally:
@@ -103,17 +107,19 @@ def wait_until_stepping(
     *,
     token: str | None,
     deadline_s: float,
+    steps_of: StepReader,
     say: Callable[[str], None] = lambda _line: None,
 ) -> Probe | None:
     """Probe until the job steps steadily or ``deadline_s`` seconds pass; the last probe (None
-    when not even one could run). ``say`` gets one line per probe."""
+    when not even one could run). ``steps_of`` reads a probe's steps (:data:`StepReader`);
+    ``say`` gets one line per probe."""
     end = time.monotonic() + deadline_s
     last: Probe | None = None
     k = 0
     while time.monotonic() < end:
         k += 1
         left = end - time.monotonic()
-        last = probe_once(request, k, token, max(5.0, min(left, PROBE_MS / 1000.0 + 20.0)))
+        last = probe_once(request, k, token, max(5.0, min(left, PROBE_MS / 1000.0 + 20.0)), steps_of)
         rate = f", {last.rate:.3g} steps/s" if last.rate else ""
         state = "steady" if last.steady else "not steady yet"
         say(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kinetoscope.collect.captured import CapturedCheck
 from kinetoscope.collect.client import DEFAULT_TIMEOUT_S
 from kinetoscope.collect.trigger import HostReply, TraceRequest, TraceResult, trigger_trace, wait_for_trace
 
@@ -137,7 +138,7 @@ class Delivery:
     store: str | None = None
     trace_store: TraceStore | None = None
     storage_options: Mapping[str, Any] | None = None
-    captured: bool = False
+    captured: CapturedCheck | None = None
     record: bool = False
     record_requested: bool = False
     catalog: str | os.PathLike[str] | Catalog | None = None
@@ -202,8 +203,6 @@ class TraceWorkflow:
 
     def wait(self, result: TraceResult) -> TraceResult:
         """Wait for the files (``Waiting`` per status round, then ``Waited``)."""
-        from kinetoscope.collect.captured import check_captured
-
         total = len(result.files)
 
         def progress(r: TraceResult) -> None:
@@ -220,8 +219,8 @@ class TraceWorkflow:
             on_progress=progress if self.on_event else None,
             write_manifest_file=self.delivery.write_manifest,
         )
-        if self.delivery.captured:
-            result.captured = check_captured(result).to_json()
+        if self.delivery.captured is not None:
+            result.captured = self.delivery.captured(result).to_json()
         self.emit(Waited(result))
         return result
 

@@ -1,5 +1,6 @@
 """What ``kscope trace`` says about what it captured (issue 28): the roundup fits the wait,
-and the files read back are judged with the diagnosis' evidence (``collect.captured``)."""
+and the files read back are judged with the diagnosis' evidence (``kinetoscope.readback``,
+the structs of ``collect.captured``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kinetoscope.collect.captured import UNUSABLE_EXIT, check_captured, unusable
+from kinetoscope.collect.captured import UNUSABLE_EXIT, unusable
 from kinetoscope.collect.render import captured_lines
 from kinetoscope.collect.trigger import Target, TraceFile, TraceOptions, TraceResult, align_roundup
 from kinetoscope.collect.window_fit import fit_roundup, nice_values
+from kinetoscope.readback import check_captured, probe_steps
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CASES = DATA / "malformed_jobs"
@@ -115,10 +117,11 @@ def test_remote_files_are_not_read_back():
 
 
 def test_probe_reading_of_a_stepping_job_and_of_a_one_step_window():
-    """``--when-stepping``'s probe reading (``collect.stepping.read_probe``) on real files."""
+    """``--when-stepping``'s probe reading (``collect.stepping.read_probe`` with the step reader
+    ``kscope trace`` passes, ``readback.probe_steps``) on real files."""
     from kinetoscope.collect.stepping import read_probe
 
-    steps, rate, steady = read_probe(str(sorted(CLEAN.glob("rank-0_*"))[0]))
+    steps, rate, steady = read_probe(str(sorted(CLEAN.glob("rank-0_*"))[0]), probe_steps)
     assert steps == 16 and steady and rate is not None and 10 < rate < 30  # ~53 ms steps
-    steps, rate, steady = read_probe(str(sorted((CASES / "one_step_w4").glob("rank-0_*"))[0]))
+    steps, rate, steady = read_probe(str(sorted((CASES / "one_step_w4").glob("rank-0_*"))[0]), probe_steps)
     assert steps == 1 and rate is None and not steady
