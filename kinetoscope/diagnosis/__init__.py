@@ -34,7 +34,7 @@ from kinetoscope.diagnosis.evidence import (
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.groups import assign_groups
-from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS
+from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from kinetoscope.diagnosis.keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
+from kinetoscope.protocol.document_keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 from kinetoscope.document.analyses import (
     IdleRow,
     KernelRow,
