@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 
-from kinetoscope.protocol.document_keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 from kinetoscope.document.analyses import (
     IdleRow,
     KernelRow,
@@ -33,6 +32,7 @@ from kinetoscope.document.parts import (
     UnevenInputs,
 )
 from kinetoscope.document.stragglers import Stragglers
+from kinetoscope.protocol.document_keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 
 # Every top-level key of the document the views know, in document order; any other key is an
 # analysis (``tables``) or a key a newer producer added.
