@@ -108,7 +108,7 @@ def _render_human(
         for line in summary:  # wrapped between words; numbers and ids stay whole
             print_wrapped(console, str(line), indent="  ", subsequent="    ")
         console.print()
-        from kinetoscope.diagnosis.render import render_rich
+        from kinetoscope.cli.diagnosis_text import render_rich
 
         render_rich(console, doc if show_all else _compact_diagnosis(doc))
         console.print()
