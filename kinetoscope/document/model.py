@@ -27,6 +27,7 @@ from kinetoscope.document.parts import (
     Mfu,
     Pipeline,
     Recommendation,
+    Recompilation,
     StepRow,
     TraceMeta,
     UnevenInputs,
@@ -45,7 +46,7 @@ class AnalysisDocument(msgspec.Struct, kw_only=True):
     """The decoded document (``kinetoscope.document.decode``).
 
     Diagnosis parts: ``job``, ``steps``, ``stragglers``, ``mfu``, ``recommendations``,
-    ``pipeline``, ``uneven_inputs``, ``recompilation`` (loose: its events vary), ``evidence``;
+    ``pipeline``, ``uneven_inputs``, ``recompilation``, ``evidence``;
     ``summary_lines`` is ``diagnosis_summary``. Analyses the views chart are typed
     (``temporal_breakdown``, ...); ``tables`` holds every list-valued key as its row objects (for
     display, columns in the producer's order) and ``other`` every other key it does not know."""
@@ -59,7 +60,7 @@ class AnalysisDocument(msgspec.Struct, kw_only=True):
     recommendations: list[Recommendation] | None = None
     pipeline: Pipeline | None = None
     uneven_inputs: UnevenInputs | None = None
-    recompilation: dict[str, Any] | None = None
+    recompilation: Recompilation | None = None
     evidence: Evidence | None = None
     step_durations: list[StepDurationRow] | None = None
     temporal_breakdown: list[TemporalRow] | None = None
