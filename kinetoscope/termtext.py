@@ -4,7 +4,7 @@ The rule every human output of ``kscope`` follows (docs/cli.md, "80 columns"): a
 a rank list or a path is a *value* and is never broken across lines or cut; a description is
 *text* and wraps between words. Rich's defaults do not hold that rule (``overflow="fold"``
 breaks ``14/20`` into ``14/2`` and ``0``; a soft-wrapped line is broken by the terminal wherever
-the edge falls), so the CLI and the diagnosis renderer print through these helpers:
+the edge falls), so the CLI and its diagnosis text (cli/diagnosis_text.py) print through these helpers:
 
 * :func:`table` builds a compact table whose value columns are ``no_wrap`` and whose text
   columns wrap between words; :func:`print_table` prints it when every value fits, else prints

@@ -27,7 +27,7 @@ from kinetoscope.trace.model import Trace
 
 NO_GPU_NOTE = "no GPU events"
 
-# The diagnosis' own keys are listed by the diagnosis (``kinetoscope.diagnosis.keys``).
+# The diagnosis' own keys are listed by the diagnosis (``kinetoscope.protocol.document_keys``).
 
 
 class AnalysisResults(dict[str, pl.DataFrame]):

@@ -27,6 +27,8 @@ from typing import Any
 
 import msgspec
 
+from kinetoscope.document import AnalysisDocument, as_document
+
 MIN_STEPS = 3  # steps in common below which no cross-rank verdict is made (as the diagnosis)
 
 
@@ -104,34 +106,30 @@ def _windows_apart(evidence: Mapping[str, Any]) -> bool:
     return evidence.get("windows_aligned") is False or evidence.get("aligned") is False
 
 
-def steps_in_common(doc: Mapping[str, Any]) -> int | None:
+def steps_in_common(document: AnalysisDocument | Mapping[str, Any]) -> int | None:
     """Steps present for every rank in the document's ``steps`` rows (None without rows)."""
-    rows = doc.get("steps")
-    if not isinstance(rows, list) or not rows:
-        return None
-    by_rank: dict[Any, set[Any]] = {}
-    for r in rows:
-        if isinstance(r, Mapping) and "step" in r:
-            by_rank.setdefault(r.get("rank"), set()).add(r.get("step"))
+    rows = as_document(document).steps
+    by_rank: dict[int | None, set[int]] = {}
+    for r in rows or []:
+        if r.step is not None:
+            by_rank.setdefault(r.rank, set()).add(r.step)
     if not by_rank:
         return None
     common = set.intersection(*by_rank.values())
     return len(common)
 
 
-def _ranks(doc: Mapping[str, Any]) -> int:
-    job = doc.get("job")
-    n = _int(job.get("world_size")) if isinstance(job, Mapping) else None
-    traces = doc.get("traces")
-    return max(n or 0, len(traces) if isinstance(traces, list) else 0)
+def _ranks(doc: AnalysisDocument) -> int:
+    n = doc.job.world_size if doc.job is not None else None
+    return max(n or 0, len(doc.traces))
 
 
-def _not_assessed(doc: Mapping[str, Any]) -> str | None:
-    strag = doc.get("stragglers")
-    if _ranks(doc) < 2 or not isinstance(strag, Mapping):
+def _not_assessed(doc: AnalysisDocument) -> str | None:
+    strag = doc.stragglers
+    if _ranks(doc) < 2 or strag is None:
         return None
-    if strag.get("kind") in (None, "none") and strag.get("skew_fraction") is None:
-        return f"stragglers NOT ASSESSED: {strag.get('reason') or 'nothing to compare'}"
+    if strag.kind in (None, "none") and strag.skew_fraction is None:
+        return f"stragglers NOT ASSESSED: {strag.reason or 'nothing to compare'}"
     return None
 
 
@@ -165,15 +163,16 @@ def kernels_before_launch(paths: Sequence[str | Path]) -> int:
 
 
 def judge(
-    doc: Mapping[str, Any],
+    document: AnalysisDocument | Mapping[str, Any],
     paths: Sequence[str | Path] = (),
     *,
     max_timestamp_anomalies: int = 0,
 ) -> SampleEvidence:
     """The sample's :class:`SampleEvidence` (module docstring). ``paths``: the local trace files,
     read only when the document does not count timestamp anomalies itself."""
-    ev = doc.get("evidence") if isinstance(doc.get("evidence"), Mapping) else {}
-    assert isinstance(ev, Mapping)
+    doc = as_document(document)
+    # the evidence block as written (its display form): read with every spelling tolerated
+    ev = doc.objects["evidence"] if "evidence" in doc.objects else {}
     steps = _int(ev.get("steps_in_common"))
     if steps is None:
         steps = steps_in_common(doc)

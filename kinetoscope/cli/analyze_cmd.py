@@ -11,7 +11,7 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.markup import escape
 from kinetoscope.cli.examples import examples
 from kinetoscope.errors import UsageError
 from kinetoscope.termtext import Col, num, print_table, print_wrapped, table, text
+
+if TYPE_CHECKING:
+    from kinetoscope.document import AnalysisDocument
 
 EXAMPLES = examples(
     ("kscope analyze run/traces/kst-20261121-053012-3f9a/", "verdict, then the tables"),
@@ -101,16 +104,17 @@ def _render_human(
     """Verdict first, then the traces and the analysis tables that have rows; ``show_all`` adds the
     empty ones and longer tables."""
     from kinetoscope.analysis import registry
+    from kinetoscope.document import decode
 
-    summary = doc.get("diagnosis_summary")
-    if summary:
+    typed = decode(doc)
+    if typed.summary_lines:
         console.print("[bold]Diagnosis[/]")
-        for line in summary:  # wrapped between words; numbers and ids stay whole
-            print_wrapped(console, str(line), indent="  ", subsequent="    ")
+        for line in typed.summary_lines:  # wrapped between words; numbers and ids stay whole
+            print_wrapped(console, line, indent="  ", subsequent="    ")
         console.print()
-        from kinetoscope.diagnosis.render import render_rich
+        from kinetoscope.cli.diagnosis_text import render_rich
 
-        render_rich(console, doc if show_all else _compact_diagnosis(doc))
+        render_rich(console, typed if show_all else _compact_diagnosis(typed))
         console.print()
 
     _print_traces(console, traces)
@@ -147,23 +151,17 @@ def _render_human(
         print_wrapped(console, f"diagnosis failed: {results.errors['diagnosis']}", indent="", style="red")
 
 
-def _compact_diagnosis(doc: dict[str, Any]) -> dict[str, Any]:
+def _compact_diagnosis(doc: AnalysisDocument) -> AnalysisDocument:
     """The diagnosis tables worth a screen by default: the per-rank straggler table and the job
     line. The per-step what-if, the clock offsets, an MFU with no value and the recommendations
-    table (its actions are in the verdict lines above) print with ``--all``. A shallow copy:
-    the JSON document stays complete."""
-    out = dict(doc)
-    strag = out.get("stragglers")
-    if isinstance(strag, dict):
-        out["stragglers"] = {k: v for k, v in strag.items() if k != "per_step"}
-    job = out.get("job")
-    if isinstance(job, dict):
-        out["job"] = {k: v for k, v in job.items() if k != "clock"}
-    mfu = out.get("mfu")
-    if isinstance(mfu, dict) and mfu.get("mfu") is None:
-        out.pop("mfu")
-    out.pop("recommendations", None)
-    return out
+    table (its actions are in the verdict lines above) print with ``--full``. A copy: the JSON
+    document stays complete."""
+    from msgspec.structs import replace
+
+    strag = replace(doc.stragglers, per_step=[]) if doc.stragglers is not None else None
+    job = replace(doc.job, clock=None) if doc.job is not None else None
+    mfu = doc.mfu if doc.mfu is not None and doc.mfu.mfu is not None else None
+    return replace(doc, stragglers=strag, job=job, mfu=mfu, recommendations=None)
 
 
 def _print_traces(console: Console, traces: list[Any]) -> None:

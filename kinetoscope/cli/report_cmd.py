@@ -117,14 +117,15 @@ def _say_done(
     """Warnings, the verdict's first line, the catalog record (when asked or implied), the path."""
     from rich.markup import escape
 
+    from kinetoscope.document import decode
     from kinetoscope.termtext import console, print_wrapped
 
     out = console()
-    for name, msg in (run.document.get("errors") or {}).items():
-        err.print(f"[yellow]warning:[/] {escape(str(name))}: {escape(str(msg))}")
-    summary = run.document.get("diagnosis_summary") or []
-    if summary:
-        print_wrapped(out, str(summary[0]), indent="", subsequent="  ")
+    doc = decode(run.document)
+    for name, msg in doc.errors.items():
+        err.print(f"[yellow]warning:[/] {escape(name)}: {escape(msg)}")
+    if doc.summary_lines:
+        print_wrapped(out, doc.summary_lines[0], indent="", subsequent="  ")
     want_record = (
         record if record is not None else bool(catalog or os.environ.get("KSCOPE_CATALOG") or run.trace_id)
     )

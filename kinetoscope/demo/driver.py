@@ -37,6 +37,7 @@ from kinetoscope.collect.trigger import (
 )
 from kinetoscope.collect.workflow import Delivery, TraceEvent, TraceWorkflow, Waiting
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, terminate_on_sigterm
+from kinetoscope.document import decode
 from kinetoscope.errors import KinetoscopeError
 
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
@@ -355,18 +356,17 @@ def step_analyze(ctx: DemoContext) -> None:
             raise DemoFailed(f"the analysis failed: {type(exc).__name__}: {exc}") from exc
     ctx.extras["document"] = doc
     ctx.extras["analysed_paths"] = paths
-    summary = [s for s in doc.get("diagnosis_summary") or [] if not str(s).startswith("Recommendation (")]
+    typed = decode(doc)
+    summary = [s for s in typed.summary_lines or [] if not s.startswith("Recommendation (")]
     if not summary:
-        why = (doc.get("errors") or {}).get("diagnosis", "no diagnosis in the document")
-        ctx.say(f"[yellow]no diagnosis[/]: {escape(str(why))}")
+        why = typed.errors["diagnosis"] if "diagnosis" in typed.errors else "no diagnosis in the document"
+        ctx.say(f"[yellow]no diagnosis[/]: {escape(why)}")
     for line in summary:
-        ctx.say(escape(str(line)))
-    recs = [r for r in doc.get("recommendations") or [] if isinstance(r, dict)]
-    for r in recs[:3]:
-        ctx.say(f"recommendation ({escape(str(r.get('severity')))}): {escape(str(r.get('title')))}")
+        ctx.say(escape(line))
+    for r in (typed.recommendations or [])[:3]:
+        ctx.say(f"recommendation ({escape(r.severity)}): {escape(r.title)}")
     truth = ctx.extras.get("ground_truth")
-    strag = got if isinstance(got := doc.get("stragglers"), dict) else {}
-    found = [int(r) for r in strag.get("ranks") or [] if isinstance(r, int)]
+    found = list(typed.stragglers.ranks) if typed.stragglers is not None else []
     if truth:
         rank = truth["rank"]
         if truth["sleeps"] and rank in found:
@@ -378,8 +378,8 @@ def step_analyze(ctx: DemoContext) -> None:
             )
         elif not found:
             ctx.say("no straggler in the traced steps, and none flagged")
-    for name, msg in (doc.get("errors") or {}).items():
-        ctx.say(f"[yellow]warning[/]: {escape(str(name))}: {escape(str(msg))}")
+    for name, msg in typed.errors.items():
+        ctx.say(f"[yellow]warning[/]: {escape(name)}: {escape(msg)}")
 
 
 def _demo_catalog(ctx: DemoContext) -> str:

@@ -34,7 +34,6 @@ from kinetoscope.diagnosis.evidence import (
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.groups import assign_groups
-from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
@@ -43,6 +42,7 @@ from kinetoscope.diagnosis.result import Diagnosis
 from kinetoscope.diagnosis.stragglers.verdict import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.diagnosis.whatif.p2p import p2p_links
+from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS
 from kinetoscope.trace.model import Trace
 
 __all__ = [

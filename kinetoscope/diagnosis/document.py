@@ -21,7 +21,7 @@ from kinetoscope.trace.model import Trace
 def run_diagnosis(traces: Sequence[Trace], results: AnalysisResults, **options: Any) -> dict[str, Any]:
     """The diagnosis keys of the document: ``diagnose(traces, results, **options)`` as a dict.
 
-    The keys are among ``diagnosis.keys.ALL_DIAGNOSIS_KEYS`` ("job", "steps", "stragglers", "mfu",
+    The keys are among ``protocol.document_keys.ALL_DIAGNOSIS_KEYS`` ("job", "steps", "stragglers", "mfu",
     "recommendations"), each a JSON-ready value or a ``pl.DataFrame`` (``build_document`` turns
     it into row objects), plus ``"summary"``: the lines the CLI prints first in human output
     (kept in the JSON under ``diagnosis_summary``). ``options`` (``model_flops``,

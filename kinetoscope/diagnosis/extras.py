@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.result import Diagnosis
+from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 
 EXTRA_KEYS = EXTRA_DIAGNOSIS_KEYS  # the document keys this diagnosis adds (null when not applicable)
 

@@ -13,10 +13,10 @@ from kinetoscope.analysis.runner import frame_rows
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.evidence import Evidence, headline
-from kinetoscope.diagnosis.keys import DIAGNOSIS_KEYS
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.stragglers.model import StragglerReport
 from kinetoscope.diagnosis.stragglers.reconcile import rotating_line
+from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS
 
 # A sentence ends at ". " before a capital letter (so "e.g. the" does not end one).
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")

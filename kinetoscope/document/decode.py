@@ -32,6 +32,7 @@ from kinetoscope.document.parts import (
     Mfu,
     Pipeline,
     Recommendation,
+    Recompilation,
     StepRow,
     TraceMeta,
     UnevenInputs,
@@ -48,6 +49,7 @@ OBJECT_PARTS: dict[str, type[msgspec.Struct]] = {
     "pipeline": Pipeline,
     "uneven_inputs": UnevenInputs,
     "evidence": Evidence,
+    "recompilation": Recompilation,
 }
 # List-valued parts: key -> the Struct of one row.
 ROW_PARTS: dict[str, type[msgspec.Struct]] = {
@@ -134,12 +136,10 @@ def decode(doc: Mapping[str, Any]) -> AnalysisDocument:
             parts[key] = _object_part(key, value, problems)
         elif key in ROW_PARTS:
             parts[key] = _row_part(key, value, problems)
-    recompilation = doc["recompilation"] if "recompilation" in doc else None
     return AnalysisDocument(
         traces=parts.pop("traces", None) or [],
         **parts,
         summary_lines=_summary_lines(doc["diagnosis_summary"] if "diagnosis_summary" in doc else None),
-        recompilation=dict(recompilation) if isinstance(recompilation, Mapping) else None,
         tables=tables,
         objects=objects,
         keys=[str(k) for k in doc],

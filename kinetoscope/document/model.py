@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 
-from kinetoscope.diagnosis.keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 from kinetoscope.document.analyses import (
     IdleRow,
     KernelRow,
@@ -28,11 +27,13 @@ from kinetoscope.document.parts import (
     Mfu,
     Pipeline,
     Recommendation,
+    Recompilation,
     StepRow,
     TraceMeta,
     UnevenInputs,
 )
 from kinetoscope.document.stragglers import Stragglers
+from kinetoscope.protocol.document_keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 
 # Every top-level key of the document the views know, in document order; any other key is an
 # analysis (``tables``) or a key a newer producer added.
@@ -45,7 +46,7 @@ class AnalysisDocument(msgspec.Struct, kw_only=True):
     """The decoded document (``kinetoscope.document.decode``).
 
     Diagnosis parts: ``job``, ``steps``, ``stragglers``, ``mfu``, ``recommendations``,
-    ``pipeline``, ``uneven_inputs``, ``recompilation`` (loose: its events vary), ``evidence``;
+    ``pipeline``, ``uneven_inputs``, ``recompilation``, ``evidence``;
     ``summary_lines`` is ``diagnosis_summary``. Analyses the views chart are typed
     (``temporal_breakdown``, ...); ``tables`` holds every list-valued key as its row objects (for
     display, columns in the producer's order) and ``other`` every other key it does not know."""
@@ -59,7 +60,7 @@ class AnalysisDocument(msgspec.Struct, kw_only=True):
     recommendations: list[Recommendation] | None = None
     pipeline: Pipeline | None = None
     uneven_inputs: UnevenInputs | None = None
-    recompilation: dict[str, Any] | None = None
+    recompilation: Recompilation | None = None
     evidence: Evidence | None = None
     step_durations: list[StepDurationRow] | None = None
     temporal_breakdown: list[TemporalRow] | None = None

@@ -211,6 +211,7 @@ class Pipeline(Part):
     expected_bubble_fraction: float | None = None
     step_time_ms: float | None = None
     steps_analysed: int | None = None
+    stages: list[dict[str, Any]] = msgspec.field(default_factory=list)  # shown as a table
     imbalance: Imbalance | None = None
     replica_issue: ReplicaIssue | None = None
 
@@ -223,3 +224,15 @@ class UnevenInputs(Part):
     short_ranks: list[int] = msgspec.field(default_factory=list)
     waiting_ranks: list[int] = msgspec.field(default_factory=list)
     lost_fraction: float | None = None
+
+
+class Recompilation(Part):
+    """The ``recompilation`` part: torch.compile compilations inside the window (docs/diagnosis.md
+    section 11). ``events`` stay row objects (one per compilation, shown as a table)."""
+
+    compiles: int = 0
+    recompiles: int = 0
+    compile_time_ms: float | None = None
+    recompile_time_ms: float | None = None
+    recompile_steps: list[int] = msgspec.field(default_factory=list)
+    events: list[dict[str, Any]] = msgspec.field(default_factory=list)

@@ -10,4 +10,5 @@ Nothing in this package imports another Kinetoscope package (only the leaf
 * ``kineto_config`` — the Kineto on-demand config text (built as ``dyno gputrace`` builds it)
 * ``rpc``           — typed request/response structs of the kscope RPC extensions
 * ``manifest``      — the kscope manifest (which trace file is which rank)
+* ``document_keys`` — the diagnosis' keys of the ``kscope analyze --json`` document
 """

@@ -18,6 +18,7 @@ import msgspec
 from msgspec import Meta
 
 from kinetoscope.collect.trigger import TraceOptions as CollectOptions
+from kinetoscope.document import decode
 from kinetoscope.errors import KinetoscopeError, UsageError
 from kinetoscope.protocol.trace_options import OPTION_FIELDS, OptionsError, TraceOptions, decode_as
 from kinetoscope.web.tasks import Task, TaskManager
@@ -174,8 +175,9 @@ def analyze_request(
     arec = record_run(
         catalog, AnalysisRun(document=doc, paths=list(paths), inputs=[trace_id], trace_id=trace_id)
     )
-    summary = (doc.get("diagnosis_summary") or [""])[0]
-    errors = [f"{k}: {v}" for k, v in (doc.get("errors") or {}).items()]
+    typed = decode(doc)
+    summary = (typed.summary_lines or [""])[0]
+    errors = [f"{k}: {v}" for k, v in typed.errors.items()]
     tasks.update(
         task,
         analysis_id=arec.id,

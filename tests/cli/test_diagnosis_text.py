@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from kinetoscope.diagnosis.render import render_rich
+from kinetoscope.cli.diagnosis_text import render_rich
 
 DOC = {
     "recommendations": [

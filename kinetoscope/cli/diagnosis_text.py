@@ -1,12 +1,16 @@
-"""Rich tables of the diagnosis for ``kscope analyze`` human output (from the JSON document, so
-the CLI needs nothing but the document)."""
+"""Rich tables of the diagnosis for ``kscope analyze`` human output (from the typed document,
+``kinetoscope.document``, so the CLI needs nothing but the document and reads no dict)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 
+from kinetoscope.document import AnalysisDocument, as_document
+from kinetoscope.document.parts import Job, Mfu, Pipeline, Recommendation, Recompilation, UnevenInputs
+from kinetoscope.document.stragglers import Stragglers
 from kinetoscope.termtext import Col, num, per_rank, print_table, print_wrapped, table
 
 MAX_ROWS = 25
@@ -46,28 +50,26 @@ def _table(
         console.print(f"  … {more:,} more rows (all of them with --json)", highlight=False)
 
 
-def render_rich(console: Console, doc: dict[str, Any]) -> None:
+def render_rich(console: Console, document: AnalysisDocument | Mapping[str, Any]) -> None:
     """Print the diagnosis tables of a ``kscope analyze`` document (no-op without them)."""
-    strag = doc.get("stragglers")
-    job = doc.get("job")
-    recs = doc.get("recommendations")
-    if not (strag or job or recs):
+    doc = as_document(document)
+    strag, job, recs = doc.stragglers, doc.job, doc.recommendations
+    if strag is None and job is None and not recs:
         return
-    if isinstance(strag, dict) and strag.get("per_rank"):
+    if strag is not None and strag.per_rank:
         _stragglers(console, strag)
-    if isinstance(strag, dict) and strag.get("per_step"):
+    if strag is not None and strag.per_step:
         _per_step(console, strag)
-    if isinstance(job, dict):
+    if job is not None:
         _job(console, job)
-    mfu = doc.get("mfu")
-    if isinstance(mfu, dict):
-        _mfu(console, mfu)
+    if doc.mfu is not None:
+        _mfu(console, doc.mfu)
     render_seed_keys(console, doc)
     if recs:
         _recommendations(console, recs)
 
 
-def _stragglers(console: Console, strag: dict[str, Any]) -> None:
+def _stragglers(console: Console, strag: Stragglers) -> None:
     """The per-rank straggler table, named stragglers first."""
 
     def key(r: dict[str, Any]) -> tuple[int, float]:
@@ -87,18 +89,14 @@ def _stragglers(console: Console, strag: dict[str, Any]) -> None:
             _ms(r["mean_lateness(us)"]),
             _f(r.get("compute_vs_median")),
         ]
-        for r in sorted(strag["per_rank"], key=key)[:MAX_ROWS]
+        for r in sorted(strag.per_rank, key=key)[:MAX_ROWS]
     ]
-    extra = (
-        f"; {strag['dropped_steps']} step(s) not held by every rank left out"
-        if strag.get("dropped_steps")
-        else ""
-    )
+    extra = f"; {strag.dropped_steps} step(s) not held by every rank left out" if strag.dropped_steps else ""
     _table(
         console,
         (
             "stragglers",
-            f"{strag['kind']} ({strag.get('reason', '')}{extra}); imposed = how much "
+            f"{strag.kind} ({strag.reason or ''}{extra}); imposed = how much "
             "earlier the collectives would end had the rank arrived like the next-latest one; share = of "
             "the waiting imposed in the round the rank was named; what-if = step time saved per step had "
             "only this rank arrived like the typical rank; lateness = mean lateness; compute = compute "
@@ -118,13 +116,13 @@ def _stragglers(console: Console, strag: dict[str, Any]) -> None:
             num("compute vs median"),
         ],
         rows,
-        len(strag["per_rank"]) - MAX_ROWS,
+        len(strag.per_rank) - MAX_ROWS,
     )
 
 
-def _per_step(console: Console, strag: dict[str, Any]) -> None:
+def _per_step(console: Console, strag: Stragglers) -> None:
     """The what-if per step: waiting, time saved, the rank most waited for."""
-    steps = strag["per_step"]
+    steps = strag.per_step
     rows = [
         [
             _f(s["step"]),
@@ -140,14 +138,15 @@ def _per_step(console: Console, strag: dict[str, Any]) -> None:
         ]
         for s in steps[:MAX_ROWS]
     ]
-    wi = strag.get("what_if") or {}
+    wi = strag.what_if
+    now = wi.mean_step_time_us if wi else None
+    without = wi.est_step_time_without_stragglers_us if wi else None
     _table(
         console,
         (
             "what-if per step",
-            f"without stragglers {_ms(wi.get('mean_step_time_us'))} -> "
-            f"{_ms(wi.get('est_step_time_without_stragglers_us'))} ms per step, "
-            f"{100 * (strag.get('lost_fraction') or 0):.1f}% of time lost; last rank = the rank most "
+            f"without stragglers {_ms(now)} -> {_ms(without)} ms per step, "
+            f"{100 * (strag.lost_fraction or 0):.1f}% of time lost; last rank = the rank most "
             "waited for, its imposed = the waiting it imposed; coll = collectives; thresh = the event threshold",
         ),
         [
@@ -167,19 +166,19 @@ def _per_step(console: Console, strag: dict[str, Any]) -> None:
     )
 
 
-def _job(console: Console, job: dict[str, Any]) -> None:
+def _job(console: Console, job: Job) -> None:
     """The job line (ranks found, missing, duplicates) and the clock alignment table."""
-    clock = job.get("clock") or {}
-    offs = clock.get("offsets") or []
-    miss = job.get("missing_ranks") or []
+    clock = job.clock
+    offs = clock.offsets if clock else []
+    miss = job.missing_ranks
     _line(
         console,
         "job",
-        f"ranks found {job.get('num_ranks_found')}/{job.get('world_size')}"
+        f"ranks found {job.num_ranks_found}/{job.world_size}"
         + (f", missing {len(miss)}: {_f(miss[:40])}{' …' if len(miss) > 40 else ''}" if miss else "")
-        + (f", duplicates {_f(job.get('duplicate_ranks'))}" if job.get("duplicate_ranks") else ""),
+        + (f", duplicates {_f(job.duplicate_ranks)}" if job.duplicate_ranks else ""),
     )
-    if offs:
+    if clock and offs:
         rows = [
             [
                 _f(o["rank"]),
@@ -198,8 +197,8 @@ def _job(console: Console, job: dict[str, Any]) -> None:
             console,
             (
                 "clock alignment",
-                f"reference rank {clock.get('reference_rank')}, matched on "
-                f"{clock.get('match_method')}; add offset to a rank's times",
+                f"reference rank {clock.reference_rank}, matched on "
+                f"{clock.match_method}; add offset to a rank's times",
             ),
             [
                 num("rank"),
@@ -217,97 +216,110 @@ def _job(console: Console, job: dict[str, Any]) -> None:
         )
 
 
-def _mfu(console: Console, mfu: dict[str, Any]) -> None:
+def _mfu(console: Console, mfu: Mfu) -> None:
     """The MFU line (or why there is none)."""
-    if mfu.get("mfu") is not None:
+    if mfu.mfu is not None:
         _line(
             console,
             "mfu",
-            f"{100 * mfu['mfu']:.2f}% ({mfu.get('peak_source')}; FLOPs/step "
-            f"{mfu.get('flops_per_step'):.3g} from {mfu.get('flops_source')}, step {mfu.get('step_time_s'):.4f} s, "
-            f"{mfu.get('chips')} chips)",
+            f"{100 * mfu.mfu:.2f}% ({mfu.peak_source}; FLOPs/step "
+            f"{mfu.flops_per_step:.3g} from {mfu.flops_source}, step {mfu.step_time_s:.4f} s, "
+            f"{mfu.chips} chips)",
         )
     else:
-        _line(console, "mfu", f"n/a: {mfu.get('reason')}")
+        _line(console, "mfu", f"n/a: {mfu.reason}")
 
 
-def _recommendations(console: Console, recs: list[dict[str, Any]]) -> None:
+def _recommendations(console: Console, recs: list[Recommendation]) -> None:
     """Each recommendation as a wrapped paragraph, its evidence below."""
     console.print("recommendations", style="bold", highlight=False)
     for r in recs:  # prose: one wrapped paragraph each (a table column would be a sliver)
         ev = "; ".join(
-            f"{k} {per_rank(v) if isinstance(v, dict) else _f(v, 3)}" for k, v in r["evidence"].items()
+            f"{k} {per_rank(v) if isinstance(v, dict) else _f(v, 3)}" for k, v in r.evidence.items()
         )
-        print_wrapped(console, f"{r['severity']} {r['id']}: {r['action']}", indent="  ", subsequent="    ")
+        print_wrapped(console, f"{r.severity} {r.id}: {r.action}", indent="  ", subsequent="    ")
         if ev:
             print_wrapped(console, f"evidence: {ev}", indent="    ", subsequent="      ")
 
 
-def render_seed_keys(console: Console, doc: dict[str, Any]) -> None:
+def render_seed_keys(console: Console, document: AnalysisDocument | Mapping[str, Any]) -> None:
     """The ``pipeline``, ``uneven_inputs`` and ``recompilation`` keys, when not null."""
-    pp = doc.get("pipeline")
-    if isinstance(pp, dict):
-        im = pp.get("imbalance") or {}
-        rows = [
-            [
-                _f(s["stage"]),
-                _f(s["ranks"]),
-                _f(s["compute_ms"]),
-                _f(s["bubble_fraction"], 3),
-                _f(s.get("fwd_ms_per_microbatch")),
-                _f(s.get("bwd_ms_per_microbatch")),
-            ]
-            for s in pp.get("stages", [])[:MAX_ROWS]
+    doc = as_document(document)
+    if doc.pipeline is not None:
+        _pipeline(console, doc.pipeline)
+    if doc.uneven_inputs is not None:
+        _uneven(console, doc.uneven_inputs)
+    if doc.recompilation is not None:
+        _recompilation(console, doc.recompilation)
+
+
+def _pipeline(console: Console, pp: Pipeline) -> None:
+    """The pipeline line and its per-stage table."""
+    im = pp.imbalance
+    rows = [
+        [
+            _f(s["stage"]),
+            _f(s["ranks"]),
+            _f(s["compute_ms"]),
+            _f(s["bubble_fraction"], 3),
+            _f(s["fwd_ms_per_microbatch"] if "fwd_ms_per_microbatch" in s else None),
+            _f(s["bwd_ms_per_microbatch"] if "bwd_ms_per_microbatch" in s else None),
         ]
-        _table(
-            console,
-            (
-                "pipeline",
-                f"{pp.get('schedule') or 'schedule not recognised'}, {pp.get('num_stages')} stages, "
-                f"{pp.get('microbatches')} micro-batches; bubble {_f(pp.get('bubble_fraction'), 3)} (schedule alone "
-                f"{_f(pp.get('expected_bubble_fraction'), 3)}); slowest stage {im.get('slowest_stage')} "
-                f"(+{_f(im.get('excess_fraction'), 3)}): step {_f(pp.get('step_time_ms'))} ms -> "
-                f"{_f(im.get('est_step_time_balanced_ms'))} ms balanced",
-            ),
-            [
-                num("stage"),
-                Col("ranks"),
-                num("compute ms/step"),
-                num("bubble"),
-                num("fwd ms/mb"),
-                num("bwd ms/mb"),
-            ],
-            rows,
-            len(pp.get("stages", [])) - MAX_ROWS,
-        )
-    un = doc.get("uneven_inputs")
-    if isinstance(un, dict):
-        _line(
-            console,
-            "uneven inputs",
-            f"{un['mode']}: short rank(s) {_f(un['short_ranks'])}; steps per rank: "
-            f"{per_rank(un['steps_per_rank'])}"
-            + (f"; waiting rank(s) {_f(un['waiting_ranks'])}" if un.get("waiting_ranks") else ""),
-        )
-    rc = doc.get("recompilation")
-    if isinstance(rc, dict):
-        rows = [
-            [
-                _f(e["rank"]),
-                e["compile_id"],
-                "yes" if e["recompile"] else "no",
-                _f(e["step"]),
-                _f(e["duration_ms"]),
-            ]
-            for e in rc.get("events", [])[:MAX_ROWS]
+        for s in pp.stages[:MAX_ROWS]
+    ]
+    _table(
+        console,
+        (
+            "pipeline",
+            f"{pp.schedule or 'schedule not recognised'}, {pp.num_stages} stages, "
+            f"{pp.microbatches} micro-batches; bubble {_f(pp.bubble_fraction, 3)} (schedule alone "
+            f"{_f(pp.expected_bubble_fraction, 3)}); slowest stage {im.slowest_stage if im else None} "
+            f"(+{_f(im.excess_fraction if im else None, 3)}): step {_f(pp.step_time_ms)} ms -> "
+            f"{_f(im.est_step_time_balanced_ms if im else None)} ms balanced",
+        ),
+        [
+            num("stage"),
+            Col("ranks"),
+            num("compute ms/step"),
+            num("bubble"),
+            num("fwd ms/mb"),
+            num("bwd ms/mb"),
+        ],
+        rows,
+        len(pp.stages) - MAX_ROWS,
+    )
+
+
+def _uneven(console: Console, un: UnevenInputs) -> None:
+    """The uneven-inputs line: which ranks ran out of data, steps per rank."""
+    _line(
+        console,
+        "uneven inputs",
+        f"{un.mode}: short rank(s) {_f(un.short_ranks)}; steps per rank: "
+        f"{per_rank(un.steps_per_rank)}"
+        + (f"; waiting rank(s) {_f(un.waiting_ranks)}" if un.waiting_ranks else ""),
+    )
+
+
+def _recompilation(console: Console, rc: Recompilation) -> None:
+    """The compilations line and one row per compilation in the window."""
+    rows = [
+        [
+            _f(e["rank"]),
+            e["compile_id"],
+            "yes" if e["recompile"] else "no",
+            _f(e["step"]),
+            _f(e["duration_ms"]),
         ]
-        _table(
-            console,
-            (
-                "compilations",
-                f"{rc['compiles']} in the window, {rc['recompiles']} recompiles ({_f(rc['recompile_time_ms'])} ms)",
-            ),
-            [num("rank"), Col("compile id"), Col("recompile"), num("step"), num("ms")],
-            rows,
-            len(rc.get("events", [])) - MAX_ROWS,
-        )
+        for e in rc.events[:MAX_ROWS]
+    ]
+    _table(
+        console,
+        (
+            "compilations",
+            f"{rc.compiles} in the window, {rc.recompiles} recompiles ({_f(rc.recompile_time_ms)} ms)",
+        ),
+        [num("rank"), Col("compile id"), Col("recompile"), num("step"), num("ms")],
+        rows,
+        len(rc.events) - MAX_ROWS,
+    )
