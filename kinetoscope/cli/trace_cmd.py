@@ -33,6 +33,7 @@ from kinetoscope.collect.render import (
     large_matched,
     matched_table,
     print_large,
+    print_titled,
     progress_bar,
     render_captured,
     stored_table,
@@ -53,6 +54,7 @@ from kinetoscope.collect.workflow import (
 )
 from kinetoscope.errors import UsageError
 from kinetoscope.readback import check_captured
+from kinetoscope.termtext import print_wrapped
 
 EXAMPLES = examples(
     ("kscope trace --job-id $SLURM_JOB_ID --iterations 10 --wait", "one job, 10 steps"),
@@ -164,14 +166,14 @@ def render_matched(console: Console, result: TraceResult) -> None:
     if len(result.matched) > TABLE_MAX_ROWS:  # a summary and the processes not traced
         print_large(console, large_matched(result, TABLE_MAX_ROWS))
     elif result.matched:
-        console.print(matched_table(result))
+        print_titled(console, matched_table(result))
 
 
 def render_files(console: Console, result: TraceResult) -> None:
     if len(result.files) > TABLE_MAX_ROWS:  # a summary and the incomplete files
         print_large(console, large_files(result, TABLE_MAX_ROWS))
     elif result.files:
-        console.print(files_table(result))
+        print_titled(console, files_table(result))
 
 
 def _when_stepping(
@@ -313,7 +315,7 @@ class _Screen:
             self.stack.close()
             self.waiting = None
         elif isinstance(event, Storing) and not self.json_out:
-            self.err.print(f"storing trace files in [bold]{escape(event.url)}[/]")
+            print_wrapped(self.err, ["storing trace files in", event.url], indent="")
 
     def triggering(self, hosts: int) -> None:
         self.many = hosts >= FANOUT_MIN_HOSTS
@@ -331,7 +333,7 @@ class _Screen:
         if not self.json_out:
             render_matched(self.out, result)
             if result.triggered and result.output_dir:
-                self.out.print(f"trace files go to [bold]{escape(result.output_dir)}[/]")
+                print_wrapped(self.out, ["trace files go to", result.output_dir], indent="")
 
     def progress(self, event: Waiting) -> None:
         if self.waiting is None:
@@ -357,11 +359,11 @@ def _report(out: Console, err: Console, result: TraceResult, json_out: bool, wai
         if result.captured:
             render_captured(out, err, result.captured)
         if result.manifest_paths:
-            out.print(f"manifest: {escape(result.manifest_paths[0])}")
+            print_wrapped(out, ["manifest:", result.manifest_paths[0]], indent="")
         if result.stored:
-            out.print(stored_table(result))
+            print_titled(out, stored_table(result))
         if result.catalog:
-            out.print(f"recorded in catalog {escape(result.catalog)}")
+            print_wrapped(out, ["recorded in catalog", result.catalog], indent="")
         if result.files and not waited:
             out.print("files appear once each process has traced; use --wait to wait for them")
     for problem in result.errors:
@@ -448,7 +450,7 @@ def register(app: typer.Typer) -> None:
         if delivery.wait:  # the aligned roundup is chosen so the trace fits the wait (collect.window_fit)
             request = replace(request, options=request.options.replace(wait_s=delivery.timeout_s))
         out = Console(stderr=json_out, highlight=False)
-        err = Console(stderr=True, highlight=False)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)  # a note or an error: one line
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}")
         if when_stepping:

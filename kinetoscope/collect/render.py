@@ -7,13 +7,13 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from kinetoscope.collect.trigger import HostReply, MatchedProcess, TraceFile, TraceResult
+from kinetoscope.termtext import Col, num, print_table, print_wrapped, table, text
 from kinetoscope.units import fmt_bytes
 
 _STATE_LABELS = {
@@ -24,26 +24,38 @@ _STATE_LABELS = {
 }
 
 
-def short_command(cmdline: str, width: int = 56) -> str:
-    """``/venv/bin/python -u -m pkg.mod --a 1`` -> ``python -m pkg.mod --a 1``, cut to ``width``."""
+def short_command(cmdline: str, width: int | None = None) -> str:
+    """``/venv/bin/python -u -m pkg.mod --a 1`` -> ``python -m pkg.mod --a 1``, cut to ``width``
+    when given (the tables show it whole: it wraps between its words)."""
     parts = cmdline.split()
     if not parts:
         return ""
     parts[0] = os.path.basename(parts[0])
     parts = [p for i, p in enumerate(parts) if not (i > 0 and p == "-u")]
-    text = " ".join(parts)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    short = " ".join(parts)
+    return short if width is None or len(short) <= width else short[: width - 1] + "…"
 
 
-def _table(title: str, compact: bool) -> Table:
-    """The look shared by the tables below (``compact``: no box, no title, as in ``kscope demo``)."""
-    return Table(
-        box=None if compact else box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        title=None if compact else title,
-        title_justify="left",
-    )
+def _table(title: str, compact: bool, cols: list[Col], rows: list[list[str]]) -> Table:
+    """A table built by :func:`kinetoscope.termtext.table` (values whole, prose wrapped between
+    words; print it with :func:`print_titled`). ``compact``: no rules, no title (``kscope demo``).
+    Cells are plain text: a ``[`` in a path is not Rich markup."""
+    t: Table = table(None if compact else title, cols, [])
+    if compact:
+        t.box = None
+    for row in rows:
+        t.add_row(*(Text(cell) for cell in row))
+    return t
+
+
+def print_titled(console: Console, t: Table) -> None:
+    """``t``'s title wrapped between words at the console's width (a long path or URL in it on a
+    line of its own, whole), then ``t`` by :func:`kinetoscope.termtext.print_table`: a table when
+    every value fits, else ``header: value`` records, a path on a line of its own if need be."""
+    if t.title:
+        print_wrapped(console, str(t.title), indent="", style="bold")
+        t.title = None
+    print_table(console, t)
 
 
 def matched_table(
@@ -54,26 +66,21 @@ def matched_table(
     rows: list[MatchedProcess] | None = None,
     title: str | None = None,
 ) -> Table:
-    """The matched processes (``rows``: only these, e.g. the ones not traced of a large request)."""
+    """The matched processes (``rows``: only these, e.g. the ones not traced of a large request);
+    the command whole, wrapping between its words."""
     matched = result.matched if rows is None else rows
     if show_host is None:
         show_host = len({m.hostname for m in matched}) > 1 or not compact
-    table = _table(title or f"trace {result.trace_id}: {len(result.matched)} process(es) matched", compact)
-    if show_host:
-        table.add_column("host", no_wrap=True, min_width=4)
-    table.add_column("pid", no_wrap=True, min_width=7)
-    table.add_column("rank", no_wrap=True, min_width=4)
-    if not compact:
-        table.add_column("job", no_wrap=True, min_width=3)
-    labels = [_STATE_LABELS.get(m.state, m.state) for m in matched]
-    table.add_column("state", no_wrap=True, min_width=max([5, *map(len, labels)]))
-    table.add_column("command", no_wrap=True, overflow="ellipsis", ratio=1)
+    cols = [Col("host")] if show_host else []
+    cols += [num("pid"), Col("rank")] + ([] if compact else [Col("job")]) + [Col("state"), text("command")]
+    cells = []
     for m in matched:
         rank = "-" if m.rank is None else (f"{m.rank}/{m.world_size}" if m.world_size else str(m.rank))
-        row = [str(m.pid), rank] + ([escape(m.job_id or "-")] if not compact else [])
-        row += [_STATE_LABELS.get(m.state, m.state), escape(short_command(m.cmdline))]
-        table.add_row(*([escape(m.hostname)] if show_host else []), *row)
-    return table
+        row = [str(m.pid), rank] + ([m.job_id or "-"] if not compact else [])
+        row += [_STATE_LABELS.get(m.state, m.state), short_command(m.cmdline)]
+        cells.append(([m.hostname] if show_host else []) + row)
+    title = title or f"trace {result.trace_id}: {len(result.matched)} process(es) matched"
+    return _table(title, compact, cols, cells)
 
 
 def files_table(
@@ -83,54 +90,49 @@ def files_table(
     rows: list[TraceFile] | None = None,
     title: str | None = None,
 ) -> Table:
-    """The trace files (``rows``: only these, e.g. the incomplete ones of a large request)."""
+    """The trace files (``rows``: only these, e.g. the incomplete ones of a large request); a
+    file in the output folder by its name, else by its whole path (a value: never cut)."""
     files = result.files if rows is None else rows
-    table = _table(title or "trace files", compact)
     hosts = {m.host: m.hostname for m in result.matched}
     show_host = len({f.host for f in result.files}) > 1
-    if show_host:
-        table.add_column("host", no_wrap=True)
-    table.add_column("rank", no_wrap=True, min_width=4)
-    table.add_column("pid", no_wrap=True, min_width=7)
-    table.add_column("file", overflow="fold", ratio=1)
-    table.add_column("size", no_wrap=True, min_width=9)
-    table.add_column("complete", no_wrap=True, min_width=8)
+    cols = ([Col("host")] if show_host else []) + [Col("rank"), num("pid"), Col("file"), num("size")]
+    cols.append(Col("complete"))
+    cells = []
     for f in sorted(files, key=lambda f: (f.host, f.rank is None, f.rank, f.pid)):
         name = os.path.basename(f.path) if os.path.dirname(f.path) == result.output_dir else f.path
         done = "yes" if f.complete else ("no" if result.waited else "pending")
-        row = [
-            "-" if f.rank is None else str(f.rank),
-            str(f.pid),
-            escape(name),
-            fmt_bytes(f.bytes, missing="-", thousands=False),
-            done,
-        ]
-        table.add_row(*([escape(hosts.get(f.host, f.host))] if show_host else []), *row)
-    return table
+        row = ["-" if f.rank is None else str(f.rank), str(f.pid), name]
+        row += [fmt_bytes(f.bytes, missing="-", thousands=False), done]
+        cells.append(([hosts.get(f.host, f.host)] if show_host else []) + row)
+    return _table(title or "trace files", compact, cols, cells)
+
+
+def _problems(f: dict[str, Any], asked: Any) -> str:
+    """What is wrong with one file read back, in words (empty: nothing)."""
+    problems = []
+    if f.get("empty"):
+        problems.append("EMPTY (0 events)")
+    if f.get("fell_back_to_duration"):
+        problems.append("fell back to a duration trace (no iteration hook)")
+    if asked and not f.get("empty") and f["iterations"] < asked:
+        problems.append("fewer iterations than asked")
+    if f.get("timestamp_anomalies"):
+        problems.append(f"{f['timestamp_anomalies']} timestamp anomalies")
+    return "; ".join(problems)
 
 
 def captured_table(captured: dict[str, Any]) -> Table:
     """Per file read back: iterations captured against those asked, events, window, and what is
     wrong with it (``collect.captured``)."""
-    table = _table("what the files hold", False)
-    for col in ("rank", "pid", "iterations", "events", "window", "problem"):
-        table.add_column(col, no_wrap=col != "problem")
+    cols = [Col("rank"), num("pid"), num("iterations"), num("events"), num("window"), text("problem")]
+    cells = []
     for f in sorted(captured.get("files") or [], key=lambda f: (f["rank"] is None, f["rank"] or 0, f["pid"])):
         asked = f.get("iterations_asked")
         its = f"{f['iterations']}/{asked}" if asked else str(f["iterations"])
-        problems = []
-        if f.get("empty"):
-            problems.append("EMPTY (0 events)")
-        if f.get("fell_back_to_duration"):
-            problems.append("fell back to a duration trace (no iteration hook)")
-        if asked and not f.get("empty") and f["iterations"] < asked:
-            problems.append("fewer iterations than asked")
-        if f.get("timestamp_anomalies"):
-            problems.append(f"{f['timestamp_anomalies']} timestamp anomalies")
         window = "-" if f.get("window_ms") is None else f"{f['window_ms'] / 1000.0:.2f} s"
         rank = "-" if f["rank"] is None else str(f["rank"])
-        table.add_row(rank, str(f["pid"]), its, str(f["events"]), window, escape("; ".join(problems)))
-    return table
+        cells.append([rank, str(f["pid"]), its, str(f["events"]), window, _problems(f, asked)])
+    return _table("what the files hold", False, cols, cells)
 
 
 def captured_lines(captured: dict[str, Any]) -> list[str]:
@@ -158,14 +160,11 @@ def captured_lines(captured: dict[str, Any]) -> list[str]:
 
 
 def stored_table(result: TraceResult, *, compact: bool = False) -> Table:
-    """The objects ``--store`` uploaded: URL, size and sha256 of each (the manifest last)."""
-    table = _table(f"stored in {escape(result.store_url or '')}", compact)
-    table.add_column("url", overflow="fold", ratio=1)
-    table.add_column("bytes", no_wrap=True, justify="right")
-    table.add_column("sha256", no_wrap=True)
-    for o in result.stored:
-        table.add_row(escape(o.url), str(o.bytes), o.sha256)
-    return table
+    """The objects ``--store`` uploaded: URL (whole), size and sha256 of each (the manifest last)."""
+    cells = [[o.url, str(o.bytes), o.sha256] for o in result.stored]
+    return _table(
+        f"stored in {result.store_url or ''}", compact, [Col("url"), num("bytes"), Col("sha256")], cells
+    )
 
 
 _PHASES = {"list": "listing processes (alignment)", "trace": "triggering"}
@@ -188,10 +187,10 @@ def progress_bar(console: Console, counts: str) -> Progress:
 
 def print_large(console: Console, summary: tuple[str, Table | None]) -> None:
     """A large request's summary line, then the table of the rows that need a look (if any)."""
-    line, table = summary
-    console.print(escape(line))
-    if table is not None:
-        console.print(table)
+    line, t = summary
+    print_wrapped(console, line, indent="")
+    if t is not None:
+        print_titled(console, t)
 
 
 class FanoutProgress:
@@ -297,9 +296,9 @@ def render_captured(out: Console, err: Console, captured: dict[str, Any]) -> Non
     """``captured_table`` (when the files were read back), then ``captured_lines``: the
     verdict on the set in bold on ``out``, the rest as notes."""
     if captured.get("checked") and captured.get("files"):
-        out.print(captured_table(captured))
+        print_titled(out, captured_table(captured))
     lines = captured_lines(captured)
     style = "bold green" if captured.get("usable") and captured.get("checked") else "bold red"
-    out.print(f"[{style}]{escape(lines[0])}[/]" if captured.get("checked") else escape(lines[0]))
+    print_wrapped(out, lines[0], indent="", style=style if captured.get("checked") else None)
     for line in lines[1:]:
-        out.print(escape(line))
+        print_wrapped(out, line, indent="", subsequent="  ")

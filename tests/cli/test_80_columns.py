@@ -14,8 +14,10 @@ checks on each output, independent of how kinetoscope lays text out:
 
 Commands that need live processes or daemons (trace, stacks, autopilot, daemon, serve, demo) are
 checked through their ``--help`` here; their tables are built by the same helpers
-(kinetoscope/termtext.py). The 80-column rule of stderr is different: an error is one line
-whatever the width (test_error_paths.py).
+(kinetoscope/termtext.py). ``kscope trace``'s tables (processes, files, uploads) are also
+rendered by its own functions from a result that names the real files of a test job (no daemon
+needed), on a terminal and piped. The 80-column rule of stderr is different: an error is one line
+whatever the width (test_error_paths.py; here: ``kscope trace`` to a closed port).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import fcntl
 import os
 import pty
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -88,9 +91,12 @@ def _env(columns: int, tmp: Path) -> dict[str, str]:
     return env
 
 
-def run_piped(args: list[str], columns: int, tmp: Path) -> str:
+KSCOPE = [sys.executable, "-m", "kinetoscope.cli.main"]
+
+
+def run_piped(args: list[str], columns: int, tmp: Path, prog: list[str] = KSCOPE) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        [*prog, *args],
         capture_output=True,
         text=True,
         env=_env(columns, tmp),
@@ -101,12 +107,12 @@ def run_piped(args: list[str], columns: int, tmp: Path) -> str:
     return proc.stdout
 
 
-def run_terminal(args: list[str], columns: int, tmp: Path) -> str:
+def run_terminal(args: list[str], columns: int, tmp: Path, prog: list[str] = KSCOPE) -> str:
     """stdout on a pseudo-terminal ``columns`` wide (escape sequences removed)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kinetoscope.cli.main", *args],
+        [*prog, *args],
         stdout=slave,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -225,3 +231,79 @@ def test_the_checks_catch_a_folded_table() -> None:
     long_line = "word " * 30
     assert problems(long_line, long_line) != []
     assert problems("x" * 120, "x" * 120) == []  # one token wider than the width: its own line
+
+
+# ``kscope trace``'s human output of a finished request, rendered by its own functions (what it
+# prints after a real trace: processes, then files and uploads) from a result naming the files of a real test job: processes with
+# a torchrun command line, the files by their whole paths (not in the output folder, so not
+# shortened to names), and their uploads to S3 under a long prefix. argv[1]: the job folder.
+TRACE_SCREEN = """
+import sys
+from pathlib import Path
+from rich.console import Console
+from kinetoscope.cli.trace_cmd import _report, render_matched
+from kinetoscope.collect.trigger import MatchedProcess, Target, TraceFile, TraceOptions, TraceResult
+from kinetoscope.store.storage import StoredObject
+
+job = Path(sys.argv[1])
+files = sorted(job.glob("rank-*.pt.trace.json*"))
+store = "s3://kinetoscope-traces-production/fleet-a/jobs/gloo_cuda_intermittent_loaded_w5/kst-20261128"
+cmd = ("/opt/conda/envs/train/bin/python -u -m torch.distributed.run --nproc-per-node 5 "
+       "--rdzv-endpoint node01.cluster.example.com:29500 train.py --config configs/llama_7b.yaml")
+matched, traced, stored = [], [], []
+for rank, f in enumerate(files):
+    pid = int(f.name.split("_")[1].split(".")[0])
+    matched.append(MatchedProcess(host="node01:1778", hostname="node01", pid=pid, rank=rank,
+        local_rank=rank, world_size=len(files), job_id="36199_0", cmdline=cmd, path=str(f),
+        triggered=True, busy=False))
+    traced.append(TraceFile(host="node01:1778", pid=pid, rank=rank, path=str(f),
+        bytes=f.stat().st_size, complete=True, exists=True))
+    stored.append(StoredObject(url=f"{store}/{f.name}", key=f.name, bytes=f.stat().st_size,
+        sha256=f"{rank:064x}"))
+result = TraceResult(trace_id="kst-20261128-a1b2c3", hosts=[], target=Target(all=True),
+    options=TraceOptions(duration_ms=500), matched=matched, files=traced, waited=True,
+    output_dirs=["/tmp/kinetoscope/traces/kst-20261128-a1b2c3"], stored=stored, store_url=store)
+out = Console(highlight=False)
+render_matched(out, result)
+_report(out, Console(stderr=True), result, False, True)
+"""
+
+
+def test_trace_tables_read_at_80_columns(tmp_path: Path) -> None:
+    """The processes, files and uploads tables of ``kscope trace``: every path and URL whole (on a
+    line of its own when it does not fit), the command whole, no line over 80 columns."""
+    prog = [sys.executable, "-c", TRACE_SCREEN]
+    args = [str(GPU_JOB)]
+    wide = run_piped(args, WIDE, tmp_path, prog)
+    paths = [str(f) for f in sorted(GPU_JOB.glob("rank-*.pt.trace.json*"))]
+    assert len(paths) == 5 and all(p in wide for p in paths), wide
+    piped = run_piped(args, WIDTH, tmp_path, prog)
+    terminal = run_terminal(args, WIDTH, tmp_path, prog)
+    for how, narrow in (("piped", piped), ("on a terminal", terminal)):
+        assert problems(narrow, wide) == [], f"{how}:\n{narrow}"
+        have = set(tokens(narrow))
+        urls = [t for t in tokens(wide) if t.startswith("s3://")]
+        assert len(urls) == 6 and set(paths) | set(urls) <= have, f"{how}:\n{narrow}"
+    assert "--config configs/llama_7b.yaml" in wide, wide  # the command whole, not cut with "..."
+
+
+def test_trace_error_is_one_line_at_80_columns(tmp_path: Path) -> None:
+    """``kscope trace`` to a daemon that does not listen (a closed loopback port): a one-line
+    error naming the address, however narrow the terminal, and exit status 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [*KSCOPE, "trace", "-H", f"127.0.0.1:{port}", "--all", "--duration-ms", "5", "--no-catalog"],
+        capture_output=True,
+        text=True,
+        env=_env(WIDTH, tmp_path),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0], proc.stderr
+    assert cells(errors[0]) > WIDTH, errors[0]  # long enough that a wrapping console would break it
+    assert all(ln.startswith(("error:", "note:", "warning:")) for ln in lines), proc.stderr
