@@ -363,6 +363,12 @@ def _judge(ev: Evidence, job: Job) -> None:
             f"only {ev.steps_in_common} step(s) held by every rank, {MIN_COMMON_STEPS} needed "
             f"(or {MIN_COMMON_INSTANCES} collectives in them; steps per rank: {per})"
         )
+    elif 0 < ev.instances_in_common < MIN_COMMON_STEPS:
+        ev.reason = (
+            f"only {ev.instances_in_common} collective held by every rank in the "
+            f"{ev.steps_in_common} step(s) in common: no rank can be compared with its peers "
+            f"({_window_text(ev)})"
+        )
     if ev.reason is not None:
         ev.assessed = False
         ev.command = suggested_command(job)
