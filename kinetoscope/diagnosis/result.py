@@ -13,8 +13,8 @@ from kinetoscope.diagnosis import builders
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.evidence import Evidence, headline
+from kinetoscope.diagnosis.extras import pipeline_line, uneven_lines
 from kinetoscope.diagnosis.mfu import MFUResult
-from kinetoscope.diagnosis.seed_lines import pipeline_line, uneven_lines
 from kinetoscope.diagnosis.stragglers.model import StragglerReport
 from kinetoscope.diagnosis.stragglers.reconcile import rotating_line
 

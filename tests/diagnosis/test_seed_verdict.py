@@ -7,8 +7,8 @@ from __future__ import annotations
 from diag_synth import make_job
 
 from kinetoscope.diagnosis import diagnose
+from kinetoscope.diagnosis.extras import pipeline_line, uneven_lines
 from kinetoscope.diagnosis.result import Diagnosis
-from kinetoscope.diagnosis.seed_lines import pipeline_line, uneven_lines
 
 UNEVEN = {
     "mode": "join",
