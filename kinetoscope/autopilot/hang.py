@@ -30,6 +30,7 @@ from kinetoscope.collect.client import parse_host
 from kinetoscope.collect.stack_groups import STUCK, StacksReport
 from kinetoscope.collect.stacks import StacksRequest, take_stacks
 from kinetoscope.collect.trigger import Target
+from kinetoscope.document.decode import decode_stacks
 from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet import FleetStore, SeenJob
 from kinetoscope.store.stacks_store import record_stacks
@@ -178,13 +179,10 @@ def alert_details(catalog: Catalog, alert: dict[str, Any]) -> dict[str, Any]:
     row = get_stacks(catalog, str(alert.get("sample_id")))
     if row is None:
         return {}
-    groups = row["document"].get("groups") or []
+    stacks = decode_stacks(row["document"])
     return {
         "stacks_id": row["stacks_id"],
         "outlier_ranks": list(row["outliers"]),
         "verdict": row["verdict"],
-        "groups": [
-            {"ranks": g.get("ranks"), "summary": g.get("summary"), "outlier": g.get("outlier")}
-            for g in groups
-        ],
+        "groups": [{"ranks": g.ranks, "summary": g.summary, "outlier": g.outlier} for g in stacks.groups],
     }

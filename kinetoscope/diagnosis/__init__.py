@@ -32,7 +32,6 @@ from kinetoscope.diagnosis.evidence import (
     withhold,
 )
 from kinetoscope.diagnosis.extract import figures_of
-from kinetoscope.diagnosis.extras import EXTRA_KEYS, ExtendedDiagnosis
 from kinetoscope.diagnosis.groups import assign_groups
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
 from kinetoscope.diagnosis.pipeline import analyze_pipeline
@@ -42,8 +41,12 @@ from kinetoscope.diagnosis.result import Diagnosis
 from kinetoscope.diagnosis.stragglers.verdict import StragglerReport, StragglerThresholds, analyze_stragglers
 from kinetoscope.diagnosis.uneven import analyze_uneven
 from kinetoscope.diagnosis.whatif.p2p import p2p_links
-from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS
+from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
 from kinetoscope.trace.model import Trace
+
+EXTRA_KEYS = (
+    EXTRA_DIAGNOSIS_KEYS  # the document keys added after the first contract (null when not applicable)
+)
 
 __all__ = [
     "DIAGNOSIS_KEYS",
@@ -175,7 +178,6 @@ def diagnose(
     extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), **extra)
     recs = admissible(evidence, recs)
-    extra["evidence"] = evidence.to_dict()
     coll_summary = (
         _collective_summary(instances).with_columns(pl.lit(",".join(sorted(signals))).alias("signal"))
         if instances.height
@@ -185,7 +187,7 @@ def diagnose(
         notes.append("no steps: neither ProfilerStep#N nor Optimizer.step#... annotations in the traces")
     if not any(c.height for c in colls.values()):
         notes.append("no collectives found (no NCCL kernels, no gloo:* annotations, no c10d:: ops)")
-    return ExtendedDiagnosis(
+    return Diagnosis(
         job=job,
         clock=clock,
         steps=bd,
@@ -196,8 +198,11 @@ def diagnose(
         step_source=None if source is None else str(source),
         other_jobs=[{"key": j.key, "ranks": j.ranks, "world_size": j.world_size} for j in jobs[1:]],
         notes=notes,
-        extra=extra,
         evidence=evidence,
+        pipeline=extra["pipeline"],
+        uneven_inputs=extra["uneven_inputs"],
+        recompilation=extra["recompilation"],
+        collective_bandwidth=extra["collective_bandwidth"],
     )
 
 

@@ -1,49 +1,10 @@
-"""The diagnosis with the keys added after the first contract (``pipeline``,
-``uneven_inputs``, ``recompilation``): a ``Diagnosis`` whose JSON form and Mapping view carry
-them too, each ``null`` when the job does not show the problem."""
+"""The verdict lines of the seed problems that lead the straggler verdict (docs/diagnosis.md
+section 11): a pipeline's bubble and imbalance (``pipeline_line``) and ranks that ran out of
+data first (``uneven_lines``), each read from its part's JSON form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
-
-from kinetoscope.diagnosis.result import Diagnosis
-from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
-
-EXTRA_KEYS = EXTRA_DIAGNOSIS_KEYS  # the document keys this diagnosis adds (null when not applicable)
-
-
-@dataclass
-class ExtendedDiagnosis(Diagnosis):
-    """``Diagnosis`` plus ``extra``: the JSON-ready values of ``EXTRA_KEYS``."""
-
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        for key in EXTRA_KEYS:
-            d[key] = self.extra.get(key)
-        return d
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("summary", *DIAGNOSIS_KEYS, *EXTRA_KEYS))
-
-    def __len__(self) -> int:
-        return 1 + len(DIAGNOSIS_KEYS) + len(EXTRA_KEYS)
-
-    def verdict_lines(self) -> list[str]:
-        """The straggler verdict, led by the job's own problem when it has one: ranks that ran
-        out of data first (their collectives are not a straggler's), else the pipeline's bubble
-        and imbalance in place of the straggler line. Still at most two lines."""
-        lines = super().verdict_lines()
-        uneven = self.extra.get("uneven_inputs")
-        if uneven:
-            return uneven_lines(uneven)
-        pipe = self.extra.get("pipeline")
-        if pipe:
-            return [pipeline_line(pipe), lines[0]]
-        return lines
 
 
 def _pct(x: float | None) -> str:

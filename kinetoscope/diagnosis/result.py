@@ -9,14 +9,14 @@ from typing import Any
 
 import polars as pl
 
-from kinetoscope.analysis.runner import frame_rows
+from kinetoscope.diagnosis import builders
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.evidence import Evidence, headline
+from kinetoscope.diagnosis.extras import pipeline_line, uneven_lines
 from kinetoscope.diagnosis.mfu import MFUResult
 from kinetoscope.diagnosis.stragglers.model import StragglerReport
 from kinetoscope.diagnosis.stragglers.reconcile import rotating_line
-from kinetoscope.protocol.document_keys import DIAGNOSIS_KEYS
 
 # A sentence ends at ". " before a capital letter (so "e.g. the" does not end one).
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
@@ -131,8 +131,11 @@ class Diagnosis(Mapping[str, Any]):
 
     Tables (Polars): ``steps`` (per rank, per step), ``collectives`` (per matched collective
     instance), ``stragglers.per_rank``, ``stragglers.per_step``, ``clock.table``.
-    ``to_dict()`` is the JSON contract; as a Mapping it yields the ``kscope analyze`` diagnosis
-    keys (``summary``, ``job``, ``steps``, ``stragglers``, ``mfu``, ``recommendations``)."""
+    ``to_dict()`` is the JSON contract, built by ``builders.BUILDERS``; as a Mapping it yields
+    the ``kscope analyze`` diagnosis keys (``summary``, then ``protocol.document_keys``'s).
+    ``pipeline``, ``uneven_inputs`` and ``recompilation`` are the optional analyses of
+    docs/diagnosis.md section 11 in their JSON form, ``None`` when the job does not show the
+    problem."""
 
     job: Job
     clock: ClockAlignment
@@ -146,45 +149,22 @@ class Diagnosis(Mapping[str, Any]):
     notes: list[str] = field(default_factory=list)
     # what the verdict rests on (``evidence.gather_evidence``); the headline follows it
     evidence: Evidence | None = None
+    pipeline: dict[str, Any] | None = None
+    uneven_inputs: dict[str, Any] | None = None
+    recompilation: dict[str, Any] | None = None
+    # per collective type (``bandwidth.collective_bandwidth``): a rule's measurement, not a key
+    collective_bandwidth: dict[str, Any] | None = None
     _mapping: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- JSON ------------------------------------------------------------------------------------
     def job_dict(self) -> dict[str, Any]:
-        d = self.job.to_dict()
-        d["steps_found"] = int(self.steps["step"].n_unique()) if self.steps.height else 0
-        d["step_source"] = self.step_source
-        d["device_types"] = sorted({t.meta.device_type for t in self.job.traces.values()})
-        d["backends"] = sorted(
-            {
-                str(t.meta.distributed_info.get("backend"))
-                for t in self.job.traces.values()
-                if t.meta.distributed_info.get("backend")
-            }
-        )
-        d["collective_signal"] = (
-            sorted(set(self.collectives["signal"].to_list())) if "signal" in self.collectives.columns else []
-        )
-        d["clock"] = {
-            "reference_rank": self.clock.reference,
-            "match_method": self.clock.match_method,
-            "window_us": self.clock.window_ns / 1000.0,
-            "residual_us": self.clock.residual_us(),
-            "offsets": frame_rows(self.clock.table),
-            "notes": list(self.clock.notes),
-        }
-        d["other_jobs"] = list(self.other_jobs)
-        d["notes"] = d.get("notes", []) + list(self.notes)
-        return d
+        """The ``job`` part alone (``builders.job_part``), JSON-ready."""
+        part: dict[str, Any] = builders.encode(builders.job_part(builders.DiagnosisContext(self)))
+        return part
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "summary": list(self.summary()),
-            "job": self.job_dict(),
-            "steps": frame_rows(self.steps),
-            "stragglers": self.stragglers.to_dict(),
-            "mfu": self.mfu.to_dict(),
-            "recommendations": list(self.recommendations),
-        }
+        """The diagnosis keys of the document, every builder of ``builders.BUILDERS`` in order."""
+        return builders.build_parts(builders.DiagnosisContext(self))
 
     # Mapping interface: what the analysis runner's diagnosis hook consumes. Built once, on first
     # access (``dict(diagnosis)`` reads every key; ``to_dict()`` is not cheap).
@@ -199,10 +179,10 @@ class Diagnosis(Mapping[str, Any]):
         return self._hook()[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(("summary", *DIAGNOSIS_KEYS))
+        return iter(b.key for b in builders.BUILDERS)
 
     def __len__(self) -> int:
-        return 1 + len(DIAGNOSIS_KEYS)
+        return len(builders.BUILDERS)
 
     # ---- human output ------------------------------------------------------------------------------------
     def verdict(self) -> str:
@@ -218,7 +198,15 @@ class Diagnosis(Mapping[str, Any]):
     def verdict_lines(self) -> list[str]:
         """At most two lines: the kind with the named ranks (each with its share of the waiting,
         its evidence and its cause, every number that rank's own), then the what-if. A
-        single-process job gets its own headline (``single_process_lines``)."""
+        single-process job gets its own headline (``single_process_lines``). A job's own problem
+        leads: ranks that ran out of data first (their collectives are not a straggler's), else
+        the pipeline's bubble and imbalance in place of the straggler line."""
+        if self.uneven_inputs:
+            return uneven_lines(self.uneven_inputs)
+        lines = self._straggler_lines()
+        return [pipeline_line(self.pipeline), lines[0]] if self.pipeline else lines
+
+    def _straggler_lines(self) -> list[str]:
         if len(self.job.traces) == 1 and self.steps.height:
             return single_process_lines(self.steps, self.recommendations)
         s = self.stragglers

@@ -1,7 +1,8 @@
 """The analysis document, typed: one decoder, one summary, one key list.
 
-Layer: above ``diagnosis`` (whose parts it reads) and below the views (``report``, ``web``,
-``cli``, ``autopilot``) and the orchestration that records analyses. The document itself stays
+Layer: below ``diagnosis`` (whose builders, ``diagnosis/builders.py``, return these parts) and
+below the views (``report``, ``web``, ``cli``, ``autopilot``) and the orchestration that records
+analyses: the parts are the contract between the diagnosis that writes them and the views. The document itself stays
 the JSON object ``kscope analyze --json`` prints (docs/analysis.md); this package is how code
 reads it:
 

@@ -11,60 +11,43 @@ list-valued key is also kept as row objects (``tables``) and every object-valued
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import msgspec
 import orjson
 
-from kinetoscope.document.analyses import (
-    IdleRow,
-    KernelRow,
-    KernelTypeRow,
-    OverlapRow,
-    StepDurationRow,
-    TemporalRow,
-)
 from kinetoscope.document.model import AnalysisDocument
-from kinetoscope.document.parts import (
-    Evidence,
-    Job,
-    Mfu,
-    Pipeline,
-    Recommendation,
-    Recompilation,
-    StepRow,
-    TraceMeta,
-    UnevenInputs,
-)
-from kinetoscope.document.stragglers import Stragglers
+from kinetoscope.document.stacks import StackGroupPart, StacksDocument
 
 T = TypeVar("T")
 
-# Object-valued parts: key -> the Struct of its read form.
-OBJECT_PARTS: dict[str, type[msgspec.Struct]] = {
-    "job": Job,
-    "stragglers": Stragglers,
-    "mfu": Mfu,
-    "pipeline": Pipeline,
-    "uneven_inputs": UnevenInputs,
-    "evidence": Evidence,
-    "recompilation": Recompilation,
-}
-# List-valued parts: key -> the Struct of one row.
-ROW_PARTS: dict[str, type[msgspec.Struct]] = {
-    "traces": TraceMeta,
-    "steps": StepRow,
-    "recommendations": Recommendation,
-    "step_durations": StepDurationRow,
-    "temporal_breakdown": TemporalRow,
-    "temporal_breakdown_by_step": TemporalRow,
-    "idle_time_breakdown": IdleRow,
-    "kernel_type_breakdown": KernelTypeRow,
-    "kernel_breakdown": KernelRow,
-    "kernel_distribution": KernelRow,
-    "comm_comp_overlap": OverlapRow,
-}
+
+def _struct(t: Any) -> type[msgspec.Struct] | None:
+    return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
+
+
+def _part_types() -> tuple[dict[str, type[msgspec.Struct]], dict[str, type[msgspec.Struct]]]:
+    """The document keys ``AnalysisDocument`` types, from its fields: ``X | None`` with ``X`` a
+    Struct is an object part, ``list[X]`` (or ``list[X] | None``) a row part. Adding a part is
+    adding one field there."""
+    objects: dict[str, type[msgspec.Struct]] = {}
+    rows: dict[str, type[msgspec.Struct]] = {}
+    for f in msgspec.structs.fields(AnalysisDocument):
+        union = isinstance(f.type, types.UnionType) or typing.get_origin(f.type) is typing.Union
+        for t in typing.get_args(f.type) if union else (f.type,):
+            if (obj := _struct(t)) is not None:
+                objects[f.encode_name] = obj
+            elif typing.get_origin(t) is list and (row := _struct(typing.get_args(t)[0])) is not None:
+                rows[f.encode_name] = row
+    return objects, rows
+
+
+# Object-valued parts (key -> the Struct of its read form) and list-valued ones (key -> the
+# Struct of one row), derived from ``AnalysisDocument``.
+OBJECT_PARTS, ROW_PARTS = _part_types()
 
 
 def _json_form(value: Any) -> Any:
@@ -90,17 +73,20 @@ def _object_part(key: str, value: Any, problems: list[str]) -> msgspec.Struct | 
         return None
 
 
-def _row_part(key: str, value: Any, problems: list[str]) -> list[Any] | None:
+def _row_part(key: str, value: Any, problems: list[str], typ: type[T] | None = None) -> list[T] | None:
+    """The typed rows of a list-valued key (``typ``, default ``ROW_PARTS[key]``); a row of
+    another shape is left out and counted in ``problems``."""
     if value is None:
         return None
     if not isinstance(value, list):
         problems.append(f"{key}: not a list ({type(value).__name__})")
         return None
-    typ = ROW_PARTS[key]
-    out, bad = [], 0
+    row_type: Any = typ if typ is not None else ROW_PARTS[key]
+    out: list[Any] = []
+    bad = 0
     for row in value:
         try:
-            out.append(_convert(row, typ) if isinstance(row, Mapping) else None)
+            out.append(_convert(row, row_type) if isinstance(row, Mapping) else None)
         except msgspec.ValidationError:
             out.append(None)
         if out[-1] is None:
@@ -152,3 +138,20 @@ def decode(doc: Mapping[str, Any]) -> AnalysisDocument:
 def as_document(doc: AnalysisDocument | Mapping[str, Any]) -> AnalysisDocument:
     """``doc`` typed: as is when it already is, else decoded (a view's entry point takes either)."""
     return doc if isinstance(doc, AnalysisDocument) else decode(doc)
+
+
+def decode_stacks(doc: Mapping[str, Any]) -> StacksDocument:
+    """The typed form of a ``kscope stacks --json`` document (``document.stacks``): tolerant as
+    ``decode`` (a group of another shape is left out and named in ``problems``)."""
+    if not isinstance(doc, Mapping):
+        raise TypeError("the stacks document must be a JSON object")
+    problems: list[str] = []
+    groups = _row_part("groups", doc["groups"] if "groups" in doc else None, problems, StackGroupPart)
+    outliers = doc["outliers"] if "outliers" in doc else None
+    verdict = doc["verdict"] if "verdict" in doc else None
+    return StacksDocument(
+        groups=groups or [],
+        outliers=[r if isinstance(r, int) else None for r in outliers] if isinstance(outliers, list) else [],
+        verdict=str(verdict) if verdict is not None else None,
+        problems=problems,
+    )

@@ -5,8 +5,10 @@ Each Struct is the *read* form of one key of the ``kscope analyze --json`` docum
 (docs/analysis.md, docs/diagnosis.md): field names are the JSON keys (``name=`` where the key is
 not an identifier, e.g. ``step_time(us)``), every field has a default so a document written
 before a field existed still decodes, and unknown keys are ignored (a producer may add fields
-without breaking a reader). The producers still emit plain dicts; :func:`kinetoscope.document.decode`
-turns the JSON form into these.
+without breaking a reader). One Struct is both forms where the part is complete (every key the
+producer writes, in its order): the diagnosis's builders (``kinetoscope.diagnosis.builders``)
+return it and encode it with ``msgspec.to_builtins``; :func:`kinetoscope.document.decode` turns
+the JSON form back into it.
 """
 
 from __future__ import annotations
@@ -79,11 +81,13 @@ class Job(Part):
     duplicate_ranks: dict[str, Any] = msgspec.field(default_factory=dict)
     unranked_files: list[str] = msgspec.field(default_factory=list)
     hosts: dict[str, str | None] = msgspec.field(default_factory=dict)
+    rank_sources: dict[str, str | None] = msgspec.field(default_factory=dict)
     notes: list[str] = msgspec.field(default_factory=list)
     steps_found: int | None = None
     step_source: str | None = None
     device_types: list[str] = msgspec.field(default_factory=list)
     backends: list[str] = msgspec.field(default_factory=list)
+    collective_signal: list[str] = msgspec.field(default_factory=list)
     clock: Clock | None = None
     other_jobs: list[OtherJob] = msgspec.field(default_factory=list)
 
@@ -217,13 +221,19 @@ class Pipeline(Part):
 
 
 class UnevenInputs(Part):
-    """The ``uneven_inputs`` part: ranks that ran out of data first (docs/diagnosis.md §11.2)."""
+    """The ``uneven_inputs`` part: ranks that ran out of data first (docs/diagnosis.md §11.2).
+    Rank-keyed maps have the rank as text; ``idle_ms``: each rank's idle time while the others
+    ran on; ``unmatched_collective``: the collective left without a peer (mode ``unmatched``)."""
 
     mode: str | None = None
-    steps_per_rank: dict[str, int] = msgspec.field(default_factory=dict)
     short_ranks: list[int] = msgspec.field(default_factory=list)
     waiting_ranks: list[int] = msgspec.field(default_factory=list)
+    steps_per_rank: dict[str, int] = msgspec.field(default_factory=dict)
+    collectives_per_rank: dict[str, int] = msgspec.field(default_factory=dict)
+    shadow_collectives: dict[str, int] = msgspec.field(default_factory=dict)
+    idle_ms: dict[str, float] = msgspec.field(default_factory=dict)
     lost_fraction: float | None = None
+    unmatched_collective: dict[str, Any] | None = None
 
 
 class Recompilation(Part):

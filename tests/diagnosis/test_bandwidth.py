@@ -92,8 +92,8 @@ def test_real_ddp_bucket_bytes_from_recorded_shapes(tmp_path):
     run_torchrun("uneven_job.py", 2, tmp_path, "--batches", "4", "--short-by", "0", "--record-shapes")
     params = (256 * 512 + 512) + (512 * 256 + 256)  # Linear(256, 512), Linear(512, 256)
     d = diagnose(tmp_path)
-    bw = d.extra["collective_bandwidth"]["allreduce"]
+    bw = d.collective_bandwidth["allreduce"]
     assert bw["bytes_median"] == 4 * params and bw["dtype_assumed"]
     assert bw["instances"] >= 4 and bw["busbw_GBps"] > 0  # one bucket per step
     # kscope analyze diagnoses digests: the sizes come from the ranks' figures (host_nelems)
-    assert diagnose(digests_of(d)).extra["collective_bandwidth"] == d.extra["collective_bandwidth"]
+    assert diagnose(digests_of(d)).collective_bandwidth == d.collective_bandwidth

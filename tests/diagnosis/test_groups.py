@@ -160,7 +160,7 @@ def test_instances_are_complete_within_their_groups_and_clocks_are_aligned() -> 
 def test_a_slow_rank_is_last_in_its_own_group_only() -> None:
     traces = mesh_job(slow={5: 12.0})
     d = diagnose(traces)
-    assert d.extra.get("uneven_inputs") is None  # ranks without the {0,4} all-reduce ran no shorter
+    assert d.uneven_inputs is None  # ranks without the {0,4} all-reduce ran no shorter
     colls, _ = assign_groups(_colls(traces), d.job.hosts())
     clock = align_clocks(colls, d.job.hosts())
     inst = instance_table(colls, clock, step_table(d.job, clock))
@@ -216,7 +216,7 @@ def test_real_gloo_mesh_job_groups_are_inferred() -> None:
     found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
     assert found == want
     assert d.stragglers.partial_instances == 0 and d.stragglers.instances > 0
-    assert d.extra.get("uneven_inputs") is None and d.extra.get("pipeline") is None
+    assert d.uneven_inputs is None and d.pipeline is None
 
 
 def test_real_gloo_mesh_job_names_exactly_the_slowed_rank() -> None:

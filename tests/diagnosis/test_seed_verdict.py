@@ -37,14 +37,14 @@ PIPE = {
 def test_a_job_without_seed_problems_keeps_the_straggler_verdict():
     late = [[0.0] * 8, [30.0] * 8, [0.0] * 8]  # rank 1 arrives 30 ms late at every step
     d = diagnose(make_job(world=3, steps=8, late_ms=late))
-    assert d.extra["uneven_inputs"] is None and d.extra["pipeline"] is None
+    assert d.uneven_inputs is None and d.pipeline is None
     assert d.verdict_lines() == Diagnosis.verdict_lines(d)
     assert d.verdict_lines()[0].startswith("PERSISTENT STRAGGLER")
 
 
 def test_uneven_inputs_lead_the_verdict():
     d = diagnose(make_job(world=3, steps=8))
-    d.extra["uneven_inputs"] = UNEVEN
+    d.uneven_inputs = UNEVEN
     lines = d.verdict_lines()
     assert len(lines) == 2 and lines == uneven_lines(UNEVEN)
     assert lines[0].startswith("UNEVEN INPUTS (join): rank 1 ran out of data first")
@@ -54,7 +54,7 @@ def test_uneven_inputs_lead_the_verdict():
 
 def test_pipeline_line_names_the_slowest_stage_with_its_own_numbers():
     d = diagnose(make_job(world=3, steps=8))
-    d.extra["pipeline"] = PIPE
+    d.pipeline = PIPE
     lines = d.verdict_lines()
     assert len(lines) == 2 and lines[0] == pipeline_line(PIPE) and lines[1].startswith("NO STRAGGLER")
     assert lines[0] == (

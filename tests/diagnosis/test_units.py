@@ -264,17 +264,17 @@ def test_name_pattern():
 
 def test_runner_hook_builds_the_diagnosis_document_once(monkeypatch):
     from kinetoscope.analysis.runner import AnalysisResults, build_document
+    from kinetoscope.diagnosis import builders
     from kinetoscope.diagnosis.document import run_diagnosis
-    from kinetoscope.diagnosis.result import Diagnosis
 
     calls = []
-    real = Diagnosis.to_dict
+    real = builders.build_parts
 
-    def counting(self):
+    def counting(ctx, order=builders.BUILDERS):
         calls.append(1)
-        return real(self)
+        return real(ctx, order)
 
-    monkeypatch.setattr(Diagnosis, "to_dict", counting)
+    monkeypatch.setattr(builders, "build_parts", counting)
     traces = make_job(4, 6)
     res = AnalysisResults()
     diag = run_diagnosis(traces, res)
