@@ -59,11 +59,30 @@ def test_peer_classes_split_stages_with_equal_sequences() -> None:
             a, b = st[s], st[s + 1]
             rows += [(a, f"p2p@{a}>{b}#0"), (b, f"p2p@{a}>{b}#0")]
     df = pl.DataFrame({"rank": [r for r, _ in rows], "instance": [i for _, i in rows]})
-    df = df.with_columns(lane=pl.col("rank"), is_end=pl.lit(False)).with_row_index("_i")
+    df = df.with_columns(lane=pl.col("rank"), is_end=pl.lit(False), si=pl.lit(0)).with_row_index("_i")
     df = df.sort("lane", "_i")
     cls = peer_classes(df)
     assert [cls[r] == cls[r + 4] for r in range(4)] == [True] * 4
     assert len({cls[0], cls[1], cls[2], cls[3]}) == 4
+
+
+def test_peer_classes_ignore_the_order_of_overlapping_visits() -> None:
+    """Two replicas of a 3-stage pipeline whose middle stages visit a batched send+recv in
+    opposite orders (overlapping streams, as in the OSDI '25 ST job): still one class per stage;
+    a middle stage is not confused with the ends (which open with a send / a receive)."""
+    rows = []
+    for rep in (0, 1):
+        a, b, c = rep * 3, rep * 3 + 1, rep * 3 + 2
+        fwd, back = f"p2p@{a}>{b}#0", f"p2p@{b}>{a}#0"
+        nxt = f"p2p@{b}>{c}#0"
+        rows += [(a, fwd), (a, back)]
+        mid = [(b, fwd), (b, nxt), (b, back)] if rep == 0 else [(b, fwd), (b, back), (b, nxt)]
+        rows += mid + [(c, nxt)]
+    df = pl.DataFrame({"rank": [r for r, _ in rows], "instance": [i for _, i in rows]})
+    df = df.with_columns(lane=pl.col("rank"), is_end=pl.lit(False), si=pl.lit(0)).with_row_index("_i")
+    cls = peer_classes(df.sort("lane", "_i"))
+    assert [cls[r] == cls[r + 3] for r in range(3)] == [True] * 3
+    assert len({cls[0], cls[1], cls[2]}) == 3
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain
+from kinetoscope.diagnosis.whatif.stages import StageImbalance, stage_imbalance
 
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
@@ -74,6 +75,7 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     steps: int
     process_groups: bool = False  # the replay joined process groups or pipeline transfers, not only the job
     transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
+    stage: StageImbalance | None = None  # pipeline jobs: the stage what-if (``whatif.stages``)
 
     def ranks(self) -> list[int]:
         """The explaining set's ranks, in naming order."""
@@ -90,11 +92,18 @@ def whatif_report(
     step_spans: pl.DataFrame,
     host_issued: bool = False,
     links: pl.DataFrame | None = None,
+    bd: pl.DataFrame | None = None,
 ) -> WhatIfReport | None:
     """Replay the job and read the verdict; ``None`` when there is no model (one rank, no
     shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives;
-    ``links``: pipeline transfers paired with their peers (``whatif.p2p``)."""
-    model = model_from_instances(instances, step_spans, asynchronous=host_issued, links=links)
+    ``links``: pipeline transfers paired with their peers (``whatif.p2p``); ``bd``: the
+    per-rank, per-step table (its ``compute(us)``: a pipeline rank's work, ``whatif.kineto``)."""
+    compute = None
+    if bd is not None and {"rank", "step", "compute(us)"} <= set(bd.columns):
+        compute = bd.select("rank", "step", (pl.col("compute(us)") * 1000.0).alias("compute"))
+    model = model_from_instances(
+        instances, step_spans, asynchronous=host_issued, links=links, compute=compute
+    )
     if model is None:
         return None
     w = WhatIf(model)
@@ -107,14 +116,15 @@ def whatif_report(
         _named(exp, lane, g, ranks, step_labels, scale) for lane, g in zip(exp.lanes, exp.gains, strict=True)
     ]
     per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
-    m_w = _m_w(w, exp)
+    stage = stage_imbalance(model)  # pipeline jobs: M_W and M_S against a stage-balanced ideal
+    m_w = _m_w(w, exp) if stage is None else stage.m_w  # pipeline: against the stage-balanced ideal
     fid = float(np.abs(w.t_obs / np.maximum(model.observed_step_time, 1e-12) - 1.0).max())
     return WhatIfReport(
         slowdown=w.slowdown,
         per_rank=per_rank,
         per_optype=w.per_label(),
         m_w=m_w,
-        m_s=None,
+        m_s=None if stage is None else stage.m_s,
         explaining_set=named,
         recovered_fraction=exp.recovered_fraction,
         kind=_kind(named, len(step_labels)),
@@ -123,6 +133,7 @@ def whatif_report(
         steps=model.n_steps,
         process_groups=_grouped(instances, links),
         transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
+        stage=stage,
     )
 
 
@@ -206,6 +217,8 @@ def reconcile(
       the collectives), with the replay's kind; with ranks of both kinds the verdict is
       ``mixed`` (``_join``).
     """
+    if as_stage_imbalance(rep, wi):
+        return
     if adopt_group_set(rep, wi, bd):
         return
     if _rotates(rep, wi, th):
@@ -234,6 +247,27 @@ def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
 GROUP_RECOVERED = 0.5  # the replay's set must recover half of the slowdown to replace the rules' ranks
 MIN_SLOWDOWN = 0.01  # ... of a slowdown of 1 % at least
 MAX_FIDELITY_ERROR = 0.01  # ... from a replay reproducing every step time within 1 %
+
+
+def as_stage_imbalance(rep: StragglerReport, wi: WhatIfReport) -> bool:
+    """On a pipeline job whose stage what-if explains the slowdown (``whatif.stages``:
+    balancing the worst stage recovers most of it, fixing the worst workers does not) and whose
+    replay names no worker, the ranks the rules named (the stages that waited for the slow one)
+    are no stragglers: the verdict is ``none`` and its reason names the stage (in place; True
+    when done)."""
+    st = wi.stage
+    if st is None or not st.explains or wi.explaining_set:
+        return False
+    if rep.kind not in ("persistent", "intermittent", "mixed"):
+        return False
+    rep.kind = "none"
+    rep.ranks, rep.recurrent_ranks, rep.intermittent_ranks = [], [], []
+    rep.reason = (
+        f"stage imbalance, not a straggler: pipeline stage {st.stage} (ranks {st.ranks}) is slow on every "
+        f"replica; balancing the stages recovers {100 * st.recovered:.0f}% of a slowdown of {st.slowdown:.2f}x "
+        f"(M_S {st.m_s:.2f}), fixing single ranks {100 * (wi.m_w or 0.0):.0f}%"
+    )
+    return True
 
 
 def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> bool:

@@ -62,6 +62,7 @@ class JobInfo:
     observed_step_time: F64
     ideal_transfer_by_sync: bool = False  # typical transfer: of the sync's members, else of its kind
     clip_transfer: bool = True  # a member leaving before the last arrival (clock noise) -> 0
+    lane_busy: F64 | None = None  # lanes x steps: time outside blocking syncs (``ReplayModel``)
 
 
 def sync_transfer(visits: Visits, n_syncs: int, clip: bool = True) -> tuple[F64, F64]:
@@ -138,6 +139,7 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         lane_name=info.lane_name,
         lane_stage=info.lane_stage,
         observed_step_time=info.observed_step_time,
+        lane_busy=info.lane_busy,
     )
 
 
