@@ -146,8 +146,8 @@ def _assemble(
     stage = np.zeros(len(ranks), dtype=np.int64)
     busy = None
     if rows["instance"].str.starts_with("p2p@").any():  # ... or, in a pipeline, the peer class
-        busy = lane_busy(rows, per, lane_of, step_of, compute)
-        ideal, cls = peer_ideal(rows, work, group, busy)
+        busy = lane_busy(rows, per, lane_of, step_of, compute)  # the stages' yardstick: compute
+        ideal, cls = peer_ideal(rows, work, group, lane_busy(rows, per, lane_of, step_of))
         stage = pipeline_stages(rows, cls)
     visits = Visits(
         lane=rows["lane"].to_numpy(),
@@ -260,7 +260,8 @@ def peer_classes(rows: pl.DataFrame) -> list[int]:
     receives with a peer of a given class. Counts, not order: the replicas of one stage may visit
     overlapping-stream events (a batched send+recv, collectives on other streams) in different
     orders. Refined by the peers' classes until stable (the stages of a pipeline differ by their
-    neighbours). ``rows``: lane, rank, instance, is_end, si in each lane's time order."""
+    neighbours). Transfers left unpaired (read as ``sendrecv`` collectives) are not counted.
+    ``rows``: lane, rank, instance, is_end, si in each lane's time order."""
     lanes, steps, toks, peers = _visit_tokens(rows)
     n = max(lanes) + 1 if lanes else 0
     cls = [0] * n
@@ -268,6 +269,8 @@ def peer_classes(rows: pl.DataFrame) -> list[int]:
         sig: dict[int, dict[tuple[int, str, int], int]] = {lane: {} for lane in set(lanes)}
         opens: dict[int, dict[int, str]] = {lane: {} for lane in set(lanes)}
         for lane, si, tok, peer in zip(lanes, steps, toks, peers, strict=True):
+            if tok.startswith("sendrecv/"):  # a transfer left unpaired, not the stage's work
+                continue
             key = (si, tok, cls[peer] if peer is not None else -1)
             sig[lane][key] = sig[lane].get(key, 0) + 1
             if peer is not None:
@@ -288,8 +291,9 @@ def peer_ideal(
 
     A lane's step is compared with the same step of its peer class (``peer_classes``: the
     replicas of its stage) as a whole: each visit's work is scaled by the class's typical busy
-    time in the step (lower median over the class's lanes of ``lane_busy``) over the lane's
-    own. Not visit by visit: the replicas of a stage visit overlapping events in different
+    time in the step (lower median over the class's lanes of ``busy``: ``lane_busy`` without
+    compute, i.e. all the time the replay counts as work, a sleep or a slow data loader too)
+    over the lane's own. Not visit by visit: the replicas of a stage visit overlapping events in different
     orders, and the work before a visit then differs in meaning between replicas (the lower of
     two at each position loses the compute between them). Only positive work is scaled: a
     negative one is an overlap (a visit issued before the previous one finished, a batched
