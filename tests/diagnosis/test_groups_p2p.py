@@ -125,3 +125,23 @@ def test_artifact_st_job_is_a_stage_imbalance(tmp_path: Path) -> None:
     assert abs(wi["m_w"] - json.loads((ART / "mw-ST.json").read_text())["Mw"]) <= 0.1
     assert d.stragglers.kind == "none" and d.stragglers.ranks == []
     assert "stage imbalance" in d.verdict() and "pipeline stage 3 (ranks [6, 7])" in d.verdict()
+
+
+def test_gloo_pipeline_names_exactly_the_slowed_replica() -> None:
+    """A real DP 2 x PP 4 gloo job whose replica 1 (ranks 4-7) sleeps 40 ms every step
+    (``tests/data/cpu_jobs/mesh_dp_pp_slow_replica``). gloo sends end at their enqueue; each is
+    a sync with its receive all the same (the receiver waits for the send's issue). Truth per
+    process group from the job's own log (``truth_by_group.json``): the four slowed ranks carry
+    most of the imposed wait. The verdict names exactly them, as one replica."""
+    folder = DATA.parent / "cpu_jobs" / "mesh_dp_pp_slow_replica"
+    truth = json.loads((folder / "truth_by_group.json").read_text())
+    share = {int(r): v for r, v in truth["truth"]["share"].items()}
+    top = sorted(share, key=lambda r: -share[r])[: len(truth["slowed"])]
+    assert sorted(top) == truth["slowed"] == [4, 5, 6, 7]  # the truth itself, from the job's log
+    d = diagnose(sorted(str(f) for f in folder.glob("*.pt.trace.json*")))
+    wi = d.stragglers.whatif or {}
+    assert wi["transfers"] > 0 and wi["fidelity"] < 0.01
+    assert wi["replica"]["ranks"] == [4, 5, 6, 7] and wi["replica"]["explains"]
+    assert sorted(d.stragglers.ranks) == [4, 5, 6, 7]
+    first = d.verdict_lines()[1]
+    assert all(f"rank {r}:" in first for r in (4, 5, 6, 7)) and "rank 0:" not in first

@@ -38,7 +38,7 @@ from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain
-from kinetoscope.diagnosis.whatif.stages import StageImbalance, stage_imbalance
+from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
 
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
@@ -76,6 +76,7 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     process_groups: bool = False  # the replay joined process groups or pipeline transfers, not only the job
     transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
     stage: StageImbalance | None = None  # pipeline jobs: the stage what-if (``whatif.stages``)
+    replica: SlowReplica | None = None  # pipeline jobs: the replica whose fixing recovers the most
 
     def ranks(self) -> list[int]:
         """The explaining set's ranks, in naming order."""
@@ -134,7 +135,17 @@ def whatif_report(
         process_groups=_grouped(instances, links),
         transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
         stage=stage,
+        replica=_replica(w, step_labels),
     )
+
+
+def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
+    """``whatif.stages.slow_replica`` with its late steps as the job's step labels."""
+    rep = slow_replica(w)
+    if rep is None:
+        return None
+    late = [step_labels[k] for k in rep.late_steps if k < len(step_labels)]
+    return msgspec.structs.replace(rep, late_steps=late)
 
 
 def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
@@ -221,6 +232,8 @@ def reconcile(
         return
     if adopt_group_set(rep, wi, bd):
         return
+    if as_slow_replica(rep, wi, bd, th):
+        return
     if _rotates(rep, wi, th):
         _as_rotating(rep, wi, bd)
         return
@@ -291,16 +304,52 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
         return False
     if rep.kind not in ("persistent", "intermittent", "mixed") or set(rep.ranks) == set(wi.ranks()):
         return False
+    _adopt(rep, wi, bd, named, wi.lost_fraction, wi.recovered_fraction)
+    return True
+
+
+def as_slow_replica(
+    rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, th: StragglerThresholds
+) -> bool:
+    """On a pipeline job whose slowdown one replica explains (``whatif.stages.SlowReplica``)
+    and costs ``min_lost_fraction`` of step time or more, the verdict names that replica's
+    ranks, whatever the rules said (in place; True when done): its ranks sleep or compute
+    more together, so each alone is late by little and the rules, rank by rank, read noise."""
+    r = wi.replica
+    if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
+        return False
+    lost = r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
+    if lost < th.min_lost_fraction:
+        return False
+    kind = rank_kind(len(r.late_steps), wi.steps)
+    named = [NamedRank(x, lost / len(r.ranks), r.cost, r.late_steps, kind) for x in r.ranks]
+    _adopt(rep, wi, bd, named, lost, r.recovered)
+    rep.reason = (
+        f"the replay over the job's pipeline transfers: ranks {rep.ranks}, one pipeline replica, are slow together; "
+        f"making them work like the other replicas recovers {100 * r.recovered:.0f}% of the slowdown"
+    )
+    return True
+
+
+def _adopt(
+    rep: StragglerReport,
+    wi: WhatIfReport,
+    bd: pl.DataFrame,
+    named: list[NamedRank],
+    lost: float,
+    recovered: float,
+) -> None:
+    """The verdict names ``named`` (the replay's ranks) with their costs (in place)."""
     named = sorted(named, key=lambda n: (-round(n.cost, 6), n.rank))  # tied ranks in rank order
     kinds = {n.kind for n in named}
     rep.kind = kinds.pop() if len(kinds) == 1 else "mixed"
     rep.ranks = [n.rank for n in named]
     rep.recurrent_ranks = [n.rank for n in named if n.kind == "persistent"]
     rep.intermittent_ranks = [n.rank for n in named if n.kind == "intermittent"]
-    rep.lost_fraction = wi.lost_fraction
+    rep.lost_fraction = lost
     if rep.mean_step_time_us:
-        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - wi.lost_fraction)
-    share = {n.rank: n.cost / max(wi.lost_fraction, 1e-12) for n in named}
+        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - lost)
+    share = {n.rank: n.cost / max(lost, 1e-12) for n in named}
     late = {n.rank: len(n.late_steps) for n in named}
     if rep.per_rank.height and {"lost_share", "late_steps"} <= set(rep.per_rank.columns):
         rep.per_rank = rep.per_rank.with_columns(
@@ -314,10 +363,9 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     rep.reason = (
         f"the replay over the job's process groups and pipeline transfers: idealising ranks "
-        f"{rep.ranks} recovers {100 * wi.recovered_fraction:.0f}% of the slowdown (the ranks that "
+        f"{rep.ranks} recovers {100 * recovered:.0f}% of the slowdown (the ranks that "
         "waited for them are not named)"
     )
-    return True
 
 
 def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> list[int]:

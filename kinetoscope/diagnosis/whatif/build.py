@@ -63,6 +63,7 @@ class JobInfo:
     ideal_transfer_by_sync: bool = False  # typical transfer: of the sync's members in the same role
     # (blocking or asynchronous: a gloo send ends at its enqueue, its receive when the data came), else of its kind
     clip_transfer: bool = True  # a member leaving before the last arrival (clock noise) -> 0
+    lane_replica: I64 | None = None  # pipeline replica of each lane (``ReplayModel``)
     lane_busy: F64 | None = None  # lanes x steps: time outside blocking syncs (``ReplayModel``)
 
 
@@ -141,6 +142,7 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         lane_stage=info.lane_stage,
         observed_step_time=info.observed_step_time,
         lane_busy=info.lane_busy,
+        lane_replica=info.lane_replica,
     )
 
 

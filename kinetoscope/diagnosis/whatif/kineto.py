@@ -144,11 +144,12 @@ def _assemble(
     group = np.where(is_end, n_syncs + si, sync)  # the typical peer: the sync's members ...
     ideal = typical(work, group, how="lower")
     stage = np.zeros(len(ranks), dtype=np.int64)
-    busy = None
+    busy = replica = None
     if rows["instance"].str.starts_with("p2p@").any():  # ... or, in a pipeline, the peer class
         busy = lane_busy(rows, per, lane_of, step_of, compute)  # the stages' yardstick: compute
         ideal, cls = peer_ideal(rows, work, group, lane_busy(rows, per, lane_of, step_of))
         stage = pipeline_stages(rows, cls)
+        replica = pipeline_replicas(rows, len(ranks))
     visits = Visits(
         lane=rows["lane"].to_numpy(),
         step=si,
@@ -174,6 +175,7 @@ def _assemble(
         ideal_transfer_by_sync=True,
         clip_transfer=False,
         lane_busy=busy,
+        lane_replica=replica,
     )
     return assemble(visits, items, info)
 
@@ -344,3 +346,25 @@ def pipeline_stages(rows: pl.DataFrame, cls: np.ndarray) -> np.ndarray:
     if len(heads) != 1 or (per_lane < 0).any() or n == 0:
         return np.zeros(n, dtype=np.int64)
     return per_lane
+
+
+def pipeline_replicas(rows: pl.DataFrame, n_lanes: int) -> np.ndarray:
+    """Per lane, its pipeline replica: the lanes joined by transfers (one per stage), numbered
+    by their lowest lane; -1 for a lane without transfers."""
+    lanes, _, _, peers = _visit_tokens(rows)
+    parent = list(range(n_lanes))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    linked: set[int] = set()
+    for lane, peer in zip(lanes, peers, strict=True):
+        if peer is not None:
+            linked.update((lane, peer))
+            a, b = find(lane), find(peer)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return np.asarray([find(x) if x in linked else -1 for x in range(n_lanes)], dtype=np.int64)

@@ -177,3 +177,56 @@ def stage_imbalance(model: ReplayModel) -> StageImbalance | None:
         explains=bool(explains),
         stage_ranks=ranks,
     )
+
+
+REPLICA_EXPLAINS = 0.5  # a replica explains the slowdown when fixing it recovers half of it ...
+REPLICA_MIN_SLOWDOWN = 0.02  # ... of a slowdown of 2 % or more
+
+
+class SlowReplica(msgspec.Struct, frozen=True):
+    """``stragglers.whatif.replica``: the pipeline replica whose ranks, made like the other
+    replicas of their stages (the replica-typical ideal), recover the most of the slowdown.
+
+    ``ranks``: its ranks; ``recovered``: the share of the slowdown fixing it recovers;
+    ``cost``: its own slowdown ``S - 1`` (the ideal job with only it observed); ``late_steps``:
+    the steps in which that own cost is at least half its largest and 2 % or more;
+    ``explains``: it recovers ``REPLICA_EXPLAINS`` of a slowdown of ``REPLICA_MIN_SLOWDOWN`` or
+    more, and twice what any other replica recovers. A replica slowed as a whole (every stage of
+    one pipeline) costs little rank by rank, since fixing one of its ranks leaves the others
+    slow: the straggler search, rank by rank, does not find it."""
+
+    ranks: list[int]
+    recovered: float
+    cost: float
+    late_steps: list[int]
+    explains: bool
+
+
+def slow_replica(w: WhatIf) -> SlowReplica | None:
+    """``SlowReplica`` of a replay whose lanes are named by ranks; ``None`` without two
+    pipeline replicas."""
+    rep = w.model.lane_replica
+    if rep is None:
+        return None
+    ids = sorted({int(x) for x in rep if x >= 0})
+    if len(ids) < 2:
+        return None
+    groups = [[int(x) for x in np.flatnonzero(rep == r)] for r in ids]
+    rem, _ = w.removal([w.selection(g, with_transfer=False) for g in groups])
+    best = int(np.argmax(rem))
+    own = w.run([Scenario(True, *w.selection(groups[best], with_transfer=False))])[0]
+    cost = own / np.maximum(w.t_ideal, 1e-12) - 1.0
+    bar = max(0.02, 0.5 * float(cost.max(initial=0.0)))
+    others = np.delete(rem, best)
+    explains = (
+        float(rem[best]) >= REPLICA_EXPLAINS
+        and w.slowdown >= 1.0 + REPLICA_MIN_SLOWDOWN
+        and bool((others < 0.5 * rem[best]).all())
+    )
+    return SlowReplica(
+        ranks=sorted(int(w.model.lane_name[ln]) for ln in groups[best]),
+        recovered=float(rem[best]),
+        cost=float(cost.mean()),
+        late_steps=[int(k) for k in np.flatnonzero(cost >= bar)],
+        explains=bool(explains),
+    )
