@@ -145,3 +145,19 @@ def test_gloo_pipeline_names_exactly_the_slowed_replica() -> None:
     assert sorted(d.stragglers.ranks) == [4, 5, 6, 7]
     first = d.verdict_lines()[1]
     assert all(f"rank {r}:" in first for r in (4, 5, 6, 7)) and "rank 0:" not in first
+
+
+def test_gloo_pipeline_heavy_stage_is_a_stage_imbalance() -> None:
+    """The same DP 2 x PP 4 gloo job, nothing slowed, stage 2 (ranks 2 and 6) with 3x the
+    layers (``tests/data/cpu_jobs/mesh_dp_pp_heavy_stage2``): the verdict names the stage (stage
+    imbalance), not its ranks as stragglers."""
+    folder = DATA.parent / "cpu_jobs" / "mesh_dp_pp_heavy_stage2"
+    assert json.loads((folder / "truth_by_group.json").read_text())["heavy_stage"] == 2
+    d = diagnose(sorted(str(f) for f in folder.glob("*.pt.trace.json*")))
+    wi = d.stragglers.whatif or {}
+    assert wi["fidelity"] < 0.01
+    st = wi["stage"]
+    assert st["stage_ranks"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert st["stage"] == 2 and st["ranks"] == [2, 6] and st["explains"]
+    assert d.stragglers.kind == "none" and d.stragglers.ranks == []
+    assert "pipeline stage 2 (ranks [2, 6])" in d.verdict()

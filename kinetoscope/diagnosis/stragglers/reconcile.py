@@ -265,11 +265,11 @@ MAX_FIDELITY_ERROR = 0.01  # ... from a replay reproducing every step time withi
 def as_stage_imbalance(rep: StragglerReport, wi: WhatIfReport) -> bool:
     """On a pipeline job whose stage what-if explains the slowdown (``whatif.stages``:
     balancing the worst stage recovers most of it, fixing the worst workers does not) and whose
-    replay names no worker, the ranks the rules named (the stages that waited for the slow one)
+    replay names no worker outside that stage, the ranks the rules named (the stages that waited for the slow one)
     are no stragglers: the verdict is ``none`` and its reason names the stage (in place; True
     when done)."""
     st = wi.stage
-    if st is None or not st.explains or wi.explaining_set:
+    if st is None or not st.explains or not set(wi.ranks()) <= set(st.ranks):
         return False
     if rep.kind not in ("persistent", "intermittent", "mixed"):
         return False

@@ -79,7 +79,12 @@ def stage_balanced(model: ReplayModel, gap_free: bool = False) -> ReplayModel | 
         if gap_free
         else model.item_work
     )
-    ideal = _scaled_to(model.item_ideal, lane * model.n_steps + step, target[step], model)
+    if model.inc_async.any():  # work between issue times does not sum to compute: scale by the ratio
+        ratio = target[step] / w_s[stage[lane], step]
+        ideal = np.where(model.item_ideal > 0, model.item_ideal * ratio, model.item_ideal)
+        work = model.item_work
+    else:
+        ideal = _scaled_to(model.item_ideal, lane * model.n_steps + step, target[step], model)
     return dataclasses.replace(model, item_work=work, item_ideal=ideal)
 
 
