@@ -38,6 +38,7 @@ from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain
+from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
 
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
@@ -74,6 +75,8 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     steps: int
     process_groups: bool = False  # the replay joined process groups or pipeline transfers, not only the job
     transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
+    stage: StageImbalance | None = None  # pipeline jobs: the stage what-if (``whatif.stages``)
+    replica: SlowReplica | None = None  # pipeline jobs: the replica whose fixing recovers the most
 
     def ranks(self) -> list[int]:
         """The explaining set's ranks, in naming order."""
@@ -90,11 +93,18 @@ def whatif_report(
     step_spans: pl.DataFrame,
     host_issued: bool = False,
     links: pl.DataFrame | None = None,
+    bd: pl.DataFrame | None = None,
 ) -> WhatIfReport | None:
     """Replay the job and read the verdict; ``None`` when there is no model (one rank, no
     shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives;
-    ``links``: pipeline transfers paired with their peers (``whatif.p2p``)."""
-    model = model_from_instances(instances, step_spans, asynchronous=host_issued, links=links)
+    ``links``: pipeline transfers paired with their peers (``whatif.p2p``); ``bd``: the
+    per-rank, per-step table (its ``compute(us)``: a pipeline rank's work, ``whatif.kineto``)."""
+    compute = None
+    if bd is not None and {"rank", "step", "compute(us)"} <= set(bd.columns):
+        compute = bd.select("rank", "step", (pl.col("compute(us)") * 1000.0).alias("compute"))
+    model = model_from_instances(
+        instances, step_spans, asynchronous=host_issued, links=links, compute=compute
+    )
     if model is None:
         return None
     w = WhatIf(model)
@@ -107,14 +117,15 @@ def whatif_report(
         _named(exp, lane, g, ranks, step_labels, scale) for lane, g in zip(exp.lanes, exp.gains, strict=True)
     ]
     per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
-    m_w = _m_w(w, exp)
+    stage = stage_imbalance(model)  # pipeline jobs: M_W and M_S against a stage-balanced ideal
+    m_w = _m_w(w, exp) if stage is None else stage.m_w  # pipeline: against the stage-balanced ideal
     fid = float(np.abs(w.t_obs / np.maximum(model.observed_step_time, 1e-12) - 1.0).max())
     return WhatIfReport(
         slowdown=w.slowdown,
         per_rank=per_rank,
         per_optype=w.per_label(),
         m_w=m_w,
-        m_s=None,
+        m_s=None if stage is None else stage.m_s,
         explaining_set=named,
         recovered_fraction=exp.recovered_fraction,
         kind=_kind(named, len(step_labels)),
@@ -123,7 +134,18 @@ def whatif_report(
         steps=model.n_steps,
         process_groups=_grouped(instances, links),
         transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
+        stage=stage,
+        replica=_replica(w, step_labels),
     )
+
+
+def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
+    """``whatif.stages.slow_replica`` with its late steps as the job's step labels."""
+    rep = slow_replica(w)
+    if rep is None:
+        return None
+    late = [step_labels[k] for k in rep.late_steps if k < len(step_labels)]
+    return msgspec.structs.replace(rep, late_steps=late)
 
 
 def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
@@ -206,7 +228,11 @@ def reconcile(
       the collectives), with the replay's kind; with ranks of both kinds the verdict is
       ``mixed`` (``_join``).
     """
+    if as_stage_imbalance(rep, wi):
+        return
     if adopt_group_set(rep, wi, bd):
+        return
+    if as_slow_replica(rep, wi, bd, th):
         return
     if _rotates(rep, wi, th):
         _as_rotating(rep, wi, bd)
@@ -236,6 +262,27 @@ MIN_SLOWDOWN = 0.01  # ... of a slowdown of 1 % at least
 MAX_FIDELITY_ERROR = 0.01  # ... from a replay reproducing every step time within 1 %
 
 
+def as_stage_imbalance(rep: StragglerReport, wi: WhatIfReport) -> bool:
+    """On a pipeline job whose stage what-if explains the slowdown (``whatif.stages``:
+    balancing the worst stage recovers most of it, fixing the worst workers does not) and whose
+    replay names no worker outside that stage, the ranks the rules named (the stages that waited for the slow one)
+    are no stragglers: the verdict is ``none`` and its reason names the stage (in place; True
+    when done)."""
+    st = wi.stage
+    if st is None or not st.explains or not set(wi.ranks()) <= set(st.ranks):
+        return False
+    if rep.kind not in ("persistent", "intermittent", "mixed"):
+        return False
+    rep.kind = "none"
+    rep.ranks, rep.recurrent_ranks, rep.intermittent_ranks = [], [], []
+    rep.reason = (
+        f"stage imbalance, not a straggler: pipeline stage {st.stage} (ranks {st.ranks}) is slow on every "
+        f"replica; balancing the stages recovers {100 * st.recovered:.0f}% of a slowdown of {st.slowdown:.2f}x "
+        f"(M_S {st.m_s:.2f}), fixing single ranks {100 * (wi.m_w or 0.0):.0f}%"
+    )
+    return True
+
+
 def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> bool:
     """On a pipeline job whose transfers the replay paired with their peers, the ranks the rules
     named are replaced by the replay's explaining set when the two differ, the set recovers
@@ -257,16 +304,52 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
         return False
     if rep.kind not in ("persistent", "intermittent", "mixed") or set(rep.ranks) == set(wi.ranks()):
         return False
+    _adopt(rep, wi, bd, named, wi.lost_fraction, wi.recovered_fraction)
+    return True
+
+
+def as_slow_replica(
+    rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, th: StragglerThresholds
+) -> bool:
+    """On a pipeline job whose slowdown one replica explains (``whatif.stages.SlowReplica``)
+    and costs ``min_lost_fraction`` of step time or more, the verdict names that replica's
+    ranks, whatever the rules said (in place; True when done): its ranks sleep or compute
+    more together, so each alone is late by little and the rules, rank by rank, read noise."""
+    r = wi.replica
+    if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
+        return False
+    lost = r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
+    if lost < th.min_lost_fraction:
+        return False
+    kind = rank_kind(len(r.late_steps), wi.steps)
+    named = [NamedRank(x, lost / len(r.ranks), r.cost, r.late_steps, kind) for x in r.ranks]
+    _adopt(rep, wi, bd, named, lost, r.recovered)
+    rep.reason = (
+        f"the replay over the job's pipeline transfers: ranks {rep.ranks}, one pipeline replica, are slow together; "
+        f"making them work like the other replicas recovers {100 * r.recovered:.0f}% of the slowdown"
+    )
+    return True
+
+
+def _adopt(
+    rep: StragglerReport,
+    wi: WhatIfReport,
+    bd: pl.DataFrame,
+    named: list[NamedRank],
+    lost: float,
+    recovered: float,
+) -> None:
+    """The verdict names ``named`` (the replay's ranks) with their costs (in place)."""
     named = sorted(named, key=lambda n: (-round(n.cost, 6), n.rank))  # tied ranks in rank order
     kinds = {n.kind for n in named}
     rep.kind = kinds.pop() if len(kinds) == 1 else "mixed"
     rep.ranks = [n.rank for n in named]
     rep.recurrent_ranks = [n.rank for n in named if n.kind == "persistent"]
     rep.intermittent_ranks = [n.rank for n in named if n.kind == "intermittent"]
-    rep.lost_fraction = wi.lost_fraction
+    rep.lost_fraction = lost
     if rep.mean_step_time_us:
-        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - wi.lost_fraction)
-    share = {n.rank: n.cost / max(wi.lost_fraction, 1e-12) for n in named}
+        rep.est_step_time_us = rep.mean_step_time_us * (1.0 - lost)
+    share = {n.rank: n.cost / max(lost, 1e-12) for n in named}
     late = {n.rank: len(n.late_steps) for n in named}
     if rep.per_rank.height and {"lost_share", "late_steps"} <= set(rep.per_rank.columns):
         rep.per_rank = rep.per_rank.with_columns(
@@ -280,10 +363,9 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     rep.reason = (
         f"the replay over the job's process groups and pipeline transfers: idealising ranks "
-        f"{rep.ranks} recovers {100 * wi.recovered_fraction:.0f}% of the slowdown (the ranks that "
+        f"{rep.ranks} recovers {100 * recovered:.0f}% of the slowdown (the ranks that "
         "waited for them are not named)"
     )
-    return True
 
 
 def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> list[int]:

@@ -191,7 +191,7 @@ def analyze_stragglers(
     wi = None
     if step_spans is not None:
         try:
-            wi = whatif_report(su.inst, step_spans, host_issued, links)
+            wi = whatif_report(su.inst, step_spans, host_issued, links, su.bd)
         except ValueError:  # the ranks' orders of collectives contradict each other: no replay
             wi = None
     rep.whatif = wi.to_dict() if wi is not None else None

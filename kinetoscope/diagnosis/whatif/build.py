@@ -60,8 +60,11 @@ class JobInfo:
     lane_name: tuple[str, ...]
     lane_stage: I64
     observed_step_time: F64
-    ideal_transfer_by_sync: bool = False  # typical transfer: of the sync's members, else of its kind
+    ideal_transfer_by_sync: bool = False  # typical transfer: of the sync's members in the same role
+    # (blocking or asynchronous: a gloo send ends at its enqueue, its receive when the data came), else of its kind
     clip_transfer: bool = True  # a member leaving before the last arrival (clock noise) -> 0
+    lane_replica: I64 | None = None  # pipeline replica of each lane (``ReplayModel``)
+    lane_busy: F64 | None = None  # lanes x steps: time outside blocking syncs (``ReplayModel``)
 
 
 def sync_transfer(visits: Visits, n_syncs: int, clip: bool = True) -> tuple[F64, F64]:
@@ -126,7 +129,7 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         inc_async=inc_async,
         inc_transfer=inc_transfer,
         inc_ideal_transfer=typical(
-            inc_transfer, inc_sync if info.ideal_transfer_by_sync else s_label[inc_sync]
+            inc_transfer, inc_sync * 2 + inc_async if info.ideal_transfer_by_sync else s_label[inc_sync]
         ),
         sync_label=s_label,
         sync_is_end=info.sync_is_end[by_rank],
@@ -138,6 +141,8 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         lane_name=info.lane_name,
         lane_stage=info.lane_stage,
         observed_step_time=info.observed_step_time,
+        lane_busy=info.lane_busy,
+        lane_replica=info.lane_replica,
     )
 
 

@@ -41,13 +41,16 @@ def model_from_instances(
     steps: pl.DataFrame,
     asynchronous: bool = False,
     links: pl.DataFrame | None = None,
+    compute: pl.DataFrame | None = None,
 ) -> ReplayModel | None:
     """The model over the steps both tables hold for every rank; ``None`` when fewer than two
     ranks or no shared collective. ``instances``: rank, instance, step, arrival, end (ns);
     ``steps``: rank, step, start, end (ns); ``asynchronous``: arrivals are host issue times of
     collectives the rank does not wait for (gloo), see ``model`` (asynchronous visit);
     ``links``: pipeline transfers (``whatif.p2p``: rank, instance, arrival, end, is_send), each
-    a sync of its two ranks (a gloo send is asynchronous, a receive waits)."""
+    a sync of its two ranks (a gloo send is asynchronous, a receive waits); ``compute``: rank,
+    step, compute (ns): each rank's compute per step (``breakdown``), the yardstick of a
+    pipeline rank's work (``lane_busy``)."""
     inst = instances.filter(pl.col("step").is_not_null()).select("rank", "instance", "step", "arrival", "end")
     inst = inst.with_columns(pl.lit(asynchronous).alias("_async"))
     if links is not None and links.height:
@@ -65,7 +68,7 @@ def model_from_instances(
         return None
     per = per.filter(pl.col("step").is_in(step_ids))
     inst = inst.filter(pl.col("step").is_in(step_ids) & pl.col("rank").is_in(ranks))
-    return _assemble(inst, per, ranks, step_ids)
+    return _assemble(inst, per, ranks, step_ids, compute)
 
 
 def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> pl.DataFrame:
@@ -89,7 +92,9 @@ def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> 
     )
 
 
-def _assemble(inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids: list[int]) -> ReplayModel:
+def _assemble(
+    inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids: list[int], compute: pl.DataFrame | None
+) -> ReplayModel:
     origin = int(per.group_by("rank").agg(pl.col("start").min())["start"].min())  # type: ignore[arg-type]
     ends = per.select(
         "rank",
@@ -137,8 +142,14 @@ def _assemble(inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids:
     # previous collective too (a step's tail starts once the gradients are reduced)
     work = np.where(asy, a - prev_clock, a - np.maximum(prev_clock, prev_f))
     group = np.where(is_end, n_syncs + si, sync)  # the typical peer: the sync's members ...
+    ideal = typical(work, group, how="lower")
+    stage = np.zeros(len(ranks), dtype=np.int64)
+    busy = replica = None
     if rows["instance"].str.starts_with("p2p@").any():  # ... or, in a pipeline, the peer class
-        group = peer_class_keys(rows, group)
+        busy = lane_busy(rows, per, lane_of, step_of, compute)  # the stages' yardstick: compute
+        ideal, cls = peer_ideal(rows, work, group, lane_busy(rows, per, lane_of, step_of))
+        stage = pipeline_stages(rows, cls)
+        replica = pipeline_replicas(rows, len(ranks))
     visits = Visits(
         lane=rows["lane"].to_numpy(),
         step=si,
@@ -149,7 +160,7 @@ def _assemble(inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids:
         is_async=asy,
     )
     label = is_end.astype(np.int64)
-    items = Items(np.arange(work.shape[0]), label, work, typical(work, group, how="lower"))
+    items = Items(np.arange(work.shape[0]), label, work, ideal)
     step_end = per.group_by("step").agg(pl.col("end").max()).sort("step")["end"].to_numpy() - origin
     info = JobInfo(
         n_lanes=len(ranks),
@@ -159,12 +170,57 @@ def _assemble(inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids:
         sync_label=sync_is_end.astype(np.int64),
         sync_is_end=sync_is_end,
         lane_name=tuple(str(r) for r in ranks),
-        lane_stage=np.zeros(len(ranks), dtype=np.int64),
+        lane_stage=stage,
         observed_step_time=np.diff(step_end.astype(np.float64), prepend=0.0),
         ideal_transfer_by_sync=True,
         clip_transfer=False,
+        lane_busy=busy,
+        lane_replica=replica,
     )
     return assemble(visits, items, info)
+
+
+def lane_busy(
+    rows: pl.DataFrame,
+    per: pl.DataFrame,
+    lane_of: dict[int, int],
+    step_of: dict[int, int],
+    compute: pl.DataFrame | None = None,
+) -> np.ndarray:
+    """Per lane and step (lanes x steps): how long the lane worked, robust to the order of
+    overlapping visits (unlike the work before each visit): its compute (``compute``: rank,
+    step, compute in ns) where known and positive, else the step's duration minus the union
+    of its blocking visits (arrival to end), which also counts waits no visit records (a
+    wait before a collective is issued). ``rows`` as in ``_assemble``; ``per``: step spans."""
+    v = (
+        rows.filter(~pl.col("is_end") & ~pl.col("async"))
+        .select("lane", "si", "a", "f")
+        .sort("lane", "si", "a")
+    )
+    v = v.with_columns(pl.col("f").cum_max().shift(1).over("lane", "si").alias("_reach"))
+    v = v.with_columns(
+        (pl.col("f") - pl.max_horizontal("a", pl.col("_reach").fill_null(-np.inf)))
+        .clip(lower_bound=0.0)
+        .alias("_u")
+    )
+    held = v.group_by("lane", "si").agg(pl.col("_u").sum())
+    out = np.zeros((len(lane_of), len(step_of)))
+    span = per.select(
+        pl.col("rank").replace_strict(lane_of, return_dtype=pl.Int64).alias("lane"),
+        pl.col("step").replace_strict(step_of, return_dtype=pl.Int64).alias("si"),
+        (pl.col("end") - pl.col("start")).cast(pl.Float64).alias("_d"),
+    )
+    out[span["lane"].to_numpy(), span["si"].to_numpy()] = span["_d"].to_numpy()
+    out[held["lane"].to_numpy(), held["si"].to_numpy()] -= held["_u"].to_numpy()
+    out = np.maximum(out, 0.0)
+    if compute is not None and compute.height:
+        c = compute.filter(pl.col("rank").is_in(list(lane_of)) & pl.col("step").is_in(list(step_of)))
+        lanes = c["rank"].replace_strict(lane_of, return_dtype=pl.Int64).to_numpy()
+        sis = c["step"].replace_strict(step_of, return_dtype=pl.Int64).to_numpy()
+        val = c["compute"].cast(pl.Float64).to_numpy()
+        ok = val > 0
+        out[lanes[ok], sis[ok]] = val[ok]
+    return out
 
 
 def _token(instance: str, is_end: bool, rank: int) -> str:
@@ -179,46 +235,136 @@ def _token(instance: str, is_end: bool, rank: int) -> str:
     return f"{coll}/{group.count(',') + 1 if group else '*'}"
 
 
-def peer_classes(rows: pl.DataFrame) -> list[int]:
-    """Per lane, its *peer class*: the lanes doing the same work, i.e. the same sequence of
-    visits (types, group sizes, transfer directions), refined twice by the classes of their
-    transfer peers (the stages of a pipeline differ by their neighbours even when their own
-    sequences match). ``rows``: lane, rank, instance, is_end in each lane's time order."""
+def _visit_tokens(rows: pl.DataFrame) -> tuple[list[int], list[int], list[str], list[int | None]]:
+    """Per visit (rows in each lane's time order): lane, step, token (``_token``) and the
+    transfer peer's lane (None for collectives and step ends)."""
     lanes = rows["lane"].to_list()
     ranks = rows["rank"].to_list()
-    insts = rows["instance"].to_list()
-    ends = rows["is_end"].to_list()
     lane_of_rank = dict(zip(ranks, lanes, strict=True))
-    seq: dict[int, list[tuple[str, int | None]]] = {}
-    for lane, rank, inst, end in zip(lanes, ranks, insts, ends, strict=True):
+    toks: list[str] = []
+    peers: list[int | None] = []
+    for rank, inst, end in zip(ranks, rows["instance"].to_list(), rows["is_end"].to_list(), strict=True):
         tok = _token(inst, end, rank)
+        toks.append(tok)
         peer = None
         if tok in ("send", "recv"):
             a, b = inst[4:].split("#", 1)[0].split(">", 1)
             peer = lane_of_rank.get(int(b) if tok == "send" else int(a))
-        seq.setdefault(lane, []).append((tok, peer))
-    n = max(seq) + 1 if seq else 0
+        peers.append(peer)
+    return lanes, rows["si"].to_list(), toks, peers
+
+
+def peer_classes(rows: pl.DataFrame) -> list[int]:
+    """Per lane, its *peer class*: the lanes doing the same work, i.e. the replicas of its stage.
+
+    Signature of a lane, per step: which step opens with a send (stage 0 holds the input), and
+    how many visits of each *channel* it makes: a collective type and group size, or sends and
+    receives with a peer of a given class. Counts, not order: the replicas of one stage may visit
+    overlapping-stream events (a batched send+recv, collectives on other streams) in different
+    orders. Refined by the peers' classes until stable (the stages of a pipeline differ by their
+    neighbours). Transfers left unpaired (read as ``sendrecv`` collectives) are not counted.
+    ``rows``: lane, rank, instance, is_end, si in each lane's time order."""
+    lanes, steps, toks, peers = _visit_tokens(rows)
+    n = max(lanes) + 1 if lanes else 0
     cls = [0] * n
-    for _ in range(3):
-        sig = {lane: tuple((t, cls[p] if p is not None else -1) for t, p in s) for lane, s in seq.items()}
-        ids: dict[tuple[tuple[str, int], ...], int] = {}
-        cls = [ids.setdefault(sig[lane], len(ids)) if lane in sig else -1 for lane in range(n)]
+    for _ in range(8):
+        sig: dict[int, dict[tuple[int, str, int], int]] = {lane: {} for lane in set(lanes)}
+        opens: dict[int, dict[int, str]] = {lane: {} for lane in set(lanes)}
+        for lane, si, tok, peer in zip(lanes, steps, toks, peers, strict=True):
+            if tok.startswith("sendrecv/"):  # a transfer left unpaired, not the stage's work
+                continue
+            key = (si, tok, cls[peer] if peer is not None else -1)
+            sig[lane][key] = sig[lane].get(key, 0) + 1
+            if peer is not None:
+                opens[lane].setdefault(si, tok)
+        full = {lane: (tuple(sorted(sig[lane].items())), tuple(sorted(opens[lane].items()))) for lane in sig}
+        ids: dict[object, int] = {}
+        new = [ids.setdefault(full[lane], len(ids)) if lane in full else -1 for lane in range(n)]
+        if new == cls:
+            break
+        cls = new
     return cls
 
 
-def peer_class_keys(rows: pl.DataFrame, fallback: np.ndarray) -> np.ndarray:
-    """Codes of the typical-peer groups: a visit is compared with the same visit (same step,
-    same position in the step) of the lanes of its peer class (``peer_classes``), so a
-    collective's members are not the only yardstick (a tensor-parallel group slowed together, a
-    transfer between two stages); a lane alone in its class keeps ``fallback`` (its sync's
-    members)."""
+def peer_ideal(
+    rows: pl.DataFrame, work: np.ndarray, fallback: np.ndarray, busy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ideal local work of each visit on a pipeline job, and the lanes' peer classes.
+
+    A lane's step is compared with the same step of its peer class (``peer_classes``: the
+    replicas of its stage) as a whole: each visit's work is scaled by the class's typical busy
+    time in the step (lower median over the class's lanes of ``busy``: ``lane_busy`` without
+    compute, i.e. all the time the replay counts as work, a sleep or a slow data loader too)
+    over the lane's own. Not visit by visit: the replicas of a stage visit overlapping events in different
+    orders, and the work before a visit then differs in meaning between replicas (the lower of
+    two at each position loses the compute between them). Only positive work is scaled: a
+    negative one is an overlap (a visit issued before the previous one finished, a batched
+    send+recv) and stays as observed, so the ideal keeps the overlap. A lane alone in its class
+    (or not busy in the step) keeps the lower median over its sync's members (``fallback``
+    groups), at 0 or more where it worked."""
     cls = np.asarray(peer_classes(rows), dtype=np.int64)
+    n_lanes, n_steps = busy.shape
+    lane_cls = np.full(n_lanes, -1, dtype=np.int64)
+    lane_cls[: cls.shape[0]] = cls[:n_lanes]
+    known = lane_cls >= 0
+    ratio = np.ones_like(busy)
+    if known.any():
+        cell_group = (np.maximum(lane_cls, 0)[:, None] * n_steps + np.arange(n_steps)[None, :]).ravel()
+        typ = typical(busy.ravel(), cell_group, how="lower").reshape(busy.shape)
+        size = np.bincount(lane_cls[known])
+        good = known[:, None] & (size[np.maximum(lane_cls, 0)] >= 2)[:, None] & (busy > 0)
+        ratio = np.where(good, typ / np.where(good, busy, 1.0), np.nan)
     lane = rows["lane"].to_numpy()
-    c = cls[lane]
-    size = np.bincount(cls[cls >= 0])
-    pos = rows.select(pl.int_range(pl.len()).over("lane", "si").alias("pos"))["pos"].to_numpy()
-    key = pl.DataFrame({"c": c, "si": rows["si"].to_numpy(), "pos": pos})
-    code = key.select(pl.struct("c", "si", "pos").rank("dense"))["c"].to_numpy().astype(np.int64)
-    shared = size[c] >= 2
-    base = int(fallback.max(initial=0)) + 1
-    return np.where(shared, base + code, fallback).astype(np.int64)
+    r = ratio[lane, rows["si"].to_numpy()]
+    lone = np.maximum(typical(work, fallback, how="lower"), 0.0)
+    ideal = np.where(work > 0, np.where(np.isnan(r), lone, work * np.nan_to_num(r, nan=1.0)), work)
+    return ideal, cls
+
+
+def pipeline_stages(rows: pl.DataFrame, cls: np.ndarray) -> np.ndarray:
+    """Per lane, its pipeline stage: 0 for the peer classes whose lanes open their steps with a
+    send (stage 0 holds the input), then the hops along the transfers between peer classes;
+    all 0 when the classes do not form such a chain (no stages: ``m_s`` is not computed)."""
+    lanes, _, toks, peers = _visit_tokens(rows)
+    n = cls.shape[0]
+    first: dict[int, str] = {}
+    near: dict[int, set[int]] = {}
+    for lane, tok, peer in zip(lanes, toks, peers, strict=True):
+        if peer is None:
+            continue
+        first.setdefault(lane, tok)
+        near.setdefault(int(cls[lane]), set()).add(int(cls[peer]))
+    heads = {int(cls[lane]) for lane, tok in first.items() if tok == "send"}
+    stage_of = dict.fromkeys(heads, 0)
+    frontier = sorted(heads)
+    while frontier:
+        nxt = sorted({c for f in frontier for c in near.get(f, ()) if c not in stage_of})
+        for c in nxt:
+            stage_of[c] = stage_of[frontier[0]] + 1
+        frontier = nxt
+    per_lane = np.asarray([stage_of.get(int(c), -1) for c in cls], dtype=np.int64)
+    if len(heads) != 1 or (per_lane < 0).any() or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    return per_lane
+
+
+def pipeline_replicas(rows: pl.DataFrame, n_lanes: int) -> np.ndarray:
+    """Per lane, its pipeline replica: the lanes joined by transfers (one per stage), numbered
+    by their lowest lane; -1 for a lane without transfers."""
+    lanes, _, _, peers = _visit_tokens(rows)
+    parent = list(range(n_lanes))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    linked: set[int] = set()
+    for lane, peer in zip(lanes, peers, strict=True):
+        if peer is not None:
+            linked.update((lane, peer))
+            a, b = find(lane), find(peer)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return np.asarray([find(x) if x in linked else -1 for x in range(n_lanes)], dtype=np.int64)

@@ -70,6 +70,8 @@ class ReplayModel:
     lane_name: tuple[str, ...]
     lane_stage: I64  # pipeline stage of each lane (0 when the job has none)
     observed_step_time: F64  # what the trace says each step took (same units as work)
+    lane_replica: I64 | None = None  # pipeline jobs: the lanes' pipeline (lanes joined by transfers)
+    lane_busy: F64 | None = None  # pipeline jobs: lanes x steps, each lane's compute per step; else None
 
     @property
     def n_syncs(self) -> int:
