@@ -12,9 +12,9 @@ checks on each output, independent of how kinetoscope lays text out:
   number folded as ``14/2`` + ``0``, a header as ``impo`` + ``sed`` or a name cut with ``…``
   loses its token and fails.
 
-Commands that need live processes or daemons (trace, stacks, autopilot, daemon, serve, demo) are
-checked through their ``--help`` here; their tables are built by the same helpers
-(kinetoscope/termtext.py). ``kscope trace``'s tables (processes, files, uploads) are also
+Commands that need live processes or daemons (trace, stacks, autopilot, daemon, serve, demo,
+catalog) are run for real in test_80_columns_live.py (a real daemon, a real PyTorch process),
+with the helpers of this module; here, their ``--help``. ``kscope trace``'s tables (processes, files, uploads) are also
 rendered by its own functions from a result that names the real files of a test job (no daemon
 needed), on a terminal and piped. The 80-column rule of stderr is different: an error is one line
 whatever the width (test_error_paths.py; here: ``kscope trace`` to a closed port).
