@@ -234,11 +234,33 @@ def print_marked(console: Any, markup: str, *, indent: str = "", subsequent: str
     from rich.text import Text
 
     nxt = indent if subsequent is None else subsequent
-    body = Text.from_markup(markup)
-    lines = body.wrap(console, max(console.width - max(len(indent), len(nxt)), 1), overflow="ignore")
-    for i, line in enumerate(lines):
-        line.rstrip()
-        console.print(Text(indent if i == 0 else nxt) + line, soft_wrap=True, highlight=False)
+    width = max(console.width - max(len(indent), len(nxt)), 1)
+    first = True
+    for part in Text.from_markup(markup).split("\n"):
+        for start, end in _line_spans(part.plain, width):
+            console.print(Text(indent if first else nxt) + part[start:end], soft_wrap=True, highlight=False)
+            first = False
+
+
+def _line_spans(plain: str, width: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each line of ``plain`` packed word by word into ``width`` cells (a
+    word wider than that alone on its line); at least one (empty) line."""
+    import re
+
+    from rich.cells import cell_len
+
+    spans: list[tuple[int, int]] = []
+    start = end = -1
+    for m in re.finditer(r"\S+", plain):
+        if start < 0:
+            start, end = m.start(), m.end()
+        elif cell_len(plain[start : m.end()]) <= width:
+            end = m.end()
+        else:
+            spans.append((start, end))
+            start, end = m.start(), m.end()
+    spans.append((start, end) if start >= 0 else (0, 0))
+    return spans
 
 
 def per_rank(values: Mapping[Any, Any], unit: str = "") -> str:

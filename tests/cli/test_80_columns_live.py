@@ -39,7 +39,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_80_columns import CPU_JOB, GPU_JOB, KSCOPE, REPO, WIDE, WIDTH, cells, problems, tokens
+from tests.cli.test_80_columns import (
+    CPU_JOB,
+    KSCOPE,
+    REPO,
+    WIDE,
+    WIDTH,
+    cells,
+    problems,
+    pty_run,
+    screen,
+    tokens,
+)
 
 # A folder name long enough that a path under it does not fit in 80 columns with anything else.
 LONG = "a-rather-long-folder-name-so-that-paths-under-it-need-a-line-of-their-own"
@@ -78,12 +89,6 @@ def check(out: str, whole: list[str], err: str = "") -> None:
     assert all(ln.startswith("error: ") for ln in errors), err
 
 
-def _strip(data: bytes) -> str:
-    from tests.cli.test_80_columns import ANSI
-
-    return ANSI.sub("", data.decode("utf-8", "replace").replace("\r\n", "\n"))
-
-
 def run_both(
     args: list[str], tmp: Path, timeout: float = 300, ok: tuple[int, ...] = (0,)
 ) -> list[tuple[str, str]]:
@@ -100,32 +105,9 @@ def run_both(
 
 def run_pty(args: list[str], tmp: Path, timeout: float) -> tuple[str, str, int]:
     """``kscope ARGS`` with stdout on a pseudo-terminal 80 columns wide: (stdout, stderr, status)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, WIDTH, 0, 0))
-    proc = subprocess.Popen(
-        [*KSCOPE, *args],
-        stdout=slave,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=env80(tmp),
-        cwd=REPO,
-    )
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError as exc:  # EIO: the child closed the terminal
-            if exc.errno != errno.EIO:
-                raise
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    _, err = proc.communicate(timeout=timeout)
-    check("", [], err.decode())
-    return _strip(b"".join(chunks)), err.decode(), proc.returncode
+    out, err, code = pty_run([*KSCOPE, *args], env80(tmp), WIDTH, timeout)
+    check("", [], err)
+    return out, err, code
 
 
 class Server:
@@ -156,7 +138,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.master], [], [], 0.5)
-            text = _strip(b"".join(self.chunks))
+            text = screen(b"".join(self.chunks))
             if not ready:
                 if re.search(pattern, text):
                     return text
@@ -171,7 +153,7 @@ class Server:
             if not data:
                 return text
             self.chunks.append(data)
-        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{_strip(b''.join(self.chunks))}")
+        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{screen(b''.join(self.chunks))}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -400,6 +382,14 @@ def test_version_reads_at_80_columns(tmp_path: Path) -> None:
         assert re.fullmatch(r"\S+\n", out), out
 
 
+@pytest.mark.parametrize("group", [[], ["catalog"]], ids=["kscope", "catalog"])
+def test_command_lists_read_at_80_columns(tmp_path: Path, group: list[str]) -> None:
+    """``kscope --help`` and ``kscope catalog --help``: every command named whole, within 80."""
+    for how, out in run_both([*group, "--help"], tmp_path):
+        check(out, ["daemon", "stacks", "autopilot", "demo"] if not group else ["import", "show"])
+        assert "Commands" in out, f"{how}:\n{out}"
+
+
 # ---------------------------------------------------------------------------------------------
 # demo: its steps' printing on a real trace (fast), and the whole demo (slow)
 # ---------------------------------------------------------------------------------------------
@@ -470,24 +460,8 @@ def test_demo_steps_read_at_80_columns(tmp_path: Path) -> None:
     assert names and all(n in wide for n in names), wide
     assert problems(piped, wide) == [], piped
     check(piped, [*names, *pids])
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, WIDTH, 0, 0))
-    proc = subprocess.Popen(
-        [*prog, *args], stdout=slave, stderr=subprocess.PIPE, env=env80(tmp_path), cwd=REPO
-    )
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    proc.communicate(timeout=300)
-    terminal = _strip(b"".join(chunks))
+    terminal, err, code = pty_run([*prog, *args], env80(tmp_path), WIDTH)
+    assert code == 0, terminal + err
     assert problems(terminal, wide) == [], terminal
     check(terminal, [*names, *pids])
 
