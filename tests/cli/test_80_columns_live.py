@@ -8,7 +8,8 @@ the real test traces, and every command's ``--help``. This module runs the other
   stopped with SIGTERM once they are ready;
 * ``kscope stacks``, ``kscope trace --wait`` and ``kscope autopilot --once`` against a real
   ``kscope daemon`` and a real PyTorch training process registered with it;
-* ``kscope catalog import`` / ``catalog show`` on the real test traces, ``kscope --version``;
+* ``kscope catalog import`` / ``catalog show`` / ``traces --files`` of a real trace of that job
+  (slow), their one-line errors on the real test traces (fast); ``kscope --version``, ``--help``;
 * ``kscope demo``'s tables and narrative (a real trace of a real job, printed by the demo's own
   steps; the whole demo is the slow test).
 
@@ -348,6 +349,34 @@ def test_autopilot_error_is_one_line_at_80_columns(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # catalog, --version: on the real test traces
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["import", "show"])
+def test_catalog_errors_are_one_line_at_80_columns(tmp_path: Path, kind: str) -> None:
+    """The fast variant of the catalog commands: ``catalog import`` of a real test-trace folder
+    (no manifest: not a kscope trace folder) under a long path, ``catalog show`` of an unknown
+    request: one ``error:`` line naming the folder or id, however narrow, exit status 1."""
+    import shutil
+
+    job = tmp_path / LONG / CPU_JOB.name
+    shutil.copytree(CPU_JOB, job)
+    name = str(job) if kind == "import" else "kst-20261128-000000-none"
+    proc = subprocess.run(
+        [*KSCOPE, "catalog", kind, name],
+        capture_output=True,
+        text=True,
+        env=env80(tmp_path),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], proc.stderr
+    assert cells(lines[0]) > WIDTH or kind == "show", (
+        lines
+    )  # long enough that a wrapping console would break it
+    check(proc.stdout, [], proc.stderr)
+
+
+@pytest.mark.slow
 @pytest.mark.torch
 def test_catalog_commands_read_at_80_columns(live: tuple[str, int, Path], tmp_path: Path) -> None:
     """A real trace of the job (``kscope trace --wait --no-catalog`` into a long folder), then
