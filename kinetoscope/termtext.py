@@ -136,24 +136,40 @@ def fit(t: Any, width: int) -> bool:
     return True
 
 
-def print_table(console: Any, t: Any) -> None:
-    """``t`` as a table when it fits the console's width with every value whole, else as
-    ``header: value`` records (:func:`print_records`)."""
-    if fit(t, console.width):
-        console.print(t)
+def print_table(console: Any, t: Any, indent: int = 0) -> None:
+    """``t`` as a table when it fits the console's width (less ``indent`` columns of margin) with
+    every value whole, else as ``header: value`` records (:func:`print_records`)."""
+    if fit(t, console.width - indent):
+        if indent:
+            from rich.padding import Padding
+
+            console.print(Padding(t, (0, 0, 0, indent)))
+        else:
+            console.print(t)
     else:
-        print_records(console, t)
+        print_records(console, t, indent)
 
 
-def print_records(console: Any, t: Any) -> None:
+def print_titled(console: Any, t: Any, indent: int = 0) -> None:
+    """``t``'s title wrapped between words at the console's width (a long path or URL in it on a
+    line of its own, whole), then ``t`` by :func:`print_table`: a table when every value fits,
+    else ``header: value`` records, a path on a line of its own if need be."""
+    if t.title:
+        print_wrapped(console, str(t.title), indent=" " * indent, style="bold")
+        t.title = None
+    print_table(console, t, indent)
+
+
+def print_records(console: Any, t: Any, indent: int = 0) -> None:
     """``t`` row by row as ``header: value`` pairs, packed into lines of the console's width;
     a line breaks between pairs, never inside one (prose alone wraps between its words)."""
+    margin = " " * indent
     if t.title:
-        print_wrapped(console, str(t.title), indent="", style="bold")
+        print_wrapped(console, str(t.title), indent=margin, style="bold")
     cells = _cells(t)
     for i in range(t.row_count):
         pairs = [f"{' '.join(str(col.header).split())}: {cells[j][i]}" for j, col in enumerate(t.columns)]
-        print_wrapped(console, pairs, indent="  ", subsequent="      ", sep="   ")
+        print_wrapped(console, pairs, indent=margin + "  ", subsequent=margin + "      ", sep="   ")
     console.print()
 
 
@@ -209,6 +225,42 @@ def print_wrapped(
     exactly as wrapped (no further folding by Rich or by the terminal)."""
     for line in wrap(parts, console.width, indent=indent, subsequent=subsequent, sep=sep):
         console.print(line, markup=False, highlight=False, soft_wrap=True, style=style)
+
+
+def print_marked(console: Any, markup: str, *, indent: str = "", subsequent: str | None = None) -> None:
+    """Print Rich ``markup`` (``[bold]...[/]``) wrapped between words at the console's width,
+    styles kept: like :func:`print_wrapped`, a word wider than a line gets a line of its own and
+    stays whole (Rich alone would fold it), and no line is folded again by Rich or the terminal."""
+    from rich.text import Text
+
+    nxt = indent if subsequent is None else subsequent
+    width = max(console.width - max(len(indent), len(nxt)), 1)
+    first = True
+    for part in Text.from_markup(markup).split("\n"):
+        for start, end in _line_spans(part.plain, width):
+            console.print(Text(indent if first else nxt) + part[start:end], soft_wrap=True, highlight=False)
+            first = False
+
+
+def _line_spans(plain: str, width: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each line of ``plain`` packed word by word into ``width`` cells (a
+    word wider than that alone on its line); at least one (empty) line."""
+    import re
+
+    from rich.cells import cell_len
+
+    spans: list[tuple[int, int]] = []
+    start = end = -1
+    for m in re.finditer(r"\S+", plain):
+        if start < 0:
+            start, end = m.start(), m.end()
+        elif cell_len(plain[start : m.end()]) <= width:
+            end = m.end()
+        else:
+            spans.append((start, end))
+            start, end = m.start(), m.end()
+    spans.append((start, end) if start >= 0 else (0, 0))
+    return spans
 
 
 def per_rank(values: Mapping[Any, Any], unit: str = "") -> str:

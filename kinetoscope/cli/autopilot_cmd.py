@@ -206,24 +206,28 @@ def _forever(pilot: Any, n_daemons: int) -> None:
 
 def _print_cycle(report: CycleReport) -> None:
     """One line per job that was not traced (why, and when it will be), then the cycle's line."""
+    from kinetoscope.termtext import console, print_wrapped
+
+    out = console()
     for key, why in sorted(report.waiting.items()):
-        print(f"{key}: {why}")
+        print_wrapped(out, f"{key}: {why}", indent="", subsequent="  ")
     for key, kind in sorted(report.anomalies.items()):
-        print(f"{key}: traced now (anomaly: {kind})")
+        print_wrapped(out, f"{key}: traced now (anomaly: {kind})", indent="", subsequent="  ")
     states = ", ".join(f"{v} {k}" for k, v in _count(report.finished.values()).items()) or "none"
     asked = report.hosts_answered + len(report.hosts_failed)
-    print(
+    line = (
         f"autopilot cycle: {report.hosts_answered}/{asked} daemons answered, "
         f"{report.jobs_seen} jobs, {len(report.started)} samples started, "
         f"{len(report.resumed)} resumed, finished: {states} ({report.seconds:.1f} s)"
     )
+    print_wrapped(out, line, indent="", subsequent="  ")
 
 
 def _no_daemon(report: CycleReport) -> int:
     """Exit status 1 with one line on stderr when no daemon answered (nothing could be seen)."""
     parts = [why if h in why else f"{h}: {why}" for h, why in sorted(report.hosts_failed.items())]
     parts += [f"{h}: down earlier, in back-off (see fleet_hosts.next_retry)" for h in report.hosts_skipped]
-    print(f"Error: no daemon answered: {'; '.join(parts) or 'no daemon to ask'}", file=sys.stderr)
+    print(f"error: no daemon answered: {'; '.join(parts) or 'no daemon to ask'}", file=sys.stderr)
     return 1
 
 

@@ -151,11 +151,25 @@ def register(app: typer.Typer) -> None:
         )
 
         def ready(d: Daemon) -> None:
-            print(d.describe(), flush=True)
+            say_ready(d.describe())
 
         code = Daemon(options).run(ready=ready)
         sys.stdout.flush()
         raise typer.Exit(code)
+
+
+def say_ready(line: str) -> None:
+    """The daemon's ready line, wrapped between its ``key=value`` pairs at the terminal's width
+    (a pair stays whole: a path is never split); the first line always reads ``kscope daemon
+    ready: rpc_port=N``, which scripts and kinetoscope/demo/local.py look for."""
+    import re
+
+    from kinetoscope.termtext import console, print_wrapped
+
+    head, *pairs = re.split(r" (?=[a-z_]+=)", line)
+    first = f"{head} {pairs.pop(0)}" if pairs else head
+    print_wrapped(console(), [first, *pairs], indent="", subsequent="  ")
+    sys.stdout.flush()
 
 
 def _check(

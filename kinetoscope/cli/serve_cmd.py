@@ -206,15 +206,18 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
 
 
 def _say_ready(webapp: Any, url: str, host: str, loopback: bool, allowed: list[str]) -> None:
-    """The ready line (one line: scripts read it), then notes wrapped at the terminal's width."""
+    """The ready line (``kscope serve ready: URL``, one line: scripts read it), then the catalog,
+    the pid and notes, wrapped between words at the terminal's width (a path stays whole)."""
 
     from kinetoscope.termtext import console, print_wrapped
 
     out = console()
-    out.print(
-        f"{READY_PREFIX} {url}  (catalog {webapp.state.catalog.display_url}, pid {os.getpid()})",
-        markup=False,
-        soft_wrap=True,
+    out.print(f"{READY_PREFIX} {url}", markup=False, soft_wrap=True)
+    print_wrapped(
+        out,
+        [f"catalog {webapp.state.catalog.display_url}", f"(pid {os.getpid()})"],
+        indent="  ",
+        subsequent="    ",
     )
     if webapp.state.perfetto is None:
         print_wrapped(

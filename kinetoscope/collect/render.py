@@ -13,7 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kinetoscope.collect.trigger import HostReply, MatchedProcess, TraceFile, TraceResult
-from kinetoscope.termtext import Col, num, print_table, print_wrapped, table, text
+from kinetoscope.termtext import Col, num, print_wrapped, table, text
+from kinetoscope.termtext import (
+    print_titled as print_titled,  # moved to termtext; cli/trace_cmd.py imports it here
+)
 from kinetoscope.units import fmt_bytes
 
 _STATE_LABELS = {
@@ -46,16 +49,6 @@ def _table(title: str, compact: bool, cols: list[Col], rows: list[list[str]]) ->
     for row in rows:
         t.add_row(*(Text(cell) for cell in row))
     return t
-
-
-def print_titled(console: Console, t: Table) -> None:
-    """``t``'s title wrapped between words at the console's width (a long path or URL in it on a
-    line of its own, whole), then ``t`` by :func:`kinetoscope.termtext.print_table`: a table when
-    every value fits, else ``header: value`` records, a path on a line of its own if need be."""
-    if t.title:
-        print_wrapped(console, str(t.title), indent="", style="bold")
-        t.title = None
-    print_table(console, t)
 
 
 def matched_table(

@@ -26,7 +26,6 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 
 from kinetoscope.collect.render import files_table, matched_table
 from kinetoscope.collect.trigger import (
@@ -39,8 +38,10 @@ from kinetoscope.collect.workflow import Delivery, TraceEvent, TraceWorkflow, Wa
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, terminate_on_sigterm
 from kinetoscope.document import decode
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.termtext import num, print_marked, print_titled, table, text
 
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
+INDENT = "   "  # a step's lines stand under its title
 
 
 @dataclass
@@ -93,9 +94,10 @@ class DemoContext:
         o = self.options
         return o.straggler_rank if o.straggler_rank >= 0 else o.ranks - 1
 
-    def say(self, text: str) -> None:
-        """One narrative line, indented under its step (wrapped lines stay indented)."""
-        self.console.print(_indent(text), highlight=False)
+    def say(self, markup: str) -> None:
+        """One narrative line (Rich markup), indented under its step, wrapped between words at the
+        console's width (wrapped lines stay indented; a path or id stays whole)."""
+        print_marked(self.console, markup, indent=INDENT)
 
 
 @dataclass
@@ -228,7 +230,7 @@ def step_wait_files(ctx: DemoContext) -> None:
         ctx.trace = TraceWorkflow(delivery, progress).wait(ctx.trace)
     if ctx.trace.errors:
         raise DemoFailed("; ".join(e.message for e in ctx.trace.errors))
-    ctx.console.print(_indent(files_table(ctx.trace, compact=True)))
+    print_files(ctx)
     if ctx.trace.manifest_paths:
         ctx.say("manifest.json written beside them: host, pid, rank, world size, job id, size of each file")
 
@@ -274,20 +276,17 @@ def inspect_trace_file(path: str) -> dict[str, Any]:
 
 def step_inspect(ctx: DemoContext) -> None:
     assert ctx.trace is not None and ctx.job is not None
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("rank", "events", "Optimizer.step", "iteration times in the trace (ms)"):
-        table.add_column(col)
+    cols = [num("rank"), num("events"), num("Optimizer.step"), text("iteration times in the trace (ms)")]
+    rows = []
     for f in sorted(ctx.trace.files, key=lambda f: (f.rank is None, f.rank)):
         info = inspect_trace_file(f.path)
         info.update(rank=f.rank, pid=f.pid, path=f.path)
         ctx.inspection.append(info)
-        table.add_row(
-            str(f.rank),
-            str(info["events"]),
-            str(info["optimizer_steps"]),
-            " ".join(f"{ms:.0f}" for ms in info["iteration_ms"]),
-        )
-    ctx.console.print(_indent(table))
+        times = " ".join(f"{ms:.0f}" for ms in info["iteration_ms"])
+        rows.append([str(f.rank), str(info["events"]), str(info["optimizer_steps"]), times])
+    t = table(None, cols, rows)
+    t.box = None
+    print_titled(ctx.console, t, indent=len(INDENT))
     firsts = {i["rank"]: i["first_step_end_us"] for i in ctx.inspection if i["first_step_end_us"] is not None}
     if len(firsts) > 1:
         spread_ms = (max(firsts.values()) - min(firsts.values())) / 1000.0
@@ -495,7 +494,7 @@ def run_demo(
         with terminate_on_sigterm():
             for i, step in enumerate(steps, 1):
                 current = step.title
-                console.print(f"[bold cyan]{i}.[/] [bold]{escape(step.title)}[/]")
+                print_marked(console, f"[bold cyan]{i}.[/] [bold]{escape(step.title)}[/]", subsequent=INDENT)
                 t0 = time.monotonic()
                 step.run(ctx)
                 ctx.timings[step.name] = time.monotonic() - t0
@@ -515,7 +514,14 @@ def run_demo(
 
 
 def _print_matched(ctx: DemoContext, result: TraceResult) -> None:
-    ctx.console.print(_indent(matched_table(result, compact=True, show_host=False)))
+    """The matched processes, indented under the step (termtext: values whole at any width)."""
+    print_titled(ctx.console, matched_table(result, compact=True, show_host=False), indent=len(INDENT))
+
+
+def print_files(ctx: DemoContext) -> None:
+    """The trace files, indented under the step (termtext: names and paths whole at any width)."""
+    assert ctx.trace is not None
+    print_titled(ctx.console, files_table(ctx.trace, compact=True), indent=len(INDENT))
 
 
 def show_path(path: str | os.PathLike[str]) -> str:
@@ -525,9 +531,3 @@ def show_path(path: str | os.PathLike[str]) -> str:
         return str(p.relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(p)
-
-
-def _indent(renderable: Any) -> Any:
-    from rich.padding import Padding
-
-    return Padding(renderable, (0, 0, 0, 3))

@@ -1051,6 +1051,52 @@ def mfu_section(document: AnalysisDocument | Mapping[str, Any]) -> Section:
 # ---------------------------------------------------------------------------------------
 # GPU views (HTA analyses)
 # ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankBars:
+    """One bar series of a per-rank chart (:func:`_per_rank_section`): ``attr``, a time in us
+    of each row (drawn in ms); ``share``, the attribute of its percentage, shown on hover."""
+
+    attr: str
+    label: str
+    color: str
+    hover: str
+    share: str | None = None
+
+
+def _per_rank_section(
+    sec: Section, doc: AnalysisDocument, key: str, bars: Sequence[RankBars], barmode: str, table: TableView
+) -> Section:
+    """The shape of the per-rank analyses (temporal breakdown, overlap): one bar chart, ranks on
+    the x axis, a series per :class:`RankBars`, then ``table``; ``sec.missing`` when the
+    analysis ``key`` has no rows. Ids follow the section: ``chart-<id>``."""
+    rows = getattr(doc, key) or []
+    if not rows:
+        sec.missing = doc.note_for(key) or "no rows"
+        return sec
+    x = [_rank_label(r.rank) for r in rows]
+    data = [
+        _bars(
+            b.label,
+            x,
+            [_ms(getattr(r, b.attr)) for r in rows],
+            b.color,
+            b.hover,
+            **({"customdata": [_num(getattr(r, b.share)) for r in rows]} if b.share else {}),
+        )
+        for b in bars
+    ]
+    layout = _base_layout(barmode=barmode, xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}})
+    sec.charts.append(ChartView(f"chart-{sec.id}", {"data": data, "layout": _narrow(layout, len(x))}))
+    sec.tables.append(table)
+    return sec
+
+
+def _share_bars(attr: str, label: str, color: str) -> RankBars:
+    """A temporal-breakdown series: ``attr`` (us) with its ``*_pctg`` share on hover."""
+    hover = f"%{{x}}<br>{label}: %{{y:.2f}} ms (%{{customdata:.1f}} %)<extra></extra>"
+    return RankBars(f"{attr}_us", label, COLORS[color], hover, share=f"{attr}_pctg")
+
+
 def temporal_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:
     doc = as_document(document)
     sec = Section(
@@ -1059,38 +1105,14 @@ def temporal_section(document: AnalysisDocument | Mapping[str, Any], max_rows: i
         "GPU time per rank split into compute kernels, non-compute kernels (communication, memory) and "
         "idle time (HTA's temporal breakdown).",
     )
-    rows = doc.temporal_breakdown or []
-    if not rows:
-        sec.missing = doc.note_for("temporal_breakdown") or "no rows"
-        return sec
-    x = [_rank_label(r.rank) for r in rows]
-    data = [
-        _bars(
-            label,
-            x,
-            [_ms(getattr(r, attr)) for r in rows],
-            COLORS[color],
-            f"%{{x}}<br>{label}: %{{y:.2f}} ms (%{{customdata:.1f}} %)<extra></extra>",
-            customdata=[_num(getattr(r, pattr)) for r in rows],
-        )
-        for attr, pattr, label, color in (
-            ("compute_time_us", "compute_time_pctg", "Compute", "compute"),
-            ("non_compute_time_us", "non_compute_time_pctg", "Non-compute", "non_compute"),
-            ("idle_time_us", "idle_time_pctg", "Idle", "idle"),
-        )
+    bars = [
+        _share_bars("compute_time", "Compute", "compute"),
+        _share_bars("non_compute_time", "Non-compute", "non_compute"),
+        _share_bars("idle_time", "Idle", "idle"),
     ]
-    layout = _base_layout(barmode="stack", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}})
-    sec.charts.append(ChartView("chart-temporal", {"data": data, "layout": _narrow(layout, len(x))}))
-    sec.tables.append(
-        table_from_rows(
-            "table-temporal",
-            "Temporal breakdown",
-            doc.rows("temporal_breakdown"),
-            max_rows=max_rows,
-            collapsed=True,
-        )
-    )
-    return sec
+    rows = doc.rows("temporal_breakdown")
+    table = table_from_rows("table-temporal", "Temporal breakdown", rows, max_rows=max_rows, collapsed=True)
+    return _per_rank_section(sec, doc, "temporal_breakdown", bars, "stack", table)
 
 
 def _idle_chart(rows: list[IdleRow]) -> ChartView:
@@ -1288,34 +1310,25 @@ def overlap_section(document: AnalysisDocument | Mapping[str, Any], max_rows: in
         "Share of communication-kernel time during which computation kernels also ran, per rank. Low "
         "overlap means communication adds directly to step time.",
     )
-    rows = doc.comm_comp_overlap or []
-    if not rows:
-        sec.missing = doc.note_for("comm_comp_overlap") or "no rows"
-        return sec
-    x = [_rank_label(r.rank) for r in rows]
-    data = [
-        _bars(
+    bars = [
+        RankBars(
+            "communication_time_us",
             "communication time",
-            x,
-            [_ms(r.communication_time_us) for r in rows],
             COLORS["comm_transfer"],
             "%{x}<br>communication %{y:.2f} ms<extra></extra>",
         ),
-        _bars(
+        RankBars(
+            "overlap_time_us",
             "overlapped by computation",
-            x,
-            [_ms(r.overlap_time_us) for r in rows],
             COLORS["compute"],
             "%{x}<br>overlapped %{y:.2f} ms (%{customdata:.1f} %)<extra></extra>",
-            customdata=[_num(r.comp_comm_overlap_pctg) for r in rows],
+            share="comp_comm_overlap_pctg",
         ),
     ]
-    layout = _base_layout(barmode="group", xaxis={"type": "category"}, yaxis={"title": {"text": "ms"}})
-    sec.charts.append(ChartView("chart-overlap", {"data": data, "layout": _narrow(layout, len(x))}))
-    sec.tables.append(
-        table_from_rows("table-overlap", "Overlap per rank", doc.rows("comm_comp_overlap"), max_rows=max_rows)
+    table = table_from_rows(
+        "table-overlap", "Overlap per rank", doc.rows("comm_comp_overlap"), max_rows=max_rows
     )
-    return sec
+    return _per_rank_section(sec, doc, "comm_comp_overlap", bars, "group", table)
 
 
 def launch_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -> Section:

@@ -84,9 +84,9 @@ def test_no_daemon_answering_is_a_non_zero_exit(tmp_path: Path) -> None:
     address = f"127.0.0.1:{_closed_port()}"
     url = str(tmp_path / "c.db")
     res = run_kscope("autopilot", "--host", address, "--catalog", url, "--once")
-    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert res.returncode == 1 and len(errors) == 1, res.stderr
-    assert errors[0].startswith(f"Error: no daemon answered: daemon {address}: connection refused")
+    assert errors[0].startswith(f"error: no daemon answered: daemon {address}: connection refused")
     again = run_kscope(
         "autopilot", "--host", address, "--catalog", url, "--once", "--json"
     )  # now in back-off

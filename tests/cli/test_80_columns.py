@@ -12,9 +12,9 @@ checks on each output, independent of how kinetoscope lays text out:
   number folded as ``14/2`` + ``0``, a header as ``impo`` + ``sed`` or a name cut with ``…``
   loses its token and fails.
 
-Commands that need live processes or daemons (trace, stacks, autopilot, daemon, serve, demo) are
-checked through their ``--help`` here; their tables are built by the same helpers
-(kinetoscope/termtext.py). ``kscope trace``'s tables (processes, files, uploads) are also
+Commands that need live processes or daemons (trace, stacks, autopilot, daemon, serve, demo,
+catalog) are run for real in test_80_columns_live.py (a real daemon, a real PyTorch process),
+with the helpers of this module; here, their ``--help``. ``kscope trace``'s tables (processes, files, uploads) are also
 rendered by its own functions from a result that names the real files of a test job (no daemon
 needed), on a terminal and piped. The 80-column rule of stderr is different: an error is one line
 whatever the width (test_error_paths.py; here: ``kscope trace`` to a closed port).
@@ -109,15 +109,20 @@ def run_piped(args: list[str], columns: int, tmp: Path, prog: list[str] = KSCOPE
 
 def run_terminal(args: list[str], columns: int, tmp: Path, prog: list[str] = KSCOPE) -> str:
     """stdout on a pseudo-terminal ``columns`` wide (escape sequences removed)."""
+    out, err, _ = pty_run([*prog, *args], _env(columns, tmp), columns)
+    assert "Traceback" not in err, err
+    return out
+
+
+def pty_run(
+    argv: list[str], env: dict[str, str], columns: int = WIDTH, timeout: float = 300
+) -> tuple[str, str, int]:
+    """``argv`` with stdout on a pseudo-terminal ``columns`` wide: (stdout, escape sequences
+    removed and a line redrawn after a carriage return kept as last drawn; stderr; exit status)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen(
-        [*prog, *args],
-        stdout=slave,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=_env(columns, tmp),
-        cwd=REPO,
+        argv, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=REPO
     )
     os.close(slave)
     chunks = []
@@ -132,10 +137,15 @@ def run_terminal(args: list[str], columns: int, tmp: Path, prog: list[str] = KSC
             break
         chunks.append(data)
     os.close(master)
-    _, err = proc.communicate(timeout=300)
-    assert b"Traceback" not in err, err.decode()
-    text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
-    return ANSI.sub("", text)
+    _, err = proc.communicate(timeout=timeout)
+    return screen(b"".join(chunks)), err.decode("utf-8", "replace"), proc.returncode
+
+
+def screen(data: bytes) -> str:
+    """What a terminal shows of ``data``: escape sequences removed; of a line redrawn after a
+    carriage return (a spinner), what was drawn last."""
+    text = ANSI.sub("", data.decode("utf-8", "replace").replace("\r\n", "\n"))
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
 
 
 def problems(narrow: str, wide: str, width: int = WIDTH) -> list[str]:
