@@ -154,6 +154,7 @@ def diagnose(
         s_bd = s_bd.filter(~pl.col("step").is_in(bad))
     # what marks the collectives (collectives.py); host issue times lose a step's largest wait
     signals = {sig for c in colls.values() if c.height for sig in c["signal"].unique().to_list()}
+    links = p2p_links({r: f.p2p for r, f in job.figures.items()}, clock.offsets)
     strag = analyze_stragglers(
         s_inst,
         s_bd,
@@ -163,7 +164,7 @@ def diagnose(
         dropped_steps=dropped,
         host_issued=bool(signals) and "kernel" not in signals,
         step_spans=steps,
-        links=p2p_links({r: f.p2p for r, f in job.figures.items()}, clock.offsets),
+        links=links,
     )
     if evidence.anomalous:
         strag.confidence = lowered(strag.confidence)
@@ -174,7 +175,7 @@ def diagnose(
     )
     attention = {r: f.attention for r, f in job.figures.items()}
     comp = {r: f.compilation for r, f in job.figures.items()}
-    extra = seed_analyses(job, steps, colls, clock)
+    extra = seed_analyses(job, steps, colls, clock, links)
     extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), **extra)
     recs = admissible(evidence, recs)
@@ -207,11 +208,16 @@ def diagnose(
 
 
 def seed_analyses(
-    job: Job, steps: pl.DataFrame, colls: dict[int, pl.DataFrame], clock: ClockAlignment
+    job: Job,
+    steps: pl.DataFrame,
+    colls: dict[int, pl.DataFrame],
+    clock: ClockAlignment,
+    links: pl.DataFrame | None = None,
 ) -> dict[str, Any]:
     """The analyses added for the seeds' problems (docs/diagnosis.md section 11): the JSON values
-    of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``)."""
-    pipe = analyze_pipeline(job, steps, clock.offsets, colls)
+    of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``); ``links``:
+    the pipeline transfers paired with their peers (``whatif.p2p``), which order the stages."""
+    pipe = analyze_pipeline(job, steps, clock.offsets, colls, links)
     uneven = analyze_uneven(job, steps, colls, clock.offsets)
     compiles = [
         e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))

@@ -25,10 +25,13 @@ Stages, first that applies:
 
 1. the recorded group of the ranks' send/recv (a pipeline group lists its ranks in stage order):
    a rank's stage is its position in it;
-2. the collective groups that split the ranks into blocks the size of the first stage (the
+2. the transfers paired with their peers (``whatif.p2p``): the ranks opening their step with a
+   send are stage 0, each further stage one transfer hop further (``stage_order.hop_stages``,
+   the replay's definition: the verdict's stage and this one are one number);
+3. the collective groups that split the ranks into blocks the size of the first stage (the
    data-parallel groups of a DP x PP job: one block per stage), the first stage's block first,
    the others ordered by their ranks' median wait for upstream;
-3. otherwise: the ranks opening their step with a send are stage 0 (``d`` of them: ``d``
+4. otherwise: the ranks opening their step with a send are stage 0 (``d`` of them: ``d``
    pipeline replicas); the others are ordered by their wait for upstream and cut into groups
    of ``d``.
 
@@ -67,6 +70,7 @@ import polars as pl
 from kinetoscope.diagnosis.assembly import Job
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.pipeline_cuts import StepCut, placed
+from kinetoscope.diagnosis.stage_order import hop_stages
 
 
 @dataclass
@@ -177,6 +181,25 @@ def _opens_with_send(cuts: dict[int, list[StepCut]], ranks: list[int]) -> float:
     return opens.count("send") / len(opens) if opens else 0.0
 
 
+def _stages_from_links(cuts: dict[int, list[StepCut]], links: pl.DataFrame | None) -> list[list[int]] | None:
+    """Stages by transfer hops from the ranks opening their steps with a send (``links``:
+    ``whatif.p2p.p2p_links``, instances ``p2p@<src>><dst>#<k>``), or None unless every rank is
+    reached and every stage holds as many ranks as the first."""
+    if links is None or links.is_empty():
+        return None
+    near: dict[int, set[int]] = {}
+    for inst in links["instance"].unique().to_list():
+        a, b = (int(x) for x in inst[4:].split("#", 1)[0].split(">", 1))
+        near.setdefault(a, set()).add(b)
+        near.setdefault(b, set()).add(a)
+    heads = [r for r in cuts if _opens_with_send(cuts, [r]) > 0.5]
+    stage_of = hop_stages(heads, near)
+    if not heads or set(stage_of) != set(cuts):
+        return None
+    stages = [sorted(r for r, s in stage_of.items() if s == k) for k in range(max(stage_of.values()) + 1)]
+    return stages if len(stages) > 1 and all(len(s) == len(heads) for s in stages) else None
+
+
 def _stages_from_groups(
     cuts: dict[int, list[StepCut]], colls: dict[int, pl.DataFrame]
 ) -> list[list[int]] | None:
@@ -255,11 +278,16 @@ def _microbatches(cuts: dict[int, list[StepCut]], stage0: list[int]) -> int | No
 
 
 def analyze_pipeline(
-    job: Job, steps: pl.DataFrame, offsets: dict[int, int], colls: dict[int, pl.DataFrame] | None = None
+    job: Job,
+    steps: pl.DataFrame,
+    offsets: dict[int, int],
+    colls: dict[int, pl.DataFrame] | None = None,
+    links: pl.DataFrame | None = None,
 ) -> PipelineReport | None:
     """The pipeline analysis of ``job`` (``steps``: ``breakdown.step_table``; ``offsets``: the
     clock alignment's per-rank ns offsets; ``colls``: the collectives with their process
-    ``group``, ``groups.assign_groups``), or None when the job is not pipeline-parallel."""
+    ``group``, ``groups.assign_groups``; ``links``: the transfers paired with their peers,
+    ``whatif.p2p.p2p_links``), or None when the job is not pipeline-parallel."""
     if len(job.traces) < 2 or steps.is_empty():
         return None
     ranks = {r: figures_of(t).pipe for r, t in job.traces.items()}
@@ -284,9 +312,10 @@ def analyze_pipeline(
         cuts = {r: [c for c in cs if c.step != first] for r, cs in cuts.items()}
     if any(not cs or median(c.sends + c.recvs for c in cs) < 1 for cs in cuts.values()):
         return None
-    order = None
+    order = _stages_from_p2p(cuts, _p2p_groups(colls)) if colls else None
+    order = order or _stages_from_links(cuts, links)
     if colls:
-        order = _stages_from_p2p(cuts, _p2p_groups(colls)) or _stages_from_groups(cuts, colls)
+        order = order or _stages_from_groups(cuts, colls)
     order = order or _stage_order(cuts)
     if order is None:
         return None

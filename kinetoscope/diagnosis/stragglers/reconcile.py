@@ -140,12 +140,22 @@ def whatif_report(
 
 
 def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
-    """``whatif.stages.slow_replica`` with its late steps as the job's step labels."""
+    """``whatif.stages.slow_replica`` with its late steps decided like a rank's (``_late``, on
+    the replica's own per-step cost as a whole), as the job's step labels."""
     rep = slow_replica(w)
     if rep is None:
         return None
-    late = [step_labels[k] for k in rep.late_steps if k < len(step_labels)]
-    return msgspec.structs.replace(rep, late_steps=late)
+    scale = w.t_ideal / np.maximum(w.t_obs, 1e-12)
+    share = np.asarray(rep.step_cost, dtype=np.float64) * scale[: len(rep.step_cost)]
+    return msgspec.structs.replace(rep, late_steps=_late(share, step_labels))
+
+
+def _late(share: Any, steps: list[int]) -> list[int]:
+    """The late steps (``stragglers.kinds``) of a rank or a replica whose own cost in each step,
+    as a share of the observed step, is ``share``: ``LATE_COST`` or more and ``LATE_OF_WORST``
+    of its worst step's (the rule of ``_named``); as the job's step labels ``steps``."""
+    bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
+    return [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
 
 
 def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from kinetoscope.diagnosis.stage_order import hop_stages
 from kinetoscope.diagnosis.whatif.build import Items, JobInfo, Visits, assemble
 from kinetoscope.diagnosis.whatif.model import ReplayModel, typical
 
@@ -335,13 +336,7 @@ def pipeline_stages(rows: pl.DataFrame, cls: np.ndarray) -> np.ndarray:
         first.setdefault(lane, tok)
         near.setdefault(int(cls[lane]), set()).add(int(cls[peer]))
     heads = {int(cls[lane]) for lane, tok in first.items() if tok == "send"}
-    stage_of = dict.fromkeys(heads, 0)
-    frontier = sorted(heads)
-    while frontier:
-        nxt = sorted({c for f in frontier for c in near.get(f, ()) if c not in stage_of})
-        for c in nxt:
-            stage_of[c] = stage_of[frontier[0]] + 1
-        frontier = nxt
+    stage_of = hop_stages(heads, near)  # the one stage order (``diagnosis.stage_order``)
     per_lane = np.asarray([stage_of.get(int(c), -1) for c in cls], dtype=np.int64)
     if len(heads) != 1 or (per_lane < 0).any() or n == 0:
         return np.zeros(n, dtype=np.int64)

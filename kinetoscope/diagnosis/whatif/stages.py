@@ -194,9 +194,11 @@ class SlowReplica(msgspec.Struct, frozen=True):
 
     ``ranks``: its ranks; ``recovered``: the share of the slowdown fixing it recovers;
     ``cost``: its own slowdown ``S - 1`` (the ideal job with only it observed); ``late_steps``:
-    the steps in which that own cost is at least half its largest and 2 % or more;
+    the steps in which that own cost is at least half its largest and 2 % or more (the verdict
+    re-decides them like a rank's, ``stragglers.reconcile._late``);
     ``explains``: it recovers ``REPLICA_EXPLAINS`` of a slowdown of ``REPLICA_MIN_SLOWDOWN`` or
-    more, and twice what any other replica recovers. A replica slowed as a whole (every stage of
+    more, and twice what any other replica recovers; ``step_cost``: that own cost in each step
+    (``S_w - 1`` per step, against the step's ideal time). A replica slowed as a whole (every stage of
     one pipeline) costs little rank by rank, since fixing one of its ranks leaves the others
     slow: the straggler search, rank by rank, does not find it."""
 
@@ -205,6 +207,7 @@ class SlowReplica(msgspec.Struct, frozen=True):
     cost: float
     late_steps: list[int]
     explains: bool
+    step_cost: list[float] = []
 
 
 def slow_replica(w: WhatIf) -> SlowReplica | None:
@@ -234,4 +237,5 @@ def slow_replica(w: WhatIf) -> SlowReplica | None:
         cost=float(cost.mean()),
         late_steps=[int(k) for k in np.flatnonzero(cost >= bar)],
         explains=bool(explains),
+        step_cost=[float(x) for x in cost],
     )
