@@ -175,7 +175,7 @@ def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
     """The typical peer re-evaluated without ``lanes`` where they could have made it slow: in a
     group of ``n`` members of which ``k`` are among ``lanes``, once ``k + 1`` slow members would
     reach the model's lower median (``k >= n - (n - 1) // 2 - 1``), the median of the other
-    members' work, never above the model's ideal; elsewhere (and where fewer than two members
+    members' work, never above the model's ideal; elsewhere (and where fewer than three members
     are left) the model's ideal.
 
     Why: the model's ideal is the lower median of every member, a yardstick only while most
@@ -193,7 +193,7 @@ def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
     named = np.isin(model.item_lane, np.asarray(lanes, dtype=np.int64))
     size = np.bincount(groups)
     k = np.bincount(groups[named], minlength=size.shape[0])
-    moved = (k >= size - (size - 1) // 2 - 1) & (size - k >= 2)  # a median of two others at least
+    moved = (k >= size - (size - 1) // 2 - 1) & (size - k >= 3)  # a median of three others at least
     rest = ~named & moved[groups]
     if not rest.any():
         return model.item_ideal
