@@ -209,7 +209,14 @@ def excess_work(model: ReplayModel, ideal: F64 | None = None) -> F64:
     return np.bincount(model.item_lane, weights=over, minlength=model.n_lanes).astype(np.float64)
 
 
-def candidates(
+def candidates(w: WhatIf, max_candidates: int = 8, min_excess_share: float = 0.2) -> tuple[list[int], F64]:
+    """Lanes worth replaying and their own cost per step, most costly first (against the
+    model's ideal; ``candidates_at``)."""
+    cand, cost, _ = candidates_at(w, max_candidates, min_excess_share)
+    return cand, cost
+
+
+def candidates_at(
     w: WhatIf,
     max_candidates: int = 8,
     min_excess_share: float = 0.2,
@@ -262,7 +269,7 @@ def explain(
     beside a slow majority is measured against the healthy ranks.
     """
     ideal = w.model.item_ideal
-    cand, cost, t_ideal = candidates(w, max_candidates)
+    cand, cost, t_ideal = candidates_at(w, max_candidates)
     t_obs = float(w.t_obs.mean())
     t_cur = t_obs
     named: list[int] = []
@@ -284,7 +291,7 @@ def explain(
         new = ideal if groups is None else ideal_without(w.model, groups, named)
         if not np.array_equal(new, ideal):  # the yardstick moved: costs measured against it again
             ideal = new
-            cand, cost, t_ideal = candidates(w, max_candidates, ideal=ideal, keep=named)
+            cand, cost, t_ideal = candidates_at(w, max_candidates, ideal=ideal, keep=named)
             t_cur = float(w.run([Scenario(False, *w.selection(named, with_transfer=False))], ideal).mean())
     gap = t_obs - float(t_ideal.mean())
     rec = (t_obs - t_cur) / gap if named and gap > 0 else 0.0
