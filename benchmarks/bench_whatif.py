@@ -22,7 +22,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kinetoscope.diagnosis.whatif.model import ReplayModel, typical  # noqa: E402
-from kinetoscope.diagnosis.whatif.search import WhatIf, explain  # noqa: E402
+from kinetoscope.diagnosis.whatif.search import WhatIf, explain, member_groups  # noqa: E402
 
 TP = 8
 
@@ -113,7 +113,7 @@ def main() -> None:
     for _ in range(args.repeat):
         t0, c0 = time.perf_counter(), time.process_time()
         w = WhatIf(model)
-        exp = explain(w)
+        exp = explain(w, groups=member_groups(model))
         best = min(best, time.perf_counter() - t0)
         best_cpu = min(best_cpu, time.process_time() - c0)
     print(

@@ -185,3 +185,36 @@ def test_a_lone_rank_last_at_most_collectives_is_not_jitter() -> None:
     assert s.ranks == [0] and s.kind == "intermittent", s.reason
     assert "jitter" not in s.reason
     assert StragglerThresholds().min_jitter_lost_fraction <= (s.lost_fraction or 0.0) <= share + 0.005
+
+
+def test_a_stalling_rank_beside_two_persistent_ranks_of_five_is_named() -> None:
+    # ranks 2 and 3 of 5 sleep 30 ms every step, rank 1 stalls 60 ms in 4 of 16 steps
+    # (`cpu-mixed3-w5-n3-s41`). In its stalled steps three ranks of five are slow, so the replay's
+    # typical peer (the median member) was itself slow and rank 1 cost nothing against it:
+    # 'persistent [2, 3]'. The yardstick is now taken from the ranks not named (issue 27 (a)).
+    files = _files("mixed3_beside_two_persistent_w5")
+    job = truth.cpu_job(files)
+    late = truth.cpu_step_lateness(files)
+    # the truth: rank 1 arrived half a step or more behind the earliest rank in several steps
+    assert sum(1 for (r, _), us in late.items() if r == 1 and us >= 0.5 * job.step) >= 3
+    s = diagnose(files).stragglers
+    assert s.kind == "mixed" and sorted(s.ranks) == [1, 2, 3], s.reason
+    roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
+    assert roles[1] == "intermittent" and roles[2] == roles[3] == "persistent"
+    assert s.whatif is not None and 1 in [n["rank"] for n in s.whatif["explaining_set"]]
+
+
+def test_a_stall_spilling_into_the_next_step_does_not_join_two_persistent_ranks() -> None:
+    # ranks 2 and 3 of 5 sleep 30 ms every step, rank 4 stalled in two steps
+    # (`cpu-mixed3-w5-n7-s41`; label 'persistent [2, 3]': two stalls are not a pattern). Measured
+    # against a yardstick without all three named ranks, the stall's spill into the next step
+    # read as a third late step and rank 4 joined ('mixed [2, 3, 4]'); each named rank is now
+    # measured against the peers that are not the *other* named ranks.
+    files = _files("two_persistent_one_spilled_stall_w5")
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert truth.host_made(gt, step, n_steps, [2, 3]) == {}  # the truth: rank 4 imposes < 5 %
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == [2, 3], s.reason
+    assert s.whatif is not None
+    spilled = [n for n in s.whatif["explaining_set"] if n["rank"] == 4]
+    assert all(len(n["late_steps"]) <= 2 for n in spilled)

@@ -37,7 +37,7 @@ from kinetoscope.diagnosis.stragglers.causes import rank_cause
 from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
-from kinetoscope.diagnosis.whatif.search import WhatIf, explain
+from kinetoscope.diagnosis.whatif.search import WhatIf, explain, member_groups
 from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
 
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
@@ -108,13 +108,14 @@ def whatif_report(
     if model is None:
         return None
     w = WhatIf(model)
-    exp = explain(w)
+    paired = links is not None and links.height > 0  # a pipeline's ideal is the peer class's
+    exp = explain(w, groups=None if paired else member_groups(model))
     ranks = [int(x) for x in model.lane_name]
     steps = sorted(set(step_spans["step"].to_list()))[: model.n_steps]
     step_labels = sorted(set(instances["step"].drop_nulls().to_list()) & set(steps))
-    scale = w.t_ideal / np.maximum(w.t_obs, 1e-12)  # own cost per step as a share of the observed step
     named = [
-        _named(exp, lane, g, ranks, step_labels, scale) for lane, g in zip(exp.lanes, exp.gains, strict=True)
+        _named(exp, lane, g, ranks, step_labels, w.t_obs)
+        for lane, g in zip(exp.lanes, exp.gains, strict=True)
     ]
     per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
     stage = stage_imbalance(model)  # pipeline jobs: M_W and M_S against a stage-balanced ideal
@@ -166,9 +167,10 @@ def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
     return bool(instances.height) and bool(instances["instance"].str.contains("@").any())
 
 
-def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int], scale: Any) -> NamedRank:
+def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int], t_obs: Any) -> NamedRank:
     i = exp.candidates.index(lane)
-    share = exp.cost[i] * scale
+    # own cost as a share of the observed step
+    share = exp.cost[i] * exp.t_ideal[i] / np.maximum(t_obs, 1e-12)
     bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
     late = [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
     return NamedRank(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kinetoscope.diagnosis.whatif.model import F64, B, ReplayModel
+from kinetoscope.diagnosis.whatif.model import F64, I64, B, ReplayModel, typical
 from kinetoscope.diagnosis.whatif.replay import Schedule, build_schedule, incidence_work, replay
 
 _CHUNK_ELEMS = 16_000_000  # scenarios x incidences per replay call: bounds memory
@@ -58,16 +58,18 @@ class WhatIf:
         both = self.run([Scenario(False, none_i, none_s), Scenario(True, none_i, none_s)])
         self.t_obs, self.t_ideal = both[0], both[1]
 
-    def run(self, scenarios: Sequence[Scenario]) -> F64:
-        """Step times of each scenario (scenarios x steps), in memory-bounded chunks."""
+    def run(self, scenarios: Sequence[Scenario], ideal: F64 | None = None) -> F64:
+        """Step times of each scenario (scenarios x steps), in memory-bounded chunks; ``ideal``:
+        the items' ideal durations (default: the model's, the typical peer's)."""
         m = self.model
+        item_ideal = m.item_ideal if ideal is None else ideal
         chunk = max(1, _CHUNK_ELEMS // max(1, m.inc_lane.shape[0]))
         out = []
         for i in range(0, len(scenarios), chunk):
             part = scenarios[i : i + chunk]
             ideal_i = np.stack([s.items ^ s.from_ideal for s in part], axis=1)
             ideal_s = np.stack([s.transfers ^ s.from_ideal for s in part], axis=1)
-            items = np.where(ideal_i, m.item_ideal[:, None], m.item_work[:, None])
+            items = np.where(ideal_i, item_ideal[:, None], m.item_work[:, None])
             transfer = np.where(ideal_s, m.inc_ideal_transfer[:, None], m.inc_transfer[:, None])
             out.append(replay(m, self.schedule, incidence_work(m, items), transfer))
         return np.concatenate(out, axis=0) if out else np.zeros((0, m.n_steps))
@@ -117,10 +119,12 @@ class WhatIf:
             return zeros, zeros.copy()
         return (t_obs - times[:n]) / gap, (times[n:] - t_ideal) / gap
 
-    def per_lane_add(self, lanes: Sequence[int], with_transfer: bool = False) -> F64:
+    def per_lane_add(
+        self, lanes: Sequence[int], with_transfer: bool = False, ideal: F64 | None = None
+    ) -> F64:
         """Step times (lanes x steps) with only each lane's work observed (add direction)."""
         scen = [Scenario(True, *self.selection([w], with_transfer)) for w in lanes]
-        return self.run(scen)
+        return self.run(scen, ideal)
 
     def per_label(self) -> dict[str, float]:
         """``S_t`` per operation type present: ideal job with that type's items observed."""
@@ -139,7 +143,8 @@ class Explanation:
 
     ``candidates`` (most costly first) carry their own cost per step: ``cost[i, s]`` is lane
     ``candidates[i]``'s ``T_add / T_ideal - 1`` in step ``s`` (its slowdown when it alone is
-    observed). ``lanes``: the explaining set in naming order; ``gains[i]``: what naming
+    observed), against the ideal it is measured with (``t_ideal[i]``: that ideal job's step
+    times; see ``explain``). ``lanes``: the explaining set in naming order; ``gains[i]``: what naming
     ``lanes[i]`` saved, as a share of the observed step time (members of a tie share it).
     """
 
@@ -148,6 +153,7 @@ class Explanation:
     lanes: tuple[int, ...]
     gains: tuple[float, ...]
     recovered_fraction: float  # rem of the explaining set (0 when empty)
+    t_ideal: F64  # candidates x steps: step times of the ideal job each cost is measured against
 
     def own_cost(self, lane: int) -> float:
         """Mean own cost of a candidate lane (0 when not a candidate)."""
@@ -156,29 +162,88 @@ class Explanation:
         return float(self.cost[self.candidates.index(lane)].mean())
 
 
-def excess_work(model: ReplayModel) -> F64:
+def member_groups(model: ReplayModel) -> I64:
+    """Per item, its typical-peer group in a model whose ideal is the members' (Kineto jobs
+    without paired transfers): the members of its collective instance; for a step's tail, every
+    rank's tail of that step."""
+    inc = model.item_inc
+    sync = model.inc_sync[inc]
+    return np.where(model.sync_is_end[sync], model.n_syncs + model.inc_step[inc], sync).astype(np.int64)
+
+
+def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
+    """The typical peer re-evaluated without ``lanes`` where they could have made it slow: in a
+    group of ``n`` members of which ``k`` are among ``lanes``, once ``k + 1`` slow members would
+    reach the model's lower median (``k >= n - (n - 1) // 2 - 1``), the median of the other
+    members' work, never above the model's ideal; elsewhere (and where fewer than three members
+    are left) the model's ideal.
+
+    Why: the model's ideal is the lower median of every member, a yardstick only while most
+    members are healthy. With three slow ranks of five (two persistent, one stalling now and
+    then) the median of a stalled step is the stalling rank itself, and it costs nothing
+    against it. Ranks already named are by definition not the typical peer, so where they and
+    one more slow rank would make the median, the yardstick is taken from the others. A fixed
+    low quantile (the fastest member, say) would need no search, but on a loaded host it
+    charges every rank the spread of the noise (the fastest of N draws); where a minority is
+    named the model's median is still a healthy rank's and is kept, so the noise floor moves
+    only where the median would otherwise be a straggler's.
+    """
+    if not len(lanes):
+        return model.item_ideal
+    named = np.isin(model.item_lane, np.asarray(lanes, dtype=np.int64))
+    size = np.bincount(groups)
+    k = np.bincount(groups[named], minlength=size.shape[0])
+    moved = (k >= size - (size - 1) // 2 - 1) & (size - k >= 3)  # a median of three others at least
+    rest = ~named & moved[groups]
+    if not rest.any():
+        return model.item_ideal
+    med = np.full(size.shape[0], np.inf)
+    med[groups[rest]] = typical(model.item_work[rest], groups[rest], how="median")
+    return np.asarray(np.minimum(model.item_ideal, med[groups]), dtype=np.float64)
+
+
+def excess_work(model: ReplayModel, ideal: F64 | None = None) -> F64:
     """Per lane: local work above the typical peer's, summed (a cheap pre-filter)."""
-    over = np.maximum(model.item_work - model.item_ideal, 0.0)
+    base = model.item_ideal if ideal is None else ideal
+    over = np.maximum(model.item_work - base, 0.0)
     return np.bincount(model.item_lane, weights=over, minlength=model.n_lanes).astype(np.float64)
 
 
 def candidates(w: WhatIf, max_candidates: int = 8, min_excess_share: float = 0.2) -> tuple[list[int], F64]:
-    """Lanes worth replaying and their own cost per step, most costly first.
+    """Lanes worth replaying and their own cost per step, most costly first (against the
+    model's ideal; ``candidates_at``)."""
+    cand, cost, _ = candidates_at(w, max_candidates, min_excess_share)
+    return cand, cost
+
+
+def candidates_at(
+    w: WhatIf,
+    max_candidates: int = 8,
+    min_excess_share: float = 0.2,
+    ideal: F64 | None = None,
+    keep: Sequence[int] = (),
+) -> tuple[list[int], F64, F64]:
+    """Lanes worth replaying, their own cost per step (most costly first), and the ideal job's
+    step times the costs are measured against.
 
     The ``max_candidates`` lanes with the most excess work (at least ``min_excess_share`` of the
-    largest: a cheap pre-filter), each replayed alone on the ideal job (add direction), which
-    shows a straggler even when a bigger one masks it in the observed job.
+    largest: a cheap pre-filter), and the ``keep`` lanes, each replayed alone on the ideal job
+    (add direction), which shows a straggler even when a bigger one masks it in the observed job.
     """
     m = w.model
-    excess = excess_work(m)
+    t_ideal = w.t_ideal
+    if ideal is not None:
+        none_i = np.zeros(m.item_work.shape[0], dtype=bool)
+        t_ideal = w.run([Scenario(True, none_i, np.zeros(m.inc_lane.shape[0], dtype=bool))], ideal)[0]
+    excess = excess_work(m, ideal)
     floor = max(float(excess.max(initial=0.0)) * min_excess_share, 1e-300)
     top = np.argsort(-excess, kind="stable")[:max_candidates]
-    order = [int(x) for x in top if excess[x] >= floor]
+    order = list(keep) + [int(x) for x in top if excess[x] >= floor and int(x) not in keep]
     if not order:
-        return [], np.zeros((0, m.n_steps))
-    cost = w.per_lane_add(order) / np.maximum(w.t_ideal, 1e-12)[None, :] - 1.0
+        return [], np.zeros((0, m.n_steps)), t_ideal
+    cost = w.per_lane_add(order, ideal=ideal) / np.maximum(t_ideal, 1e-12)[None, :] - 1.0
     rank = np.argsort(-cost.mean(axis=1), kind="stable")
-    return [order[i] for i in rank], cost[rank]
+    return [order[i] for i in rank], cost[rank], t_ideal
 
 
 def explain(
@@ -188,6 +253,7 @@ def explain(
     tie: float = 0.8,
     per_round: int = 4,
     max_rounds: int = 8,
+    groups: I64 | None = None,
 ) -> Explanation:
     """Set-level what-if search: greedy removal with shared ties.
 
@@ -197,19 +263,24 @@ def explain(
     the first named lane). Two equal stragglers mask each other (fixing one alone saves nothing);
     fixed together they do, so both are named. The option saving the most step time is named;
     the search stops when it saves less than ``min_gain`` of the observed step time.
+
+    ``groups`` (``member_groups``): re-evaluate the ideal without the named lanes after each
+    round (``ideal_without``), and the candidates' own costs against it, so a rank stalling
+    beside a slow majority is measured against the healthy ranks.
     """
-    cand, cost = candidates(w, max_candidates)
-    own = {c: float(cost[i].mean()) for i, c in enumerate(cand)}
+    ideal = w.model.item_ideal
+    cand, cost, t_ideal = candidates_at(w, max_candidates)
     t_obs = float(w.t_obs.mean())
     t_cur = t_obs
     named: list[int] = []
     gains: list[float] = []
     for _ in range(max_rounds):
+        own = {c: float(cost[i].mean()) for i, c in enumerate(cand)}
         options = _options([c for c in cand if c not in named], own, named, tie, per_round)
         if not options:
             break
         scen = [Scenario(False, *w.selection(named + opt, with_transfer=False)) for opt in options]
-        times = w.run(scen).mean(axis=1)
+        times = w.run(scen, ideal).mean(axis=1)
         best = int(np.argmax(t_cur - times))
         gain = (t_cur - float(times[best])) / max(t_obs, 1e-12)
         if gain < min_gain:
@@ -217,9 +288,38 @@ def explain(
         named += options[best]
         gains += [gain / len(options[best])] * len(options[best])
         t_cur = float(times[best])
-    gap = t_obs - float(w.t_ideal.mean())
+        new = ideal if groups is None else ideal_without(w.model, groups, named)
+        if not np.array_equal(new, ideal):  # the yardstick moved: costs measured against it again
+            ideal = new
+            cand, cost, t_ideal = candidates_at(w, max_candidates, ideal=ideal, keep=named)
+            t_cur = float(w.run([Scenario(False, *w.selection(named, with_transfer=False))], ideal).mean())
+    gap = t_obs - float(t_ideal.mean())
     rec = (t_obs - t_cur) / gap if named and gap > 0 else 0.0
-    return Explanation(tuple(cand), cost, tuple(named), tuple(gains), float(rec))
+    base = np.repeat(t_ideal[None, :], len(cand), axis=0)
+    if groups is not None and len(named) > 1:
+        _own_against_others(w, groups, named, (cand, cost, base), ideal)
+    return Explanation(tuple(cand), cost, tuple(named), tuple(gains), float(rec), base)
+
+
+def _own_against_others(
+    w: WhatIf, groups: I64, named: list[int], rows: tuple[list[int], F64, F64], final: F64
+) -> None:
+    """Each named lane's own cost (in place) against the ideal without the *other* named lanes:
+    a rank is compared with the peers that are not the other stragglers, not with a yardstick
+    its own exclusion lowered (one stall beside a persistent rank would otherwise read as late
+    in the steps its stall spilled into). ``rows``: candidates, their costs and ideal step
+    times, measured against ``final`` (a lane whose ideal is the same keeps its row)."""
+    cand, cost, base = rows
+    for lane in named:
+        ideal = ideal_without(w.model, groups, [x for x in named if x != lane])
+        if np.array_equal(ideal, final):
+            continue
+        none_i = np.zeros(w.model.item_work.shape[0], dtype=bool)
+        none_s = np.zeros(w.model.inc_lane.shape[0], dtype=bool)
+        times = w.run([Scenario(True, none_i, none_s), Scenario(True, *w.selection([lane], False))], ideal)
+        i = cand.index(lane)
+        base[i] = times[0]
+        cost[i] = times[1] / np.maximum(times[0], 1e-12) - 1.0
 
 
 def _options(
