@@ -8,6 +8,7 @@ import pytest
 
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host, parse_hosts
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol import rpc
 from kinetoscope.protocol.rpc import KscopeTraceRequest
 
 
@@ -82,6 +83,17 @@ def test_malformed_answer_is_one_line_naming_the_field(rpc_server, answer, field
         DaemonClient(srv.address).list_processes()
     assert info.value.kind == "no_answer"
     assert str(info.value) == f"daemon {srv.address}: kscopeListProcesses: malformed answer: {field}"
+
+
+def test_oversized_answer_is_one_line(rpc_server):
+    big = {"hostname": "n1", "processes": [{"pid": p} for p in range(100)]}
+    srv = rpc_server({"kscopeListProcesses": lambda r: big})
+    with pytest.raises(DaemonError) as info:
+        DaemonClient(srv.address).ask(
+            "kscopeListProcesses", rpc.KscopeListProcessesResponse, max_reply_bytes=256
+        )
+    assert info.value.kind == "no_answer" and "\n" not in str(info.value)
+    assert "exceeds the 256-byte limit" in str(info.value)
 
 
 def test_failed_status_carries_the_daemons_reason(rpc_server):
