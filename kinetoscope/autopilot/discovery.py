@@ -18,6 +18,7 @@ from typing import Any
 
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host
 from kinetoscope.collect.trigger import poll_interval_of
+from kinetoscope.protocol import rpc
 from kinetoscope.store.fleet import SeenJob
 
 
@@ -32,63 +33,62 @@ class SweepResult:
     seconds: float = 0.0
 
 
-def job_key(proc: dict[str, Any], hostname: str) -> str:
+def job_key(proc: rpc.ProcessInfo, hostname: str) -> str:
     """The job a listed process belongs to (module docstring)."""
-    slurm = proc.get("slurm_job_id")
-    if slurm:
-        return f"slurm:{slurm}"
+    if proc.slurm_job_id:
+        return f"slurm:{proc.slurm_job_id}"
     # a daemon with job identity (docs/deploy.md §5) names the job itself: Kubernetes, Ray,
     # torchrun, MPI or the launcher, the same on every host for multi-host launchers
-    if proc.get("job_source") not in (None, "kineto", "slurm") and proc.get("job_id"):
-        return f"job:{proc['job_id']}"
-    world = proc.get("world_size")
-    addr, port = proc.get("master_addr"), proc.get("master_port")
-    if isinstance(world, int) and world > 1 and addr and port:
-        return f"torch:{addr}:{port}:{proc.get('torchelastic_run_id') or '-'}"
-    return f"proc:{hostname}:{proc.get('pid')}"
+    if proc.job_source not in (None, "kineto", "slurm") and proc.job_id:
+        return f"job:{proc.job_id}"
+    world = proc.world_size
+    addr, port = proc.master_addr, proc.master_port
+    if world is not None and world > 1 and addr and port:
+        return f"torch:{addr}:{port}:{proc.torchelastic_run_id or '-'}"
+    return f"proc:{hostname}:{proc.pid}"
 
 
-def _is_opted_out(proc: dict[str, Any], opt_out_values: Sequence[str]) -> bool:
-    value = proc.get("autopilot")
-    return isinstance(value, str) and value.strip().lower() in opt_out_values
+def _is_opted_out(proc: rpc.ProcessInfo, opt_out_values: Sequence[str]) -> bool:
+    value = proc.autopilot
+    return value is not None and value.strip().lower() in opt_out_values
+
+
+def _rank_entry(address: str, hostname: str, p: rpc.ProcessInfo) -> dict[str, Any]:
+    """One rank of a :class:`SeenJob` (its ``ranks`` JSON)."""
+    return {
+        "host": address,
+        "hostname": hostname,
+        "pid": p.pid,
+        "rank": p.rank,
+        "poll_s": poll_interval_of(p),
+        "cpu_s": p.cpu_s,  # the hang check (autopilot/hang.py)
+    }
 
 
 def group_jobs(
-    listings: dict[str, tuple[str, list[dict[str, Any]]]],
+    listings: dict[str, tuple[str, list[rpc.ProcessInfo]]],
     opt_out_values: Sequence[str],
     devices_per_rank: int,
 ) -> list[SeenJob]:
     """``address -> (hostname, processes)`` into jobs (launchers and dead processes left out)."""
-    groups: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    groups: dict[str, list[tuple[str, str, rpc.ProcessInfo]]] = {}
     for address, (hostname, procs) in listings.items():
         for p in procs:
-            if p.get("is_launcher") or p.get("alive") is False or not isinstance(p.get("pid"), int):
+            if p.is_launcher or p.alive is False:
                 continue
             groups.setdefault(job_key(p, hostname), []).append((address, hostname, p))
     jobs = []
     for key, members in sorted(groups.items()):
         procs = [m[2] for m in members]
-        sizes = {int(p["world_size"]) for p in procs if isinstance(p.get("world_size"), int)}
-        ranks = [
-            {
-                "host": a,
-                "hostname": h,
-                "pid": p["pid"],
-                "rank": p.get("rank"),
-                "poll_s": poll_interval_of(p),
-                "cpu_s": p.get("cpu_s"),  # the hang check (autopilot/hang.py)
-            }
-            for a, h, p in members
-        ]
+        sizes = {p.world_size for p in procs if p.world_size is not None}
+        ranks = [_rank_entry(a, h, p) for a, h, p in members]
         ranks.sort(key=lambda r: (r["rank"] if isinstance(r["rank"], int) else 1 << 30, r["host"], r["pid"]))
-        ages = [
-            float(p["registered_s_ago"]) for p in procs if isinstance(p.get("registered_s_ago"), (int, float))
-        ]
+        ages = [p.registered_s_ago for p in procs if p.registered_s_ago is not None]
         jobs.append(
             SeenJob(
                 job_key=key,
-                job_id=str(procs[0].get("job_id")) if procs[0].get("job_id") is not None else None,
-                cmdline=next((p.get("cmdline") for p in procs if p.get("cmdline")), None),
+                job_id=procs[0].job_id,
+                cmdline=next((p.cmdline for p in procs if p.cmdline), None),
                 hosts=sorted({m[0] for m in members}),
                 ranks=ranks,
                 world_size=max(sizes) if sizes else len(procs),
@@ -116,7 +116,7 @@ def sweep(
     result = SweepResult(skipped=[a for a in addresses if a in skip])
     asked = [a for a in addresses if a not in skip]
 
-    def one(address: str) -> tuple[str, dict[str, Any] | None, str | None]:
+    def one(address: str) -> tuple[str, rpc.KscopeListProcessesResponse | None, str | None]:
         addr = parse_host(address)
         client = (
             client_factory(addr) if client_factory else DaemonClient(addr, token=token, timeout=rpc_timeout)
@@ -126,7 +126,7 @@ def sweep(
         except DaemonError as exc:
             return address, None, str(exc)
 
-    listings: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    listings: dict[str, tuple[str, list[rpc.ProcessInfo]]] = {}
     if asked:
         with ThreadPoolExecutor(
             max_workers=max(1, min(workers, len(asked))), thread_name_prefix="kscope-sweep"
@@ -135,10 +135,9 @@ def sweep(
                 if reply is None:
                     result.failed[address] = error or "no answer"
                     continue
-                hostname = str(reply.get("hostname") or parse_host(address).host)
-                procs = [p for p in reply.get("processes") or [] if isinstance(p, dict)]
+                hostname = reply.hostname or parse_host(address).host
                 result.answered[address] = hostname
-                listings[address] = (hostname, procs)
+                listings[address] = (hostname, reply.processes)
     result.jobs = group_jobs(listings, opt_out_values, devices_per_rank)
     result.seconds = time.perf_counter() - started
     return result

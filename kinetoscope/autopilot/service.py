@@ -518,26 +518,24 @@ class Autopilot:
                 ).trace_status(sample.sample_id)
             except DaemonError:
                 continue
-            if not reply.get("known"):
+            if not reply.known:
                 continue
-            hostname = str(reply.get("hostname") or addr.host)
-            if isinstance(reply.get("trace_dir"), str) and reply["trace_dir"] not in res.output_dirs:
-                res.output_dirs.append(reply["trace_dir"])
-            for f in reply.get("files") or []:
-                res.files.append(
-                    TraceFile(host=str(addr), pid=int(f["pid"]), rank=f.get("rank"), path=str(f["path"]))
-                )
+            hostname = reply.hostname or addr.host
+            if reply.trace_dir and reply.trace_dir not in res.output_dirs:
+                res.output_dirs.append(reply.trace_dir)
+            for f in reply.files:
+                res.files.append(TraceFile(host=str(addr), pid=f.pid, rank=f.rank, path=f.path))
                 res.matched.append(
                     MatchedProcess(
                         host=str(addr),
                         hostname=hostname,
-                        pid=int(f["pid"]),
-                        rank=f.get("rank"),
+                        pid=f.pid,
+                        rank=f.rank,
                         local_rank=None,
                         world_size=None,
                         job_id=None,
                         cmdline="",
-                        path=str(f["path"]),
+                        path=f.path,
                         triggered=True,
                         busy=False,
                     )

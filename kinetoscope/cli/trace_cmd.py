@@ -12,6 +12,7 @@ import contextlib
 import sys
 from dataclasses import replace
 from types import TracebackType
+from typing import Any
 
 import orjson
 import typer
@@ -21,6 +22,7 @@ from rich.progress import Progress, TaskID
 
 from kinetoscope.cli.examples import examples
 from kinetoscope.cli.host_options import DAEMON_HOSTS, HOSTS_FILE, daemon_hosts
+from kinetoscope.cli.struct_options import with_struct_options
 from kinetoscope.cli.tls_options import TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, apply_client_tls
 from kinetoscope.collect.captured import UNUSABLE_EXIT, unusable
 from kinetoscope.collect.deliver import job_step_rate, parse_store_options
@@ -53,6 +55,7 @@ from kinetoscope.collect.workflow import (
     run_trace,
 )
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol.trace_options import TraceOptions as WireOptions
 from kinetoscope.readback import check_captured
 from kinetoscope.termtext import print_wrapped
 
@@ -79,17 +82,6 @@ PIDS_OPT = typer.Option(
     help="Trace these processes (a pid also matches its descendants, e.g. a launcher's ranks).",
 )
 ALL_OPT = typer.Option(False, "--all", help="Trace every registered process.")
-DURATION_MS_OPT = typer.Option(None, "--duration-ms", help="Record this many milliseconds.")
-ITERATIONS_OPT = typer.Option(
-    None, "--iterations", help="Record this many training iterations (optimizer.step() calls)."
-)
-ITERATION_ROUNDUP_OPT = typer.Option(
-    None,
-    "--iteration-roundup",
-    metavar="R",
-    help="Start at the next iteration that is a multiple of R. Default for several processes: a "
-    "multiple chosen so that every rank starts at the same iteration (docs/collect.md); for one: 1.",
-)
 NO_ALIGN_OPT = typer.Option(
     False,
     "--no-align",
@@ -101,17 +93,6 @@ OUTPUT_DIR_OPT = typer.Option(
     "-o",
     help="Root folder for trace files (default: the daemon's trace root, /tmp/kinetoscope/traces); "
     "files go to <output-dir>/<trace-id>/.",
-)
-RECORD_SHAPES_OPT = typer.Option(False, "--record-shapes", help="Record operator input shapes.")
-PROFILE_MEMORY_OPT = typer.Option(False, "--profile-memory", help="Record memory (duration mode only).")
-WITH_STACK_OPT = typer.Option(False, "--with-stack", "--with-stacks", help="Record Python stacks.")
-WITH_FLOPS_OPT = typer.Option(False, "--with-flops", help="Estimate FLOPs of matmul/conv operators.")
-WITH_MODULES_OPT = typer.Option(False, "--with-modules", help="Record the nn.Module hierarchy.")
-PROCESS_LIMIT_OPT = typer.Option(
-    None, "--process-limit", help="Trace at most N processes per host (default: no limit)."
-)
-INCLUDE_LAUNCHERS_OPT = typer.Option(
-    False, "--include-launchers", help="Also trace launcher processes (torchrun), skipped by default."
 )
 WAIT_OPT = typer.Option(False, "--wait", "-w", help="Wait until every trace file is complete.")
 WHEN_STEPPING_OPT = typer.Option(
@@ -383,24 +364,16 @@ def _catalog(delivery: Delivery, catalog: str | None, no_catalog: bool) -> Deliv
 
 def register(app: typer.Typer) -> None:
     @app.command("trace", epilog=EXAMPLES)
+    @with_struct_options(WireOptions, into="trace_options")
     def trace(
         host: list[str] | None = DAEMON_HOSTS,
         hosts_file: str | None = HOSTS_FILE,
         job_id: str | None = JOB_ID_OPT,
         pids: str | None = PIDS_OPT,
         all_: bool = ALL_OPT,
-        duration_ms: int | None = DURATION_MS_OPT,
-        iterations: int | None = ITERATIONS_OPT,
-        iteration_roundup: int | None = ITERATION_ROUNDUP_OPT,
+        trace_options: dict[str, Any] | None = None,  # one flag per TraceOptions field, generated
         no_align: bool = NO_ALIGN_OPT,
         output_dir: str | None = OUTPUT_DIR_OPT,
-        record_shapes: bool = RECORD_SHAPES_OPT,
-        profile_memory: bool = PROFILE_MEMORY_OPT,
-        with_stack: bool = WITH_STACK_OPT,
-        with_flops: bool = WITH_FLOPS_OPT,
-        with_modules: bool = WITH_MODULES_OPT,
-        process_limit: int | None = PROCESS_LIMIT_OPT,
-        include_launchers: bool = INCLUDE_LAUNCHERS_OPT,
         wait: bool = WAIT_OPT,
         when_stepping: bool = WHEN_STEPPING_OPT,
         timeout: float | None = TIMEOUT_OPT,
@@ -418,19 +391,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Trigger an on-demand trace of running PyTorch processes, like `dyno gputrace`."""
         apply_client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
-        options = TraceOptions(
-            duration_ms=duration_ms,
-            iterations=iterations,
-            iteration_roundup=iteration_roundup,
-            record_shapes=record_shapes,
-            profile_memory=profile_memory,
-            with_stack=with_stack,
-            with_flops=with_flops,
-            with_modules=with_modules,
-            process_limit=process_limit,
-            include_launchers=include_launchers,
-            align=not no_align,
-        )
+        options = TraceOptions(**(trace_options or {}), align=not no_align)
         request, notes = parse_trace_request(
             hosts=daemon_hosts(host, hosts_file),
             job_id=job_id,

@@ -1,7 +1,8 @@
 """RPC client for a Kinetoscope (or Dynolog) daemon.
 
 Framing is dyno's (``kinetoscope.protocol.wire``): native ``int32`` length + UTF-8 JSON, one request
-per TCP connection; the kscope functions take the typed requests of ``kinetoscope.protocol.rpc``.
+per TCP connection; the kscope functions take the typed requests of ``kinetoscope.protocol.rpc``
+and return its typed responses (an answer that does not fit is refused, naming the field).
 Every failure becomes a :class:`DaemonError` whose message names the host and
 the cause, so the trigger can report it without a traceback.
 """
@@ -12,8 +13,9 @@ import errno
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import orjson
 
 from kinetoscope.collect.tls import TlsClientOptions, default_tls, tls_reason
@@ -25,6 +27,8 @@ from kinetoscope.protocol.wire import MAX_RPC_BYTES, FrameError, frame_rpc, read
 DEFAULT_HOST = "localhost"
 DEFAULT_TIMEOUT_S = 10.0
 STACKS_MAX_REPLY_BYTES = 64 << 20  # a stacks answer: up to 256 processes of bounded stacks
+
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 @dataclass(frozen=True, order=True)
@@ -233,44 +237,63 @@ class DaemonClient:
             raise DaemonError(self.address, "failed", f"{fn} failed: {why}")
         return reply
 
-    # -- dyno functions -------------------------------------------------------------------
-    def get_status(self) -> dict[str, Any]:
-        return self.call("getStatus")
+    def ask(self, fn: str, kind: type[R], *, max_reply_bytes: int = MAX_RPC_BYTES, **fields: Any) -> R:
+        """:meth:`call`, its answer decoded as the response struct ``kind`` (protocol/rpc.py); an
+        answer that is not one is a ``no_answer`` DaemonError naming the field."""
+        reply = self.call(fn, max_reply_bytes=max_reply_bytes, **fields)
+        try:
+            return rpc.decode_response(reply, kind)
+        except rpc.ResponseError as exc:
+            raise DaemonError(self.address, "no_answer", f"{fn}: malformed answer: {exc}") from None
 
-    def get_version(self) -> dict[str, Any]:
-        return self.call("getVersion")
+    # -- dyno functions -------------------------------------------------------------------
+    def get_status(self) -> rpc.StatusResponse:
+        return self.ask("getStatus", rpc.StatusResponse)
+
+    def get_version(self) -> rpc.VersionResponse:
+        return self.ask("getVersion", rpc.VersionResponse)
 
     # -- kscope extensions (docs/protocol.md §9; typed requests in kinetoscope.protocol.rpc) --
-    def list_processes(self, job_id: int | None = None, max_pages: int = 64) -> dict[str, Any]:
+    def list_processes(
+        self, job_id: int | None = None, max_pages: int = 64
+    ) -> rpc.KscopeListProcessesResponse:
         """Every registered process (of ``job_id``): the daemon answers pages of at most
         ``rpc.MAX_LIST_PROCESSES``; at most ``max_pages`` are fetched (``next_offset`` is kept in
         the answer when more remain)."""
-        answer = self.call(
-            rpc.LIST_PROCESSES, **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id))
+        kind = rpc.KscopeListProcessesResponse
+        answer = self.ask(
+            rpc.LIST_PROCESSES, kind, **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id))
         )
         for _ in range(max_pages - 1):
-            offset = answer.get("next_offset")
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset <= 0:
+            offset = answer.next_offset
+            if offset is None or offset <= 0:
                 break
-            page = self.call(
+            page = self.ask(
                 rpc.LIST_PROCESSES,
+                kind,
                 **rpc.request_fields(rpc.KscopeListProcessesRequest(job_id=job_id, offset=offset)),
             )
-            more = page.get("processes")
-            if not isinstance(more, list) or not more or not isinstance(answer.get("processes"), list):
+            if not page.processes:
                 break
-            answer["processes"].extend(more)
-            answer["next_offset"] = page.get("next_offset")
+            answer.processes.extend(page.processes)
+            answer.next_offset = page.next_offset
         return answer
 
-    def trace(self, request: rpc.KscopeTraceRequest) -> dict[str, Any]:
-        return self.call(rpc.TRACE, **rpc.request_fields(request))
+    def trace(self, request: rpc.KscopeTraceRequest) -> rpc.KscopeTraceResponse:
+        return self.ask(rpc.TRACE, rpc.KscopeTraceResponse, **rpc.request_fields(request))
 
-    def trace_status(self, trace_id: str) -> dict[str, Any]:
-        return self.call(
-            rpc.TRACE_STATUS, **rpc.request_fields(rpc.KscopeTraceStatusRequest(trace_id=trace_id))
+    def trace_status(self, trace_id: str) -> rpc.KscopeTraceStatusResponse:
+        return self.ask(
+            rpc.TRACE_STATUS,
+            rpc.KscopeTraceStatusResponse,
+            **rpc.request_fields(rpc.KscopeTraceStatusRequest(trace_id=trace_id)),
         )
 
-    def stacks(self, request: rpc.KscopeStacksRequest) -> dict[str, Any]:
+    def stacks(self, request: rpc.KscopeStacksRequest) -> rpc.KscopeStacksResponse:
         """§9.4 ``kscopeStacks`` (its answer may be up to ``STACKS_MAX_REPLY_BYTES``)."""
-        return self.call(rpc.STACKS, max_reply_bytes=STACKS_MAX_REPLY_BYTES, **rpc.request_fields(request))
+        return self.ask(
+            rpc.STACKS,
+            rpc.KscopeStacksResponse,
+            max_reply_bytes=STACKS_MAX_REPLY_BYTES,
+            **rpc.request_fields(request),
+        )

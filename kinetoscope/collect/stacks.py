@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import msgspec
 
 from kinetoscope.collect.client import DaemonClient, HostAddress, parse_hosts
 from kinetoscope.collect.stack_groups import RankStacks, StacksReport, build_report
-from kinetoscope.collect.trigger import HostReply, Target, _ask_all, parse_job_id, parse_pids
+from kinetoscope.collect.trigger import HostAnswer, Target, _ask_all, parse_job_id, parse_pids
 from kinetoscope.errors import UsageError
 from kinetoscope.protocol import rpc
 
@@ -101,7 +98,7 @@ def parse_stacks_request(
     return request, notes
 
 
-def _sample(request: StacksRequest, token: str | None) -> list[HostReply]:
+def _sample(request: StacksRequest, token: str | None) -> list[HostAnswer[rpc.KscopeStacksResponse]]:
     rpc_request = request.rpc_request()
     return _ask_all(
         list(request.hosts),
@@ -143,7 +140,7 @@ def _no_match(request: StacksRequest, hosts: dict[str, dict[str, object]]) -> st
 
 
 def _merge(
-    hr: HostReply,
+    hr: HostAnswer[rpc.KscopeStacksResponse],
     ranks: dict[tuple[str, int], RankStacks],
     hosts: dict[str, dict[str, object]],
     errors: list[dict[str, object]],
@@ -154,22 +151,15 @@ def _merge(
         if sample == 0 or not any(e.get("host") == address for e in errors):
             errors.append({"kind": hr.error.kind, "host": address, "message": str(hr.error)})
         return
-    reply: dict[str, Any] = hr.reply or {}
-    hostname = str(reply.get("hostname") or hr.address.host)
+    reply = hr.reply or rpc.KscopeStacksResponse()
+    hostname = reply.hostname or hr.address.host
     hosts[address] = {
         "host": address,
         "hostname": hostname,
-        "py_spy": reply.get("py_spy"),
-        "registered": reply.get("registered"),
+        "py_spy": reply.py_spy,
+        "registered": reply.registered,
     }
-    for raw in reply.get("processes") or []:
-        try:
-            snap = msgspec.convert(raw, rpc.ProcessStacks)
-        except msgspec.ValidationError as exc:
-            errors.append(
-                {"kind": "no_answer", "host": address, "message": f"daemon {address}: bad stacks: {exc}"}
-            )
-            continue
+    for snap in reply.processes:
         key = (address, snap.pid)
         rank = ranks.get(key)
         if rank is None:

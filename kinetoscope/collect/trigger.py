@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
@@ -390,11 +390,21 @@ class TraceProblem:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+R = TypeVar("R", bound=msgspec.Struct)
+
+
 @dataclass
-class HostReply:
+class HostAnswer(Generic[R]):
+    """One host's typed answer (``reply``, a response struct of protocol/rpc.py) or its
+    ``error``: exactly one is set."""
+
     address: HostAddress
-    reply: dict[str, Any] | None = None
+    reply: R | None = None
     error: DaemonError | None = None
+
+
+# Any function's answer: what progress displays (``OnAnswer``) see.
+HostReply = HostAnswer[Any]
 
 
 @dataclass
@@ -508,24 +518,6 @@ class TraceResult:
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def _as_str(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return " ".join(str(v) for v in value)
-    return str(value)
-
-
 def requested_by() -> str:
     """``user@host`` of whoever triggers (the manifest's and the catalog's ``requested_by``)."""
     try:
@@ -564,17 +556,18 @@ def _ask_all(
     hosts: list[HostAddress],
     token: str | None,
     timeout: float,
-    call: Callable[[DaemonClient], dict[str, Any]],
+    call: Callable[[DaemonClient], R],
     on_done: Callable[[HostReply], None] | None = None,
-) -> list[HostReply]:
+) -> list[HostAnswer[R]]:
     """``call`` every host's daemon through the bounded pool; replies in ``hosts`` order.
     ``on_done`` sees each reply (in a worker thread) as soon as it is there."""
 
-    def one(addr: HostAddress) -> HostReply:
+    def one(addr: HostAddress) -> HostAnswer[R]:
+        hr: HostAnswer[R]
         try:
-            hr = HostReply(addr, reply=call(DaemonClient(addr, token=token, timeout=timeout)))
+            hr = HostAnswer(addr, reply=call(DaemonClient(addr, token=token, timeout=timeout)))
         except DaemonError as exc:
-            hr = HostReply(addr, error=exc)
+            hr = HostAnswer(addr, error=exc)
         if on_done is not None:
             on_done(hr)
         return hr
@@ -616,32 +609,29 @@ def align_roundup(poll_interval_s: float, steps_per_s: float = ALIGN_STEPS_PER_S
     return nice_ceil(ALIGN_SAFETY * steps_per_s * (poll_interval_s + ALIGN_SLACK_S))
 
 
-def poll_interval_of(proc: dict[str, Any]) -> float | None:
+def poll_interval_of(proc: rpc.ProcessInfo) -> float | None:
     """A process's poll interval (s) from the daemon's listing (time registered / polls)."""
-    age, polls = proc.get("registered_s_ago"), _as_int(proc.get("polls"))
-    if not isinstance(age, (int, float)) or not polls or polls < 3:
+    age, polls = proc.registered_s_ago, proc.polls
+    if age is None or not polls or polls < 3:
         return None
-    return min(10.0, max(1.0, float(age) / polls))
+    return min(10.0, max(1.0, age / polls))
 
 
-def _listed_pids(p: dict[str, Any]) -> set[int | None]:
+def _listed_pids(p: rpc.ProcessInfo) -> set[int | None]:
     """The pids a listed process is matched by: its pid chain, or in another pid namespace its
     host pid (the daemon's rule, registry.Process.matches_pids; ancestors are not listed)."""
-    if p.get("container_pid") is not None:
-        return {_as_int(p.get("host_pid"))}
-    return {_as_int(x) for x in (p.get("pids") or [p.get("pid")])}
+    if p.container_pid is not None:
+        return {p.host_pid}
+    return set(p.pids or [p.pid])
 
 
-def _targets(target: Target, procs: list[dict[str, Any]], include_launchers: bool) -> list[dict[str, Any]]:
+def _targets(target: Target, procs: list[rpc.ProcessInfo], include_launchers: bool) -> list[rpc.ProcessInfo]:
     """The listed processes a request for ``target`` would trace (the daemon's matching rules)."""
     out = []
     for p in procs:
-        if p.get("is_launcher") and not include_launchers:
+        if p.is_launcher and not include_launchers:
             continue
-        if target.job_id is not None and str(target.job_id) not in (
-            str(p.get("job_id")),
-            str(p.get("kineto_job_id")),
-        ):
+        if target.job_id is not None and str(target.job_id) not in (str(p.job_id), str(p.kineto_job_id)):
             continue
         if target.pids and not set(target.pids) & _listed_pids(p):
             continue
@@ -793,60 +783,55 @@ def _local_output_dir(output_dir: str | None) -> str | None:
     return str(output_dir)[len("file://") :]
 
 
-def _take_reply(result: TraceResult, hr: HostReply, dir_given: bool) -> str | None:
+def _take_reply(result: TraceResult, hr: HostAnswer[rpc.KscopeTraceResponse], dir_given: bool) -> str | None:
     """One host's ``kscopeTrace`` answer into ``result`` (its processes, files, folder, errors);
     the "nothing matched on this host" line when it matched nothing."""
     if hr.error is not None:
         result.errors.append(_problem_from_error(hr.error))
         return None
-    reply = hr.reply or {}
+    reply = hr.reply or rpc.KscopeTraceResponse()
     host = str(hr.address)
-    hostname = str(reply.get("hostname") or hr.address.host)
-    if not result.config and isinstance(reply.get("config"), str):
-        result.config = reply["config"]
-    out = reply.get("trace_dir") or reply.get("output_dir")
-    if isinstance(out, str) and out:
+    hostname = reply.hostname or hr.address.host
+    if not result.config and reply.config:
+        result.config = reply.config
+    out = reply.trace_dir or reply.output_dir
+    if out:
         trace_dir = out if Path(out).name == result.trace_id else str(Path(out) / result.trace_id)
-        if trace_dir not in result.output_dirs and (reply.get("matched") or dir_given):
+        if trace_dir not in result.output_dirs and (reply.matched or dir_given):
             result.output_dirs.append(trace_dir)
-    matched = reply.get("matched") or []
+    matched = reply.matched
     if not matched:
-        registered = reply.get("registered") or "nothing"
+        registered = reply.registered or "nothing"
         if result.target.all:
             return f"nothing to trace on host {hostname} ({host}): {registered}"
         return f"no process on host {hostname} ({host}) {result.target.describe()}; registered: {registered}"
     for m in matched:
-        proc = _matched_process(host, hostname, m)
-        if proc is not None:
-            _add_matched(result, proc)
+        _add_matched(result, _matched_process(host, hostname, m))
     return None
 
 
-def _matched_process(host: str, hostname: str, m: dict[str, Any]) -> MatchedProcess | None:
-    """A ``matched`` entry of a ``kscopeTrace`` answer (§9.2); None without a pid."""
-    pid = _as_int(m.get("pid"))
-    if pid is None:
-        return None
+def _matched_process(host: str, hostname: str, m: rpc.MatchedProcess) -> MatchedProcess:
+    """A ``matched`` entry of a ``kscopeTrace`` answer (§9.2)."""
     return MatchedProcess(
         host=host,
         hostname=hostname,
-        pid=pid,
-        rank=_as_int(m.get("rank")),
-        local_rank=_as_int(m.get("local_rank")),
-        world_size=_as_int(m.get("world_size")),
-        job_id=_as_str(m.get("job_id")),
-        cmdline=_as_str(m.get("cmdline")) or "",
-        path=_as_str(m.get("path")),
-        triggered=bool(m.get("triggered")),
-        busy=bool(m.get("busy")),
-        is_launcher=bool(m.get("is_launcher")),
-        reason=_as_str(m.get("reason")),
-        host_pid=_as_int(m.get("host_pid")),
-        container_pid=_as_int(m.get("container_pid")),
-        job_source=_as_str(m.get("job_source")),
-        kineto_job_id=_as_str(m.get("kineto_job_id")),
-        pod=_as_str(m.get("pod")),
-        namespace=_as_str(m.get("namespace")),
+        pid=m.pid,
+        rank=m.rank,
+        local_rank=m.local_rank,
+        world_size=m.world_size,
+        job_id=m.job_id,
+        cmdline=m.cmdline or "",
+        path=m.path,
+        triggered=m.triggered,
+        busy=m.busy,
+        is_launcher=m.is_launcher,
+        reason=m.reason,
+        host_pid=m.host_pid,
+        container_pid=m.container_pid,
+        job_source=m.job_source,
+        kineto_job_id=m.kineto_job_id,
+        pod=m.pod,
+        namespace=m.namespace,
     )
 
 
@@ -983,7 +968,9 @@ def save_manifest(result: TraceResult) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # Wait
 # ---------------------------------------------------------------------------------------
-def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bool) -> list[TraceProblem]:
+def _merge_status(
+    result: TraceResult, replies: list[HostAnswer[rpc.KscopeTraceStatusResponse]], check_local: bool
+) -> list[TraceProblem]:
     """Update ``result.files`` from kscopeTraceStatus answers (and local checks). Returns host errors."""
     problems: list[TraceProblem] = []
     index = {(f.host, f.pid): f for f in result.files}
@@ -993,9 +980,8 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
         if problem is not None:
             problems.append(problem)
             continue
-        for entry in (hr.reply or {}).get("files") or []:
-            pid = _as_int(entry.get("pid"))
-            f = index.get((str(hr.address), pid)) if pid is not None else None
+        for entry in hr.reply.files if hr.reply is not None else []:
+            f = index.get((str(hr.address), entry.pid))
             if f is not None:
                 _apply_status(f, entry, now)
     if check_local:
@@ -1003,11 +989,13 @@ def _merge_status(result: TraceResult, replies: list[HostReply], check_local: bo
     return problems
 
 
-def _status_problem(result: TraceResult, hr: HostReply) -> TraceProblem | None:
+def _status_problem(
+    result: TraceResult, hr: HostAnswer[rpc.KscopeTraceStatusResponse]
+) -> TraceProblem | None:
     """A host's failed status call, or its daemon not knowing the request; None when answered."""
     if hr.error is not None:
         return _problem_from_error(hr.error)
-    if (hr.reply or {}).get("known") is False:
+    if hr.reply is not None and not hr.reply.known:
         return TraceProblem(
             kind="failed",
             host=str(hr.address),
@@ -1017,31 +1005,25 @@ def _status_problem(result: TraceResult, hr: HostReply) -> TraceProblem | None:
     return None
 
 
-def _optional_bool(entry: dict[str, Any], name: str, current: bool | None) -> bool | None:
-    value = entry.get(name)
-    return current if value is None else bool(value)
-
-
-def _apply_status(f: TraceFile, entry: dict[str, Any], now: float) -> None:
-    """One file's kscopeTraceStatus entry (§9.3) into ``f``; ``now`` is ``time.monotonic()``."""
-    f.path = _as_str(entry.get("path")) or f.path
-    f.exists = bool(entry.get("exists"))
-    f.bytes = _as_int(entry.get("bytes"))
-    f.complete = bool(entry.get("complete"))
-    f.delivered = _optional_bool(entry, "delivered", f.delivered)
-    f.alive = _optional_bool(entry, "alive", f.alive)
-    f.partial = bool(_optional_bool(entry, "writing", f.partial))
-    f.tmp_bytes = _as_int(entry.get("tmp_bytes"))
-    poll_ago = entry.get("last_poll_s_ago")
-    f.last_poll_s_ago = float(poll_ago) if isinstance(poll_ago, (int, float)) else None
-    f.retries = _as_int(entry.get("retries")) or 0
-    reason = entry.get("reason")
-    f.refused = reason[:300] if isinstance(reason, str) and reason else None
+def _apply_status(f: TraceFile, entry: rpc.FileStatus, now: float) -> None:
+    """One file's kscopeTraceStatus entry (§9.3) into ``f``; ``now`` is ``time.monotonic()``.
+    An unknown (null) ``delivered``/``alive``/``writing`` keeps what ``f`` knew."""
+    f.path = entry.path or f.path
+    f.exists = entry.exists
+    f.bytes = entry.bytes
+    f.complete = entry.complete
+    f.delivered = f.delivered if entry.delivered is None else entry.delivered
+    f.alive = f.alive if entry.alive is None else entry.alive
+    f.partial = f.partial if entry.writing is None else entry.writing
+    f.tmp_bytes = entry.tmp_bytes
+    f.last_poll_s_ago = entry.last_poll_s_ago
+    f.retries = entry.retries
+    f.refused = entry.reason[:300] if entry.reason else None
     if f.refused:
         f.complete = False
-    ago = entry.get("delivered_s_ago")
-    if isinstance(ago, (int, float)):  # the daemon's clock; restarts when it re-sends the config
-        f.delivered_mono = now - float(ago)
+    ago = entry.delivered_s_ago
+    if ago is not None:  # the daemon's clock; restarts when it re-sends the config
+        f.delivered_mono = now - ago
     elif not f.delivered:
         f.delivered_mono = None
     elif f.delivered_mono is None:
@@ -1075,7 +1057,7 @@ def explain_missing(
     f: TraceFile,
     result: TraceResult,
     timeout: float,
-    process: dict[str, Any] | None = None,
+    process: rpc.ProcessInfo | None = None,
     listed: bool = False,
 ) -> str:
     """The likely cause of a file that did not appear (or is incomplete) in time.
@@ -1098,13 +1080,13 @@ def explain_missing(
                 f"{where} did not appear: the process never picked up the trace config and is no longer "
                 "registered with the daemon (it stopped polling: exited, hung, or lost its IPC socket)"
             )
-        last = process.get("last_poll_s_ago") if process else None
-        if process and process.get("tracing"):
+        last = process.last_poll_s_ago if process else None
+        if process and process.tracing:
             return (
                 f"{where} did not appear within {timeout:g} s: the process is still busy with an earlier trace "
                 "(Kineto takes a new config only when idle); it will pick this one up afterwards"
             )
-        if isinstance(last, (int, float)) and last > STALE_POLL_S:
+        if last is not None and last > STALE_POLL_S:
             return (
                 f"{where} did not appear: the process never picked up the trace config; its last poll was "
                 f"{last:.0f} s ago, so it has stopped polling the daemon (hung, stopped, or stuck in a long "
@@ -1238,15 +1220,12 @@ def _list_processes_by_host(
     token: str | None,
     rpc_timeout: float,
     on_done: Callable[[HostReply], None] | None = None,
-) -> dict[str, dict[int, dict[str, Any]]]:
+) -> dict[str, dict[int, rpc.ProcessInfo]]:
     """host -> pid -> kscopeListProcesses entry (hosts that did not answer are left out)."""
-    out: dict[str, dict[int, dict[str, Any]]] = {}
+    out: dict[str, dict[int, rpc.ProcessInfo]] = {}
     for hr in _ask_all(hosts, token, rpc_timeout, lambda c: c.list_processes(), on_done):
         if hr.error is None and hr.reply is not None:
-            procs = hr.reply.get("processes") or []
-            out[str(hr.address)] = {
-                p["pid"]: p for p in procs if isinstance(p, dict) and _as_int(p.get("pid")) is not None
-            }
+            out[str(hr.address)] = {p.pid: p for p in hr.reply.processes}
     return out
 
 

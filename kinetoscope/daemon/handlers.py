@@ -76,6 +76,11 @@ _EMPTY_DYNO_RESULT: dict[str, Any] = {
 }
 
 
+# What a handler returns: a response struct of protocol/rpc.py, or (the dyno functions whose
+# answers have no struct yet: setKinetOnDemandRequest, dcgmProf*) a JSON object.
+Answer = dict[str, Any] | msgspec.Struct
+
+
 class RequestError(Exception):
     """A bad request: becomes ``{"status": <status>, "error": <message>}``."""
 
@@ -227,7 +232,7 @@ class RpcHandlers:
             self._mnt_ns: str | None = os.readlink("/proc/self/ns/mnt")
         except OSError:
             self._mnt_ns = None
-        self._functions: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+        self._functions: dict[str, Callable[[dict[str, Any]], Answer]] = {
             "getStatus": self.get_status,
             "getVersion": self.get_version,
             "setKinetOnDemandRequest": self.set_kineto_on_demand_request,
@@ -308,10 +313,12 @@ class RpcHandlers:
             self.metrics.rpc_requests.labels("<unknown>", "failed").inc()
             return failure(f"unknown function {fn[:100]!r}; known: {', '.join(sorted(self._functions))}")
         try:
-            response = handler(req)
+            answer = handler(req)
         except RequestError as exc:
             self.metrics.rpc_requests.labels(fn, "failed").inc()
             return failure(str(exc), status=exc.status, **dyno_extra)
+        # the kscope functions answer with their typed struct (protocol/rpc.py): every field sent
+        response = rpc.response_fields(answer) if isinstance(answer, msgspec.Struct) else answer
         status = response.get("status")
         self.metrics.rpc_requests.labels(
             fn, "failed" if isinstance(status, str) and status.startswith("failed") else "ok"
@@ -319,11 +326,11 @@ class RpcHandlers:
         return response
 
     # ------------------------------------------------------------------ dyno functions
-    def get_status(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"status": 1}
+    def get_status(self, req: dict[str, Any]) -> rpc.StatusResponse:
+        return rpc.StatusResponse(status=1)
 
-    def get_version(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"version": VERSION}
+    def get_version(self, req: dict[str, Any]) -> rpc.VersionResponse:
+        return rpc.VersionResponse(version=VERSION)
 
     def dcgm_prof_pause(self, req: dict[str, Any]) -> dict[str, Any]:
         if "duration_s" not in req:
@@ -490,7 +497,7 @@ class RpcHandlers:
             job_owner=ident.owner,
         )
 
-    def kscope_list_processes(self, req: dict[str, Any]) -> dict[str, Any]:
+    def kscope_list_processes(self, req: dict[str, Any]) -> rpc.KscopeListProcessesResponse:
         """One page of the registered processes: ``offset`` (default 0) and ``limit`` (default
         and at most ``rpc.MAX_LIST_PROCESSES``); ``total`` and ``next_offset`` (null on the last
         page) say how to get the rest. A bounded answer however many processes registered."""
@@ -509,9 +516,9 @@ class RpcHandlers:
             total=len(snap),
             next_offset=offset + len(page) if more else None,
         )
-        return rpc.response_fields(response)
+        return response
 
-    def kscope_trace(self, req: dict[str, Any]) -> dict[str, Any]:
+    def kscope_trace(self, req: dict[str, Any]) -> rpc.KscopeTraceResponse:
         """§9.2: queue a per-process Kineto config for every matching process of the request."""
         call = _decode(req, rpc.KscopeTraceRequest)
         if not kc.valid_trace_id(call.trace_id):
@@ -555,7 +562,7 @@ class RpcHandlers:
             triggered=len(record.files),
             registered=self.registry.summary(),
         )
-        return rpc.response_fields(response)
+        return response
 
     def _reserve(self, trace_id: str, output_dir: str | None, shared_config: str) -> TraceRecord:
         """The request's record, its folders confined under the trace root and its id reserved."""
@@ -682,7 +689,7 @@ class RpcHandlers:
                     MAX_RESENDS,
                 )
 
-    def kscope_trace_status(self, req: dict[str, Any]) -> dict[str, Any]:
+    def kscope_trace_status(self, req: dict[str, Any]) -> rpc.KscopeTraceStatusResponse:
         trace_id = req.get("trace_id")
         if not kc.valid_trace_id(trace_id):
             raise RequestError("'trace_id' must be 1-128 letters, digits or '-'")
@@ -698,7 +705,7 @@ class RpcHandlers:
                 files=[],
                 all_complete=True,
             )
-            return rpc.response_fields(unknown)
+            return unknown
         self._resend_dropped(record)
         statuses = [file_status(f.path, record.root) for f in record.files]
         files = []
@@ -741,9 +748,9 @@ class RpcHandlers:
             files=files,
             all_complete=all(f.complete for f in files),
         )
-        return rpc.response_fields(response)
+        return response
 
-    def kscope_stacks(self, req: dict[str, Any]) -> dict[str, Any]:
+    def kscope_stacks(self, req: dict[str, Any]) -> rpc.KscopeStacksResponse:
         """§9.4: py-spy snapshots of the matching processes (``daemon/stacks.py``, docs/stacks.md)."""
         call = _decode(req, rpc.KscopeStacksRequest)
         job_id = _job_id(call.job_id)
@@ -771,4 +778,4 @@ class RpcHandlers:
             registered=self.registry.summary(),
             py_spy=stack_snapshots.py_spy_version(exe) if exe else None,
         )
-        return rpc.response_fields(response)
+        return response

@@ -38,6 +38,7 @@ from kinetoscope.collect.workflow import Delivery, TraceEvent, TraceWorkflow, Wa
 from kinetoscope.demo.local import LocalDaemon, TrainingJob, terminate_on_sigterm
 from kinetoscope.document import decode
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol import rpc
 from kinetoscope.termtext import num, print_marked, print_titled, table, text
 
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
@@ -76,7 +77,7 @@ class DemoContext:
     job_id: int = 0
     daemon: LocalDaemon | None = None
     job: TrainingJob | None = None
-    registered: list[dict[str, Any]] = field(default_factory=list)
+    registered: list[rpc.ProcessInfo] = field(default_factory=list)
     start_iteration: int | None = None  # first traced Kineto iteration (the roundup target)
     trace: TraceResult | None = None
     inspection: list[dict[str, Any]] = field(default_factory=list)
@@ -171,8 +172,7 @@ def step_wait_registered(ctx: DemoContext) -> None:
             ctx.options.ranks, job_id=ctx.job_id, timeout=ctx.remaining(60), alive=ctx.job.alive
         )
     ranks = ", ".join(
-        f"rank {p.get('rank')} = pid {p['pid']}"
-        for p in sorted(ctx.registered, key=lambda p: p.get("rank") or 0)
+        f"rank {p.rank} = pid {p.pid}" for p in sorted(ctx.registered, key=lambda p: p.rank or 0)
     )
     ctx.say(f"registered: {ranks}; they poll the daemon every second")
     # An iteration request that arrives before a process's first optimizer.step() becomes a 500 ms

@@ -33,6 +33,7 @@ from typing import Any
 import kinetoscope
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol import rpc
 
 PACKAGE_PARENT = str(Path(kinetoscope.__file__).resolve().parent.parent)
 _READY = re.compile(r"kscope daemon ready: rpc_port=(\d+)")
@@ -237,8 +238,8 @@ class LocalDaemon:
         self.stop()
         raise ProcessFailed(f"the daemon was not ready within {timeout:g} s:\n{log_tail(self.log_path)}")
 
-    def list_processes(self, job_id: int | None = None) -> list[dict[str, Any]]:
-        return list(self.client().list_processes(job_id).get("processes") or [])
+    def list_processes(self, job_id: int | None = None) -> list[rpc.ProcessInfo]:
+        return self.client().list_processes(job_id).processes
 
     def wait_for_processes(
         self,
@@ -248,13 +249,13 @@ class LocalDaemon:
         timeout: float = 60.0,
         ranks_only: bool = True,
         alive: Callable[[], bool] | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[rpc.ProcessInfo]:
         """Until ``count`` processes (launchers excluded by default) are registered; returns them."""
         deadline = time.monotonic() + timeout
-        procs: list[dict[str, Any]] = []
+        procs: list[rpc.ProcessInfo] = []
         while True:
             try:
-                procs = [p for p in self.list_processes(job_id) if not (ranks_only and p.get("is_launcher"))]
+                procs = [p for p in self.list_processes(job_id) if not (ranks_only and p.is_launcher)]
             except DaemonError:
                 procs = []
             if len(procs) >= count:

@@ -14,11 +14,11 @@ once, in :mod:`kinetoscope.protocol.trace_options`, and inherited here.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from kinetoscope.protocol.trace_options import OPTION_FIELDS, TraceOptions
+from kinetoscope.protocol.trace_options import OPTION_FIELDS, TraceOptions, field_error
 
 LIST_PROCESSES = "kscopeListProcesses"
 TRACE = "kscopeTrace"
@@ -96,31 +96,48 @@ def request_fields(request: msgspec.Struct) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 # Responses
 # ---------------------------------------------------------------------------------------
+# The daemon builds these and sends every field (``response_fields``: ``null`` where unknown);
+# the client decodes each answer into its struct (``decode_response``), so callers read typed
+# attributes. A field an older daemon (or Dynolog, for ``getStatus``/``getVersion``) may leave
+# out has a default here; what a real daemon always sends (a process's ``pid``) is required, and
+# an answer without it is refused with one line naming the field.
+class StatusResponse(msgspec.Struct, kw_only=True):
+    """dyno ``getStatus``: ``{"status": 1}`` from a daemon that is up."""
+
+    status: int | str = 1
+
+
+class VersionResponse(msgspec.Struct, kw_only=True):
+    """dyno ``getVersion``: the daemon's version string."""
+
+    version: str = ""
+
+
 class ProcessInfo(msgspec.Struct, kw_only=True):
     """One registered process (§9.1): what libkineto reported and what /proc says about it."""
 
     pid: int
-    pids: list[int]
-    job_id: str | None
-    cmdline: str | None
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    group_rank: int | None
-    torchelastic_run_id: str | None
-    master_addr: str | None
-    master_port: str | int | None
-    slurm_job_id: str | None
-    is_launcher: bool
-    last_poll_s_ago: float
-    pending: bool
-    pending_trace_id: str | None
-    host_pid: int | None
-    uid: int | None
-    alive: bool | None
-    polls: int
-    registered_s_ago: float
-    tracing: bool
+    pids: list[int] = msgspec.field(default_factory=list)
+    job_id: str | None = None
+    cmdline: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    group_rank: int | None = None
+    torchelastic_run_id: str | None = None
+    master_addr: str | None = None
+    master_port: str | int | None = None
+    slurm_job_id: str | None = None
+    is_launcher: bool = False
+    last_poll_s_ago: float | None = None
+    pending: bool = False
+    pending_trace_id: str | None = None
+    host_pid: int | None = None
+    uid: int | None = None
+    alive: bool | None = None
+    polls: int | None = None
+    registered_s_ago: float | None = None
+    tracing: bool = False
     # the job's KSCOPE_AUTOPILOT environment value ("off" opts the job out of the fleet autopilot)
     autopilot: str | None = None
     # user + system CPU seconds of the process (/proc), what the autopilot's hang check compares
@@ -142,66 +159,69 @@ class MatchedProcess(ProcessInfo, kw_only=True):
     """A process a ``kscopeTrace`` matched (§9.2): where its file will be, and whether it was
     triggered (else ``reason``: busy, launcher ..., limit)."""
 
-    path: str | None
-    log_file: str | None
-    triggered: bool
-    busy: bool
-    reason: str | None
+    path: str | None = None
+    log_file: str | None = None
+    triggered: bool = False
+    busy: bool = False
+    reason: str | None = None
 
 
 class KscopeListProcessesResponse(msgspec.Struct, kw_only=True):
     status: str = STATUS_OK
-    hostname: str
-    processes: list[ProcessInfo]
+    hostname: str = ""
+    processes: list[ProcessInfo] = msgspec.field(default_factory=list)
     total: int | None = None  # processes registered (of the job); older daemons: null
     next_offset: int | None = None  # the ``offset`` of the next page; null on the last
 
 
 class KscopeTraceResponse(msgspec.Struct, kw_only=True):
     status: str = STATUS_OK
-    hostname: str
-    trace_id: str
-    output_dir: str
-    trace_dir: str
-    manifest: str | None
-    config: str
-    matched: list[MatchedProcess]
-    triggered: int
-    registered: str
+    hostname: str = ""
+    trace_id: str = ""
+    output_dir: str = ""
+    trace_dir: str = ""
+    manifest: str | None = None
+    config: str = ""
+    matched: list[MatchedProcess] = msgspec.field(default_factory=list)
+    triggered: int = 0
+    registered: str = ""
 
 
 class FileStatus(msgspec.Struct, kw_only=True):
-    """One triggered file of a request (§9.3)."""
+    """One triggered file of a request (§9.3). ``delivered``, ``alive`` and ``writing`` are null
+    when not known (the client then keeps what it knew)."""
 
     pid: int
-    rank: int | None
-    path: str
-    exists: bool
-    bytes: int | None
-    complete: bool
-    delivered: bool
-    alive: bool | None
-    writing: bool
-    host_pid: int | None
-    log_file: str
-    delivered_s_ago: float | None
-    last_poll_s_ago: float
-    tmp_bytes: int | None
-    retries: int
+    rank: int | None = None
+    path: str = ""
+    exists: bool = False
+    bytes: int | None = None
+    complete: bool = False
+    delivered: bool | None = None
+    alive: bool | None = None
+    writing: bool | None = None
+    host_pid: int | None = None
+    log_file: str = ""
+    delivered_s_ago: float | None = None
+    last_poll_s_ago: float | None = None
+    tmp_bytes: int | None = None
+    retries: int = 0
     # why a file that is at the path was not read ("symlink refused", "not a regular file:
     # fifo", "hard link refused ..."): the traced process controls what it leaves there
     reason: str | None = None
 
 
 class KscopeTraceStatusResponse(msgspec.Struct, kw_only=True):
+    """``known``: false when the daemon has no record of the request (restarted since)."""
+
     status: str = STATUS_OK
-    hostname: str
-    trace_id: str
-    known: bool
-    trace_dir: str | None
-    manifest: str | None
-    files: list[FileStatus]
-    all_complete: bool
+    hostname: str = ""
+    trace_id: str = ""
+    known: bool = True
+    trace_dir: str | None = None
+    manifest: str | None = None
+    files: list[FileStatus] = msgspec.field(default_factory=list)
+    all_complete: bool = False
 
 
 class StackFrame(msgspec.Struct, kw_only=True):
@@ -239,13 +259,13 @@ class ProcessStacks(msgspec.Struct, kw_only=True):
     ``cpu_s``: the process's user+system CPU seconds at the snapshot (``/proc``)."""
 
     pid: int
-    host_pid: int | None
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    job_id: str | None
-    cmdline: str | None
-    threads: list[ThreadStack]
+    host_pid: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    job_id: str | None = None
+    cmdline: str | None = None
+    threads: list[ThreadStack] = msgspec.field(default_factory=list)
     threads_dropped: int = 0
     error: str | None = None
     error_kind: str | None = None
@@ -256,13 +276,29 @@ class ProcessStacks(msgspec.Struct, kw_only=True):
 
 class KscopeStacksResponse(msgspec.Struct, kw_only=True):
     status: str = STATUS_OK
-    hostname: str
-    processes: list[ProcessStacks]
-    registered: str
-    py_spy: str | None  # py-spy version used, None when it is missing
+    hostname: str = ""
+    processes: list[ProcessStacks] = msgspec.field(default_factory=list)
+    registered: str = ""
+    py_spy: str | None = None  # py-spy version used, None when it is missing
 
 
 def response_fields(response: msgspec.Struct) -> dict[str, Any]:
     """The JSON object of ``response`` (every field, ``None`` as null)."""
     fields: dict[str, Any] = msgspec.to_builtins(response)
     return fields
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+class ResponseError(ValueError):
+    """An answer that is not the struct it should be; the message names the field."""
+
+
+def decode_response(reply: Any, kind: type[R]) -> R:
+    """A JSON object already parsed as the response struct ``kind``; unknown keys are ignored
+    (a newer daemon may add fields). Raises :class:`ResponseError` naming the field."""
+    try:
+        return msgspec.convert(reply, kind)
+    except msgspec.ValidationError as exc:
+        raise ResponseError(field_error(exc)) from None

@@ -25,9 +25,12 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
-def _m(description: str) -> msgspec.Meta:
-    """A field's one-line description: the web form's label and the API schema's text."""
-    return msgspec.Meta(description=description)
+def _m(description: str, **cli: Any) -> msgspec.Meta:
+    """A field's one-line description: the web form's label, the API schema's text and (as a
+    sentence) its ``kscope trace`` help. ``cli``: what only the command line needs (``help``: a
+    longer help text; ``flags``: more spellings; ``metavar``), read by
+    :mod:`kinetoscope.cli.struct_options`."""
+    return msgspec.Meta(description=description, extra=cli or None)
 
 
 class TraceOptions(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
@@ -45,21 +48,38 @@ class TraceOptions(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True
       it to the daemon's ``--include-launchers``.
     * ``profile_start_time_ms``: duration mode starts at this wall-clock time (ms since the
       epoch; 0 = as soon as possible). The daemon refuses a time in the past.
+
+    Each field is also a ``kscope trace`` flag (``duration_ms`` -> ``--duration-ms``), generated
+    from it: a new option is one field here (docs/cli.md, CONTRIBUTING.md).
     """
 
     duration_ms: Annotated[Positive | None, _m("record N milliseconds (duration mode)")] = None
     iterations: Annotated[Positive | None, _m("record N training iterations (optimizer.step() calls)")] = None
     iteration_roundup: Annotated[
-        Positive | None, _m("start at the next iteration that is a multiple of R")
+        Positive | None,
+        _m(
+            "start at the next iteration that is a multiple of R",
+            metavar="R",
+            help="Start at the next iteration that is a multiple of R. Default for several "
+            "processes: a multiple chosen so that every rank starts at the same iteration "
+            "(docs/collect.md); for one: 1.",
+        ),
     ] = None
-    record_shapes: Annotated[bool, _m("record shapes")] = False
-    profile_memory: Annotated[bool, _m("profile memory (duration only)")] = False
-    with_stack: Annotated[bool, _m("with stack")] = False
-    with_flops: Annotated[bool, _m("with FLOPs")] = False
-    with_modules: Annotated[bool, _m("with modules")] = False
-    process_limit: Annotated[Positive | None, _m("process limit per host")] = None
-    include_launchers: Annotated[bool | None, _m("include launchers")] = None
-    profile_start_time_ms: Annotated[NonNegative | None, _m("start time, ms since the epoch (0: now)")] = None
+    record_shapes: Annotated[bool, _m("record operator input shapes")] = False
+    profile_memory: Annotated[bool, _m("record memory (duration mode only)")] = False
+    with_stack: Annotated[bool, _m("record Python stacks", flags=("--with-stacks",))] = False
+    with_flops: Annotated[bool, _m("estimate FLOPs of matmul/conv operators")] = False
+    with_modules: Annotated[bool, _m("record the nn.Module hierarchy")] = False
+    process_limit: Annotated[
+        Positive | None, _m("trace at most N processes per host (default: no limit)")
+    ] = None
+    include_launchers: Annotated[
+        bool | None, _m("also trace launcher processes (torchrun), skipped by default")
+    ] = None
+    profile_start_time_ms: Annotated[
+        NonNegative | None,
+        _m("start a duration trace at this time, ms since the epoch (0: now)", metavar="MS"),
+    ] = None
 
     @property
     def mode(self) -> str:

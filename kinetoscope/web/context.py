@@ -17,6 +17,7 @@ from urllib.parse import quote
 from fastapi import HTTPException, Request
 
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol import rpc
 from kinetoscope.protocol.defaults import TRACE_SUFFIXES
 from kinetoscope.web.actions import TriggerParams, analyze_request, daemon_allow_list, trigger_and_collect
 from kinetoscope.web.guards import DEFAULT_MAX_BODY_BYTES, ServeRoots
@@ -187,8 +188,8 @@ class WebContext:
                 return {
                     "address": a,
                     "ok": True,
-                    "hostname": reply.get("hostname"),
-                    "processes": list(reply.get("processes") or []),
+                    "hostname": reply.hostname or None,
+                    "processes": [rpc.response_fields(p) for p in reply.processes],
                     "error": None,
                 }
             except (DaemonError, KinetoscopeError) as exc:

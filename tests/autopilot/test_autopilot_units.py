@@ -13,6 +13,7 @@ from kinetoscope.autopilot.policy import Policy, load_policy
 from kinetoscope.autopilot.summary import summarize
 from kinetoscope.collect.client import read_hosts_file
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol import rpc
 
 DLRM = Path("/work/shared/traces/param_dlrm8")
 
@@ -80,8 +81,9 @@ def test_hosts_file(tmp_path: Path) -> None:
 
 
 def test_job_keys_group_ranks_across_hosts_and_keep_single_processes_apart() -> None:
-    def proc(pid: int, rank: int | None = None, **kw: object) -> dict[str, object]:
-        return {"pid": pid, "job_id": "0", "rank": rank, "registered_s_ago": 5.0, "alive": True, **kw}
+    def proc(pid: int, rank: int | None = None, **kw: object) -> rpc.ProcessInfo:
+        fields = {"pid": pid, "job_id": "0", "rank": rank, "registered_s_ago": 5.0, "alive": True, **kw}
+        return rpc.decode_response(fields, rpc.ProcessInfo)  # as the client decodes a listing
 
     ddp = {"world_size": 2, "master_addr": "n1", "master_port": 29500, "torchelastic_run_id": "r"}
     listings = {

@@ -4,20 +4,18 @@ in kinetoscope.cli.main so `kscope --help` imports no command module) matches th
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer import _click
 from typer.core import TyperGroup
 
 from kinetoscope.cli.main import COMMANDS, load_commands
+from tests.cli._helpers import REPO, kscope
 
-REPO = Path(__file__).resolve().parents[2]
 # A short option may be spelt by more than one long name only when they mean the same thing.
 SAME_MEANING = {"-o": {"--output", "--output-dir"}}
 
@@ -36,18 +34,6 @@ def _all_commands() -> dict[str, _click.Command]:
 
 
 COMMAND_PATHS = sorted(_all_commands())
-
-
-def _kscope(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "TERM": "dumb"}
-    return subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=REPO,
-    )
 
 
 def _example_lines(epilog: str) -> list[str]:
@@ -81,7 +67,7 @@ def test_every_command_ends_its_help_with_real_examples(path: str) -> None:
 
 @pytest.mark.parametrize("path", COMMAND_PATHS)
 def test_examples_fit_80_columns_unbroken(path: str) -> None:
-    proc = _kscope(*path.split(), "--help")
+    proc = kscope(*path.split(), "--help")
     assert proc.returncode == 0, proc.stderr
     help_lines = [ln.strip() for ln in proc.stdout.splitlines()]
     cmd = _all_commands()[path]
@@ -104,7 +90,7 @@ def test_short_options_mean_one_thing_everywhere() -> None:
 
 @pytest.mark.parametrize("args", [[], ["analyze"], ["report"], ["trace"], ["catalog", "import"]])
 def test_help_shows_no_bool_type(args: list[str]) -> None:
-    proc = _kscope(*args, "--help")
+    proc = kscope(*args, "--help")
     assert proc.returncode == 0, proc.stderr
     assert "<bool>" not in proc.stdout
     assert proc.stderr == ""
@@ -144,7 +130,7 @@ def test_command_help_loads_no_heavy_library(command: str) -> None:
 @pytest.mark.parametrize("args", [[], ["catalog"]])
 def test_bare_group_prints_its_help_and_nothing_else(args: list[str]) -> None:
     """`kscope` alone shows the help (exit 2, as Click does), without an empty error line."""
-    proc = _kscope(*args)
+    proc = kscope(*args)
     assert proc.returncode == 2
     assert "Usage: kscope" in proc.stdout
     assert proc.stderr == ""

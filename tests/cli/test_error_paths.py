@@ -4,33 +4,24 @@ the real CLI in a subprocess (``python -m kinetoscope.cli.main``)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli._helpers import REPO
+from tests.cli._helpers import kscope as _kscope
 from tests.report.kscope_testkit import write_job
 
-REPO = Path(__file__).resolve().parents[2]
 CPU_TRACE = "tests/data/traces/hta/cpu_only"
-TRACE_ID = "kst-20261121-000000-narrow-output-check"
 
 
 def kscope(*args: str, cwd: Path = REPO, columns: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb"}
-    env.pop("COLUMNS", None)
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
-    return subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=cwd,
-    )
+    """The shared runner with ``COLUMNS`` unset unless given (errors must not depend on it)."""
+    return _kscope(*args, cwd=cwd, columns=columns)
+
+
+TRACE_ID = "kst-20261121-000000-narrow-output-check"
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 from kinetoscope.cli.deprecated import RENAMED, rewrite
+from tests.cli._helpers import REPO, kscope
 
-REPO = Path(__file__).resolve().parents[2]
 CPU_JOB = REPO / "tests" / "data" / "cpu_jobs" / "small_steady_w4"
-
-
-def kscope(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "80"}
-    return subprocess.run(
-        [sys.executable, "-m", "kinetoscope.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=REPO,
-    )
 
 
 def test_rewrite_replaces_old_spellings_up_to_double_dash(capsys: object) -> None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from cluster_helpers import REPO_ROOT, kscope_env, run_kscope, trace_json, wait_for
 
@@ -51,7 +52,9 @@ def test_four_torchrun_jobs_are_four_jobs_with_their_own_traces(tmp_path: Path) 
                 for j in jobs:
                     assert j.poll() is None, f"{j.name} stopped:\n{j.tail()}"
                 procs = [
-                    p for p in daemon.list_processes() if p.get("rank") is not None and not p["is_launcher"]
+                    msgspec.to_builtins(p)
+                    for p in daemon.list_processes()
+                    if p.rank is not None and not p.is_launcher
                 ]
                 return procs if len(procs) >= 4 else None
 

@@ -16,7 +16,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 from cluster_helpers import REPO_ROOT, run_kscope, trace_json, wait_for
 
@@ -55,12 +57,16 @@ def container_job(workdir: Path, daemon: LocalDaemon, name: str = "job") -> Mana
     return ManagedProcess(name, argv, workdir / f"{name}.log", env, cwd=str(REPO_ROOT)).start()
 
 
-def wait_for_ranks(daemon: LocalDaemon, job: ManagedProcess, n: int) -> list[dict]:
+def wait_for_ranks(daemon: LocalDaemon, job: ManagedProcess, n: int) -> list[dict[str, Any]]:
     """The registered ranks (processes with a rank; the agent registers too) once all ``n`` are."""
 
-    def ranks() -> list[dict] | None:
+    def ranks() -> list[dict[str, Any]] | None:
         assert job.poll() is None, f"the job stopped:\n{job.tail()}"
-        procs = [p for p in daemon.list_processes() if p.get("rank") is not None and not p.get("is_launcher")]
+        procs = [
+            msgspec.to_builtins(p)
+            for p in daemon.list_processes()
+            if p.rank is not None and not p.is_launcher
+        ]
         return procs if len(procs) >= n else None
 
     return wait_for(ranks, 180, f"{n} ranks to register")

@@ -58,8 +58,8 @@ def _client(d: Daemon, tls: TlsClientOptions | None, token: str | None = TOKEN, 
 
 def test_right_client_certificate_is_served(mtls_daemon: Daemon, certs: Certs) -> None:
     tls = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key)
-    assert _client(mtls_daemon, tls).get_status() == {"status": 1}
-    assert _client(mtls_daemon, tls, host="localhost").list_processes()["processes"] == []
+    assert _client(mtls_daemon, tls).get_status().status == 1
+    assert _client(mtls_daemon, tls, host="localhost").list_processes().processes == []
     assert mtls_daemon.rpc.tls_failures == 0
 
 
@@ -94,7 +94,7 @@ def test_refused_with_one_line_naming_the_reason(
     assert "\n" not in message and re.search(expected, message), message
     # the daemon is still serving the right client afterwards
     good = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key)
-    assert _client(mtls_daemon, good).get_status() == {"status": 1}
+    assert _client(mtls_daemon, good).get_status().status == 1
 
 
 def test_token_still_applies_inside_tls(mtls_daemon: Daemon, certs: Certs) -> None:
@@ -220,7 +220,7 @@ def test_kscope_trace_over_mutual_tls_traces_a_real_process(tmp_path: Path, cert
 def test_server_name_overrides_the_host_dialed(mtls_daemon: Daemon, certs: Certs) -> None:
     """A fleet sharing one certificate is dialed by address and checked for one name."""
     named = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key, server_name="localhost")
-    assert _client(mtls_daemon, named).get_status() == {"status": 1}
+    assert _client(mtls_daemon, named).get_status().status == 1
     wrong = TlsClientOptions(certs.ca, certs.client.cert, certs.client.key, server_name="kscope.example.org")
     with pytest.raises(DaemonError, match="certificate was not accepted"):
         _client(mtls_daemon, wrong).get_status()

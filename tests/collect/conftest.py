@@ -181,7 +181,7 @@ def single_torch_job(tmp_path_factory):
         ).start()
         procs = daemon.wait_for_processes(1, timeout=90, alive=job.alive)
         job.wait_for_steps(3, timeout=90)
-        assert procs[0]["pid"] == job.pid
+        assert procs[0].pid == job.pid
         yield daemon, job, job.pid
     finally:
         if job is not None:

@@ -8,6 +8,7 @@ import pytest
 
 from kinetoscope.collect.client import DaemonClient, DaemonError, HostAddress, parse_host, parse_hosts
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol import rpc
 from kinetoscope.protocol.rpc import KscopeTraceRequest
 
 
@@ -45,10 +46,54 @@ def test_parse_hosts_defaults_and_dedup():
 def test_call_sends_fn_fields_and_token(rpc_server):
     srv = rpc_server({"getVersion": lambda r: {"version": "0.6.0"}, "kscopeTrace": lambda r: {"matched": []}})
     client = DaemonClient(srv.address, token="s3cret", timeout=5)
-    assert client.get_version() == {"version": "0.6.0"}
+    assert client.get_version().version == "0.6.0"
     assert srv.requests[-1] == {"fn": "getVersion", "token": "s3cret"}
     client.call("kscopeTrace", trace_id="t1", job_id=None, pids=[1, 2])
     assert srv.requests[-1] == {"fn": "kscopeTrace", "trace_id": "t1", "pids": [1, 2], "token": "s3cret"}
+
+
+def test_answers_decode_into_typed_responses(rpc_server):
+    # a fake daemon sends part of an answer: the fields a daemon may omit take their defaults
+    srv = rpc_server(
+        {
+            "kscopeListProcesses": lambda r: {"hostname": "n1", "processes": [{"pid": 7, "rank": 0}]},
+            "kscopeTraceStatus": lambda r: {"files": [{"pid": 7, "path": "/t/a.json", "complete": True}]},
+        }
+    )
+    client = DaemonClient(srv.address)
+    listing = client.list_processes()
+    assert listing.hostname == "n1" and listing.next_offset is None
+    assert [(p.pid, p.rank, p.is_launcher, p.alive) for p in listing.processes] == [(7, 0, False, None)]
+    status = client.trace_status("t1")
+    assert status.known and status.files[0].complete and status.files[0].delivered is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "field"),
+    [
+        ({"processes": [{"rank": 0}]}, "'processes[0]': Object missing required field `pid`"),
+        ({"processes": [{"pid": "seven"}]}, "'processes[0].pid': Expected `int`, got `str`"),
+        ({"processes": "none"}, "'processes': Expected `array`, got `str`"),
+        ({"next_offset": True}, "'next_offset': Expected `int | null`, got `bool`"),
+    ],
+)
+def test_malformed_answer_is_one_line_naming_the_field(rpc_server, answer, field):
+    srv = rpc_server({"kscopeListProcesses": lambda r: answer})
+    with pytest.raises(DaemonError) as info:
+        DaemonClient(srv.address).list_processes()
+    assert info.value.kind == "no_answer"
+    assert str(info.value) == f"daemon {srv.address}: kscopeListProcesses: malformed answer: {field}"
+
+
+def test_oversized_answer_is_one_line(rpc_server):
+    big = {"hostname": "n1", "processes": [{"pid": p} for p in range(100)]}
+    srv = rpc_server({"kscopeListProcesses": lambda r: big})
+    with pytest.raises(DaemonError) as info:
+        DaemonClient(srv.address).ask(
+            "kscopeListProcesses", rpc.KscopeListProcessesResponse, max_reply_bytes=256
+        )
+    assert info.value.kind == "no_answer" and "\n" not in str(info.value)
+    assert "exceeds the 256-byte limit" in str(info.value)
 
 
 def test_failed_status_carries_the_daemons_reason(rpc_server):

@@ -55,7 +55,7 @@ def test_output_dir_outside_trace_root_is_refused(token_daemon, tmp_path):
 
 def test_client_against_real_daemon(token_daemon):
     client = token_daemon.client()
-    assert client.get_status() == {"status": 1}
-    assert "version" in client.get_version()
+    assert client.get_status().status == 1
+    assert client.get_version().version
     with pytest.raises(DaemonError, match="unknown function"):
         client.call("noSuchFunction")

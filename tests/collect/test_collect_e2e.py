@@ -195,7 +195,7 @@ def test_ddp_job_traced_by_job_id(tmp_path):
             assert sorted((m.rank, m.world_size) for m in res.triggered) == [(0, 2), (1, 2)]
             res = wait_for_trace(res, timeout=90)
             assert res.ok, [e.message for e in res.errors]
-    rank_pids = {p["rank"]: p["pid"] for p in ranks}
+    rank_pids = {p.rank: p.pid for p in ranks}
     assert job.pid not in {f.pid for f in res.files}
     names = sorted(Path(f.path).name for f in res.files)
     assert names == [f"rank-0_{rank_pids[0]}.pt.trace.json", f"rank-1_{rank_pids[1]}.pt.trace.json"]

@@ -99,7 +99,7 @@ def wait_delivered(daemon: object, trace_id: str, cli: subprocess.Popen[str]) ->
     while time.monotonic() < deadline:
         assert cli.poll() is None, cli.communicate()
         st = client.trace_status(trace_id)
-        if st.get("known") and st["files"] and st["files"][0]["delivered"]:
+        if st.known and st.files and st.files[0].delivered:
             return
         time.sleep(0.1)
     raise AssertionError("the process never picked up the trace config")

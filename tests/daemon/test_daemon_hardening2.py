@@ -298,7 +298,7 @@ def test_process_listings_are_paged(make_daemon):
     last = rpc(d.rpc_port, {"fn": "kscopeListProcesses", "offset": 2000, "limit": 5000})
     assert len(last["processes"]) == 500 and last["next_offset"] is None
     whole = DaemonClient(f"127.0.0.1:{d.rpc_port}").list_processes()
-    assert len({p["pid"] for p in whole["processes"]}) == 2500
+    assert len({p.pid for p in whole.processes}) == 2500
     res = rpc(d.rpc_port, {"fn": "kscopeTrace", "trace_id": "none", "job_id": 404})
     assert len(res["registered"]) < 2000  # the "nothing matched" summary is bounded too
 

@@ -257,7 +257,7 @@ def test_duration_trace_dropped_by_kineto_is_sent_again_once_it_polls_idle(tmp_p
         registry.poll(7, (pid, 1), 3)
 
     def status(trace_id):
-        return {f["pid"]: f for f in h.kscope_trace_status({"trace_id": trace_id})["files"]}
+        return {f.pid: f for f in h.kscope_trace_status({"trace_id": trace_id}).files}
 
     h.kscope_trace({"trace_id": "d-1", "all": True, "duration_ms": 300})
     got = {pid: registry.poll(7, (pid, 1), 3) for pid in (11, 12, 13)}  # all three pick it up
@@ -271,18 +271,18 @@ def test_duration_trace_dropped_by_kineto_is_sent_again_once_it_polls_idle(tmp_p
     registry.poll(7, (12, 1), 3)  # 12: idle, but its file is there
     registry.poll(7, (13, 1), 1)  # 13: busy (tracing)
     st = status("d-1")
-    assert {pid: f["retries"] for pid, f in st.items()} == {11: 1, 12: 0, 13: 0}
-    assert st[11]["delivered"] is False and st[11]["delivered_s_ago"] is None  # queued again
+    assert {pid: f.retries for pid, f in st.items()} == {11: 1, 12: 0, 13: 0}
+    assert st[11].delivered is False and st[11].delivered_s_ago is None  # queued again
     assert "REQUEST_TRACE_ID=d-1" in registry.poll(7, (11, 1), 3)  # and picked up again
     for _ in range(3):  # dropped again and again: at most twice
         next(f for f in record.files if f.process.pid == 11).pending.delivered_at -= 4.0
         registry.poll(7, (11, 1), 3)
         status("d-1")
         registry.poll(7, (11, 1), 3)
-    assert status("d-1")[11]["retries"] == 2
+    assert status("d-1")[11].retries == 2
 
     h.kscope_trace({"trace_id": "i-1", "pids": [13], "iterations": 5})
     registry.poll(7, (13, 1), 3)
     h.book.get("i-1").files[0].pending.delivered_at -= 30.0
     registry.poll(7, (13, 1), 3)  # waiting idle for its iteration: normal
-    assert status("i-1")[13]["retries"] == 0
+    assert status("i-1")[13].retries == 0

@@ -69,4 +69,4 @@ def test_build_config_takes_the_struct_and_keywords_alike():
 def test_the_json_schema_carries_the_limits():
     schema = msgspec.json.schema(TraceOptions)["$defs"]["TraceOptions"]["properties"]
     assert {"type": "integer", "minimum": 1} in schema["duration_ms"]["anyOf"]
-    assert schema["profile_memory"]["description"] == "profile memory (duration only)"
+    assert schema["profile_memory"]["description"] == "record memory (duration mode only)"

@@ -79,18 +79,18 @@ def _client(d: Daemon, token: str | None = "s3cret", timeout: float = 60) -> Dae
 def test_stacks_of_a_registered_process(registered: tuple[Daemon, subprocess.Popen[str]]) -> None:
     d, proc = registered
     reply = _client(d).stacks(rpc.KscopeStacksRequest(job_id=777, locals=True))
-    assert reply["status"] == "ok" and reply["hostname"] == "testhost"
-    assert reply["py_spy"]
-    [p] = reply["processes"]
-    assert p["pid"] == proc.pid and p["host_pid"] == proc.pid and p["error"] is None
-    assert p["job_id"] == "777" and p["cpu_s"] is not None and p["pause_ms"] > 0
-    main = next(t for t in p["threads"] if t["os_thread_id"] == proc.pid)
-    names = [f["name"] for f in main["frames"]]
+    assert reply.status == "ok" and reply.hostname == "testhost"
+    assert reply.py_spy
+    [p] = reply.processes
+    assert p.pid == proc.pid and p.host_pid == proc.pid and p.error is None
+    assert p.job_id == "777" and p.cpu_s is not None and p.pause_ms is not None and p.pause_ms > 0
+    main = next(t for t in p.threads if t.os_thread_id == proc.pid)
+    names = [f.name for f in main.frames]
     assert "main" in names and names[-1] == "<module>"
-    assert any(f["short_file"] == "fake_kineto.py" for f in main["frames"])
-    assert isinstance(main["active"], bool) and isinstance(main["owns_gil"], bool)
-    module_frame = main["frames"][-1]
-    assert module_frame["locals"] is not None  # locals asked for: short reprs come back
+    assert any(f.short_file == "fake_kineto.py" for f in main.frames)
+    assert isinstance(main.active, bool) and isinstance(main.owns_gil, bool)
+    module_frame = main.frames[-1]
+    assert module_frame.locals is not None  # locals asked for: short reprs come back
 
 
 def test_stacks_need_the_token_and_name_bad_fields(registered: tuple[Daemon, subprocess.Popen[str]]) -> None:
@@ -103,13 +103,13 @@ def test_stacks_need_the_token_and_name_bad_fields(registered: tuple[Daemon, sub
         _client(d).call(rpc.STACKS, pids="12")
     # a job nobody runs: an empty answer that says what is registered
     reply = _client(d).stacks(rpc.KscopeStacksRequest(job_id=778))
-    assert reply["processes"] == [] and "job 777" in reply["registered"]
+    assert reply.processes == [] and "job 777" in reply.registered
 
 
 def test_dyno_calls_are_unchanged(registered: tuple[Daemon, subprocess.Popen[str]]) -> None:
     d, _proc = registered
-    assert _client(d).get_status()["status"] == 1
-    assert _client(d).list_processes(777)["processes"][0]["cpu_s"] is not None
+    assert _client(d).get_status().status == 1
+    assert _client(d).list_processes(777).processes[0].cpu_s is not None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run py-spy as another user")
