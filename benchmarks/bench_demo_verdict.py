@@ -7,7 +7,7 @@ the rank the demo injected (read from the demo's own configuration, ``DemoContex
 step log: ``ground_truth``) and whether the first line names exactly that rank. Last line: the
 count, the load average and the CPU seconds of the runs.
 
-    nice -n 10 python benchmarks/bench_demo_verdict.py [--runs 10] [--burners 1]
+    nice -n 10 python benchmarks/bench_demo_verdict.py [--runs 10] [--burners 1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--burners", type=int, default=1, help="busy-loop processes beside each run")
+    ap.add_argument("--keep", type=Path, help="copy the work folder (traces, logs) of each miss here")
     a = ap.parse_args(argv)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, a.burners))]
     ok = 0
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                     bool(first) and named_in(first) == {injected} and row.get("ranks") == [injected]
                 )
                 ok += bool(row["exact"])
+                if a.keep is not None and not row["exact"]:
+                    shutil.copytree(Path(tmp) / f"demo{i}", a.keep / f"demo{i}", dirs_exist_ok=True)
                 print(json.dumps({"run": i, **row}), flush=True)
         cpu = resource.getrusage(resource.RUSAGE_CHILDREN)  # the demos' (burners not reaped yet)
     finally:

@@ -26,10 +26,12 @@ told apart). In order of preference:
     end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
     (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that): the
     ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
-    Ranks on several hosts (several clocks): each host's ends are first shifted onto the first
-    host's clock (``_across_hosts``: of the shifts tried, the one giving the split with the most
-    groups that span hosts; membership needs no common clock, only which ranks finish each instance of a
-    sequence together). Used when the lanes give a consistent split
+    Ranks on several hosts (several clocks, any number of hosts): each host's clock shift
+    against the first host's is found first (``_across_hosts``: hosts placed one at a time where
+    their ends and the placed ranks' coincide best, then each shift corrected to the one under
+    which the most lanes of the whole split are confirmed by their members), then the lanes are
+    split once on the shifted ends; membership needs no common clock, only which ranks finish
+    each instance of a sequence together. Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
     ``"*"``, as before groups were known.
@@ -245,10 +247,12 @@ def _split(todo: dict[int, pl.DataFrame]) -> tuple[dict[int, dict[str, str]], di
 
 
 def _agreement(todo: dict[int, pl.DataFrame], hosts: list[list[int]]) -> tuple[int, int]:
-    """How well a split of ranks at trial clock shifts holds together: the (rank, lane)s whose
-    members every member confirms (holds the same set; groups of one and of every rank do not
-    count), and of those the ones joining ranks of different hosts. Graded, so that a shift
-    that puts one host right scores higher even while other hosts are still off."""
+    """How well a split of ranks at trial clock shifts holds together: over the (rank, lane)s
+    whose members every member confirms (holds the same set; groups of one and of every rank do
+    not count), their other members, summed (a shift that lines a lane up with more of its
+    group scores higher than one that pairs it with a single rank), and how many of those lanes
+    join ranks of different hosts. Graded, so that a shift that puts one host right scores
+    higher even while other hosts are still off."""
     found, _sizes = _split(todo)
     held = {r: set(v.values()) for r, v in found.items()}
     host_of = {r: k for k, rs in enumerate(hosts) for r in rs}
@@ -257,7 +261,7 @@ def _agreement(todo: dict[int, pl.DataFrame], hosts: list[list[int]]) -> tuple[i
         for m in set(lanes.values()):
             qs = [int(x) for x in m.split(",")]
             if 1 < len(qs) < n and all(m in held.get(q, set()) for q in qs):
-                ok += 1
+                ok += len(qs) - 1
                 across += len({host_of.get(q) for q in qs}) > 1
     return ok, across
 
@@ -302,9 +306,13 @@ def _refine(placed: dict[int, pl.DataFrame], hosts: list[list[int]]) -> dict[int
     ``_REFINE_NS`` in steps of ``_REFINE_STEP_NS``: collectives of one group end ms apart on
     gloo, so a host placed against a few ranks can be off by that much, and only the split of
     every rank says which of the nearby shifts puts the groups together (``_agreement``; ties:
-    the shift as placed). Hosts in turn, ``_REFINE_ROUNDS`` rounds at most, until none moves."""
+    the shift as placed). Hosts in turn, ``_REFINE_ROUNDS`` rounds at most, until none moves.
+    Not when the placed split confirms no group short of every rank (a job of one group, as
+    DDP: its ends all coincide as placed, and moving hosts apart would only make up groups)."""
     steps = sorted(range(-_REFINE_NS, _REFINE_NS + 1, _REFINE_STEP_NS), key=abs)
     score = _agreement(placed, hosts)
+    if not score[0]:
+        return placed
     for _round in range(_REFINE_ROUNDS):
         moved = False
         for rs in hosts[1:]:
