@@ -26,10 +26,12 @@ told apart). In order of preference:
     end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
     (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that): the
     ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
-    Ranks on several hosts (several clocks): each host's ends are first shifted onto the first
-    host's clock (``_across_hosts``: of the shifts tried, the one giving the split with the most
-    groups that span hosts; membership needs no common clock, only which ranks finish each instance of a
-    sequence together). Used when the lanes give a consistent split
+    Ranks on several hosts (several clocks, any number of hosts): each host's clock shift
+    against the first host's is found first (``_across_hosts``: hosts placed one at a time where
+    their ends and the placed ranks' coincide best, then each shift corrected to the one under
+    which the most lanes of the whole split are confirmed by their members), then the lanes are
+    split once on the shifted ends; membership needs no common clock, only which ranks finish
+    each instance of a sequence together. Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
     ``"*"``, as before groups were known.
@@ -59,6 +61,10 @@ INFER_SKEW_NS = 2_000_000_000
 _SHIFT_SAMPLE = 64
 _SHIFT_RANKS = 8
 _SHIFT_TRIES = 16
+# A host's clock shift is corrected within this much of where it was placed, in these steps.
+_REFINE_NS = 4_000_000
+_REFINE_STEP_NS = 500_000
+_REFINE_ROUNDS = 3
 # A lane needs this many instances to be placed by inference.
 _MIN_LANE = 3
 
@@ -217,6 +223,14 @@ def _infer_lanes(
 def _memberships(todo: dict[int, pl.DataFrame]) -> dict[int, dict[str, str]] | None:
     """Per rank, lane -> members for ranks on one clock (module docstring), or None when the
     lanes do not give a consistent split."""
+    found, sizes = _split(todo)
+    _complete_partition(found, todo, sizes)
+    return found if _consistent(found) else None
+
+
+def _split(todo: dict[int, pl.DataFrame]) -> tuple[dict[int, dict[str, str]], dict[tuple[int, str], int]]:
+    """Per rank, raw lane -> the members ``_lane_members`` finds (before completion and the
+    consistency check), and each merged lane's instance count."""
     ends = {r: np.sort(t["end"].to_numpy()) for r, t in todo.items()}
     found: dict[int, dict[str, str]] = {}
     sizes: dict[tuple[int, str], int] = {}
@@ -229,46 +243,136 @@ def _memberships(todo: dict[int, pl.DataFrame]) -> dict[int, dict[str, str]] | N
             sizes[(r, str(lane))] = sub.height
             for raw in sub["lane"].unique().to_list():
                 found[r][raw] = members
-    _complete_partition(found, todo, sizes)
-    return found if _consistent(found) else None
+    return found, sizes
 
 
-def _spanning(found: dict[int, dict[str, str]] | None, n: int, new: set[int]) -> tuple[int, int]:
-    """How many groups of fewer than all ``n`` ranks a split names that join ``new`` ranks with
-    others, and how many it names in all ((0, 0): none found). Groups within one host do not
-    depend on the shift of another host's clock: only the spanning ones say it lined up."""
-    if found is None:
-        return 0, 0
-    groups = {m for lanes in found.values() for m in lanes.values() if m.count(",") + 1 < n}
-    ranks = [{int(x) for x in m.split(",")} for m in groups]
-    return sum(1 for g in ranks if g & new and g - new), len(groups)
+def _agreement(todo: dict[int, pl.DataFrame], hosts: list[list[int]]) -> tuple[int, int]:
+    """How well a split of ranks at trial clock shifts holds together: over the (rank, lane)s
+    whose members every member confirms (holds the same set; groups of one and of every rank do
+    not count), their other members, summed (a shift that lines a lane up with more of its
+    group scores higher than one that pairs it with a single rank), and how many of those lanes
+    join ranks of different hosts. Graded, so that a shift that puts one host right scores
+    higher even while other hosts are still off."""
+    found, _sizes = _split(todo)
+    held = {r: set(v.values()) for r, v in found.items()}
+    host_of = {r: k for k, rs in enumerate(hosts) for r in rs}
+    n, ok, across = len(todo), 0, 0
+    for lanes in found.values():
+        for m in set(lanes.values()):
+            qs = [int(x) for x in m.split(",")]
+            if 1 < len(qs) < n and all(m in held.get(q, set()) for q in qs):
+                ok += len(qs) - 1
+                across += len({host_of.get(q) for q in qs}) > 1
+    return ok, across
 
 
 def _across_hosts(
     todo: dict[int, pl.DataFrame], by_host: dict[str | None, list[int]]
 ) -> dict[int, dict[str, str]] | None:
-    """Memberships of ranks on several hosts (several clocks): hosts are added one at a time,
-    each with the clock shift (ns, against the first host) under which the ranks placed so far
-    and its own give the split with the most groups joining the new host's ranks with others
-    (then the most groups). Candidate shifts: 0 (the hosts' clocks
-    agree, as on synchronised hosts), then the best-coinciding shift of each (lane of a placed
-    rank, rank of the new host) pair, nearest first (``_best_shift``). Membership needs no
-    common clock: only which ranks finish each instance of a sequence together."""
+    """Memberships of ranks on several hosts (several clocks): first each host's clock shift
+    (ns, against the first host's), then one split (``_memberships``) of every rank on the
+    shifted ends. None when a host shares no group with the others or the split is not
+    consistent.
+
+    The shifts form a spanning tree from the first host: hosts are placed one at a time, each
+    at the candidate shift (``_candidate_shifts``) under which its ranks' collectives and the
+    placed ranks' coincide best (``_mismatch``). A host none of whose lanes comes near a placed
+    rank's (it shares no group with the placed hosts) waits for the others and is tried again;
+    when a round places none, inference gives up. No split is needed to place a host, so a
+    group whose other members are on hosts not placed yet does not mislead it. Cost: per host,
+    its candidates, each a comparison of lane ends with rank ends (linear in the placed ranks).
+    Membership needs no common clock: only which ranks finish each instance of a sequence
+    together (a shift off by whole steps lines up the same sequences)."""
     order = list(by_host)
     placed = {r: todo[r] for r in by_host[order[0]]}
-    found: dict[int, dict[str, str]] | None = None
-    for h in order[1:]:
-        best: tuple[tuple[int, int], dict[int, pl.DataFrame], dict[int, dict[str, str]] | None] | None = None
-        for d in _candidate_shifts(placed, {q: todo[q] for q in by_host[h]}):
-            trial = placed | {q: todo[q].with_columns(pl.col("end") - d) for q in by_host[h]}
-            got = _memberships(trial)
-            n = _spanning(got, len(trial), set(by_host[h]))
-            if n[0] and (best is None or n > best[0]):
-                best = (n, trial, got)
-        if best is None:
+    waiting = order[1:]
+    while waiting:
+        left = []
+        for h in waiting:
+            new = {q: todo[q] for q in by_host[h]}
+            d = _host_shift(placed, new)
+            if d is None:
+                left.append(h)
+            else:
+                placed |= {q: t.with_columns(pl.col("end") - d) for q, t in new.items()}
+        if len(left) == len(waiting):
             return None
-        _n, placed, found = best
-    return found
+        waiting = left
+    return _memberships(_refine(placed, [by_host[h] for h in order]))
+
+
+def _refine(placed: dict[int, pl.DataFrame], hosts: list[list[int]]) -> dict[int, pl.DataFrame]:
+    """The placed ranks with each host's shift (but the first's) corrected within
+    ``_REFINE_NS`` in steps of ``_REFINE_STEP_NS``: collectives of one group end ms apart on
+    gloo, so a host placed against a few ranks can be off by that much, and only the split of
+    every rank says which of the nearby shifts puts the groups together (``_agreement``; ties:
+    the shift as placed). Hosts in turn, ``_REFINE_ROUNDS`` rounds at most, until none moves.
+    Not when the placed split confirms no group short of every rank (a job of one group, as
+    DDP: its ends all coincide as placed, and moving hosts apart would only make up groups)."""
+    steps = sorted(range(-_REFINE_NS, _REFINE_NS + 1, _REFINE_STEP_NS), key=abs)
+    score = _agreement(placed, hosts)
+    if not score[0]:
+        return placed
+    for _round in range(_REFINE_ROUNDS):
+        moved = False
+        for rs in hosts[1:]:
+            for k in steps[1:]:
+                trial = placed | {q: placed[q].with_columns(pl.col("end") - k) for q in rs}
+                got = _agreement(trial, hosts)
+                if got > score:
+                    placed, score, moved = trial, got, True
+        if not moved:
+            break
+    return placed
+
+
+def _lanes_of(ranks: dict[int, pl.DataFrame]) -> list[tuple[int, np.ndarray]]:
+    """(rank, sorted ends) of each lane of ``_MIN_LANE`` instances or more."""
+    out = []
+    for r, t in ranks.items():
+        for _k, sub in t.group_by("_lane"):
+            if sub.height >= _MIN_LANE:
+                out.append((r, np.sort(sub["end"].to_numpy())))
+    return out
+
+
+def _host_shift(placed: dict[int, pl.DataFrame], new: dict[int, pl.DataFrame]) -> int | None:
+    """The clock shift (ns) of a new host's ranks onto the placed ranks' clock: of the
+    candidates, the one with the smallest ``_mismatch``; None when no lane then comes within
+    ``INFER_TOL_NS`` of the other side (no group joins them)."""
+    ends_p = {r: np.sort(t["end"].to_numpy()) for r, t in placed.items()}
+    ends_n = {q: np.sort(t["end"].to_numpy()) for q, t in new.items()}
+    lanes_p, lanes_n = _lanes_of(placed), _lanes_of(new)
+    best: tuple[float, int] | None = None
+    for d in _candidate_shifts(placed, new):
+        cost, near = _mismatch(lanes_n, ends_p, -d)
+        cost_p, near_p = _mismatch(lanes_p, ends_n, d)
+        if near + near_p and (best is None or cost + cost_p < best[0]):
+            best = (cost + cost_p, d)
+    return None if best is None else best[1]
+
+
+def _mismatch(lanes: list[tuple[int, np.ndarray]], ends: dict[int, np.ndarray], d: int) -> tuple[float, int]:
+    """How far each lane's ends, moved by ``d``, are from the nearest ends of the rank of
+    ``ends`` they coincide with best (median distance, capped at ``INFER_TOL_NS``: a lane whose
+    group has no member there costs the cap whatever the shift), summed, and how many lanes
+    come within the cap. The true shift lines every shared group up at once; a shift that
+    lines one group up with another group's ends moves the others apart."""
+    total, near = 0.0, 0
+    for _r, lane in lanes:
+        x = lane + d
+        best = float(INFER_TOL_NS)
+        for e in ends.values():
+            if e.size == 0:
+                continue
+            pos = np.clip(np.searchsorted(e, x), 1, max(e.size - 1, 1)) if e.size > 1 else np.zeros_like(x)
+            gap = np.abs(e[pos] - x)
+            if e.size > 1:
+                gap = np.minimum(gap, np.abs(e[pos - 1] - x))
+            best = min(best, float(np.median(gap)))
+        total += best
+        near += best < INFER_TOL_NS
+    return total, near
 
 
 def _candidate_shifts(placed: dict[int, pl.DataFrame], new: dict[int, pl.DataFrame]) -> list[int]:
@@ -308,7 +412,9 @@ def _best_shift(lane: np.ndarray, e: np.ndarray) -> tuple[float, int]:
     if e.size > 1:
         gap = np.minimum(gap, np.abs(e[pos - 1] - x))
     med = np.median(gap, axis=1)
-    k = int(np.argmin(med))
+    # shifts by whole steps line the lane up with later steps as well: the true one overlaps
+    # most (the ranks' traces cover about the same time), so the truncated mean decides
+    k = int(np.argmin(np.minimum(gap, INFER_TOL_NS).mean(axis=1)))
     return float(med[k]), int(cand[k])
 
 

@@ -54,15 +54,21 @@ def mesh_job(steps: int = 8, slow: dict[int, float] | None = None, record: bool 
     for s in range(steps):
         base = T0 + s * period
         plan: list[tuple[str, list[int], int, dict[int, int]]] = []
-        # replicas of a group are not in lock-step: each group runs ~0.7-1.3 ms apart from the next
+        # replicas of a group are not in lock-step: each group runs ~0.7-1.3 ms apart from the
+        # next, and how far apart drifts from step to step (as real replicas do; groups exactly
+        # lock-stepped would let clocks shifted by a group's spacing pair other groups as well)
         for c in range(4):  # tensor-parallel all-reduces: every pair together, with a little jitter
             for k, g in enumerate(TP):
+                drift = k * 90_000 * ((s * 5 + c * 3 + k) % 4)
                 plan.append(
                     (
                         "tp",
                         g,
                         c,
-                        {r: base + (2 + 3 * c) * MS + k * 700_000 + 10_000 * ((r + s + c) % 3) for r in g},
+                        {
+                            r: base + (2 + 3 * c) * MS + k * 700_000 + drift + 10_000 * ((r + s + c) % 3)
+                            for r in g
+                        },
                     )
                 )
         for k, g in enumerate(DP):
@@ -72,7 +78,11 @@ def mesh_job(steps: int = 8, slow: dict[int, float] | None = None, record: bool 
                     g,
                     0,
                     {
-                        r: base + 20 * MS + k * 1_300_000 + int(slow.get(r, 0.0) * MS) + 20_000 * (r % 3)
+                        r: base
+                        + 20 * MS
+                        + k * (1_300_000 + 150_000 * ((s * 3) % 4))
+                        + int(slow.get(r, 0.0) * MS)
+                        + 20_000 * (r % 3)
                         for r in g
                     },
                 )
@@ -192,6 +202,16 @@ def test_groups_are_inferred_from_lanes_when_not_recorded() -> None:
     }
 
 
+def test_groups_are_inferred_across_four_hosts() -> None:
+    """Gap 3 of issue 27: the same job, unnamed, on four hosts whose clocks read 0, 3, -2 and
+    5 ms ahead: the embedding group {0, 4} joins the first and third host only, so no two hosts
+    alone hold every group; the hosts' shifts are found first, then one split."""
+    traces = mesh_job(record=False)
+    _colls_, info = assign_groups(_colls(traces), {r: f"host{r // 2}" for r in range(8)})
+    assert set(info.members) == {",".join(map(str, g)) for g in (*TP, *DP, EMB)}
+    assert all(src == "inferred" for src in info.source.values())
+
+
 def test_a_job_wide_group_is_as_before() -> None:
     """A DDP job (one group of every rank): every instance job-wide, numbered per type."""
     from tests.diagnosis.diag_synth import make_job
@@ -233,16 +253,23 @@ def test_real_gloo_mesh_job_names_exactly_the_slowed_rank() -> None:
 def _two_hosts(dst: Path, second: set[int], skew_us: float) -> Path:
     """The real gloo mesh job relabelled as two hosts: the files of the ranks in ``second`` get
     another ``host_name`` and their clock reads ``skew_us`` ahead."""
+    return _relabel(dst, {r: 1 if r in second else 0 for r in range(8)}, [0.0, skew_us])
+
+
+def _relabel(dst: Path, host_of: dict[int, int], skew_us: list[float]) -> Path:
+    """The real gloo mesh job relabelled onto hosts: rank ``r``'s file gets host ``vm`` (host
+    0, as traced) or ``vm<h>`` (``h = host_of[r]``), and its clock reads ``skew_us[h]`` ahead."""
     import gzip
     import json
 
     for f in sorted(REAL.glob("rank-*.json.gz")):
         doc = json.loads(gzip.decompress(f.read_bytes()))
-        if int(f.name.split("-")[1].split("_")[0]) in second:
-            doc["host_name"] = "vm2"
+        h = host_of[int(f.name.split("-")[1].split("_")[0])]
+        if h:
+            doc["host_name"] = f"vm{h + 1}"
             for e in doc["traceEvents"]:
                 if isinstance(e.get("ts"), int | float):
-                    e["ts"] += skew_us
+                    e["ts"] += skew_us[h]
         (dst / f.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
     return dst
 
@@ -260,6 +287,32 @@ def test_real_gloo_mesh_job_on_two_hosts_infers_the_single_host_groups(
     want = (REAL / "groups_issued_by_the_job.txt").read_text().split()
     d = diagnose(_two_hosts(tmp_path, second, skew_us))
     assert sorted({d.job.hosts()[r] for r in range(8)}) == ["vm", "vm2"]
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
+    assert found == want
+    assert d.stragglers.ranks == [5], (d.stragglers.kind, d.stragglers.ranks)
+
+
+@pytest.mark.parametrize(
+    ("host_of", "skew_us"),
+    [
+        ({r: r // 2 for r in range(8)}, [0.0, 250_000.0, -130_000.0, 3_000.0]),
+        ({r: r % 4 for r in range(8)}, [0.0, -180_000.0, 120_000.0, 7_000.0]),
+        (
+            {r: r for r in range(8)},
+            [0.0, 3_000.0, -2_000.0, 5_000.0, 150_000.0, -120_000.0, 333_000.0, -47_000.0],
+        ),
+    ],
+    ids=["four-hosts-tp-pairs", "four-hosts-dp-pairs", "eight-hosts"],
+)
+def test_real_gloo_mesh_job_on_many_hosts_infers_the_single_host_groups(
+    tmp_path: Path, host_of: dict[int, int], skew_us: list[float]
+) -> None:
+    """Gap 3 of issue 27, more than two hosts: the real job on four hosts (two ranks each,
+    tensor-parallel pairs or data-parallel pairs sharing a host) and on eight (one rank each),
+    clocks up to 333 ms apart: the groups the job logged, and still exactly rank 5."""
+    want = (REAL / "groups_issued_by_the_job.txt").read_text().split()
+    d = diagnose(_relabel(tmp_path, host_of, skew_us))
+    assert len(set(d.job.hosts().values())) == len(skew_us)
     found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
     assert found == want
     assert d.stragglers.ranks == [5], (d.stragglers.kind, d.stragglers.ranks)
