@@ -178,7 +178,7 @@ def _lane_ids(c: pl.DataFrame) -> dict[str, str]:
     """A rank's lanes, merged where they are one group's workers: gloo runs each group's queue
     on a pair of threads created one after the other (thread ids 1 apart, 2 when another
     thread started between them: seen on a real 8-rank job), merged in pairs."""
-    lanes = sorted(set(c["lane"].to_list()))
+    lanes = sorted(set(c["lane"].drop_nulls().to_list()))
     tids = sorted(int(x[4:]) for x in lanes if x.startswith("tid ") and x[4:].isdigit())
     out = {x: x for x in lanes}
     k = 0

@@ -316,3 +316,11 @@ def test_real_gloo_mesh_job_on_many_hosts_infers_the_single_host_groups(
     found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
     assert found == want
     assert d.stragglers.ranks == [5], (d.stragglers.kind, d.stragglers.ranks)
+
+
+def test_collectives_without_a_lane_are_read_not_raised() -> None:
+    """A real HTA trace whose collectives carry no stream or thread lane: group inference skips
+    the missing lane instead of failing the whole diagnosis (it raised ``AttributeError``)."""
+    trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "hta" / "large_integer_trace"
+    verdict = diagnose(trace).verdict_lines()[0]
+    assert verdict.startswith("STRAGGLERS NOT ASSESSED")
