@@ -249,7 +249,10 @@ def reconcile(
     if _rotates(rep, wi, th):
         _as_rotating(rep, wi, bd)
         return
+    if as_replay_straggler(rep, wi, bd, th):
+        return
     if rep.kind in ("persistent", "intermittent", "mixed") and rep.ranks:
+        _prune(rep, wi, th)
         extra = _joining(rep, wi, th)
         if extra:
             _join(rep, wi, bd, named_roles, extra)
@@ -380,6 +383,69 @@ def _adopt(
     )
 
 
+def _faithful(wi: WhatIfReport) -> bool:
+    """The replay can overrule the rules: it names ranks, reproduces every step time within
+    ``MAX_FIDELITY_ERROR``, and its set recovers ``GROUP_RECOVERED`` of the slowdown."""
+    recovered = GROUP_RECOVERED <= wi.recovered_fraction <= 1.0 / GROUP_RECOVERED
+    return bool(wi.explaining_set) and wi.fidelity <= MAX_FIDELITY_ERROR and recovered
+
+
+def as_replay_straggler(
+    rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, th: StragglerThresholds
+) -> bool:
+    """When the rules read no straggler but a faithful replay (``_faithful``) names ranks that
+    each cost ``min_intermittent_lost_fraction`` of step time and were late in
+    ``MIN_RECURRING`` steps or more, the replay's ranks are the verdict (in place; True when
+    done): the bar a replay rank clears to join named ones (``_joining``), here with nobody named.
+
+    Why: the rules' noise is estimated from the arrivals themselves, so with few ranks a
+    straggler's own stalls inflate it (a 2-rank job stalling 330-390 ms in 4 of 10 steps read a
+    noise sigma of 61 ms and ``none``); the replay measures each rank's work against the typical
+    peer's instead, and a job with no straggler leaves its explaining set empty."""
+    named = wi.explaining_set
+    if rep.kind != "none" or rep.skew_fraction is None or not _faithful(wi):
+        return False
+    floor = th.min_intermittent_lost_fraction
+    if wi.kind not in ("persistent", "intermittent", "mixed"):
+        return False
+    if any(n.cost < floor or len(n.late_steps) < MIN_RECURRING for n in named):
+        return False
+    _adopt(rep, wi, bd, list(named), wi.lost_fraction, wi.recovered_fraction)
+    rep.reason = (
+        f"the replay: idealising ranks {rep.ranks} recovers {100 * wi.recovered_fraction:.0f}% of a "
+        f"slowdown of {wi.slowdown:.2f}x (the arrivals alone read the stalls as noise)"
+    )
+    return True
+
+
+def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> None:
+    """Ranks the rules named that a faithful replay leaves out of its explaining set, and that
+    cost less than ``min_intermittent_lost_fraction`` of step time both by the rules' what-if
+    and alone on the replay's ideal job (``per_rank``, which shows a rank a bigger one masks),
+    are not named (in place): the bar a replay rank clears to join (``_joining``), applied to
+    the rules' ranks. A verdict keeps at least one rank."""
+    if not _faithful(wi):
+        return
+    floor = th.min_intermittent_lost_fraction
+    kept = set(wi.ranks())
+
+    def cheap(r: int) -> bool:
+        alone = wi.per_rank.get(str(r), 1.0) - 1.0
+        return r not in kept and _ruled_cost(rep, r) < floor and alone < floor
+
+    drop = {r for r in rep.ranks if cheap(r)}
+    if not drop or drop >= set(rep.ranks):
+        return
+    rep.ranks = [r for r in rep.ranks if r not in drop]
+    rep.recurrent_ranks = [r for r in rep.recurrent_ranks if r not in drop]
+    rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in drop]
+    if rep.kind == "mixed" and not (rep.recurrent_ranks and set(rep.intermittent_ranks) & set(rep.ranks)):
+        rep.kind = "persistent" if rep.recurrent_ranks else "intermittent"
+    rep.causes = {r: c for r, c in rep.causes.items() if r not in drop}
+    rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
+    _set_roles(rep, dict.fromkeys(drop, None), clear=False)
+
+
 def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> list[int]:
     """Ranks of the replay's explaining set that join the named ones (``reconcile``)."""
     costs = {n.rank: n for n in wi.explaining_set}
@@ -412,7 +478,7 @@ def _join(
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
 
 
-def _set_roles(rep: StragglerReport, roles: dict[int, str], clear: bool) -> None:
+def _set_roles(rep: StragglerReport, roles: dict[int, str | None], clear: bool) -> None:
     """The per-rank table's ``role`` of these ranks (``clear``: every other rank's emptied)."""
     if "role" not in rep.per_rank.columns or not roles:
         return
