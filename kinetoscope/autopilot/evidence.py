@@ -16,7 +16,9 @@ checked in this order, the first naming the reason:
 * ``not_assessed`` — a multi-rank job whose straggler verdict is ``NOT ASSESSED``.
 
 Every field of the evidence block is read as optional: a document without it is judged from its
-``steps`` and ``stragglers`` and from the files.
+``steps`` and ``stragglers`` and from the files. Other producers' spellings of the block
+(``cross_rank_usable``, ``judgement``, a ``timestamp_anomalies`` map...) are mapped by the
+decoder (``kinetoscope.document.spellings``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import msgspec
 
 from kinetoscope.document import AnalysisDocument, as_document
+from kinetoscope.document.parts import Evidence
 
 MIN_STEPS = 3  # steps in common below which no cross-rank verdict is made (as the diagnosis)
 
@@ -51,59 +54,13 @@ class SampleEvidence(msgspec.Struct, frozen=True):
         return out
 
 
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def anomaly_count(evidence: Mapping[str, Any]) -> int | None:
-    """``timestamp_anomalies`` of an evidence block: a count, ``{kind: count}``, a list of
-    ``{"count": n}`` items, or ``{"count"/"total": n}``; None when absent."""
-    v = evidence.get("timestamp_anomalies")
-    if _int(v) is not None:
-        return _int(v)
-    if isinstance(v, Mapping):
-        for key in ("total", "count"):
-            if _int(v.get(key)) is not None:
-                return _int(v.get(key))
-        return sum(_int(x) or 0 for x in v.values())
-    if isinstance(v, list):
-        return sum((_int(x.get("count")) or 0) if isinstance(x, Mapping) else 1 for x in v)
-    return None
-
-
-def _doc_usable(evidence: Mapping[str, Any]) -> bool | None:
-    """The evidence block's usable/not-usable judgement, whatever its spelling; None if absent."""
-    for key in ("usable", "cross_rank_usable"):
-        if isinstance(evidence.get(key), bool):
-            return bool(evidence[key])
-    for key in ("judgement", "judgment", "verdict", "status"):
-        text = evidence.get(key)
-        if isinstance(text, str):
-            low = text.strip().lower().replace("_", " ").replace("-", " ")
-            if low.startswith(("not usable", "unusable", "not assessed")):
-                return False
-            if low.startswith("usable"):
-                return True
-    return None
-
-
-def _doc_reason(evidence: Mapping[str, Any]) -> str | None:
-    for key in ("reason", "why", "not_usable_reason", "summary"):
-        v = evidence.get(key)
-        if isinstance(v, str) and v.strip():
-            return v.strip()
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            return "; ".join(str(x) for x in v)
-    return None
-
-
-def _windows_apart(evidence: Mapping[str, Any]) -> bool:
+def _windows_apart(ev: Evidence) -> bool:
     """Whether the ranks' windows do not overlap. ``windows_overlap`` is the analysis' answer;
     ``windows_aligned`` (starts and ends close) is stricter, so it is read only without it:
     windows that are staggered but overlap still carry a verdict on the steps they share."""
-    if "windows_overlap" in evidence:
-        return evidence["windows_overlap"] is False
-    return evidence.get("windows_aligned") is False or evidence.get("aligned") is False
+    if ev.windows_overlap is not None:
+        return ev.windows_overlap is False
+    return ev.windows_aligned is False
 
 
 def steps_in_common(document: AnalysisDocument | Mapping[str, Any]) -> int | None:
@@ -171,21 +128,21 @@ def judge(
     """The sample's :class:`SampleEvidence` (module docstring). ``paths``: the local trace files,
     read only when the document does not count timestamp anomalies itself."""
     doc = as_document(document)
-    # the evidence block as written (its display form): read with every spelling tolerated
-    ev = doc.objects["evidence"] if "evidence" in doc.objects else {}
-    steps = _int(ev.get("steps_in_common"))
+    # the evidence part, its older spellings already mapped by the decoder (document.spellings)
+    ev = doc.evidence if doc.evidence is not None else Evidence()
+    steps = ev.steps_in_common
     if steps is None:
         steps = steps_in_common(doc)
-    anomalies = anomaly_count(ev)
-    source = "document" if ev else "autopilot"
+    anomalies = ev.timestamp_anomalies
+    source = "document" if doc.evidence is not None else "autopilot"
     if anomalies is None and paths:
         anomalies = kernels_before_launch(paths)
 
     def bad(reason: str, detail: str, src: str = "autopilot") -> SampleEvidence:
         return SampleEvidence(False, reason, detail, steps, anomalies, src)
 
-    if _doc_usable(ev) is False:
-        return bad("evidence", _doc_reason(ev) or "the analysis judged the trace unusable", "document")
+    if ev.usable is False:
+        return bad("evidence", ev.reason or "the analysis judged the trace unusable", "document")
     if anomalies is not None and anomalies > max_timestamp_anomalies:
         return bad(
             "timestamp_anomalies",

@@ -159,7 +159,7 @@ class HangDetector:
     def _record(
         self, catalog: Catalog, key: str, job_id: str | None, signal: str, report: StacksReport
     ) -> HangFinding:
-        row = record_stacks(catalog, report.to_json(), trigger=f"hang:{signal}", job_id=job_id, job_key=key)
+        row = record_stacks(catalog, report, trigger=f"hang:{signal}", job_id=job_id, job_key=key)
         outliers = list(report.outliers)
         FleetStore(catalog).start_episode(key, KIND, row["stacks_id"], float(len(outliers)), 0.0)
         log.warning(

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from kinetoscope.document import AnalysisDocument, as_document
 from kinetoscope.document.parts import Job, Mfu, Pipeline, Recommendation, Recompilation, UnevenInputs
-from kinetoscope.document.stragglers import Stragglers
+from kinetoscope.document.stragglers import StragglerRankRow, Stragglers
 from kinetoscope.termtext import Col, num, per_rank, print_table, print_wrapped, table
 
 MAX_ROWS = 25
@@ -72,22 +72,22 @@ def render_rich(console: Console, document: AnalysisDocument | Mapping[str, Any]
 def _stragglers(console: Console, strag: Stragglers) -> None:
     """The per-rank straggler table, named stragglers first."""
 
-    def key(r: dict[str, Any]) -> tuple[int, float]:
-        return (0 if r.get("role") else 1, -(r.get("imposed_share") or r.get("score") or 0))
+    def key(r: StragglerRankRow) -> tuple[int, float]:
+        return (0 if r.role else 1, -(r.imposed_share or r.score or 0))
 
     rows = [
         [
-            _f(r["rank"]),
-            _f(r.get("host")),
-            _f(r.get("role")),
-            f"{r.get('last_count', '-')}/{r.get('instances', '-')}",
-            _p(r.get("p_value")),
-            _ms(r.get("imposed_wait(us)")),
-            _f(r.get("imposed_share"), 3),
-            _ms(r.get("whatif_saving(us)")),
-            f"{r['late_steps']}/{r['steps']}",
-            _ms(r["mean_lateness(us)"]),
-            _f(r.get("compute_vs_median")),
+            _f(r.rank),
+            _f(r.host),
+            _f(r.role),
+            f"{_f(r.last_count)}/{_f(r.instances)}",
+            _p(r.p_value),
+            _ms(r.imposed_wait_us),
+            _f(r.imposed_share, 3),
+            _ms(r.whatif_saving_us),
+            f"{_f(r.late_steps)}/{_f(r.steps)}",
+            _ms(r.mean_lateness_us),
+            _f(r.compute_vs_median),
         ]
         for r in sorted(strag.per_rank, key=key)[:MAX_ROWS]
     ]
@@ -125,16 +125,16 @@ def _per_step(console: Console, strag: Stragglers) -> None:
     steps = strag.per_step
     rows = [
         [
-            _f(s["step"]),
-            _ms(s["step_time(us)"]),
-            _f(s.get("n_instances")),
-            _ms(s["lost(us)"]),
-            _ms(s["excess(us)"]),
-            _ms(s["est_step_time(us)"]),
-            _f(s["last_rank"]),
-            _ms(s.get("max_imposed(us)")),
-            _ms(s["threshold(us)"]),
-            _f(s["late_ranks"]),
+            _f(s.step),
+            _ms(s.step_time_us),
+            _f(s.n_instances),
+            _ms(s.lost_us),
+            _ms(s.excess_us),
+            _ms(s.est_step_time_us),
+            _f(s.last_rank),
+            _ms(s.max_imposed_us),
+            _ms(s.threshold_us),
+            _f(s.late_ranks),
         ]
         for s in steps[:MAX_ROWS]
     ]
@@ -181,15 +181,15 @@ def _job(console: Console, job: Job) -> None:
     if clock and offs:
         rows = [
             [
-                _f(o["rank"]),
-                _f(o.get("host")),
-                _f(o["offset_us"], 1),
-                _f(o.get("measured_us"), 1),
-                _f(o.get("lower_bound_us"), 1),
-                _f(o.get("upper_bound_us"), 1),
-                _f(o["matched"]),
-                _f(o.get("residual_us"), 1),
-                o["method"],
+                _f(o.rank),
+                _f(o.host),
+                _f(o.offset_us, 1),
+                _f(o.measured_us, 1),
+                _f(o.lower_bound_us, 1),
+                _f(o.upper_bound_us, 1),
+                _f(o.matched),
+                _f(o.residual_us, 1),
+                _f(o.method),
             ]
             for o in offs[:MAX_ROWS]
         ]

@@ -95,7 +95,7 @@ def _clock(clock: ClockAlignment) -> parts.Clock:
         match_method=clock.match_method,
         window_us=clock.window_ns / 1000.0,
         residual_us=clock.residual_us(),
-        offsets=frame_rows(clock.table),
+        offsets=[parts.ClockOffset(**r) for r in frame_rows(clock.table)],
         notes=list(clock.notes),
     )
 

@@ -4,7 +4,9 @@ This is the only place that reads the document as a dict. It is tolerant, becaus
 come from older versions (the catalog keeps them) and from other producers: unknown keys are
 ignored, a missing key leaves its part ``None``, and a part of another shape (or a field of the
 wrong type) leaves that part ``None`` and says so in ``problems`` instead of failing the view.
-A table row of another shape is dropped from the typed rows (it stays in ``tables``). Every
+A table row of another shape is dropped from the typed rows (it stays in ``tables``). A part
+written under older or other producers' spellings is mapped onto its Struct's names first
+(``document.spellings``). Every
 list-valued key is also kept as row objects (``tables``) and every object-valued key as a dict
 (``objects``): the display form, for views that show a part as a table.
 """
@@ -20,6 +22,7 @@ import msgspec
 import orjson
 
 from kinetoscope.document.model import AnalysisDocument
+from kinetoscope.document.spellings import PREPARE
 from kinetoscope.document.stacks import StackGroupPart, StacksDocument
 
 T = TypeVar("T")
@@ -67,7 +70,8 @@ def _object_part(key: str, value: Any, problems: list[str]) -> msgspec.Struct | 
         problems.append(f"{key}: not an object ({type(value).__name__})")
         return None
     try:
-        return _convert(_json_form(value), OBJECT_PARTS[key])
+        form = _json_form(value)
+        return _convert(PREPARE[key](form) if key in PREPARE else form, OBJECT_PARTS[key])
     except (msgspec.ValidationError, orjson.JSONEncodeError) as exc:
         problems.append(f"{key}: {exc}")
         return None

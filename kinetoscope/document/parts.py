@@ -39,13 +39,21 @@ class TraceMeta(Part):
 
 
 class ClockOffset(Part):
-    """One rank's clock offset (``job.clock.offsets``)."""
+    """One rank's clock offset (``job.clock.offsets``; the producer's columns are
+    ``diagnosis.clock.CLOCK_SCHEMA``, in its order): the offset applied, the one measured and its
+    causality bounds, how many collective pairs matched, the residual of those pairs, how it was
+    aligned (``method``) and the rank it was paired with (``aligned_via``)."""
 
     rank: int | None = None
     host: str | None = None
     offset_us: float | None = None
+    measured_us: float | None = None
+    lower_bound_us: float | None = None
+    upper_bound_us: float | None = None
+    matched: int | None = None
     residual_us: float | None = None
     method: str | None = None
+    aligned_via: int | None = None
 
 
 class Clock(Part):
@@ -55,7 +63,7 @@ class Clock(Part):
     match_method: str | None = None
     window_us: float | None = None
     residual_us: float | None = None
-    offsets: list[dict[str, Any]] = msgspec.field(default_factory=list)  # shown as a table
+    offsets: list[ClockOffset] = msgspec.field(default_factory=list)  # shown as a table
     notes: list[str] = msgspec.field(default_factory=list)
 
 
@@ -169,7 +177,12 @@ class Anomaly(Part):
 
 
 class Evidence(Part):
-    """The ``evidence`` part: what the verdict rests on (docs/diagnosis.md §Evidence)."""
+    """The ``evidence`` part: what the verdict rests on (docs/diagnosis.md §Evidence), the
+    producer's fields (``diagnosis.evidence.Evidence.to_dict``) in its order. ``usable``: whether
+    the set can carry a cross-rank verdict (the autopilot's name of ``assessed``; None: the block
+    does not say). ``timestamp_anomalies``: device events stamped before their launch (None: not
+    counted). Older and other producers' spellings are mapped by the decoder
+    (``document.spellings``)."""
 
     assessed: bool = True
     reason: str | None = None
@@ -177,12 +190,19 @@ class Evidence(Part):
     confidence_lowered: bool = False
     ranks: list[EvidenceRank] = msgspec.field(default_factory=list)
     steps_in_common: int | None = None
+    instances_in_common: int | None = None
     steps_asked: int | None = None
     windows_overlap: bool | None = None
     windows_aligned: bool | None = None
-    timestamp_anomalies: int = 0
+    starts_aligned: bool | None = None
+    start_spread_ms: float | None = None
+    end_spread_ms: float | None = None
+    clock_residual_us: float | None = None
+    timestamp_anomalies: int | None = None
+    excluded_steps: list[int] = msgspec.field(default_factory=list)
     anomalies: list[Anomaly] = msgspec.field(default_factory=list)
     anomalous: bool = False
+    usable: bool | None = None
     lines: list[str] = msgspec.field(default_factory=list)
 
 

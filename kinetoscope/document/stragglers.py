@@ -64,9 +64,65 @@ class NextRank(Part):
     last_count: int | None = None
 
 
+def _us(key: str) -> Any:
+    """A µs column whose JSON key is not an identifier (``lost(us)`` -> field ``lost_us``)."""
+    return msgspec.field(default=None, name=key)
+
+
+class StragglerRankRow(Part):
+    """One row of ``stragglers.per_rank`` (the producer's columns are
+    ``diagnosis.stragglers.model.PER_RANK_SCHEMA``, in its order). ``score``: share of job time
+    the others waited for this rank; ``last_count``/``instances``: collectives it arrived last at
+    / held; ``imposed_wait_us``/``imposed_share``: the waiting it imposed and its share in the
+    round it was named; ``whatif_saving_us``: step time saved had only it arrived like the typical
+    rank; ``role``: how the verdict named it (``None``: not named)."""
+
+    rank: int | None = None
+    host: str | None = None
+    steps: int | None = None
+    late_steps: int | None = None
+    late_share: float | None = None
+    mean_lateness_us: float | None = _us("mean_lateness(us)")
+    mean_lateness_frac: float | None = None
+    score: float | None = None
+    mean_self_time_us: float | None = _us("mean_self_time(us)")
+    mean_compute_us: float | None = _us("mean_compute(us)")
+    compute_vs_median: float | None = None
+    mean_sync_wait_us: float | None = _us("mean_sync_wait(us)")
+    mean_dataloader_us: float | None = _us("mean_dataloader(us)")
+    instances: int | None = None
+    last_count: int | None = None
+    p_value: float | None = None
+    imposed_wait_us: float | None = _us("imposed_wait(us)")
+    imposed_share: float | None = None
+    whatif_saving_us: float | None = _us("whatif_saving(us)")
+    role: str | None = None
+    lost_share: float | None = None
+
+
+class StragglerStepRow(Part):
+    """One row of ``stragglers.per_step`` (the producer's columns are
+    ``diagnosis.stragglers.model.PER_STEP_SCHEMA``, in its order): the step's time, the waiting
+    lost in it, the excess the late ranks caused and the step time without it, the event
+    thresholds, the rank most waited for, the late ranks and how many collectives it held."""
+
+    step: int | None = None
+    step_time_us: float | None = _us("step_time(us)")
+    lost_us: float | None = _us("lost(us)")
+    excess_us: float | None = _us("excess(us)")
+    est_step_time_us: float | None = _us("est_step_time(us)")
+    threshold_us: float | None = _us("threshold(us)")
+    persistent_threshold_us: float | None = _us("persistent_threshold(us)")
+    last_rank: int | None = None
+    max_lateness_us: float | None = _us("max_lateness(us)")
+    late_ranks: list[int] = msgspec.field(default_factory=list)
+    n_instances: int | None = None
+    max_imposed_us: float | None = _us("max_imposed(us)")
+
+
 class Stragglers(Part):
-    """The ``stragglers`` part as the views read it. ``per_rank`` and ``per_step`` stay row
-    objects: they are shown as tables with whatever columns the producer wrote."""
+    """The ``stragglers`` part as the views read it. ``per_rank`` and ``per_step`` are typed
+    rows; a table view shows them with ``msgspec.to_builtins`` (the producer's columns)."""
 
     kind: str | None = None
     ranks: list[int] = msgspec.field(default_factory=list)
@@ -84,15 +140,10 @@ class Stragglers(Part):
     dropped_steps: int | None = None
     straggled_steps: int | None = None
     noise_sigma_us: float | None = None
-    per_rank: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    per_step: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    per_rank: list[StragglerRankRow] = msgspec.field(default_factory=list)
+    per_step: list[StragglerStepRow] = msgspec.field(default_factory=list)
     whatif: WhatIf | None = None
 
-    def per_rank_by_score(self) -> list[dict[str, Any]]:
+    def per_rank_by_score(self) -> list[StragglerRankRow]:
         """``per_rank`` rows, highest straggler ``score`` first (rows without one last)."""
-
-        def score(row: dict[str, Any]) -> float:
-            v = row["score"] if "score" in row else None
-            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-
-        return sorted(self.per_rank, key=lambda r: -score(r))
+        return sorted(self.per_rank, key=lambda r: -(r.score or 0.0))

@@ -56,7 +56,7 @@ def evidence_view(document: AnalysisDocument | Mapping[str, Any]) -> dict[str, A
         ("steps asked", str(ev.steps_asked) if ev.steps_asked else "–"),
         ("windows overlap", _yes_no(ev.windows_overlap, "yes", "NO")),
         ("windows aligned", _yes_no(ev.windows_aligned, "yes", "NO")),
-        ("timestamp anomalies", str(ev.timestamp_anomalies)),
+        ("timestamp anomalies", str(ev.timestamp_anomalies or 0)),
         ("anomalies named", str(len(ev.anomalies))),
     ]
     return {

@@ -932,7 +932,7 @@ def _straggler_kpis(s: Stragglers) -> list[Kpi]:
 
 def _straggler_tables(s: Stragglers, max_rows: int) -> list[TableView]:
     out = []
-    per_rank = s.per_rank_by_score()
+    per_rank = msgspec.to_builtins(s.per_rank_by_score())
     if per_rank:
         out.append(
             _ms_table(
@@ -949,7 +949,7 @@ def _straggler_tables(s: Stragglers, max_rows: int) -> list[TableView]:
             _ms_table(
                 "table-straggler-steps",
                 "Per step: what-if without stragglers",
-                s.per_step,
+                msgspec.to_builtins(s.per_step),
                 max_rows,
                 collapsed=True,
                 caption="est. step time = step time minus the excess caused by the flagged ranks.",
@@ -1425,7 +1425,7 @@ def job_section(document: AnalysisDocument | Mapping[str, Any], max_rows: int) -
                 table_from_rows(
                     "table-clock",
                     "Clock offsets (add offset to a rank's times)",
-                    offs,
+                    msgspec.to_builtins(offs),
                     max_rows=max_rows,
                     collapsed=len(offs) > 8,
                 )

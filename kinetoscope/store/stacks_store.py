@@ -4,9 +4,9 @@ job. The document is the ``kscope stacks --json`` document (docs/stacks.md), kep
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -20,30 +20,58 @@ def new_stacks_id(now: datetime | None = None) -> str:
     return f"stk-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
 
 
+class StacksCapture(Protocol):
+    """What :func:`record_stacks` reads of a stacks report: ``collect.stack_groups.StacksReport``
+    is one. ``store`` sits below ``collect`` (and ``document``) in the layers, so it names the
+    attributes it reads instead of importing the class: the report's typed fields, not its JSON."""
+
+    @property
+    def hosts(self) -> Sequence[Mapping[str, object]]: ...
+
+    @property
+    def ranks(self) -> Sequence[object]: ...
+
+    @property
+    def groups(self) -> Sequence[object]: ...
+
+    @property
+    def outliers(self) -> Sequence[int | None]: ...
+
+    @property
+    def states(self) -> Mapping[str, int]: ...
+
+    @property
+    def verdict(self) -> str: ...
+
+    def to_json(self) -> dict[str, object]:
+        """The ``kscope stacks --json`` document, kept whole in the row."""
+        ...
+
+
 def record_stacks(
     catalog: Catalog,
-    document: Mapping[str, Any],
+    report: StacksCapture,
     *,
     trigger: str,
     job_id: str | None = None,
     job_key: str | None = None,
 ) -> dict[str, Any]:
-    """Insert one capture (``document``: a stacks report's JSON); returns the row as a dict."""
+    """Insert one capture (``report``: a stacks report; its JSON is kept as ``document``);
+    returns the row as a dict."""
     now = datetime.now(timezone.utc)
-    groups = document.get("groups") or []
     row = {
         "stacks_id": new_stacks_id(now),
         "taken_at": now,
         "job_id": job_id,
         "job_key": job_key,
         "trigger": trigger[:64],
-        "hosts": [str(h.get("host")) for h in document.get("hosts") or [] if isinstance(h, dict)],
-        "ranks": len(document.get("ranks") or []),
-        "groups": len(groups),
-        "outliers": list(document.get("outliers") or []),
-        "states": dict(document.get("states") or {}),
-        "verdict": str(document.get("verdict") or ""),
-        "document": dict(document),
+        "hosts": [str(h["host"] if "host" in h else None) for h in report.hosts],
+        "ranks": len(report.ranks),
+        "groups": len(report.groups),
+        "outliers": list(report.outliers),
+        "states": dict(report.states),
+        "verdict": str(report.verdict or ""),
+        "document": report.to_json(),
     }
     with catalog._write() as conn:
         res = conn.execute(job_stacks.insert().values(**row))

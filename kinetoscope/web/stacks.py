@@ -41,7 +41,7 @@ def take_stacks_action(request: Request, job_id: str, web: WebContext = Ctx) -> 
     if not report.ranks:
         why = "; ".join(str(e.get("message")) for e in report.errors) or "no process matched"
         return error_page(request, 502, "No stacks", why)
-    record_stacks(web.catalog, report.to_json(), trigger="web", job_id=job_id)
+    record_stacks(web.catalog, report, trigger="web", job_id=job_id)
     return RedirectResponse(f"/jobs/{job_id}#stacks", status_code=303)
 
 

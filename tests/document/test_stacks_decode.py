@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kinetoscope.autopilot.hang import alert_details
-from kinetoscope.collect.stack_groups import RankStacks, build_report
+from kinetoscope.collect.stack_groups import RankStacks, StacksReport, build_report
 from kinetoscope.document.decode import decode_stacks
 from kinetoscope.protocol import rpc
 from kinetoscope.store.catalog import Catalog
@@ -39,10 +39,13 @@ def _rank(r: int, fn: str) -> RankStacks:
     return RankStacks(host="h:1778", hostname="h", pid=100 + r, host_pid=100 + r, rank=r, snapshots=[snap])
 
 
-def _report() -> dict[str, object]:
+def _stacks_report() -> StacksReport:
     ranks = [_rank(r, "load_batch" if r == 2 else "all_reduce") for r in range(4)]
-    report = build_report(ranks, target={"job_id": 1}, samples=1, interval_s=1.0, hosts=[], errors=[])
-    return report.to_json()
+    return build_report(ranks, target={"job_id": 1}, samples=1, interval_s=1.0, hosts=[], errors=[])
+
+
+def _report() -> dict[str, object]:
+    return _stacks_report().to_json()
 
 
 def test_a_real_stacks_document_decodes_with_its_groups():
@@ -70,11 +73,19 @@ def test_an_odd_group_is_left_out_and_named():
 
 
 def test_the_hang_alert_reads_the_recorded_groups(tmp_path: Path):
-    doc = _report()
+    report = _stacks_report()
+    doc = report.to_json()
     with Catalog.open(str(tmp_path / "c.db")) as cat:
-        row = record_stacks(cat, doc, trigger="hang:cpu", job_key="slurm:1")
+        row = record_stacks(cat, report, trigger="hang:cpu", job_key="slurm:1")
         got = alert_details(cat, {"sample_id": row["stacks_id"]})
     assert got["stacks_id"] == row["stacks_id"] and got["outlier_ranks"] == [2]
+    # the catalog columns come from the report's typed fields, the document is its JSON whole
+    assert row["document"] == doc and (row["ranks"], row["outliers"], row["verdict"]) == (
+        4,
+        [2],
+        doc["verdict"],
+    )
+    assert row["groups"] == len(report.groups) and row["states"] == doc["states"] and row["hosts"] == []
     assert got["groups"] == [
         {"ranks": g["ranks"], "summary": g["summary"], "outlier": g["outlier"]}
         for g in doc["groups"]  # type: ignore[attr-defined]
