@@ -165,7 +165,7 @@ def test_kscope_trace_over_mutual_tls_traces_a_real_process(tmp_path: Path, cert
             certs.ca,
         ],  # fmt: skip
         cwd=REPO_ROOT,
-        env=kscope_env(),
+        env=kscope_env({"COLUMNS": "1000"}),  # the ready line wraps at the width: keep it one line
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

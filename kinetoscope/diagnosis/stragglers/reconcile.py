@@ -419,19 +419,23 @@ def as_replay_straggler(
 
 
 def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> None:
-    """Ranks the rules named that a faithful replay leaves out of its explaining set, and that
-    cost less than ``min_intermittent_lost_fraction`` of step time both by the rules' what-if
-    and alone on the replay's ideal job (``per_rank``, which shows a rank a bigger one masks),
-    are not named (in place): the bar a replay rank clears to join (``_joining``), applied to
-    the rules' ranks. A verdict keeps at least one rank."""
+    """Ranks the rules named that a faithful replay leaves out of its explaining set, that were
+    late in fewer than ``MIN_RECURRING`` steps, and that cost less than
+    ``min_intermittent_lost_fraction`` of step time both by the rules' what-if and alone on the
+    replay's ideal job (``per_rank``, which shows a rank a bigger one masks), are not named (in
+    place): the bar a replay rank clears to join (``_joining``), applied to the rules' ranks. A
+    rank late in most steps stays: with two slow ranks of three the typical peer is itself slow
+    and both what-ifs read the second one as free. A verdict keeps at least one rank."""
     if not _faithful(wi):
         return
     floor = th.min_intermittent_lost_fraction
     kept = set(wi.ranks())
+    late = rep.per_rank_column("late_steps")
 
     def cheap(r: int) -> bool:
         alone = wi.per_rank.get(str(r), 1.0) - 1.0
-        return r not in kept and _ruled_cost(rep, r) < floor and alone < floor
+        rare = (late.get(str(r)) or 0) < MIN_RECURRING
+        return r not in kept and rare and _ruled_cost(rep, r) < floor and alone < floor
 
     drop = {r for r in rep.ranks if cheap(r)}
     if not drop or drop >= set(rep.ranks):
