@@ -406,8 +406,8 @@ def as_replay_straggler(
     if rep.kind != "none" or rep.skew_fraction is None or not _faithful(wi):
         return False
     floor = th.min_intermittent_lost_fraction
-    if wi.kind not in ("persistent", "intermittent", "mixed"):
-        return False
+    if wi.kind not in ("persistent", "intermittent", "mixed") or wi.lost_fraction < th.min_lost_fraction:
+        return False  # what a verdict must save (``min_lost_fraction``) holds for the replay too
     if any(n.cost < floor or len(n.late_steps) < MIN_RECURRING for n in named):
         return False
     _adopt(rep, wi, bd, list(named), wi.lost_fraction, wi.recovered_fraction)
