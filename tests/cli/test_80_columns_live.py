@@ -90,13 +90,21 @@ def check(out: str, whole: list[str], err: str = "") -> None:
     assert all(ln.startswith("error: ") for ln in errors), err
 
 
+def piped(
+    args: list[str], tmp: Path, timeout: float = 300, columns: int = WIDTH, prog: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``kscope ARGS`` (or ``prog ARGS``) piped, at ``columns`` (``env80``), from the repository."""
+    cmd = [*(KSCOPE if prog is None else prog), *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env80(tmp, columns), timeout=timeout, cwd=REPO
+    )
+
+
 def run_both(
     args: list[str], tmp: Path, timeout: float = 300, ok: tuple[int, ...] = (0,)
 ) -> list[tuple[str, str]]:
     """``kscope ARGS`` piped, then on an 80-column terminal: [(how, stdout)], exit status in ``ok``."""
-    proc = subprocess.run(
-        [*KSCOPE, *args], capture_output=True, text=True, env=env80(tmp), timeout=timeout, cwd=REPO
-    )
+    proc = piped(args, tmp, timeout)
     assert proc.returncode in ok, proc.stdout + proc.stderr
     check(proc.stdout, [], proc.stderr)
     term, err, code = run_pty(args, tmp, timeout)
@@ -258,14 +266,7 @@ def test_stacks_reads_at_80_columns(live: tuple[str, int, Path], extra: list[str
 def test_stacks_error_is_one_line_at_80_columns(live: tuple[str, int, Path]) -> None:
     """``kscope stacks`` of a pid the daemon does not know: one error line, exit status 1."""
     address, _, workdir = live
-    proc = subprocess.run(
-        [*KSCOPE, "stacks", "-H", address, "--pids", "999999999"],
-        capture_output=True,
-        text=True,
-        env=env80(workdir),
-        timeout=120,
-        cwd=REPO,
-    )
+    proc = piped(["stacks", "-H", address, "--pids", "999999999"], workdir, 120)
     assert proc.returncode != 0, proc.stdout
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines and all(ln.startswith(("error: ", "note: ", "warning: ")) for ln in lines), proc.stderr
@@ -283,9 +284,7 @@ def test_trace_wait_reads_at_80_columns(live: tuple[str, int, Path]) -> None:
         if terminal:
             text, err, code = run_pty(args, workdir, 300)
         else:
-            proc = subprocess.run(
-                [*KSCOPE, *args], capture_output=True, text=True, env=env80(workdir), timeout=300, cwd=REPO
-            )
+            proc = piped(args, workdir)
             text, err, code = proc.stdout, proc.stderr, proc.returncode
         assert code in (0, 3), text + err
         files = sorted(str(p) for p in out_dir.rglob("*.pt.trace.json*"))
@@ -332,13 +331,8 @@ def test_autopilot_error_is_one_line_at_80_columns(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.run(
-        [*KSCOPE, "autopilot", "-H", f"127.0.0.1:{port}", "--catalog", str(tmp_path / "c.db"), "--once"],
-        capture_output=True,
-        text=True,
-        env=env80(tmp_path),
-        timeout=300,
-        cwd=REPO,
+    proc = piped(
+        ["autopilot", "-H", f"127.0.0.1:{port}", "--catalog", str(tmp_path / "c.db"), "--once"], tmp_path, 300
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
@@ -359,14 +353,7 @@ def test_catalog_errors_are_one_line_at_80_columns(tmp_path: Path, kind: str) ->
     job = tmp_path / LONG / CPU_JOB.name
     shutil.copytree(CPU_JOB, job)
     name = str(job) if kind == "import" else "kst-20261128-000000-none"
-    proc = subprocess.run(
-        [*KSCOPE, "catalog", kind, name],
-        capture_output=True,
-        text=True,
-        env=env80(tmp_path),
-        timeout=120,
-        cwd=REPO,
-    )
+    proc = piped(["catalog", kind, name], tmp_path, 120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], proc.stderr
@@ -385,14 +372,7 @@ def test_catalog_commands_read_at_80_columns(live: tuple[str, int, Path], tmp_pa
     address, pid, workdir = live
     out_dir = workdir / LONG / "traces" / "imported"  # under the daemon's trace root
     args = ["trace", "-H", address, "-j", "36199", "--duration-ms", "300", "--wait", "--no-catalog"]
-    traced = subprocess.run(
-        [*KSCOPE, *args, "-o", str(out_dir)],
-        capture_output=True,
-        text=True,
-        env=env80(tmp_path, WIDE),
-        timeout=300,
-        cwd=REPO,
-    )
+    traced = piped([*args, "-o", str(out_dir)], tmp_path, 300, columns=WIDE)
     assert traced.returncode in (0, 3), traced.stdout + traced.stderr
     folder = next(p.parent for p in out_dir.rglob("manifest.json"))
     files = [str(p) for p in folder.rglob("*.pt.trace.json*")]
@@ -473,22 +453,15 @@ def test_demo_steps_read_at_80_columns(tmp_path: Path) -> None:
     args = [str(job)]
     outs = []
     for columns in (WIDE, WIDTH):
-        proc = subprocess.run(
-            [*prog, *args],
-            capture_output=True,
-            text=True,
-            env=env80(tmp_path, columns),
-            timeout=300,
-            cwd=REPO,
-        )
+        proc = piped(args, tmp_path, 300, columns=columns, prog=prog)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs.append(proc.stdout)
-    wide, piped = outs
+    wide, narrow = outs
     names = [f.name for f in sorted(job.glob("rank-*.pt.trace.json"))]
     pids = [n.split("_")[1].split(".")[0] for n in names]
     assert names and all(n in wide for n in names), wide
-    assert problems(piped, wide) == [], piped
-    check(piped, [*names, *pids])
+    assert problems(narrow, wide) == [], narrow
+    check(narrow, [*names, *pids])
     terminal, err, code = pty_run([*prog, *args], env80(tmp_path), WIDTH)
     assert code == 0, terminal + err
     assert problems(terminal, wide) == [], terminal
@@ -501,14 +474,7 @@ def test_demo_reads_at_80_columns(tmp_path: Path) -> None:
     """The whole ``kscope demo`` (daemon, 2-rank DDP job, trace, analysis, report), piped at 80
     columns: the trace id and every file name whole, no line over 80 columns."""
     workdir = tmp_path / LONG
-    proc = subprocess.run(
-        [*KSCOPE, "demo", "--workdir", str(workdir), "--iterations", "5", "--timeout", "240"],
-        capture_output=True,
-        text=True,
-        env=env80(tmp_path),
-        timeout=400,
-        cwd=REPO,
-    )
+    proc = piped(["demo", "--workdir", str(workdir), "--iterations", "5", "--timeout", "240"], tmp_path, 400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = [p.name for p in (workdir / "traces").rglob("*.pt.trace.json")]
     assert names, proc.stdout
