@@ -154,7 +154,7 @@ def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
 def _late(share: Any, steps: list[int]) -> list[int]:
     """The late steps (``stragglers.kinds``) of a rank or a replica whose own cost in each step,
     as a share of the observed step, is ``share``: ``LATE_COST`` or more and ``LATE_OF_WORST``
-    of its worst step's (the rule of ``_named``); as the job's step labels ``steps``."""
+    of its worst step's; as the job's step labels ``steps``."""
     bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
     return [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
 
@@ -171,8 +171,7 @@ def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int],
     i = exp.candidates.index(lane)
     # own cost as a share of the observed step
     share = exp.cost[i] * exp.t_ideal[i] / np.maximum(t_obs, 1e-12)
-    bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
-    late = [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
+    late = _late(share, steps)
     return NamedRank(
         rank=ranks[lane],
         cost=float(gain),
