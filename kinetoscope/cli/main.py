@@ -8,6 +8,7 @@ libraries (Polars, Plotly, SQLAlchemy, FastAPI, ...) load inside its command fun
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import sys
 from typing import Any
@@ -180,7 +181,10 @@ def _root(
 
 def main() -> None:
     """Run the CLI; user-facing errors (a bad option too) become one line on stderr and a
-    non-zero exit status, never a traceback or a boxed usage panel."""
+    non-zero exit status, never a traceback or a boxed usage panel. A crash in native code
+    (SIGSEGV, SIGABRT, ...) prints every thread's Python stack to stderr before the process
+    dies, so a report has more to go on than an exit status of -11."""
+    _enable_faulthandler()
     try:
         rv = app(standalone_mode=False, prog_name="kscope")
     except KinetoscopeError as exc:
@@ -200,6 +204,13 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _enable_faulthandler() -> None:
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # stderr closed or not a real file: nothing to print to
+        pass
 
 
 def _usage_message(exc: _click.exceptions.ClickException) -> str:

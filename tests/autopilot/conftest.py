@@ -27,6 +27,7 @@ def kscope_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KINETO_", "KSCOPE_"))}
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["COLUMNS"] = "200"
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code prints every thread's stack
     env.update(extra or {})
     return env
 

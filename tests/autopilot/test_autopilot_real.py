@@ -49,6 +49,20 @@ def _check_recorded_once(url: str, sample_ids: list[str]) -> None:
             assert len(analyses) == 1, (sid, analyses)
 
 
+def _usable_or_unaligned(samples: list) -> None:
+    """One sample, recorded; or, for the 2-rank job, unusable only because its ranks' windows
+    missed each other. The aligned roundup makes that unlikely, not impossible: ranks pick the
+    request up at their own polls, and one rank's pickup can fall after a multiple of the
+    roundup that the other's fell before (docs/autopilot.md, "Aligned windows"); the autopilot
+    then keeps the sample as unusable, which is what is checked here."""
+    assert len(samples) == 1, samples
+    s = samples[0]
+    if s.state == "unusable":
+        assert "windows do not overlap" in (s.error or ""), (s.reason, s.error)
+    else:
+        assert s.state == "recorded", (s.state, s.reason, s.error)
+
+
 def _run_once(fleet: RealFleet, url: str, policy: Path, *extra: str) -> None:
     res = run_kscope(
         "autopilot",
@@ -107,7 +121,7 @@ def test_once_samples_every_eligible_job_records_an_ended_one_and_skips_the_opte
     ended = _key_of(jobs, ending.pid)
     assert jobs[optout]["opted_out"] and optout not in by_job
     assert [s.state for s in by_job[single]] == ["recorded"]
-    assert [s.state for s in by_job[ddp]] == ["recorded"]
+    _usable_or_unaligned(by_job[ddp])
     assert jobs[ddp]["hosts"] == [real_fleet.address("b")] and len(jobs[ddp]["ranks"]) == 2
     assert [(s.state, s.reason) for s in by_job[ended]] == [("job_ended", "exited")]
     recorded = [s.sample_id for s in by_job[single] + by_job[ddp]]
@@ -162,12 +176,14 @@ def test_kill_9_and_restart_loses_no_sample_and_analyses_none_twice(
     _run_once(real_fleet, url, policy, "--instance", "pilot-k")
     after = _samples_by_job(url)
     jobs = _jobs(url)
-    for key in (_key_of(jobs, real_fleet.jobs["single"].pid), _ddp_key(jobs)):
-        assert [s.state for s in after[key]] == ["recorded"], after[key]
+    assert [s.state for s in after[_key_of(jobs, real_fleet.jobs["single"].pid)]] == ["recorded"]
+    _usable_or_unaligned(after[_ddp_key(jobs)])
     assert {s.sample_id for v in before.values() for s in v} <= {
         s.sample_id for v in after.values() for s in v
     }
-    _check_recorded_once(url, [s.sample_id for v in after.values() for s in v if s.state == "recorded"])
+    _check_recorded_once(
+        url, [s.sample_id for v in after.values() for s in v if s.state in ("recorded", "unusable")]
+    )
 
 
 @pytest.mark.postgres
@@ -190,11 +206,12 @@ def test_once_against_postgresql(real_fleet: RealFleet, tmp_path: Path, pg_url: 
     )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout)
-    assert len(report["started"]) == 2 and sorted(report["finished"].values()) == ["recorded", "recorded"]
+    assert len(report["started"]) == 2 and set(report["finished"].values()) <= {"recorded", "unusable"}
     jobs = _jobs(pg_url)
     by_job = _samples_by_job(pg_url)
     assert _key_of(jobs, real_fleet.jobs["optout"].pid) not in by_job
-    assert sorted(len(v) for v in by_job.values()) == [1, 1]
+    assert [s.state for s in by_job[_key_of(jobs, real_fleet.jobs["single"].pid)]] == ["recorded"]
+    _usable_or_unaligned(by_job[_ddp_key(jobs)])
     _check_recorded_once(pg_url, [s.sample_id for v in by_job.values() for s in v])
 
 
