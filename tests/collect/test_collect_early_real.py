@@ -21,6 +21,12 @@ def test_early_trace_is_right_or_not_assessed(tmp_path, seed):
     from benchmarks.bench_early_trace import one_run
 
     r = one_run(tmp_path, delay_s=5.0, timeout_s=90.0, straggler_ms=30.0, seed=seed)
+    if r["outcome"] == "no-verdict" and "STRAGGLERS NOT ASSESSED: " in str(r["headline"]):
+        # the files were usable (exit 0) but the straggler analysis had no arrivals to compare, and
+        # says so with its reason: a NOT ASSESSED of the analysis, not of the read-back. NO STRAGGLER
+        # (a miss) still fails below.
+        assert r["exit"] == 0 and r["captured"]["usable"] is True, r
+        return
     assert r["outcome"] in ("right", "not-assessed"), r
     if r["outcome"] == "not-assessed":
         assert r["headline"].startswith("NOT ASSESSED: ") and len(r["headline"]) > len("NOT ASSESSED: ") + 10
