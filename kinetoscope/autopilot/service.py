@@ -286,6 +286,7 @@ class Autopilot:
         room = p.max_in_flight - len(active)
         due = self.store.due_jobs(p.min_age_s)
         claims: list[Claim] = []
+        paces = self.store.step_times_ms(j["job_key"] for j in due if len(j["ranks"]) > 1)
         for job in due:
             hosts = list(job["hosts"])
             if len(claims) >= room:
@@ -298,7 +299,8 @@ class Autopilot:
                 report.waiting[job["job_key"]] = f"due, waiting for a host slot (per_host={p.per_host})"
                 continue
             per_host.update(hosts)
-            claims.append(Claim(job["job_key"], new_sample_id(), hosts, self._request(job)))
+            request = self._request(job, paces.get(job["job_key"]))
+            claims.append(Claim(job["job_key"], new_sample_id(), hosts, request))
         won = self.store.claim_many(self.config.instance, claims, p.lease_s, p.interval_s)
         now = utcnow()
         planned = [
@@ -347,13 +349,14 @@ class Autopilot:
         ids = set(report.started) | set(report.resumed)
         return [s.job_key for s in self.store.active_samples() if s.sample_id in ids]
 
-    def _request(self, job: dict[str, Any]) -> dict[str, Any]:
-        """What a sample of ``job`` asks the daemons for (kept in ``fleet_samples.request``)."""
+    def _request(self, job: dict[str, Any], step_ms: float | None = None) -> dict[str, Any]:
+        """What a sample of ``job`` asks the daemons for (kept in ``fleet_samples.request``);
+        ``step_ms``: the job's step time in its latest analysed sample (None: not known yet)."""
         request: dict[str, Any] = {
             "pids": sorted({r["pid"] for r in job["ranks"]}),
             "iterations": self.policy.iterations,
             "devices": job["devices"],
-            "iteration_roundup": roundup_for(job["ranks"]),
+            "iteration_roundup": roundup_for(job["ranks"], step_ms),
             "trigger": "schedule",
         }
         if job["job_key"] in self._anomalies:
@@ -578,13 +581,22 @@ def sample_outcome(
     return "recorded", None, None, summary
 
 
-def roundup_for(ranks: list[dict[str, Any]]) -> int | None:
+def roundup_for(ranks: list[dict[str, Any]], step_ms: float | None = None) -> int | None:
     """The ``--iteration-roundup`` that aligns the ranks' windows (``trigger.align_roundup``) from
-    the poll intervals discovery saw, so the trigger needs no listing of its own; None for one rank."""
+    the poll intervals discovery saw, so the trigger needs no listing of its own; None for one rank.
+
+    ``step_ms``, the job's measured step time, replaces the assumed pace (``ALIGN_STEPS_PER_S``):
+    the roundup is then the same number of *seconds* of the job for a fast job and a slow one.
+    With the assumed 10 steps/s a job doing one step every 2 s would wait up to 400 s for its
+    first traced step, past the policy's ``trace_timeout_s``, and a job doing 30 steps/s would
+    miss alignment three times as often as the roundup intends."""
     if len(ranks) < 2:
         return None
     polls = [float(r["poll_s"]) for r in ranks if isinstance(r.get("poll_s"), (int, float))]
-    return align_roundup(max(polls, default=DEFAULT_POLL_INTERVAL_S))
+    poll = max(polls, default=DEFAULT_POLL_INTERVAL_S)
+    if step_ms is not None and step_ms > 0:
+        return align_roundup(poll, 1000.0 / step_ms)
+    return align_roundup(poll)
 
 
 def new_sample_id() -> str:

@@ -605,6 +605,27 @@ class FleetStore:
             rows = conn.execute(sa.select(fleet_samples).where(fleet_samples.c.state.in_(ACTIVE_STATES)))
             return [_sample(r) for r in rows]
 
+    def step_times_ms(self, job_keys: Iterable[str]) -> dict[str, float]:
+        """Each of ``job_keys``' step time (ms) in the analysis of its latest analysed sample
+        (``recorded`` or ``unusable``: windows that missed each other still time the steps). The
+        job's measured pace sets its next aligned roundup; a job never analysed is left out."""
+        from kinetoscope.store.models import analyses
+
+        keys = list(dict.fromkeys(job_keys))
+        s, a = fleet_samples.c, analyses.c
+        out: dict[str, float] = {}
+        with self.cat._read() as conn:
+            for i in range(0, len(keys), 500):  # bounded IN lists, whatever the fleet's size
+                q = (
+                    sa.select(s.job_key, a.step_time_ms)
+                    .join(analyses, a.id == s.analysis_id)
+                    .where(s.job_key.in_(keys[i : i + 500]), s.state.in_(["recorded", "unusable"]))
+                    .where(a.step_time_ms > 0)
+                    .order_by(s.created, s.sample_id)
+                )
+                out.update((str(k), float(ms)) for k, ms in conn.execute(q))  # the latest one wins
+        return out
+
     def sampled_jobs(self) -> set[str]:
         """Job keys with at least one sample (any state)."""
         with self.cat._read() as conn:
