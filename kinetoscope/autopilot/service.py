@@ -36,6 +36,7 @@ from kinetoscope.autopilot.summary import summarize
 from kinetoscope.autopilot.waiting import why_waiting
 from kinetoscope.collect.client import DaemonClient, DaemonError, parse_host
 from kinetoscope.collect.trigger import (
+    ALIGN_STEPS_PER_S,
     DEFAULT_POLL_INTERVAL_S,
     MatchedProcess,
     Target,
@@ -593,10 +594,8 @@ def roundup_for(ranks: list[dict[str, Any]], step_ms: float | None = None) -> in
     if len(ranks) < 2:
         return None
     polls = [float(r["poll_s"]) for r in ranks if isinstance(r.get("poll_s"), (int, float))]
-    poll = max(polls, default=DEFAULT_POLL_INTERVAL_S)
-    if step_ms is not None and step_ms > 0:
-        return align_roundup(poll, 1000.0 / step_ms)
-    return align_roundup(poll)
+    pace = 1000.0 / step_ms if step_ms is not None and step_ms > 0 else ALIGN_STEPS_PER_S
+    return align_roundup(max(polls, default=DEFAULT_POLL_INTERVAL_S), pace)
 
 
 def new_sample_id() -> str:

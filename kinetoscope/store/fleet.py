@@ -31,6 +31,7 @@ from kinetoscope.store.catalog import Catalog
 from kinetoscope.store.fleet_models import fleet_alerts, fleet_hosts, fleet_jobs, fleet_samples
 
 ACTIVE_STATES = ("planned", "triggered")
+IN_BATCH = 500  # keys per SQL IN list: bounded whatever the fleet's size (SQLite caps bound parameters)
 FINAL_STATES = ("recorded", "unusable", "job_ended", "failed")
 SUMMARY_COLUMNS = (
     "interval_s",
@@ -615,11 +616,11 @@ class FleetStore:
         s, a = fleet_samples.c, analyses.c
         out: dict[str, float] = {}
         with self.cat._read() as conn:
-            for i in range(0, len(keys), 500):  # bounded IN lists, whatever the fleet's size
+            for i in range(0, len(keys), IN_BATCH):
                 q = (
                     sa.select(s.job_key, a.step_time_ms)
                     .join(analyses, a.id == s.analysis_id)
-                    .where(s.job_key.in_(keys[i : i + 500]), s.state.in_(["recorded", "unusable"]))
+                    .where(s.job_key.in_(keys[i : i + IN_BATCH]), s.state.in_(["recorded", "unusable"]))
                     .where(a.step_time_ms > 0)
                     .order_by(s.created, s.sample_id)
                 )
