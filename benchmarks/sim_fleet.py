@@ -131,11 +131,15 @@ class SimFleet:
 
     def poll_all(self) -> int:
         """Every simulated process polls once (as Kineto does every few seconds): pending trace
-        configs are handed out, so the next request does not find them busy. Returns how many."""
+        configs are handed out, so the next request does not find them busy. Returns how many.
+
+        A simulated process finishes a trace the moment it picks it up (it writes no file), so
+        the daemon does not hold its next config back behind an unfinished iteration trace."""
         delivered = 0
         for h in self.hosts:
             for proc, _launcher in h.registry.snapshot():
                 delivered += bool(h.registry.poll(int(proc.job_id), proc.pids, IDLE_POLL_TYPE))
+                proc.delivered = None
         return delivered
 
     def stop(self) -> None:

@@ -31,6 +31,7 @@ import msgspec
 
 from kinetoscope.document import AnalysisDocument, as_document
 from kinetoscope.document.parts import Evidence
+from kinetoscope.protocol.structinfo import prime_structs
 
 MIN_STEPS = 3  # steps in common below which no cross-rank verdict is made (as the diagnosis)
 
@@ -157,3 +158,6 @@ def judge(
     if why:
         return bad("not_assessed", why)
     return SampleEvidence(True, None, None, steps, anomalies, source)
+
+
+prime_structs(globals())

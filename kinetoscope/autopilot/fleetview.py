@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from kinetoscope.errors import UsageError
+from kinetoscope.protocol.structinfo import prime_structs
 from kinetoscope.store.fleet import FleetStore, SampleRow
 
 #: filter name -> (job row key, meaning)
@@ -332,3 +333,6 @@ def fleet_totals(rows: Sequence[Mapping[str, Any]]) -> FleetTotals:
         first_sample=times[0] if times else None,
         last_sample=times[-1] if times else None,
     )
+
+
+prime_structs(globals())

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from kinetoscope.collect.trigger import TraceResult
+from kinetoscope.protocol.structinfo import prime_structs
 
 UNUSABLE_EXIT = 3  # ``kscope trace``: the files are there, but cannot carry a cross-rank verdict
 
@@ -67,3 +68,6 @@ CapturedCheck = Callable[[TraceResult], Captured]
 def unusable(captured: dict[str, Any] | None) -> bool:
     """Whether ``kscope trace`` exits with ``UNUSABLE_EXIT`` (``captured``: ``Captured.to_json``)."""
     return bool(captured and captured.get("checked") and not captured.get("usable"))
+
+
+prime_structs(globals())

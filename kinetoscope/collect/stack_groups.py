@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import msgspec
 
 from kinetoscope.protocol import rpc
+from kinetoscope.protocol.structinfo import prime_structs
 
 SCHEMA = "kscope.stacks/1"
 STUCK = "stuck"
@@ -370,3 +371,6 @@ def build_report(
         verdict=verdict(ranks, groups, samples),
         errors=errors,
     )
+
+
+prime_structs(globals())

@@ -35,6 +35,7 @@ from kinetoscope.errors import UsageError
 from kinetoscope.protocol import jobident, rpc
 from kinetoscope.protocol.kineto_config import build_config
 from kinetoscope.protocol.manifest import Manifest, ManifestFile, dumps_manifest, utc_now_iso, write_manifest
+from kinetoscope.protocol.structinfo import prime_structs
 from kinetoscope.protocol.trace_options import OPTION_FIELDS, options_fields
 from kinetoscope.protocol.trace_options import TraceOptions as WireOptions
 from kinetoscope.protocol.tracefile import check_file
@@ -359,6 +360,9 @@ class TraceFile:
     # why what is at the path is not read ("symlink refused", "not a regular file: fifo", ...):
     # the daemon's or this machine's check; a refused file is never complete nor uploaded
     refused: str | None = None
+    # not picked up yet because the process has not finished its earlier iteration trace (that
+    # trace's id): the daemon holds the config back, as Kineto would ignore it meanwhile
+    held_by: str | None = None
     # time.monotonic() at which the process picked up the config (from the daemon's
     # delivered_s_ago, else when this trigger first saw it delivered); None until then
     delivered_mono: float | None = field(default=None, repr=False)
@@ -1019,6 +1023,7 @@ def _apply_status(f: TraceFile, entry: rpc.FileStatus, now: float) -> None:
     f.last_poll_s_ago = entry.last_poll_s_ago
     f.retries = entry.retries
     f.refused = entry.reason[:300] if entry.reason else None
+    f.held_by = entry.held_by[:128] if entry.held_by else None
     if f.refused:
         f.complete = False
     ago = entry.delivered_s_ago
@@ -1075,6 +1080,12 @@ def explain_missing(
     if f.delivered is False:
         if f.alive is False:
             return f"{where} did not appear: the process exited before it picked up the trace config"
+        if f.held_by:
+            return (
+                f"{where} did not appear within {timeout:g} s: the process has not finished its earlier trace "
+                f"{f.held_by} (it waits for its start iteration, or is tracing), and Kineto ignores a new request "
+                "until then, so the daemon holds this one back; it is delivered when that trace is written"
+            )
         if listed and process is None:
             return (
                 f"{where} did not appear: the process never picked up the trace config and is no longer "
@@ -1308,3 +1319,6 @@ def wait_for_trace(
     if write_manifest_file and result.files:
         save_manifest(result)
     return result
+
+
+prime_structs(globals())

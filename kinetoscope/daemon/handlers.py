@@ -602,8 +602,12 @@ class RpcHandlers:
             name = f"rank-{rank}.pt.trace.json" if rank is not None else f"{host}.pt.trace.json"
             log_file = os.path.join(record.trace_dir, name)
             text = _config(options, log_file)
-            pending = PendingConfig(kc.wrap_with_trace_id(text, record.trace_id), record.trace_id)
-            files[id(p)] = TraceFile(p, log_file, kc.kineto_output_path(log_file, p.pid), pending)
+            path = kc.kineto_output_path(log_file, p.pid)
+            ends_with = None if kc.is_duration_config(text) else path
+            pending = PendingConfig(
+                kc.wrap_with_trace_id(text, record.trace_id), record.trace_id, ends_with=ends_with
+            )
+            files[id(p)] = TraceFile(p, log_file, path, pending)
             return pending
 
         return make
@@ -736,6 +740,7 @@ class RpcHandlers:
                     tmp_bytes=_tmp_bytes(tf.path) if st["writing"] else None,
                     retries=tf.retries,
                     reason=st["reason"],
+                    held_by=tf.pending.held_by if delivered_at is None else None,
                 )
             )
         manifest = write_manifest(record, self.hostname, statuses)

@@ -15,6 +15,7 @@ outside the lock, once per new process.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -54,6 +55,10 @@ BUSY = "busy"  # a previous config has not been picked up yet (Dynolog's meaning
 LAUNCHER = "launcher"  # ancestor of another registered process; not a target by default
 LIMIT = "limit"  # matched after the process limit was reached
 UNREACHABLE = "unreachable"  # refused by the caller's check (e.g. cannot write the trace root)
+# How long a queued config is held back from a process whose previous iteration trace (from this
+# daemon) has not written its file yet; after that it is delivered anyway (Kineto may have dropped
+# the earlier config when it got it, and then nothing else would ever end the wait).
+HOLD_BEHIND_UNFINISHED_S = 300.0
 
 
 @dataclass(eq=False)
@@ -68,6 +73,22 @@ class PendingConfig:
     trace_id: str
     created_at: float = field(default_factory=time.time)
     delivered_at: float | None = None
+    # An iteration trace's final file: until it exists the trace has not finished in the process
+    # (it may still wait for its start iteration), and Kineto ignores any new config meanwhile
+    # ("another profile request is pending"). None for duration traces and dyno configs.
+    ends_with: str | None = None
+    # The trace id of the unfinished trace this config is held back behind (not delivered yet)
+    held_by: str | None = None
+
+
+def _unfinished(delivered: PendingConfig | None, wall: float) -> PendingConfig | None:
+    """``delivered`` when it is an iteration trace the process has not finished: delivered less
+    than ``HOLD_BEHIND_UNFINISHED_S`` ago and its final file not written yet."""
+    if delivered is None or delivered.ends_with is None or delivered.delivered_at is None:
+        return None
+    if wall - delivered.delivered_at >= HOLD_BEHIND_UNFINISHED_S or os.path.exists(delivered.ends_with):
+        return None
+    return delivered
 
 
 @dataclass(eq=False)
@@ -82,6 +103,7 @@ class Process:
     polls: int = 0
     last_type: int = 0
     pending: PendingConfig | None = None
+    delivered: PendingConfig | None = None  # the last config handed to the process
     uid: int | None = None  # the sender's uid as the kernel reported it (SO_PASSCRED)
 
     @property
@@ -300,12 +322,27 @@ class Registry:
         proc.last_type = config_type
         self.polls += 1
         pending = proc.pending
-        if pending is not None and config_type & CONFIG_ACTIVITIES:
-            proc.pending = None
-            pending.delivered_at = time.time()
-            self.delivered += 1
-            return pending.text + "\n"
-        return ""
+        if pending is None or not config_type & CONFIG_ACTIVITIES:
+            return ""
+        wall = time.time()
+        unfinished = _unfinished(proc.delivered, wall)
+        if unfinished is not None:
+            if pending.held_by is None:
+                log.info(
+                    "holding trace %s for pid %d: its iteration trace %s has not finished (Kineto would ignore "
+                    "a new config until it does)",
+                    pending.trace_id,
+                    proc.pid,
+                    unfinished.trace_id,
+                )
+            pending.held_by = unfinished.trace_id
+            return ""
+        proc.pending = None
+        proc.delivered = pending
+        pending.delivered_at = wall
+        pending.held_by = None
+        self.delivered += 1
+        return pending.text + "\n"
 
     def register_context(self, job_id: int, gpu: int, pid: int) -> int:
         """A "ctxt" message: number of distinct pids registered for (job, gpu) (docs/protocol.md §2.5).

@@ -43,6 +43,7 @@ from kinetoscope.diagnosis.assembly import Job, event_count
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.stragglers.model import StragglerReport
 from kinetoscope.diagnosis.timestamps import TimestampAnomalies
+from kinetoscope.protocol.structinfo import prime_structs
 
 MIN_COMMON_STEPS = 2
 # ...unless the steps in common hold this many collective instances: one step of a large model
@@ -560,3 +561,6 @@ def withhold(strag: StragglerReport, ev: Evidence, multi_rank: bool) -> None:
 def lowered(confidence: str) -> str:
     """One level lower: high -> medium -> low."""
     return {"high": "medium", "medium": "low"}.get(confidence, confidence)
+
+
+prime_structs(globals())

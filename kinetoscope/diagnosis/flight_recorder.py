@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.structinfo import prime_structs
 
 MAX_DUMP_BYTES = 512 << 20
 _PICKLE_MAGIC = (b"\x80",)  # protocol 2+ pickles start with PROTO
@@ -264,3 +265,6 @@ def analyse(paths: Iterable[str | os.PathLike[str]]) -> FlightRecorderReport:
     return FlightRecorderReport(
         files=[str(f) for f in files], ranks=sorted(dumps), groups=verdicts, culprits=culprits, verdict=text
     )
+
+
+prime_structs(globals())

@@ -29,6 +29,7 @@ from __future__ import annotations
 import msgspec
 import polars as pl
 
+from kinetoscope.protocol.structinfo import prime_structs
 from kinetoscope.trace.model import Trace
 from kinetoscope.trace.schema import DEVICE_KINDS, RUNTIME_KINDS
 
@@ -101,3 +102,6 @@ def _steps_of(trace: Trace, where: pl.DataFrame, steps: pl.DataFrame | None) -> 
         .sort()
     )
     return [int(s) for s in hit.to_list()]
+
+
+prime_structs(globals())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from kinetoscope.document.parts import Part
+from kinetoscope.protocol.structinfo import prime_structs
 
 
 class TemporalRow(Part):
@@ -65,3 +66,6 @@ class OverlapRow(Part):
     communication_time_us: float | None = msgspec.field(default=None, name="communication_time(us)")
     overlap_time_us: float | None = msgspec.field(default=None, name="overlap_time(us)")
     comp_comm_overlap_pctg: float | None = None
+
+
+prime_structs(globals())

@@ -34,6 +34,7 @@ from kinetoscope.document.parts import (
 )
 from kinetoscope.document.stragglers import Stragglers
 from kinetoscope.protocol.document_keys import ALL_DIAGNOSIS_KEYS, DIAGNOSIS_KEYS, EXTRA_DIAGNOSIS_KEYS
+from kinetoscope.protocol.structinfo import prime_structs
 
 # Every top-level key of the document the views know, in document order; any other key is an
 # analysis (``tables``) or a key a newer producer added.
@@ -100,3 +101,6 @@ class AnalysisDocument(msgspec.Struct, kw_only=True):
             if not self.has(n):
                 return f"the document has no '{n}' result (the analysis was not run)"
         return None
+
+
+prime_structs(globals())

@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from kinetoscope.protocol.structinfo import prime_structs
+
 
 class Part(msgspec.Struct, kw_only=True):
     """Base of every document part: keyword-only fields, unknown keys ignored."""
@@ -266,3 +268,6 @@ class Recompilation(Part):
     recompile_time_ms: float | None = None
     recompile_steps: list[int] = msgspec.field(default_factory=list)
     events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+prime_structs(globals())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from kinetoscope.document.parts import Part
+from kinetoscope.protocol.structinfo import prime_structs
 
 
 class StackGroupPart(Part):
@@ -31,3 +32,6 @@ class StacksDocument(Part):
     outliers: list[int | None] = msgspec.field(default_factory=list)
     verdict: str | None = None
     problems: list[str] = msgspec.field(default_factory=list)  # parts that did not decode, and why
+
+
+prime_structs(globals())

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from kinetoscope.document.parts import Part
+from kinetoscope.protocol.structinfo import prime_structs
 
 
 class LegacyWhatIf(Part):
@@ -147,3 +148,6 @@ class Stragglers(Part):
     def per_rank_by_score(self) -> list[StragglerRankRow]:
         """``per_rank`` rows, highest straggler ``score`` first (rows without one last)."""
         return sorted(self.per_rank, key=lambda r: -(r.score or 0.0))
+
+
+prime_structs(globals())

@@ -25,6 +25,7 @@ import msgspec
 
 from kinetoscope.document.decode import decode
 from kinetoscope.document.model import AnalysisDocument
+from kinetoscope.protocol.structinfo import prime_structs
 
 # The listing fields the catalog stores, in the order it always stored them.
 CATALOG_FIELDS = ("step_time_ms", "straggler_kind", "straggler_ranks", "world_size", "mfu", "verdict")
@@ -94,3 +95,6 @@ def summarize(doc: AnalysisDocument | Mapping[str, Any]) -> Summary:
         mfu=d.mfu.mfu if d.mfu is not None else None,
         verdict=d.summary_lines[0] if d.summary_lines else None,
     )
+
+
+prime_structs(globals())

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import msgspec
 
+from kinetoscope.protocol.structinfo import prime_structs
+
 
 class HostAnnouncement(msgspec.Struct, frozen=True):
     """One heartbeat: where the daemon answers RPC (``host:port``, ``[v6]:port``), its host name,
@@ -31,3 +33,6 @@ class AnnounceSink(Protocol):
     next beat; announcing never stops the daemon."""
 
     def __call__(self, beat: HostAnnouncement) -> None: ...
+
+
+prime_structs(globals())

@@ -35,6 +35,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from kinetoscope.protocol.structinfo import prime_structs
+
 MAX_IDENTITY = 200
 IDENTITY_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -210,3 +212,6 @@ def fallback_identity(kineto_job_id: str, pid: int) -> JobIdentity:
     if kineto_job_id not in ("", "0"):
         return JobIdentity(id=sanitise(kineto_job_id, MAX_IDENTITY), source=KINETO)
     return JobIdentity(id=f"pid:{pid}", source=KINETO)
+
+
+prime_structs(globals())

@@ -41,6 +41,7 @@ import msgspec
 import orjson
 
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.protocol.structinfo import prime_structs
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -669,3 +670,6 @@ __all__ = [
     "write_bytes_atomic",
     "write_manifest",
 ]
+
+
+prime_structs(globals())

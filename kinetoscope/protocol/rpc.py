@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from kinetoscope.protocol.structinfo import prime_structs
 from kinetoscope.protocol.trace_options import OPTION_FIELDS, TraceOptions, field_error
 
 LIST_PROCESSES = "kscopeListProcesses"
@@ -209,6 +210,9 @@ class FileStatus(msgspec.Struct, kw_only=True):
     # why a file that is at the path was not read ("symlink refused", "not a regular file:
     # fifo", "hard link refused ..."): the traced process controls what it leaves there
     reason: str | None = None
+    # not delivered yet because the process's earlier iteration trace (this trace id) has not
+    # finished: Kineto would ignore the config until it does (docs/protocol.md §9.3)
+    held_by: str | None = None
 
 
 class KscopeTraceStatusResponse(msgspec.Struct, kw_only=True):
@@ -302,3 +306,6 @@ def decode_response(reply: Any, kind: type[R]) -> R:
         return msgspec.convert(reply, kind)
     except msgspec.ValidationError as exc:
         raise ResponseError(field_error(exc)) from None
+
+
+prime_structs(globals())

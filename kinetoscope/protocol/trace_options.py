@@ -19,6 +19,8 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from kinetoscope.protocol.structinfo import prime_structs
+
 # A positive whole number (milliseconds, iterations, processes).
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 # Milliseconds since the epoch, or 0 for "now" (dyno's --profile-start-time).
@@ -158,3 +160,6 @@ __all__ = [
     "field_error",
     "options_fields",
 ]
+
+
+prime_structs(globals())

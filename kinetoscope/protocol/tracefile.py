@@ -29,6 +29,8 @@ from collections import OrderedDict
 
 import msgspec
 
+from kinetoscope.protocol.structinfo import prime_structs
+
 SYNTAX_CHECK_LIMIT = 16 << 20  # files up to this size are syntax-checked whole; larger: both ends
 END_BYTES = 64 << 10  # bytes read at each end of a larger file
 GZIP_CHECK_LIMIT = 256 << 20  # decompressed bytes inflated for a gzip file's check, at most
@@ -227,3 +229,6 @@ def _whole_object(data: bytes) -> bool:
     except (msgspec.DecodeError, RecursionError):
         return False
     return True
+
+
+prime_structs(globals())

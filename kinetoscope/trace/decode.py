@@ -25,6 +25,7 @@ from typing import Any, cast
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from kinetoscope.protocol.structinfo import prime_structs
 from kinetoscope.trace import _native
 from kinetoscope.trace._native import NativeChunk
 from kinetoscope.trace.errors import TraceError
@@ -1263,3 +1264,6 @@ class EventStream:
         except UnicodeDecodeError as err:
             return TraceError(self.path, f"invalid UTF-8 ({err.reason})", offset=base_off + err.start)
         return TraceError(self.path, "invalid UTF-8", offset=base_off)
+
+
+prime_structs(globals())

@@ -20,6 +20,7 @@ from msgspec import Meta
 from kinetoscope.collect.trigger import TraceOptions as CollectOptions
 from kinetoscope.document import decode
 from kinetoscope.errors import KinetoscopeError, UsageError
+from kinetoscope.protocol.structinfo import prime_structs
 from kinetoscope.protocol.trace_options import OPTION_FIELDS, OptionsError, TraceOptions, decode_as
 from kinetoscope.web.tasks import Task, TaskManager
 
@@ -352,3 +353,6 @@ class _TaskView:
                 ],
             )
         return not outside
+
+
+prime_structs(globals())

@@ -206,9 +206,11 @@ def test_once_against_postgresql(real_fleet: RealFleet, tmp_path: Path, pg_url: 
     )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout)
-    assert len(report["started"]) == 2 and set(report["finished"].values()) <= {"recorded", "unusable"}
     jobs = _jobs(pg_url)
     by_job = _samples_by_job(pg_url)
+    samples = [(s.state, s.reason, s.error) for v in by_job.values() for s in v]
+    assert len(report["started"]) == 2, samples
+    assert set(report["finished"].values()) <= {"recorded", "unusable"}, samples
     assert _key_of(jobs, real_fleet.jobs["optout"].pid) not in by_job
     assert [s.state for s in by_job[_key_of(jobs, real_fleet.jobs["single"].pid)]] == ["recorded"]
     _usable_or_unaligned(by_job[_ddp_key(jobs)])

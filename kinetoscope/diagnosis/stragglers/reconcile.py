@@ -39,6 +39,7 @@ from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThr
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
 from kinetoscope.diagnosis.whatif.search import WhatIf, explain, member_groups
 from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
+from kinetoscope.protocol.structinfo import prime_structs
 
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
@@ -538,3 +539,6 @@ def rotating_line(rep: StragglerReport, wi: dict[str, Any]) -> str:
         f"ROTATING STRAGGLERS: the slowdown moves between {len(segs)} ranks, costing "
         f"{100 * (rep.lost_fraction or 0.0):.1f}% of step time together; " + "; ".join(segs) + "."
     )
+
+
+prime_structs(globals())

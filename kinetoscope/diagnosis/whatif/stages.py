@@ -35,6 +35,7 @@ import numpy as np
 
 from kinetoscope.diagnosis.whatif.model import F64, I64, ReplayModel
 from kinetoscope.diagnosis.whatif.search import Scenario, WhatIf, candidates
+from kinetoscope.protocol.structinfo import prime_structs
 
 EXPLAINS = 0.5  # the stage explains the slowdown when balancing it recovers half of it ...
 NOT_A_WORKER = 0.5  # ... and fixing the worst workers recovers less than half
@@ -239,3 +240,6 @@ def slow_replica(w: WhatIf) -> SlowReplica | None:
         explains=bool(explains),
         step_cost=[float(x) for x in cost],
     )
+
+
+prime_structs(globals())
