@@ -9,6 +9,7 @@ Nothing in this package imports another Kinetoscope package (only the leaf
 * ``wire``          — byte framing of the libkineto IPC datagrams and of the dyno RPC
 * ``kineto_config`` — the Kineto on-demand config text (built as ``dyno gputrace`` builds it)
 * ``rpc``           — typed request/response structs of the kscope RPC extensions
+* ``structinfo``    — builds msgspec's type information for a module's Structs at import
 * ``manifest``      — the kscope manifest (which trace file is which rank)
 * ``document_keys`` — the diagnosis' keys of the ``kscope analyze --json`` document
 """
