@@ -77,18 +77,30 @@ class PendingConfig:
     # (it may still wait for its start iteration), and Kineto ignores any new config meanwhile
     # ("another profile request is pending"). None for duration traces and dyno configs.
     ends_with: str | None = None
+    written: bool = False  # ``ends_with`` was seen on disk: the trace has finished
     # The trace id of the unfinished trace this config is held back behind (not delivered yet)
     held_by: str | None = None
 
 
 def _unfinished(delivered: PendingConfig | None, wall: float) -> PendingConfig | None:
     """``delivered`` when it is an iteration trace the process has not finished: delivered less
-    than ``HOLD_BEHIND_UNFINISHED_S`` ago and its final file not written yet."""
+    than ``HOLD_BEHIND_UNFINISHED_S`` ago and its final file not seen yet."""
     if delivered is None or delivered.ends_with is None or delivered.delivered_at is None:
         return None
-    if wall - delivered.delivered_at >= HOLD_BEHIND_UNFINISHED_S or os.path.exists(delivered.ends_with):
+    if delivered.written or wall - delivered.delivered_at >= HOLD_BEHIND_UNFINISHED_S:
         return None
     return delivered
+
+
+def _look_for_file(proc: Process | None, config_type: int) -> None:
+    """Before a poll takes the lock: when a queued config waits behind ``proc``'s unfinished
+    iteration trace, look for that trace's file (outside the lock: a trace root on a network
+    filesystem can be slow to answer, and every rank's poll waits for the lock)."""
+    if proc is None or proc.pending is None or not config_type & CONFIG_ACTIVITIES:
+        return
+    earlier = _unfinished(proc.delivered, time.time())
+    if earlier is not None and earlier.ends_with is not None and os.path.exists(earlier.ends_with):
+        earlier.written = True
 
 
 @dataclass(eq=False)
@@ -251,6 +263,7 @@ class Registry:
         """
         key: ProcessKey = (str(job_id), frozenset(pids))
         now = self._clock()
+        _look_for_file(self._procs.get(key), config_type)  # an unlocked look-up: only a hint
         with self._lock:
             proc = self._procs.get(key)
             if proc is not None:
