@@ -127,7 +127,6 @@ def diagnose(
     source = steps["source"].mode().first() if steps.height else None
     # cross-rank analysis only on the steps every rank holds (trace windows need not be aligned)
     s_inst, s_bd, dropped = common_steps(instances, bd)
-    first_step: int | None = None
     partial_first: int | None = None
     if source == "optimizer" and s_bd.height and s_bd["step"].n_unique() > 2:
         # The first optimizer-delimited step starts where the trace starts. On-demand iteration
@@ -135,9 +134,7 @@ def diagnose(
         # that started inside a step (duration traces, a late rank) lacks some of that step's
         # collectives on some rank, and the step is left out of the straggler analysis.
         first = int(s_bd["step"].min())  # type: ignore[arg-type]
-        if first_step_complete(s_inst, s_bd, first):
-            first_step = first
-        else:
+        if not first_step_complete(s_inst, s_bd, first):
             s_inst = s_inst.filter(pl.col("step") != first)
             s_bd = s_bd.filter(pl.col("step") != first)
             partial_first = first
@@ -160,7 +157,6 @@ def diagnose(
         s_bd,
         job.hosts(),
         thresholds,
-        first_step=first_step,
         dropped_steps=dropped,
         host_issued=bool(signals) and "kernel" not in signals,
         step_spans=steps,

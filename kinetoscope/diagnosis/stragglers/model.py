@@ -19,7 +19,6 @@ class StragglerThresholds:
     rel_step: float = 0.05
     rel_step_intermittent: float = 0.15
     rel_step_candidate: float = 0.25
-    first_step_factor: float = 2.0
     persistent_noise_cap: float = 1.0
     rel_to_worst: float = 0.5
     abs_floor_us: float = 100.0
@@ -170,7 +169,8 @@ class StragglerReport:
             "dropped_steps": self.dropped_steps,
             "straggled_steps": self.straggled_steps,
             "noise_sigma_us": self.sigma_us,
-            "thresholds": {k: getattr(th, k) for k in th.__dataclass_fields__},
+            # first_step_factor: a retired rule's key, kept for readers of the contract (always 1.0)
+            "thresholds": {"first_step_factor": 1.0, **{k: getattr(th, k) for k in th.__dataclass_fields__}},
             "per_rank": frame_rows(self.per_rank),
             "per_step": frame_rows(self.per_step),
             "whatif": self.whatif,

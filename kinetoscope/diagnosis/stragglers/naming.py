@@ -94,10 +94,11 @@ def noise_thresholds(
     steps: list[int],
     r0: Round,
     T_ns: np.ndarray,
-    factor: np.ndarray,
     th: StragglerThresholds,
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    """Arrival noise sigma (ns) and, per step, the persistent and event thresholds (ns).
+    """Arrival noise sigma (ns) and, per step, the persistent and event thresholds (ns); every
+    step has the same ones, the first traced step too (a start-up burst there alone is one
+    stall, which names no rank: ``min_events``).
 
     Frequent stalls inflate sigma (with two ranks every stall moves both skews): the steps with
     a candidate event (half the event threshold's noise term) are left out and sigma measured
@@ -108,16 +109,17 @@ def noise_thresholds(
     held passes the lowered threshold (a clean 2-rank job of 30 ms steps: sigma 1.0 -> 0.55 ms)."""
     clean_ref = float(np.median(np.clip(T_ns - r0.waiting, 0, None)))
     floor_abs = th.abs_floor_us * 1000.0
+    per_step = np.ones(len(steps))
 
     def thresholds_for(sig: float) -> tuple[np.ndarray, np.ndarray]:
         floor = max(th.k_sigma * sig, floor_abs)
         floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), floor_abs)
-        return factor * max(floor_p, th.rel_step * clean_ref), factor * max(
+        return per_step * max(floor_p, th.rel_step * clean_ref), per_step * max(
             floor, th.rel_step_intermittent * clean_ref
         )
 
     sigma = noise_sigma(inst)
-    cand = factor * max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_candidate * clean_ref)
+    cand = per_step * max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_candidate * clean_ref)
     ev_steps = set(np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1)).tolist())
     if 1 <= len(ev_steps) <= len(steps) / 2:
         sigma2 = noise_sigma(

@@ -151,15 +151,12 @@ def analyze_stragglers(
     breakdown: pl.DataFrame,
     hosts: dict[int, str | None] | None = None,
     thresholds: StragglerThresholds | None = None,
-    first_step: int | None = None,
     dropped_steps: int = 0,
     host_issued: bool = False,
     step_spans: pl.DataFrame | None = None,
     links: pl.DataFrame | None = None,
 ) -> StragglerReport:
-    """The straggler verdict (module docstring). ``first_step``: the label of a trace-start
-    delimited first step included in the analysis (its thresholds are ``first_step_factor``
-    times the others: it carries the profiler's start-up); ``dropped_steps``: steps left out
+    """The straggler verdict (module docstring). ``dropped_steps``: steps left out
     because not every rank holds them (reported); ``host_issued``: the arrivals are host issue
     times (gloo, host ops), so a step loses its largest wait, not the union of its waits;
     ``step_spans`` (rank, step, start, end on the aligned clock): when given, the job is also
@@ -172,8 +169,7 @@ def analyze_stragglers(
     if su is None:
         return rep
     mx, steps, T_ns, total_T, r0 = su.mx, su.steps, su.T_ns, su.total_T, su.r0
-    factor = np.array([th.first_step_factor if s == first_step else 1.0 for s in steps])
-    sigma, thr_p, thr_i = noise_thresholds(su.inst, steps, r0, T_ns, factor, th)
+    sigma, thr_p, thr_i = noise_thresholds(su.inst, steps, r0, T_ns, th)
     rep.sigma_us = sigma / 1000.0
     rep.total_imposed_us = float(r0.imposed.sum()) / 1000.0
     named = name_ranks(mx, r0, th, total_T, thr_p, thr_i, sigma)
