@@ -109,18 +109,18 @@ def noise_thresholds(
     held passes the lowered threshold (a clean 2-rank job of 30 ms steps: sigma 1.0 -> 0.55 ms)."""
     clean_ref = float(np.median(np.clip(T_ns - r0.waiting, 0, None)))
     floor_abs = th.abs_floor_us * 1000.0
-    per_step = np.ones(len(steps))
+    n = len(steps)
 
     def thresholds_for(sig: float) -> tuple[np.ndarray, np.ndarray]:
         floor = max(th.k_sigma * sig, floor_abs)
         floor_p = max(min(th.k_sigma * sig, th.persistent_noise_cap * clean_ref), floor_abs)
-        return per_step * max(floor_p, th.rel_step * clean_ref), per_step * max(
-            floor, th.rel_step_intermittent * clean_ref
+        return np.full(n, max(floor_p, th.rel_step * clean_ref)), np.full(
+            n, max(floor, th.rel_step_intermittent * clean_ref)
         )
 
     sigma = noise_sigma(inst)
-    cand = per_step * max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_candidate * clean_ref)
-    ev_steps = set(np.flatnonzero((r0.step_imposed >= cand[:, None]).any(axis=1)).tolist())
+    cand = max(0.5 * th.k_sigma * sigma, floor_abs, th.rel_step_candidate * clean_ref)
+    ev_steps = set(np.flatnonzero((r0.step_imposed >= cand).any(axis=1)).tolist())
     if 1 <= len(ev_steps) <= len(steps) / 2:
         sigma2 = noise_sigma(
             inst.filter(pl.col("step").is_in([s for k, s in enumerate(steps) if k not in ev_steps]))
