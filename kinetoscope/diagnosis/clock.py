@@ -54,6 +54,7 @@ Offset (``align_clocks``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -567,26 +568,37 @@ def _in(c: pl.DataFrame, groups: set[str]) -> pl.DataFrame:
 def _plan(colls: dict[int, pl.DataFrame], reference: int) -> tuple[list[int], dict[int, int], dict[str, int]]:
     """Breadth-first over the process groups from the reference: the order ranks are aligned
     in, each rank's parent (an aligned rank it shares a group with; the reference for every
-    rank of a job-wide group) and each group's reference (its first aligned member)."""
+    rank of a job-wide group) and each group's reference (its first aligned member).
+
+    Ranks that share no group, directly or through others, with the reference (a job whose
+    collectives fall into separate sets of ranks: data-parallel groups of pipeline stages whose
+    transfers carry no group) are walked the same way from the lowest of them: their groups get
+    a reference of their own, so that their instances are still compared within the group; the
+    walk's first rank has no parent (its offset is its host's, else unknown)."""
     members: dict[str, list[int]] = {}
     for r in sorted(colls):
         for g in _groups_of(colls[r]):
             members.setdefault(g, []).append(r)
-    order: list[int] = [reference]
+    order: list[int] = []
     parent: dict[int, int] = {}
     gref: dict[str, int] = {}
-    seen = {reference}
-    k = 0
-    while k < len(order):
-        r = order[k]
-        k += 1
-        for g in sorted(_groups_of(colls[r]), key=lambda g: (g != "*", -len(members[g]), g)):
-            gref.setdefault(g, r)
-            for q in members[g]:
-                if q not in seen:
-                    seen.add(q)
-                    parent[q] = r
-                    order.append(q)
+    seen: set[int] = set()
+    for root in [reference, *sorted(colls)]:
+        if root in seen:
+            continue
+        seen.add(root)
+        order.append(root)
+        k = len(order) - 1
+        while k < len(order):
+            r = order[k]
+            k += 1
+            for g in sorted(_groups_of(colls[r]), key=lambda g: (g != "*", -len(members[g]), g)):
+                gref.setdefault(g, r)
+                for q in members[g]:
+                    if q not in seen:
+                        seen.add(q)
+                        parent[q] = r
+                        order.append(q)
     return order, parent, gref
 
 
@@ -653,9 +665,6 @@ def align_clocks(
     for g, owner in gref.items():
         pair_rows += _self_rows(colls[owner], owner, {g})
         covered.add((owner, g))
-    for r in ranks:
-        if r not in parent and r != reference:
-            order.append(r)
     for r in order:
         if r == reference:
             est[r] = {"measured": 0.0, "lo": None, "hi": None, "matched": ref.height, "d": None}
@@ -689,18 +698,21 @@ def align_clocks(
         if h is not None and m is not None and r != reference:
             by_host.setdefault(h, []).append(float(m))
     rows = []
+    unaligned: set[int] = set()
     for r in ranks:
         e = est[r]
         h = hosts.get(r)
         applied, method = _applied(r, reference, h, ref_host, e, by_host, bias, same_host_shares_clock)
         if method == "unaligned":
+            unaligned.add(r)
             res.notes.append(
                 f"rank {r}: no collective matched reference rank {reference}; its clock is left as is"
             )
         res.offsets[r] = int(round(applied))
         rows.append(_clock_row(r, h, e, applied, method, r == reference, via.get(r)))
     res.table = pl.DataFrame(rows, schema=CLOCK_SCHEMA, orient="row")
-    pair_rows += _group_pairs(colls, gref, covered, res.offsets, width)
+    same_clock = _same_clock(hosts) if same_host_shares_clock else lambda _a, _b: False
+    pair_rows += _group_pairs(colls, gref, covered, res.offsets, width, unaligned, same_clock)
     res.pairs = pl.DataFrame(pair_rows, schema=PAIRS_SCHEMA, orient="row")
     return res
 
@@ -782,21 +794,33 @@ def _applied(
     return 0.0, "unaligned"
 
 
+def _same_clock(hosts: dict[int, str | None]) -> Callable[[int, int], bool]:
+    """Whether two ranks read one clock (both on the same named host)."""
+    return lambda a, b: hosts.get(a) is not None and hosts.get(a) == hosts.get(b)
+
+
 def _group_pairs(
     colls: dict[int, pl.DataFrame],
     gref: dict[str, int],
     covered: set[tuple[int, str]],
     offsets: dict[int, int],
     width: int,
+    unaligned: set[int],
+    same_clock: Callable[[int, int], bool],
 ) -> list[tuple[int, str, str, int, int]]:
     """Pair rows of the members of each group that were aligned through another group: paired
     with the group's reference on that group alone, at the offsets now known (one pairing per
-    (rank, group): linear in the job's instances)."""
+    (rank, group): linear in the job's instances). Where either side's offset is not known
+    (``unaligned``: a rank that shares no group with the reference's) the two are paired only
+    when they read one host's clock; otherwise their arrivals are on clocks nothing relates,
+    and the rank's instances of that group are left out (its clock note says so)."""
     rows: list[tuple[int, str, str, int, int]] = []
     for r in sorted(colls):
         for g in sorted(_groups_of(colls[r])):
             owner = gref.get(g)
             if owner is None or (r, g) in covered or r == owner:
+                continue
+            if (r in unaligned or owner in unaligned) and not same_clock(r, owner):
                 continue
             known = int(offsets.get(r, 0) - offsets.get(owner, 0))
             p, _method = match_instances(

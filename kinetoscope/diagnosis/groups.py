@@ -24,8 +24,13 @@ told apart). In order of preference:
     pair of workers), and a lane's members are the ranks whose collectives end together with its own.
     Per other rank ``q``, the median distance from each of the lane's ends to ``q``'s nearest
     end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
-    (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that): the
-    ranks of one instance finish it together, other groups ms apart. No such jump: every rank.
+    (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that) that
+    also clears the members' own jitter: the first rank left out must typically (median) be
+    farther than the members are in nearly every instance (their ``INFER_REACH_Q``-th
+    percentile, 90th). The ranks of one instance finish it together, other groups ms apart; the
+    ranks of one gloo group also finish in ring order, a fraction of a ms apart with ms of
+    jitter on a loaded host, and the jitter test keeps that order from reading as two groups.
+    No such jump: every rank.
     Ranks on several hosts (several clocks, any number of hosts): each host's clock shift
     against the first host's is found first (``_across_hosts``: hosts placed one at a time where
     their ends and the placed ranks' coincide best, then each shift corrected to the one under
@@ -55,6 +60,7 @@ JOB_WIDE = "*"
 INFER_TOL_NS = 5_000_000
 INFER_RATIO = 3.0
 INFER_FLOOR_NS = 50_000
+INFER_REACH_Q = 90.0
 # Hosts' clocks are searched for an offset within this much of the first host's.
 INFER_SKEW_NS = 2_000_000_000
 # Ends of a lane scored per candidate host offset, and ranks per aligned host tried (cost bound).
@@ -365,11 +371,7 @@ def _mismatch(lanes: list[tuple[int, np.ndarray]], ends: dict[int, np.ndarray], 
         for e in ends.values():
             if e.size == 0:
                 continue
-            pos = np.clip(np.searchsorted(e, x), 1, max(e.size - 1, 1)) if e.size > 1 else np.zeros_like(x)
-            gap = np.abs(e[pos] - x)
-            if e.size > 1:
-                gap = np.minimum(gap, np.abs(e[pos - 1] - x))
-            best = min(best, float(np.median(gap)))
+            best = min(best, float(np.median(_nearest_gaps(x, e))))
         total += best
         near += best < INFER_TOL_NS
     return total, near
@@ -407,10 +409,7 @@ def _best_shift(lane: np.ndarray, e: np.ndarray) -> tuple[float, int]:
         return float("inf"), 0
     pts = lane[np.unique(np.linspace(0, lane.size - 1, min(lane.size, _SHIFT_SAMPLE)).astype(np.int64))]
     x = pts[None, :] + cand[:, None]
-    pos = np.clip(np.searchsorted(e, x), 1, max(e.size - 1, 1)) if e.size > 1 else np.zeros_like(x)
-    gap = np.abs(e[pos] - x)
-    if e.size > 1:
-        gap = np.minimum(gap, np.abs(e[pos - 1] - x))
+    gap = _nearest_gaps(x, e)
     med = np.median(gap, axis=1)
     # shifts by whole steps line the lane up with later steps as well: the true one overlaps
     # most (the ranks' traces cover about the same time), so the truncated mean decides
@@ -420,29 +419,39 @@ def _best_shift(lane: np.ndarray, e: np.ndarray) -> tuple[float, int]:
 
 def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) -> str:
     """The ranks whose collective ends coincide with the lane's (module docstring), with ``r``."""
-    score: dict[int, float] = {}
+    score: dict[int, tuple[float, float]] = {}  # q -> (median distance, INFER_REACH_Q-th percentile)
     for q, e in ends.items():
         if q == r or e.size == 0:
             continue
-        pos = (
-            np.clip(np.searchsorted(e, lane_ends), 1, e.size - 1)
-            if e.size > 1
-            else np.zeros(lane_ends.size, dtype=np.int64)
-        )
-        gap = np.abs(e[pos] - lane_ends)
-        if e.size > 1:
-            gap = np.minimum(gap, np.abs(e[pos - 1] - lane_ends))
-        score[q] = float(np.median(gap))
+        gap = _nearest_gaps(lane_ends, e)
+        score[q] = (float(np.median(gap)), float(np.percentile(gap, INFER_REACH_Q)))
     if not score:
         return str(r)
-    order = sorted(score.items(), key=lambda kv: kv[1])
-    members = {r}
-    for k, (q, v) in enumerate(order):
+    order = sorted(score.items(), key=lambda kv: kv[1][0])
+    members, reach = {r}, 0.0
+    for k, (q, (v, q_reach)) in enumerate(order):
         members.add(q)
-        nxt = order[k + 1][1] if k + 1 < len(order) else None
-        if nxt is not None and v <= INFER_TOL_NS and nxt >= INFER_RATIO * max(v, INFER_FLOOR_NS):
+        reach = max(reach, q_reach)
+        nxt = order[k + 1][1][0] if k + 1 < len(order) else None
+        if (
+            nxt is not None
+            and v <= INFER_TOL_NS
+            and nxt >= INFER_RATIO * max(v, INFER_FLOOR_NS)
+            and nxt > reach
+        ):
             return ",".join(map(str, sorted(members)))
     return ",".join(map(str, sorted({r, *score})))
+
+
+def _nearest_gaps(x: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Per time in ``x`` (any shape), the distance to the nearest of the sorted ends ``e``
+    (non-empty)."""
+    if e.size == 1:
+        gap: np.ndarray = np.abs(e[0] - x)
+        return gap
+    pos = np.clip(np.searchsorted(e, x), 1, e.size - 1)
+    gap = np.minimum(np.abs(e[pos] - x), np.abs(e[pos - 1] - x))
+    return gap
 
 
 def _complete_partition(

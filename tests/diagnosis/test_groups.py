@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kinetoscope.diagnosis import diagnose
+from kinetoscope.diagnosis import diagnose, groups
 from kinetoscope.diagnosis.attribution import build_matrix
 from kinetoscope.diagnosis.breakdown import instance_table, step_table
 from kinetoscope.diagnosis.clock import align_clocks
@@ -188,6 +188,25 @@ def test_a_slow_rank_is_last_in_its_own_group_only() -> None:
     assert 5 in d.stragglers.ranks, d.stragglers.reason
 
 
+def test_groups_apart_from_the_reference_are_compared_within_themselves() -> None:
+    """Data-parallel groups {0,2,4,6} and {1,3,5,7} alone (the tensor-parallel and embedding
+    collectives left out: as data-parallel groups of pipeline stages whose transfers carry no
+    group), on one host: no group joins the two sets of ranks. The set without the reference
+    is still compared within its groups, so the rank arriving 12 ms late there is named (it was
+    once left out of every instance, and the verdict read ``NO STRAGGLER``)."""
+    traces = mesh_job(slow={5: 12.0})
+    for t in traces:
+        t.meta.hostname = "host0"
+        off = HOST_OFFSET[t.meta.rank // 2]  # type: ignore[operator]
+        t.events = t.events.filter(
+            (pl.col("kind") != "kernel") | ~pl.col("name").str.starts_with("nccl") | (pl.col("stream") == 24)
+        ).with_columns(pl.col("ts") - off)
+    d = diagnose(traces)
+    assert sorted(g for g in d.clock.pairs["group"].unique().to_list() if g) == ["0,2,4,6", "1,3,5,7"]
+    assert set(d.clock.pairs["rank"].to_list()) == set(range(8))  # every rank's instances compared
+    assert d.stragglers.ranks == [5], d.summary()[0]
+
+
 def test_groups_are_inferred_from_lanes_when_not_recorded() -> None:
     """Without names or ranks, each group's lane (stream) and the ranks whose collectives end
     with it give the groups (one host: one clock)."""
@@ -324,3 +343,39 @@ def test_collectives_without_a_lane_are_read_not_raised() -> None:
     trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "hta" / "large_integer_trace"
     verdict = diagnose(trace).verdict_lines()[0]
     assert verdict.startswith("STRAGGLERS NOT ASSESSED")
+
+
+LANES = Path(__file__).resolve().parents[1] / "data" / "group_lanes" / "ddp_one_group_lanes.json"
+
+
+def _median_jump(lane: np.ndarray, ends: dict[int, np.ndarray], r: int) -> bool:
+    """Whether the median distances from the lane's ends to the other ranks' nearest ends show a
+    jump of ``INFER_RATIO`` (the reading that split these lanes before the jitter test)."""
+    med = sorted(
+        float(np.median(np.min(np.abs(e[None, :] - lane[:, None]), axis=1)))
+        for q, e in ends.items()
+        if q != r
+    )
+    return any(
+        a <= groups.INFER_TOL_NS and b >= groups.INFER_RATIO * max(a, groups.INFER_FLOOR_NS)
+        for a, b in zip(med, med[1:], strict=False)
+    )
+
+
+def test_one_gloo_group_finishing_in_ring_order_is_one_group() -> None:
+    """Real lanes of 4-rank DDP jobs (one process group) on a loaded 2-core box, where the ranks'
+    median end distances jump 3x (ring order: a fraction of a ms) while each rank's own jitter
+    reaches ms: every lane's members are every rank. Reading the jump alone once made a
+    consistent split of a DDP job into two groups in CI, and the straggler sleeping 150 ms a
+    step went unnamed (``NO STRAGGLER``)."""
+    import json
+
+    cases = json.loads(LANES.read_text())
+    assert len(cases) == 8
+    for case in cases:
+        to_ns = lambda v: np.sort(np.asarray(v, dtype=np.float64) * 1000).astype(np.int64)  # noqa: E731
+        r = int(case["rank"])
+        lane = to_ns(case["lane_ends_us"])
+        ends = {int(q): to_ns(v) for q, v in case["rank_ends_us"].items()}
+        assert _median_jump(lane, ends, r), case["run"]  # the case the ratio alone misreads
+        assert groups._lane_members(r, lane, ends) == "0,1,2,3", case["run"]
