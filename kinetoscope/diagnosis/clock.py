@@ -54,7 +54,6 @@ Offset (``align_clocks``):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -711,8 +710,8 @@ def align_clocks(
         res.offsets[r] = int(round(applied))
         rows.append(_clock_row(r, h, e, applied, method, r == reference, via.get(r)))
     res.table = pl.DataFrame(rows, schema=CLOCK_SCHEMA, orient="row")
-    same_clock = _same_clock(hosts) if same_host_shares_clock else lambda _a, _b: False
-    pair_rows += _group_pairs(colls, gref, covered, res.offsets, width, unaligned, same_clock)
+    clock_hosts = hosts if same_host_shares_clock else {}
+    pair_rows += _group_pairs(colls, gref, covered, res.offsets, width, unaligned, clock_hosts)
     res.pairs = pl.DataFrame(pair_rows, schema=PAIRS_SCHEMA, orient="row")
     return res
 
@@ -794,11 +793,6 @@ def _applied(
     return 0.0, "unaligned"
 
 
-def _same_clock(hosts: dict[int, str | None]) -> Callable[[int, int], bool]:
-    """Whether two ranks read one clock (both on the same named host)."""
-    return lambda a, b: hosts.get(a) is not None and hosts.get(a) == hosts.get(b)
-
-
 def _group_pairs(
     colls: dict[int, pl.DataFrame],
     gref: dict[str, int],
@@ -806,13 +800,13 @@ def _group_pairs(
     offsets: dict[int, int],
     width: int,
     unaligned: set[int],
-    same_clock: Callable[[int, int], bool],
+    clock_hosts: dict[int, str | None],
 ) -> list[tuple[int, str, str, int, int]]:
     """Pair rows of the members of each group that were aligned through another group: paired
     with the group's reference on that group alone, at the offsets now known (one pairing per
     (rank, group): linear in the job's instances). Where either side's offset is not known
     (``unaligned``: a rank that shares no group with the reference's) the two are paired only
-    when they read one host's clock; otherwise their arrivals are on clocks nothing relates,
+    when they read one host's clock (the same named host in ``clock_hosts``); otherwise their arrivals are on clocks nothing relates,
     and the rank's instances of that group are left out (its clock note says so)."""
     rows: list[tuple[int, str, str, int, int]] = []
     for r in sorted(colls):
@@ -820,7 +814,8 @@ def _group_pairs(
             owner = gref.get(g)
             if owner is None or (r, g) in covered or r == owner:
                 continue
-            if (r in unaligned or owner in unaligned) and not same_clock(r, owner):
+            one_clock = clock_hosts.get(r) is not None and clock_hosts.get(r) == clock_hosts.get(owner)
+            if (r in unaligned or owner in unaligned) and not one_clock:
                 continue
             known = int(offsets.get(r, 0) - offsets.get(owner, 0))
             p, _method = match_instances(
