@@ -12,8 +12,9 @@ Terms:
   normalised``).
 * **group**: the ranks of one shape. A rank seen **progressing** over several snapshots is
   grouped by its **loop**: the job's own frames (library frames dropped) that it stayed in
-  through every snapshot, outermost first. Where a busy rank happens to be at one instant is
-  noise, so a healthy job reads as one group. Groups print smallest first: a hang is usually one rank
+  through every snapshot, outermost first, down to the first whose line or locals changed (the
+  frame that iterates). Where a busy rank happens to be below it is noise, so a healthy job
+  reads as one group. Groups print smallest first: a hang is usually one rank
   (or a few) somewhere the others are not.
 * **outliers**: the ranks of every group but the largest, when one group is larger than every
   other (with two equal largest groups nobody is the odd one out).
@@ -129,22 +130,29 @@ def shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
     return tuple(f"{f.name} ({_base(f)})" for f in reversed(_python_frames(thread)))
 
 
-def own_shape_of(thread: rpc.ThreadStack | None) -> tuple[str, ...]:
-    """The shape without library frames (site-packages, the standard library): a progressing
-    rank's grouping key."""
+def _own_frames(thread: rpc.ThreadStack | None) -> list[rpc.StackFrame]:
+    """The job's own Python frames (no library's), outermost first."""
     if thread is None:
-        return ()
-    return tuple(f"{f.name} ({_base(f)})" for f in reversed(_python_frames(thread)) if not is_library(f.file))
+        return []
+    return [f for f in reversed(_python_frames(thread)) if not is_library(f.file)]
 
 
 def loop_of(snapshots: Sequence[rpc.ProcessStacks]) -> tuple[str, ...]:
-    """The job's own frames a rank stayed in through every snapshot (their common outer part)."""
-    shapes = [own_shape_of(main_thread(s)) for s in snapshots]
+    """The loop a progressing rank runs: the job's own frames it stayed in through every
+    snapshot, outermost first, down to the outermost one whose line or locals changed between
+    snapshots. That frame is the one iterating (a training loop's step counter moves); where
+    the rank happened to be below it is noise, even when every snapshot caught it in the same
+    helper. When none of them changed (the change is in a library frame below), every common
+    frame."""
+    stacks = [_own_frames(main_thread(s)) for s in snapshots]
     common: list[str] = []
-    for frames in zip(*shapes):
-        if any(f != frames[0] for f in frames[1:]):
+    for frames in zip(*stacks):
+        names = {f"{f.name} ({_base(f)})" for f in frames}
+        if len(names) > 1:
             break
-        common.append(frames[0])
+        common.append(names.pop())
+        if len({(f.line, tuple(sorted((f.locals or {}).items()))) for f in frames}) > 1:
+            break
     return tuple(common)
 
 

@@ -27,7 +27,8 @@ Stragglers are emulated as in the PyTorch straggler-mitigation post: a sleep bet
 The straggler schedule depends only on ``--seed`` and the step number, so every rank computes the
 same schedule and the events are reproducible. With ``--progress-dir`` each rank writes
 ``rank-<r>.json`` (latest step, rewritten every step) and ``rank-<r>.steps.jsonl`` (one line per
-step: start time, duration, straggler sleep) — ground truth for tests and diagnosis.
+step: start time, duration, straggler sleep, end of ``optimizer.step()``) — ground truth for tests
+and diagnosis.
 
 Batches are read through a real ``torch.utils.data.DataLoader`` (``num_workers=0``) over a small
 in-memory dataset; ``--load-ms`` makes every batch take that long to load (a sleep in
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(slept / 1000.0)
             loss.backward()
             optimizer.step()
+            t_opt = time.time()
             if args.step_sleep_ms > 0:
                 time.sleep(args.step_sleep_ms / 1000.0)
             step += 1
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 loss_value = float(loss.detach())
             if progress_dir is not None:
                 assert steps_log is not None
-                _log_step(progress_dir, steps_log, rank, world_size, step, t0, t1, slept)
+                _log_step(progress_dir, steps_log, rank, world_size, step, (t0, t_opt, t1), slept)
             if not args.quiet and rank == 0 and step % 50 == 0:
                 print(
                     f"[train_ddp] step {step} loss {loss_value:.4f} "
@@ -397,14 +399,15 @@ def _log_step(
     rank: int,
     world_size: int,
     step: int,
-    t0: float,
-    t1: float,
+    times: tuple[float, float, float],
     slept: float,
 ) -> None:
-    """One line of the rank's step log, and its progress file (the driver reads both)."""
-    steps_log.write(
-        json.dumps({"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept}) + "\n"
-    )
+    """One line of the rank's step log, and its progress file (the driver reads both).
+    ``times``: the step's start, the end of its ``optimizer.step()`` (what a trace's
+    ``Optimizer.step#`` annotation ends at, before ``--step-sleep-ms``) and its end."""
+    t0, t_opt, t1 = times
+    line = {"step": step - 1, "t0": t0, "dur_ms": (t1 - t0) * 1000.0, "straggle_ms": slept, "opt_end": t_opt}
+    steps_log.write(json.dumps(line) + "\n")
     _write_json_atomic(
         progress_dir / f"rank-{rank}.json",
         {"rank": rank, "world_size": world_size, "pid": os.getpid(), "step": step, "t": t1},

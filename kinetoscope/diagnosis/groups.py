@@ -51,10 +51,13 @@ all-reduce of a tensor-parallel group is matched with the k-th of that group on 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
+
+from kinetoscope.diagnosis import group_fill
 
 JOB_WIDE = "*"
 INFER_TOL_NS = 5_000_000
@@ -300,11 +303,16 @@ def _across_hosts(
             if d is None:
                 left.append(h)
             else:
-                placed |= {q: t.with_columns(pl.col("end") - d) for q, t in new.items()}
+                placed |= {q: _shifted(t, d) for q, t in new.items()}
         if len(left) == len(waiting):
             return None
         waiting = left
     return _memberships(_refine(placed, [by_host[h] for h in order]))
+
+
+def _shifted(t: pl.DataFrame, d: int) -> pl.DataFrame:
+    """A rank's collectives on a clock ``d`` ns behind its own."""
+    return t.with_columns(pl.col("arrival") - d, pl.col("end") - d)
 
 
 def _refine(placed: dict[int, pl.DataFrame], hosts: list[list[int]]) -> dict[int, pl.DataFrame]:
@@ -323,7 +331,7 @@ def _refine(placed: dict[int, pl.DataFrame], hosts: list[list[int]]) -> dict[int
         moved = False
         for rs in hosts[1:]:
             for k in steps[1:]:
-                trial = placed | {q: placed[q].with_columns(pl.col("end") - k) for q in rs}
+                trial = placed | {q: _shifted(placed[q], k) for q in rs}
                 got = _agreement(trial, hosts)
                 if got > score:
                     placed, score, moved = trial, got, True
@@ -459,8 +467,9 @@ def _complete_partition(
 ) -> None:
     """Give the lanes left without a confirmed group (a set every member holds) the one group
     their ranks can still form: when the confirmed groups of lanes of that many instances (within
-    20 %) all have ``k`` ranks and exactly ``k`` ranks are left (one group of a mesh dimension,
-    whose ends fell close to another group's). Mutates ``found``."""
+    20 %) all have ``k`` ranks, the ranks left split into groups of ``k`` (groups of one mesh
+    dimension whose ends fell close to another group's): each pair of a group holds the same
+    instances at once, and the split is the closest such (``group_fill``). Mutates ``found``."""
     held = {r: set(v.values()) for r, v in found.items()}
     confirmed = {
         m for v in held.values() for m in v if all(m in held.get(int(q), set()) for q in m.split(","))
@@ -476,11 +485,40 @@ def _complete_partition(
         near = {m for k, m in by_size if abs(k - n) <= 0.2 * max(k, n)}
         left = sorted({r for r, _raw, k in pending if k == n} - {int(q) for m in near for q in m.split(",")})
         ks = {len(m.split(",")) for m in near}
-        if len(ks) == 1 and len(left) == ks.pop() and len(left) >= 2:
-            group = ",".join(map(str, left))
+        if len(ks) != 1 or len(left) < 2:
+            continue
+        unconfirmed = {
+            r: {lane_of[r].get(raw, raw) for q, raw, k in pending if q == r and k == n} for r in left
+        }
+        for members in _fill_groups(todo, unconfirmed, ks.pop()) or []:
+            group = ",".join(map(str, members))
             for r, raw, k in pending:
-                if k == n and r in left:
+                if k == n and r in members:
                     found[r][raw] = group
+
+
+def _fill_groups(todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]], k: int) -> list[list[int]] | None:
+    """The ranks of ``lanes`` (each with its unconfirmed lanes) split into groups of ``k``
+    (``group_fill``): every pair's intervals overlap, least total distance between ends."""
+    own = {r: todo[r].filter(pl.col("_lane").is_in(list(ls))) for r, ls in lanes.items()}
+    feasible: set[frozenset[int]] = set()
+    cost: dict[frozenset[int], float] = {}
+    for r, q in itertools.combinations(sorted(lanes), 2):
+        ok, far = True, 0.0
+        for a, b in ((r, q), (q, r)):
+            mine, theirs = own[a], todo[b]
+            ok &= group_fill.holds(*_span(mine), *_span(theirs))
+            gaps = _nearest_gaps(np.sort(mine["end"].to_numpy()), np.sort(theirs["end"].to_numpy()))
+            far = max(far, float(np.median(gaps)))
+        if ok:
+            feasible.add(frozenset((r, q)))
+            cost[frozenset((r, q))] = far
+    return group_fill.split_equal(sorted(lanes), k, feasible, cost)
+
+
+def _span(t: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Arrivals and ends of a rank's collectives."""
+    return t["arrival"].to_numpy(), t["end"].to_numpy()
 
 
 def _consistent(found: dict[int, dict[str, str]]) -> bool:

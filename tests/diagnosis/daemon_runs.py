@@ -16,9 +16,10 @@ The trace folder holds one ``rank-<r>_<pid>.pt.trace.json`` per rank and the ``m
 written by the trigger (ranks come from it: on-demand traces have no ``distributedInfo``).
 
 Ground truth comes from the job's own progress files (``rank-<r>.steps.jsonl``: per step, its
-wall-clock start/duration and the straggler sleep). Each traced iteration is matched to the
-job's step by time: a trace's timestamps are ``baseTimeNanoseconds`` + ``ts`` on the wall clock,
-and a step's optimizer step ends when the job logs the step's end. ``TracedRun.injected`` maps the
+wall-clock start/duration, the straggler sleep and the end of its ``optimizer.step()``). Each
+traced iteration is matched to the job's step by time: a trace's timestamps are
+``baseTimeNanoseconds`` + ``ts`` on the wall clock, and its ``Optimizer.step#`` annotation ends
+when the job logs ``opt_end``. ``TracedRun.injected`` maps the
 diagnosis's step labels (0 = the first traced iteration) to ``{rank: ms slept}``.
 
 Usable outside pytest (e.g. to collect many runs when tuning thresholds)::
@@ -117,6 +118,14 @@ def _optimizer_step_ends(path: str) -> tuple[list[float], bool]:
     return [(base / 1e3 + t) / 1e6 for t in ends], True
 
 
+def _logged_optimizer_end(line: dict[str, Any]) -> float:
+    """When a step-log line says the step's ``optimizer.step()`` ended: ``opt_end``; a log
+    without it (older jobs) gives the step's end, which is later by ``--step-sleep-ms``."""
+    if "opt_end" in line:
+        return float(line["opt_end"])
+    return float(line["t0"]) + float(line["dur_ms"]) / 1000.0
+
+
 def _match_logged_steps(
     rank: int, ends: list[float], log_ends: list[tuple[float, int]], tol_s: float = 0.02
 ) -> list[int]:
@@ -155,7 +164,7 @@ def ground_truth(
         if not wall:  # no wall clock in the trace: Kineto iteration S is the job's step S + 1
             traced[r] = list(range(roundup + 1, roundup + 1 + len(ends)))
             continue
-        log_ends = sorted((s["t0"] + s["dur_ms"] / 1000.0, s["step"]) for s in logs[r].values())
+        log_ends = sorted((_logged_optimizer_end(s), s["step"]) for s in logs[r].values())
         traced[r] = _match_logged_steps(r, ends, log_ends)
     # Every rank must start at the same iteration (the roundup's job); Kineto sometimes records
     # one optimizer step more than asked on some rank (observed: 11 of --iterations 10), so the

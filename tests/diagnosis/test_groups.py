@@ -379,3 +379,45 @@ def test_one_gloo_group_finishing_in_ring_order_is_one_group() -> None:
         ends = {int(q): to_ns(v) for q, v in case["rank_ends_us"].items()}
         assert _median_jump(lane, ends, r), case["run"]  # the case the ratio alone misreads
         assert groups._lane_members(r, lane, ends) == "0,1,2,3", case["run"]
+
+
+DP_PP = Path(__file__).resolve().parents[1] / "data" / "group_lanes" / "dp_pp_slow_replica_lanes.json"
+
+
+def _todo(case: dict[str, object]) -> dict[int, pl.DataFrame]:
+    """A run's unnamed collectives per rank, as group inference reads them."""
+    out = {}
+    for r, rows in case["ranks"].items():  # type: ignore[attr-defined]
+        lane, merged, arrival, end = zip(*rows, strict=True)
+        out[int(r)] = pl.DataFrame(
+            {
+                "lane": list(lane),
+                "_lane": list(merged),
+                "arrival": [int(x * 1000) for x in arrival],
+                "end": [int(x * 1000) for x in end],
+            }
+        )
+    return out
+
+
+def test_pairs_whose_ends_fall_apart_are_told_by_their_overlapping_instances() -> None:
+    """Real DP x PP jobs with a slowed replica (CI, 2026-11-29): two data-parallel pairs end
+    a few ms apart, as far as other stages' ranks, so their lanes confirm no group and the job
+    went job-wide. The two confirmed pairs say the groups have two ranks; of the ways to pair
+    the four ranks left, only one pairs ranks whose collectives are held at once in every
+    instance."""
+    import json
+
+    for case in json.loads(DP_PP.read_text()):
+        todo = _todo(case)
+        found, _sizes = groups._split(todo)
+        confirmed = {
+            m
+            for v in found.values()
+            for m in v.values()
+            if all(m in found[int(q)].values() for q in m.split(","))
+        }
+        assert confirmed == {"2,6", "3,7"}, case["run"]  # what the lanes alone give
+        got = groups._memberships(todo)
+        assert got is not None, case["run"]
+        assert {m for v in got.values() for m in v.values()} == {"0,4", "1,5", "2,6", "3,7"}, case["run"]

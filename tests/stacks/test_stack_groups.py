@@ -168,3 +168,41 @@ def test_shape_ignores_lines_and_native_frames() -> None:
     )
     assert shape_of(a) == shape_of(b) == ("f (x.py)",)
     assert compress([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7"
+
+
+def _in_helper(step: str, line: int) -> list[rpc.StackFrame]:
+    """A rank inside the loop's own helper (writing its progress file), at a given step."""
+    return [
+        _frame("Path.rename", "/usr/lib/python3.11/pathlib.py", 1175),
+        _frame("write_progress", "/job/train.py", line, {"step": step}),
+        _frame("main", "/job/train.py", 99, {"step": step}),
+        _frame("<module>", "/job/train.py", 120),
+    ]
+
+
+def test_a_rank_caught_in_the_same_helper_every_time_is_in_the_same_loop() -> None:
+    # seen on a real busy 4-rank job: a rank spends much of a tiny step writing its progress
+    # file, so now and then all three snapshots catch it there; its loop is still main's
+    busy = {r: [_waiting(step="30"), _loading(), _waiting(step="32")] for r in range(3)}
+    busy[3] = [_in_helper("30", 20), _in_helper("31", 21), _in_helper("33", 20)]
+    report = _report(_ranks(busy), samples=3)
+    assert report.states == {PROGRESSING: 4}  # type: ignore[attr-defined]
+    [group] = report.groups  # type: ignore[attr-defined]
+    assert group.ranks == [0, 1, 2, 3] and "progressing, in main (train.py)" in group.summary
+
+
+def test_a_rank_iterating_in_its_own_inner_loop_is_apart() -> None:
+    # a rank retrying a read forever: main's step stays, the retry loop's locals move
+    busy = {r: [_waiting(step="30"), _loading(), _waiting(step="32")] for r in range(3)}
+    busy[3] = [
+        [
+            _frame("retry_read", "/job/train.py", 40, {"attempt": a}),
+            _frame("main", "/job/train.py", 88, {"step": "30"}),
+        ]
+        + [_frame("<module>", "/job/train.py", 120)]
+        for a in ("1", "2", "3")
+    ]
+    report = _report(_ranks(busy), samples=3)
+    first, second = report.groups  # type: ignore[attr-defined]
+    assert first.ranks == [3] and first.outlier and "retry_read" in first.summary
+    assert second.ranks == [0, 1, 2]

@@ -1,0 +1,49 @@
+"""The overlap test and the equal-size split of ``kinetoscope.diagnosis.group_fill``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kinetoscope.diagnosis import group_fill
+
+
+def _a(*v: int) -> np.ndarray:
+    return np.asarray(v, dtype=np.int64)
+
+
+def test_members_hold_every_instance_at_once_and_one_miss_in_ten_is_allowed() -> None:
+    lane_a, lane_e = _a(0, 100, 200, 300), _a(50, 150, 250, 350)
+    # a member arrives late (after the lane's arrival) and ends with it: always overlapping
+    assert group_fill.holds(lane_a, lane_e, _a(40, 140, 240, 340), _a(52, 151, 252, 351))
+    # touching counts: the last arrival is the moment every member holds the instance
+    assert group_fill.holds(lane_a, lane_e, _a(50, 150, 250, 350), _a(60, 160, 260, 360))
+    # one instance without a counterpart (the trace window's edge) is allowed, two are not
+    assert group_fill.holds(lane_a, lane_e, _a(140, 240, 340), _a(151, 252, 351))
+    assert not group_fill.holds(lane_a, lane_e, _a(240, 340), _a(252, 351))
+    # a rank whose collectives run between the lane's never shares an instance with it
+    assert not group_fill.holds(lane_a, lane_e, _a(60, 160, 260, 360), _a(90, 190, 290, 390))
+    assert not group_fill.holds(lane_a, lane_e, _a(), _a())
+
+
+def test_the_split_is_the_cheapest_of_feasible_pairs_only() -> None:
+    pair = lambda a, b: frozenset((a, b))  # noqa: E731
+    cost = {
+        pair(0, 1): 1.0,
+        pair(2, 3): 1.0,
+        pair(0, 2): 5.0,
+        pair(1, 3): 5.0,
+        pair(0, 3): 9.0,
+        pair(1, 2): 9.0,
+    }
+    every = set(cost)
+    assert group_fill.split_equal([0, 1, 2, 3], 2, every, cost) == [[0, 1], [2, 3]]
+    # the cheapest pair is not feasible (its collectives never overlap): the next cheapest split
+    assert group_fill.split_equal([0, 1, 2, 3], 2, every - {pair(0, 1)}, cost) == [[0, 2], [1, 3]]
+    # no partition into feasible pairs, a size that does not divide the ranks, a group of one
+    assert group_fill.split_equal([0, 1, 2, 3], 2, {pair(0, 1), pair(0, 2)}, cost) is None
+    assert group_fill.split_equal([0, 1, 2], 2, every, cost) is None
+    assert group_fill.split_equal([0, 1], 1, every, cost) is None
+    # groups of three: every pair of each group must be feasible
+    six = {pair(a, b) for a in range(6) for b in range(a + 1, 6)} - {pair(0, 3)}
+    got = group_fill.split_equal(list(range(6)), 3, six, {})
+    assert got is not None and all(not {0, 3} <= set(g) for g in got)
