@@ -14,8 +14,9 @@ Terms:
   arrival to the moment the last member arrived at least (no member can finish before every
   member has joined), so on one clock two members' intervals always overlap: a pair of ranks
   whose intervals do not is not one group, however close their ends.
-* **feasible** pair: each rank's lane overlaps the other rank in all but ``OVERLAP_MISSES``
-  of its instances (an instance at the edge of a trace window may lack its counterpart).
+* **feasible** pair: each rank's lane overlaps the other rank in all but 1 in 10 of its
+  instances, at least one (``OVERLAP_MISSES_PER_10``: an instance at the edge of a trace window
+  may lack its counterpart).
 * **cost** of a group: the sum over its pairs of the larger of the two median distances from
   one rank's lane ends to the other rank's nearest ends (the statistic inference ranks
   members by).
