@@ -22,9 +22,8 @@ Terms:
   members by).
 
 The split chosen is the partition of the left ranks into groups of ``k`` whose every pair is
-feasible, of least total cost; none when no such partition exists or the search exceeds
-``SEARCH_BUDGET`` partial partitions (the ranks then stay job-wide, as before groups were
-known).
+feasible, of least total cost; none when no such partition exists or the search tries more
+than ``SEARCH_BUDGET`` groups (the ranks then stay job-wide, as before groups were known).
 """
 
 from __future__ import annotations
@@ -64,16 +63,17 @@ def split_equal(
     budget = [SEARCH_BUDGET]
 
     def walk(left: list[int], done: list[list[int]], spent: float) -> bool:
-        budget[0] -= 1
-        if budget[0] < 0:
-            return False
         if best and spent >= best[0][0]:
             return True
         if not left:
             best[:] = [(spent, [list(g) for g in done])]
             return True
         head, rest = left[0], left[1:]
-        for others in itertools.combinations(rest, k - 1):
+        partners = [r for r in rest if frozenset((head, r)) in feasible]
+        for others in itertools.combinations(partners, k - 1):
+            budget[0] -= 1  # every group tried counts: C(63, 7) of them would never end
+            if budget[0] < 0:
+                return False
             group = (head, *others)
             pairs = [frozenset(p) for p in itertools.combinations(group, 2)]
             if all(p in feasible for p in pairs):

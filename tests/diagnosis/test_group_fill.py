@@ -47,3 +47,11 @@ def test_the_split_is_the_cheapest_of_feasible_pairs_only() -> None:
     six = {pair(a, b) for a in range(6) for b in range(a + 1, 6)} - {pair(0, 3)}
     got = group_fill.split_equal(list(range(6)), 3, six, {})
     assert got is not None and all(not {0, 3} <= set(g) for g in got)
+
+
+def test_a_search_too_large_gives_up_instead_of_running_on() -> None:
+    # 64 ranks left, groups of 8, every pair feasible: C(63, 7) first groups alone
+    every = {frozenset((a, b)) for a in range(64) for b in range(a + 1, 64)}
+    assert group_fill.split_equal(list(range(64)), 8, every, {}) is None
+    # a small one within the budget still splits
+    assert group_fill.split_equal(list(range(8)), 4, {p for p in every if max(p) < 8}, {}) is not None
