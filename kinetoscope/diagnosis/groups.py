@@ -500,16 +500,15 @@ def _complete_partition(
 def _fill_groups(todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]], k: int) -> list[list[int]] | None:
     """The ranks of ``lanes`` (each with its unconfirmed lanes) split into groups of ``k``
     (``group_fill``): every pair's intervals overlap, least total distance between ends."""
-    own = {r: todo[r].filter(pl.col("_lane").is_in(list(ls))) for r, ls in lanes.items()}
+    own = {r: _span(todo[r].filter(pl.col("_lane").is_in(list(ls)))) for r, ls in lanes.items()}
+    every = {r: _span(todo[r]) for r in lanes}
     feasible: set[frozenset[int]] = set()
     cost: dict[frozenset[int], float] = {}
     for r, q in itertools.combinations(sorted(lanes), 2):
         ok, far = True, 0.0
         for a, b in ((r, q), (q, r)):
-            mine, theirs = own[a], todo[b]
-            ok &= group_fill.holds(*_span(mine), *_span(theirs))
-            gaps = _nearest_gaps(np.sort(mine["end"].to_numpy()), np.sort(theirs["end"].to_numpy()))
-            far = max(far, float(np.median(gaps)))
+            ok &= group_fill.holds(*own[a], *every[b])
+            far = max(far, float(np.median(_nearest_gaps(own[a][1], every[b][1]))))
         if ok:
             feasible.add(frozenset((r, q)))
             cost[frozenset((r, q))] = far
@@ -517,7 +516,9 @@ def _fill_groups(todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]], k: i
 
 
 def _span(t: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Arrivals and ends of a rank's collectives."""
+    """Arrivals and ends of a rank's collectives, in order of end (sorted once per rank: the
+    nearest-end distances need sorted ends)."""
+    t = t.sort("end")
     return t["arrival"].to_numpy(), t["end"].to_numpy()
 
 
