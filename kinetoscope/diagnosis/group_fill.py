@@ -1,10 +1,12 @@
-"""Split the ranks left without a confirmed process group into groups of a known size.
+"""Split the ranks left without a confirmed process group into equal groups.
 
 Group inference (``groups``) reads a lane's members from which ranks' collectives end together.
 On a loaded host the members of a small group can end a few ms apart, as far as the next
 group's ranks, and then their lanes give no confirmed group. When the confirmed groups of the
-same mesh dimension all have ``k`` ranks, the ranks left must form groups of ``k`` too; this
-module picks which.
+same mesh dimension all have ``k`` ranks, the ranks left must form groups of ``k`` too
+(``split_equal``); when no group of that dimension is confirmed, the size is the largest whose
+split holds (``split_largest``: all the ranks in one group when every pair overlaps). This
+module picks the split.
 
 Terms:
 
@@ -24,6 +26,8 @@ Terms:
 The split chosen is the partition of the left ranks into groups of ``k`` whose every pair is
 feasible, of least total cost; none when no such partition exists or the search tries more
 than ``SEARCH_BUDGET`` groups (the ranks then stay job-wide, as before groups were known).
+Without ``k``, the sizes that divide the ranks are tried from all of them down to 2; a search
+that gives up ends the trial with no split (a smaller size would be a guess).
 """
 
 from __future__ import annotations
@@ -57,8 +61,32 @@ def split_equal(
 ) -> list[list[int]] | None:
     """The least-cost partition of ``ranks`` into groups of ``k`` whose pairs are all in
     ``feasible`` (module docstring), or None."""
+    return _search(ranks, k, feasible, cost)[0]
+
+
+def split_largest(
+    ranks: list[int], feasible: set[frozenset[int]], cost: dict[frozenset[int], float]
+) -> list[list[int]] | None:
+    """The split of ``ranks`` into the largest equal groups (``split_equal``) that exists:
+    every rank in one group when every pair is feasible, else the largest size below that
+    divides them; None when not even pairs exist, or when a search gives up (a smaller size
+    would then be a guess: the larger one was not ruled out)."""
+    n = len(ranks)
+    for k in sorted((k for k in range(2, n + 1) if n % k == 0), reverse=True):
+        got, gave_up = _search(ranks, k, feasible, cost)
+        if gave_up:
+            return None
+        if got is not None:
+            return got
+    return None
+
+
+def _search(
+    ranks: list[int], k: int, feasible: set[frozenset[int]], cost: dict[frozenset[int], float]
+) -> tuple[list[list[int]] | None, bool]:
+    """``split_equal``'s partition (or None), and whether the search gave up on its budget."""
     if k < 2 or not ranks or len(ranks) % k:
-        return None
+        return None, False
     best: list[tuple[float, list[list[int]]]] = []
     budget = [SEARCH_BUDGET]
 
@@ -83,6 +111,6 @@ def split_equal(
                     return False
         return True
 
-    if not walk(sorted(ranks), [], 0.0) or not best:
-        return None
-    return best[0][1]
+    if not walk(sorted(ranks), [], 0.0):
+        return None, True
+    return (best[0][1] if best else None), False

@@ -20,8 +20,8 @@ told apart). In order of preference:
 ``inferred``
     nothing names the group (gloo traces taken on demand carry neither names nor ranks): each
     process group runs its work on its own worker threads (gloo) or stream (NCCL), so a rank's
-    collectives are split into *lanes* (threads with ids at most 2 apart, taken in pairs, are one group's
-    pair of workers), and a lane's members are the ranks whose collectives end together with its own.
+    collectives are split into *lanes* (a gloo group's pair of worker threads is one lane:
+    ``_lane_ids``), and a lane's members are the ranks whose collectives end together with its own.
     Per other rank ``q``, the median distance from each of the lane's ends to ``q``'s nearest
     end; sorted, the members are the ranks before the first jump by ``INFER_RATIO`` (3x) or more
     (from at most ``INFER_TOL_NS``, 5 ms; distances under ``INFER_FLOOR_NS`` count as that) that
@@ -36,7 +36,9 @@ told apart). In order of preference:
     their ends and the placed ranks' coincide best, then each shift corrected to the one under
     which the most lanes of the whole split are confirmed by their members), then the lanes are
     split once on the shifted ends; membership needs no common clock, only which ranks finish
-    each instance of a sequence together. Used when the lanes give a consistent split
+    each instance of a sequence together. Lanes left without a group their members agree on
+    are completed by whether ranks' collectives overlap in time (``_complete_partition``,
+    ``group_fill``). Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
     ``"*"``, as before groups were known.
@@ -76,6 +78,8 @@ _REFINE_STEP_NS = 500_000
 _REFINE_ROUNDS = 3
 # A lane needs this many instances to be placed by inference.
 _MIN_LANE = 3
+# Confirmed groups of more ranks than this are not tested for overlap (cost: every pair).
+_REFUTE_MAX_RANKS = 64
 
 
 @dataclass
@@ -184,15 +188,20 @@ def _has_name() -> pl.Expr:
 
 
 def _lane_ids(c: pl.DataFrame) -> dict[str, str]:
-    """A rank's lanes, merged where they are one group's workers: gloo runs each group's queue
-    on a pair of threads created one after the other (thread ids 1 apart, 2 when another
-    thread started between them: seen on a real 8-rank job), merged in pairs."""
+    """A rank's lanes, merged where they are one group's workers. Gloo runs each group's queue
+    on a pair of threads its constructor creates one after the other, and groups are created
+    one at a time, so of the threads that run collectives the two of one group are neighbours
+    in thread-id order: with an even number of them, they are merged in pairs in that order.
+    Thread ids come from one counter for the whole host, so other processes' threads fall
+    between a pair (8 ranks starting at once on a loaded host: ids up to 12 apart). An odd
+    number means a group's other thread ran nothing in the window: then only ids at most 2
+    apart are merged, in pairs."""
     lanes = sorted(set(c["lane"].drop_nulls().to_list()))
     tids = sorted(int(x[4:]) for x in lanes if x.startswith("tid ") and x[4:].isdigit())
     out = {x: x for x in lanes}
     k = 0
     while k < len(tids):
-        if k + 1 < len(tids) and tids[k + 1] - tids[k] <= 2:
+        if k + 1 < len(tids) and (len(tids) % 2 == 0 or tids[k + 1] - tids[k] <= 2):
             out[f"tid {tids[k + 1]}"] = f"tid {tids[k]}"
             k += 2
         else:
@@ -229,11 +238,13 @@ def _infer_lanes(
     return _across_hosts(todo, by_host) or {}
 
 
-def _memberships(todo: dict[int, pl.DataFrame]) -> dict[int, dict[str, str]] | None:
+def _memberships(todo: dict[int, pl.DataFrame], one_clock: bool = True) -> dict[int, dict[str, str]] | None:
     """Per rank, lane -> members for ranks on one clock (module docstring), or None when the
-    lanes do not give a consistent split."""
+    lanes do not give a consistent split. ``one_clock``: the ranks share a host's clock (not
+    shifted onto one by inference), so whether two ranks' collectives overlap can refute a
+    group the ends read (``_complete_partition``)."""
     found, sizes = _split(todo)
-    _complete_partition(found, todo, sizes)
+    _complete_partition(found, todo, sizes, one_clock)
     return found if _consistent(found) else None
 
 
@@ -307,7 +318,7 @@ def _across_hosts(
         if len(left) == len(waiting):
             return None
         waiting = left
-    return _memberships(_refine(placed, [by_host[h] for h in order]))
+    return _memberships(_refine(placed, [by_host[h] for h in order]), one_clock=False)
 
 
 def _shifted(t: pl.DataFrame, d: int) -> pl.DataFrame:
@@ -463,18 +474,29 @@ def _nearest_gaps(x: np.ndarray, e: np.ndarray) -> np.ndarray:
 
 
 def _complete_partition(
-    found: dict[int, dict[str, str]], todo: dict[int, pl.DataFrame], sizes: dict[tuple[int, str], int]
+    found: dict[int, dict[str, str]],
+    todo: dict[int, pl.DataFrame],
+    sizes: dict[tuple[int, str], int],
+    one_clock: bool,
 ) -> None:
     """Give the lanes left without a confirmed group (a set every member holds) the one group
-    their ranks can still form: when the confirmed groups of lanes of that many instances (within
-    20 %) all have ``k`` ranks, the ranks left split into groups of ``k`` (groups of one mesh
-    dimension whose ends fell close to another group's): each pair of a group holds the same
-    instances at once, and the split is the closest such (``group_fill``). Mutates ``found``."""
+    their ranks can still form (``group_fill``: every pair of a group holds each instance at
+    once, their collectives overlap in time; of the splits that allow, the one whose ends are
+    closest). When the confirmed groups of lanes of that many instances (within 20 %) all have
+    ``k`` ranks, the ranks left split into groups of ``k`` (groups of one mesh dimension whose
+    ends fell close to another group's). On one clock a confirmed group two of whose members'
+    collectives do not overlap is no group (``_refuted``: every member read every rank, as far
+    apart as their own group's ends fell); when no confirmed group of that size is left, the
+    ranks split into the largest equal groups that overlap, if that is more than one group (when
+    every pair overlaps, nothing tells the ranks apart and their lanes' readings stand). Mutates
+    ``found``."""
     held = {r: set(v.values()) for r, v in found.items()}
     confirmed = {
         m for v in held.values() for m in v if all(m in held.get(int(q), set()) for q in m.split(","))
     }
     lane_of = {r: dict(zip(t["lane"].to_list(), t["_lane"].to_list(), strict=True)) for r, t in todo.items()}
+    if one_clock:
+        confirmed = {m for m in confirmed if not _refuted(todo, found, lane_of, m)}
     pending: list[tuple[int, str, int]] = []
     by_size: list[tuple[int, str]] = []
     for r, lanes in found.items():
@@ -485,21 +507,56 @@ def _complete_partition(
         near = {m for k, m in by_size if abs(k - n) <= 0.2 * max(k, n)}
         left = sorted({r for r, _raw, k in pending if k == n} - {int(q) for m in near for q in m.split(",")})
         ks = {len(m.split(",")) for m in near}
-        if len(ks) != 1 or len(left) < 2:
+        if len(left) < 2 or len(ks) > 1 or not (ks or one_clock):
             continue
         unconfirmed = {
             r: {lane_of[r].get(raw, raw) for q, raw, k in pending if q == r and k == n} for r in left
         }
-        for members in _fill_groups(todo, unconfirmed, ks.pop()) or []:
+        split = _fill_groups(todo, unconfirmed, ks.pop() if ks else None) or []
+        if len(split) < 2 and not near:
+            continue  # nothing ruled the ranks left apart: their own readings stand
+        for members in split:
             group = ",".join(map(str, members))
             for r, raw, k in pending:
                 if k == n and r in members:
                     found[r][raw] = group
 
 
-def _fill_groups(todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]], k: int) -> list[list[int]] | None:
-    """The ranks of ``lanes`` (each with its unconfirmed lanes) split into groups of ``k``
-    (``group_fill``): every pair's intervals overlap, least total distance between ends."""
+def _refuted(
+    todo: dict[int, pl.DataFrame],
+    found: dict[int, dict[str, str]],
+    lane_of: dict[int, dict[str, str]],
+    m: str,
+) -> bool:
+    """Whether two members of the confirmed group ``m`` do not hold its instances at once (the
+    lanes of each that read ``m`` against the other's collectives: ``group_fill.holds``).
+    Groups of more than ``_REFUTE_MAX_RANKS`` are not tested (cost: every pair)."""
+    members = [int(q) for q in m.split(",")]
+    if len(members) > _REFUTE_MAX_RANKS:
+        return False
+    lanes = {r: {lane_of[r].get(raw, raw) for raw, g in found[r].items() if g == m} for r in members}
+    feasible, _cost = _pairs(todo, lanes)
+    return len(feasible) < len(members) * (len(members) - 1) // 2
+
+
+def _fill_groups(
+    todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]], k: int | None
+) -> list[list[int]] | None:
+    """The ranks of ``lanes`` (each with its unconfirmed lanes) split into groups of ``k``, or
+    of the largest size that fits when ``k`` is None (``group_fill``): every pair's intervals
+    overlap, least total distance between ends."""
+    feasible, cost = _pairs(todo, lanes)
+    if k is None:
+        return group_fill.split_largest(sorted(lanes), feasible, cost)
+    return group_fill.split_equal(sorted(lanes), k, feasible, cost)
+
+
+def _pairs(
+    todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]]
+) -> tuple[set[frozenset[int]], dict[frozenset[int], float]]:
+    """The feasible pairs of the ranks of ``lanes`` (each rank's given lanes overlap the other
+    rank's collectives, both ways: ``group_fill.holds``), and per feasible pair the larger
+    median distance from one side's lane ends to the other's nearest ends."""
     own = {r: _span(todo[r].filter(pl.col("_lane").is_in(list(ls)))) for r, ls in lanes.items()}
     every = {r: _span(todo[r]) for r in lanes}
     feasible: set[frozenset[int]] = set()
@@ -512,7 +569,7 @@ def _fill_groups(todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]], k: i
         if ok:
             feasible.add(frozenset((r, q)))
             cost[frozenset((r, q))] = far
-    return group_fill.split_equal(sorted(lanes), k, feasible, cost)
+    return feasible, cost
 
 
 def _span(t: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -55,3 +55,32 @@ def test_a_search_too_large_gives_up_instead_of_running_on() -> None:
     assert group_fill.split_equal(list(range(64)), 8, every, {}) is None
     # a small one within the budget still splits
     assert group_fill.split_equal(list(range(8)), 4, {p for p in every if max(p) < 8}, {}) is not None
+
+
+def test_the_largest_equal_groups_that_overlap_are_the_split() -> None:
+    every8 = {frozenset((a, b)) for a in range(8) for b in range(a + 1, 8)}
+    # every pair overlaps: one group (a job-wide group is not split up)
+    assert group_fill.split_largest(list(range(8)), every8, {}) == [list(range(8))]
+    # two groups of four whose collectives never overlap each other's
+    halves = {p for p in every8 if len({x // 4 for x in p}) == 1}
+    assert group_fill.split_largest(list(range(8)), halves, {}) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # four of the ranks overlap only their own partner: no group of four holds, pairs do
+    late = {4, 5, 6, 7}
+    pairs = {p for p in every8 if len(p & late) < 2}
+    got = group_fill.split_largest(list(range(8)), pairs, {})
+    assert got is not None and all(len(g) == 2 and len(set(g) & late) == 1 for g in got)
+    # no pair can be formed, or a size that divides nothing: no split
+    assert group_fill.split_largest([0, 1, 2, 3], set(), {}) is None
+    assert group_fill.split_largest([0, 1, 2], {frozenset((0, 1))}, {}) is None
+
+
+def test_the_largest_split_does_not_guess_a_smaller_size_when_the_search_gives_up(
+    monkeypatch,
+) -> None:
+    every = {frozenset((a, b)) for a in range(12) for b in range(a + 1, 12)}
+    monkeypatch.setattr(group_fill, "SEARCH_BUDGET", 3)
+    # 12 ranks, all overlapping: one group is found at once, within any budget
+    assert group_fill.split_largest(list(range(12)), every, {}) == [list(range(12))]
+    # without the pair (0, 11) no group of 12 holds; groups of 6 take more than 3 tries: no
+    # split, rather than one of smaller groups that were never compared with groups of 6
+    assert group_fill.split_largest(list(range(12)), every - {frozenset((0, 11))}, {}) is None

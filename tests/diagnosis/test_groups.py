@@ -421,3 +421,93 @@ def test_pairs_whose_ends_fall_apart_are_told_by_their_overlapping_instances() -
         got = groups._memberships(todo)
         assert got is not None, case["run"]
         assert {m for v in got.values() for m in v.values()} == {"0,4", "1,5", "2,6", "3,7"}, case["run"]
+
+
+DP_PP_SPLIT = Path(__file__).resolve().parents[1] / "data" / "group_lanes" / "dp_pp_split_workers_lanes.json"
+
+
+def test_a_groups_two_workers_far_apart_in_thread_id_are_one_lane() -> None:
+    """Real DP x PP jobs with a slowed replica, beside two CPU-burning processes: thread ids
+    come from one counter for the whole host, so other ranks' threads took ids between one
+    rank's pair of gloo workers (3 and 12 apart). Read as two lanes of half the instances each,
+    neither confirmed a group and the job went job-wide (the CI failure of 2026-11-29). Each
+    rank's two workers are one lane, and the lanes give the job's four data-parallel pairs."""
+    import json
+
+    cases = json.loads(DP_PP_SPLIT.read_text())
+    assert len(cases) == 3
+    for case in cases:
+        todo, widest = {}, 0
+        for r, rows in case["ranks"].items():
+            lane, arrival, end = zip(*rows, strict=True)
+            t = pl.DataFrame(
+                {
+                    "lane": list(lane),
+                    "arrival": [int(x * 1000) for x in arrival],
+                    "end": [int(x * 1000) for x in end],
+                }
+            )
+            merge = groups._lane_ids(t)
+            assert len(set(lane)) == 2 and len(set(merge.values())) == 1, (case["run"], r, merge)
+            tids = sorted(int(x[4:]) for x in set(lane))
+            widest = max(widest, tids[1] - tids[0])
+            todo[int(r)] = t.with_columns(_lane=pl.col("lane").replace_strict(merge))
+        assert widest > 2, case["run"]  # the case that ids at most 2 apart misread
+        got = groups._memberships(todo)
+        assert got is not None, case["run"]
+        assert {m for v in got.values() for m in v.values()} == {"0,4", "1,5", "2,6", "3,7"}, case["run"]
+
+
+@pytest.mark.parametrize(
+    ("tids", "lanes"),
+    [
+        ([10, 14, 30, 43], [[10, 14], [30, 43]]),  # even: neighbours in id order, however far
+        ([10, 11, 20], [[10, 11], [20]]),  # odd: a group's other worker ran nothing; ids 1-2 apart pair
+        ([10, 20, 22], [[10], [20, 22]]),
+        ([10, 20, 30], [[10], [20], [30]]),
+    ],
+)
+def test_worker_threads_pair_in_id_order(tids: list[int], lanes: list[list[int]]) -> None:
+    merge = groups._lane_ids(pl.DataFrame({"lane": [f"tid {t}" for t in tids] + ["stream 7"]}))
+    got: dict[str, list[int]] = {}
+    for t in tids:
+        got.setdefault(merge[f"tid {t}"], []).append(t)
+    assert sorted(got.values()) == lanes
+    assert merge["stream 7"] == "stream 7"
+
+
+def _job_truth(job: Path) -> list[str]:
+    """The process groups a real job logged issuing its collectives in (["*"]: one group)."""
+    import json
+
+    if (job / "groups_issued_by_the_job.txt").exists():
+        return (job / "groups_issued_by_the_job.txt").read_text().split()
+    if (job / "truth_by_group.json").exists():
+        return list(json.loads((job / "truth_by_group.json").read_text())["truth"]["groups"])
+    return [groups.JOB_WIDE]  # DDP: its default group only
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        "cpu_jobs/mesh_dp_tp_slow_rank5",
+        "cpu_jobs/mesh_dp_pp_slow_replica",
+        "cpu_jobs/mesh_dp_pp_heavy_stage2",
+        "cpu_jobs/steady_spiky_w8",
+        "cpu_jobs/clean_w5_loaded",
+        "gpu_jobs/gloo_cuda_two_stragglers_w8",
+    ],
+)
+def test_with_no_lane_telling_its_group_by_its_ends_overlap_alone_splits_real_jobs(
+    job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every lane made to read every rank (no jump is ever large enough), as when every
+    group's ends fall as far apart as other groups' on a loaded host: the job-wide group the
+    lanes then agree on is refuted where two ranks' collectives do not overlap, and the ranks
+    split into the largest equal groups whose collectives all do. Real mesh jobs get the groups
+    they logged; real DDP jobs (one group: every pair overlaps) stay one group."""
+    monkeypatch.setattr(groups, "INFER_RATIO", float("inf"))
+    path = Path(__file__).resolve().parents[1] / "data" / job
+    d = diagnose(path)
+    found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g and g != groups.JOB_WIDE)
+    assert found == sorted(g for g in _job_truth(path) if g != groups.JOB_WIDE), job
