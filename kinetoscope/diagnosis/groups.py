@@ -81,6 +81,9 @@ _MIN_LANE = 3
 # Confirmed groups of more ranks than this are not tested for overlap (cost: every pair).
 _REFUTE_MAX_RANKS = 64
 
+# A rank's collectives as (arrivals, ends), in order of end (``_span``).
+Span = tuple[np.ndarray, np.ndarray]
+
 
 @dataclass
 class GroupInfo:
@@ -535,8 +538,8 @@ def _refuted(
     if len(members) > _REFUTE_MAX_RANKS:
         return False
     lanes = {r: {lane_of[r].get(raw, raw) for raw, g in found[r].items() if g == m} for r in members}
-    feasible, _cost = _pairs(todo, lanes)
-    return len(feasible) < len(members) * (len(members) - 1) // 2
+    own, every = _spans(todo, lanes)
+    return not all(_overlap(own, every, r, q) for r, q in itertools.combinations(members, 2))
 
 
 def _fill_groups(
@@ -554,25 +557,37 @@ def _fill_groups(
 def _pairs(
     todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]]
 ) -> tuple[set[frozenset[int]], dict[frozenset[int], float]]:
-    """The feasible pairs of the ranks of ``lanes`` (each rank's given lanes overlap the other
-    rank's collectives, both ways: ``group_fill.holds``), and per feasible pair the larger
-    median distance from one side's lane ends to the other's nearest ends."""
-    own = {r: _span(todo[r].filter(pl.col("_lane").is_in(list(ls)))) for r, ls in lanes.items()}
-    every = {r: _span(todo[r]) for r in lanes}
+    """The feasible pairs of the ranks of ``lanes`` (``_overlap``), and per feasible pair the
+    larger median distance from one side's lane ends to the other's nearest ends."""
+    own, every = _spans(todo, lanes)
     feasible: set[frozenset[int]] = set()
     cost: dict[frozenset[int], float] = {}
     for r, q in itertools.combinations(sorted(lanes), 2):
-        ok, far = True, 0.0
-        for a, b in ((r, q), (q, r)):
-            ok &= group_fill.holds(*own[a], *every[b])
-            far = max(far, float(np.median(_nearest_gaps(own[a][1], every[b][1]))))
-        if ok:
-            feasible.add(frozenset((r, q)))
-            cost[frozenset((r, q))] = far
+        if _overlap(own, every, r, q):
+            pair = frozenset((r, q))
+            feasible.add(pair)
+            cost[pair] = max(
+                float(np.median(_nearest_gaps(own[a][1], every[b][1]))) for a, b in ((r, q), (q, r))
+            )
     return feasible, cost
 
 
-def _span(t: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _spans(
+    todo: dict[int, pl.DataFrame], lanes: dict[int, set[str]]
+) -> tuple[dict[int, Span], dict[int, Span]]:
+    """Per rank of ``lanes``: the spans (``_span``) of its given lanes, and of all its collectives."""
+    own = {r: _span(todo[r].filter(pl.col("_lane").is_in(list(ls)))) for r, ls in lanes.items()}
+    every = {r: _span(todo[r]) for r in lanes}
+    return own, every
+
+
+def _overlap(own: dict[int, Span], every: dict[int, Span], r: int, q: int) -> bool:
+    """Whether each of ``r`` and ``q`` holds its lanes' instances at once with the other: its
+    lanes' intervals overlap the other's collectives, both ways (``group_fill.holds``)."""
+    return group_fill.holds(*own[r], *every[q]) and group_fill.holds(*own[q], *every[r])
+
+
+def _span(t: pl.DataFrame) -> Span:
     """Arrivals and ends of a rank's collectives, in order of end (sorted once per rank: the
     nearest-end distances need sorted ends)."""
     t = t.sort("end")
