@@ -162,6 +162,8 @@ def diagnose(
         step_spans=steps,
         links=links,
     )
+    if strag.replay_error:
+        notes.append(f"stragglers: no replay ({strag.replay_error}); the verdict is the arrival rules' alone")
     if evidence.anomalous:
         strag.confidence = lowered(strag.confidence)
         evidence.confidence_lowered = True

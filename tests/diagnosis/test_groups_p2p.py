@@ -147,6 +147,28 @@ def test_gloo_pipeline_names_exactly_the_slowed_replica() -> None:
     assert all(f"rank {r}:" in first for r in (4, 5, 6, 7)) and "rank 0:" not in first
 
 
+def test_gloo_pipeline_on_a_loaded_host_is_replayed_over_its_links_alone() -> None:
+    """The slowed-replica job run beside two CPU burners
+    (``tests/data/cpu_jobs/mesh_dp_pp_slow_replica_loaded``). A few of its gloo sends and
+    receives are also matched job-wide by their order (no group names them), pairing rank 0's
+    transfer with rank 1's other one; as syncs beside their links they made the ranks' orders a
+    cycle and the job was not replayed (verdict ``none``). Each transfer is now its link alone,
+    and the replay covers the steps the verdict reads (the trace's partial first step is not
+    one). Truth per process group from the job's log: ranks 4-7 carry nearly all the waiting."""
+    folder = DATA.parent / "cpu_jobs" / "mesh_dp_pp_slow_replica_loaded"
+    truth = json.loads((folder / "truth_by_group.json").read_text())
+    share = {int(r): v for r, v in truth["truth"]["share"].items()}
+    assert sum(share.get(r, 0.0) for r in truth["slowed"]) > 0.9  # the truth itself, from the job's log
+    d = diagnose(sorted(str(f) for f in folder.glob("*.pt.trace.json*")))
+    s = d.stragglers
+    assert s.replay_error is None and s.whatif is not None, s.replay_error
+    wi = s.whatif
+    analysed = sorted(s.per_step["step"].unique().to_list())
+    assert wi["steps"] == len(analysed) == 7 and wi["fidelity"] < 0.01
+    assert wi["replica"]["ranks"] == [4, 5, 6, 7] and wi["replica"]["explains"]
+    assert sorted(s.ranks) == [4, 5, 6, 7]
+
+
 def test_gloo_pipeline_heavy_stage_is_a_stage_imbalance() -> None:
     """The same DP 2 x PP 4 gloo job, nothing slowed, stage 2 (ranks 2 and 6) with 3x the
     layers (``tests/data/cpu_jobs/mesh_dp_pp_heavy_stage2``): the verdict names the stage (stage

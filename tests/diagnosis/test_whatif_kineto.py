@@ -84,3 +84,20 @@ def test_dlrm8_names_exactly_rank_7():
     wi = d.stragglers.whatif
     assert [n["rank"] for n in wi["explaining_set"]] == [7]
     assert wi["fidelity"] < 0.01
+
+
+def test_a_job_the_replay_cannot_order_says_so(monkeypatch):
+    """When the ranks' orders of synchronisation points contradict each other (a cycle), there
+    is no replay: ``whatif`` is null, the reason is kept, and a note says that the verdict is the
+    arrival rules' alone. The contradiction is injected (a real one was an importer's bug, fixed:
+    ``test_groups_p2p.py``, the loaded slowed-replica job)."""
+    import kinetoscope.diagnosis.stragglers.verdict as verdict
+
+    def contradicted(*args, **kwargs):
+        raise ValueError("replay model: the lanes' orders of synchronisation points form a cycle")
+
+    monkeypatch.setattr(verdict, "whatif_report", contradicted)
+    d = diagnose(sorted(str(f) for f in (DATA / "cpu_jobs" / "small_steady_w4").glob("*.pt.trace.json*")))
+    assert d.stragglers.whatif is None and "cycle" in (d.stragglers.replay_error or "")
+    assert any(n.startswith("stragglers: no replay (replay model:") for n in d.notes), d.notes
+    assert d.to_dict()["stragglers"]["whatif"] is None

@@ -116,6 +116,7 @@ class StragglerReport:
     per_step: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_STEP_SCHEMA))
     thresholds: StragglerThresholds = field(default_factory=StragglerThresholds)
     whatif: dict[str, Any] | None = None  # stragglers.reconcile.WhatIfReport.to_dict()
+    replay_error: str | None = None  # why the job could not be replayed (then ``whatif`` is None)
 
     def rank_row(self, r: int) -> dict[str, Any]:
         """The per-rank row of rank ``r`` (empty dict when absent)."""

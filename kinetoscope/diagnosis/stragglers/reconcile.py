@@ -37,7 +37,7 @@ from kinetoscope.diagnosis.stragglers.causes import rank_cause
 from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
-from kinetoscope.diagnosis.whatif.search import WhatIf, explain, member_groups
+from kinetoscope.diagnosis.whatif.search import MIN_GAIN, WhatIf, explain, member_groups
 from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
 from kinetoscope.protocol.structinfo import prime_structs
 
@@ -224,8 +224,12 @@ def reconcile(
 ) -> None:
     """What the replays add to the verdict (in place), in this order:
 
+    * on a pipeline job whose worst stage explains the slowdown, no straggler: stage imbalance
+      (``as_stage_imbalance``);
+    * a pipeline replica that explains the slowdown and saves more than the replay's set
+      (``_replica_saves_more``) is named as a whole (``as_slow_replica``);
     * on a pipeline job whose transfers the replay paired, the replay's explaining set replaces
-      the rules' ranks (``adopt_group_set``);
+      the rules' ranks (``adopt_group_set``); else a replica that explains the slowdown is named;
     * ``rotating`` (``stragglers.kinds``): when the replay reads the stalls as moving between
       ranks, costing ``min_intermittent_lost_fraction`` of step time or more, and the rules named
       nobody, or intermittent ranks, or ranks the replay sees late in only a few steps and not
@@ -238,10 +242,14 @@ def reconcile(
       of step time or more and at least ``COMPARABLE`` of the least costly named rank, joins
       the named ranks (two near-equal stragglers of different kinds, one masking the other at
       the collectives), with the replay's kind; with ranks of both kinds the verdict is
-      ``mixed`` (``_join``).
+      ``mixed`` (``_join``); a ``none`` verdict takes a faithful replay's ranks that recur and
+      cost enough (``as_replay_straggler``).
     """
     if as_stage_imbalance(rep, wi):
         return
+    if _replica_saves_more(wi) and wi.replica is not None:  # the rules may name it already
+        if set(rep.ranks) == set(wi.replica.ranks) or as_slow_replica(rep, wi, bd, th):
+            return
     if adopt_group_set(rep, wi, bd):
         return
     if as_slow_replica(rep, wi, bd, th):
@@ -321,6 +329,19 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
         return False
     _adopt(rep, wi, bd, named, wi.lost_fraction, wi.recovered_fraction)
     return True
+
+
+def _replica_saves_more(wi: WhatIfReport) -> bool:
+    """The replica that explains the slowdown (``whatif.stages.SlowReplica``) holds the replay's
+    explaining set and, made ideal as a whole, saves ``MIN_GAIN`` of step time more than the set:
+    the search's own bar for naming a further option. Its ranks slowed together mask each other
+    (one made ideal alone leaves the others slow), so the rank-by-rank search stops short of
+    them, as for two equal stragglers."""
+    r = wi.replica
+    if r is None or not r.explains or not set(wi.ranks()) <= set(r.ranks):
+        return False
+    saved = r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
+    return saved - wi.lost_fraction >= MIN_GAIN
 
 
 def as_slow_replica(

@@ -188,8 +188,8 @@ def analyze_stragglers(
     if step_spans is not None:
         try:
             wi = whatif_report(su.inst, step_spans, host_issued, links, su.bd)
-        except ValueError:  # the ranks' orders of collectives contradict each other: no replay
-            wi = None
+        except ValueError as exc:  # the ranks' orders of collectives contradict each other: no replay
+            wi, rep.replay_error = None, str(exc)
     rep.whatif = wi.to_dict() if wi is not None else None
     roles = {nm.rank: ("persistent" if nm in j.persistent else "intermittent") for nm in j.named}
     if not _verdict_none(rep, mx, r0, j.named, j.persistent, th, j.stalled, j.early):

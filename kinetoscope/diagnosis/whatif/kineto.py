@@ -45,17 +45,25 @@ def model_from_instances(
     compute: pl.DataFrame | None = None,
 ) -> ReplayModel | None:
     """The model over the steps both tables hold for every rank; ``None`` when fewer than two
-    ranks or no shared collective. ``instances``: rank, instance, step, arrival, end (ns);
+    ranks or no shared collective. ``instances``: rank, instance, coll, step, arrival, end (ns);
     ``steps``: rank, step, start, end (ns); ``asynchronous``: arrivals are host issue times of
     collectives the rank does not wait for (gloo), see ``model`` (asynchronous visit);
     ``links``: pipeline transfers (``whatif.p2p``: rank, instance, arrival, end, is_send), each
     a sync of its two ranks (a gloo send is asynchronous, a receive waits); ``compute``: rank,
     step, compute (ns): each rank's compute per step (``breakdown``), the yardstick of a
-    pipeline rank's work (``lane_busy``)."""
-    inst = instances.filter(pl.col("step").is_not_null()).select("rank", "instance", "step", "arrival", "end")
-    inst = inst.with_columns(pl.lit(asynchronous).alias("_async"))
+    pipeline rank's work (``lane_busy``). The replay covers the steps of ``instances`` (those
+    the verdict reads) that every rank's span holds; with ``links``, sendrecv instances are left
+    out (each transfer is its link)."""
+    inst = instances.filter(pl.col("step").is_not_null())
+    analysed = inst["step"].unique().to_list()  # the steps the verdict reads: the replay's too
+    if links is not None and links.height:  # each transfer is its link: a sendrecv instance
+        inst = inst.filter(pl.col("coll") != "sendrecv")  # matched by ordinal would pair it twice
+    inst = inst.select("rank", "instance", "step", "arrival", "end").with_columns(
+        pl.lit(asynchronous).alias("_async")
+    )
     if links is not None and links.height:
-        inst = pl.concat([inst, _link_rows(links, steps, asynchronous)], how="vertical_relaxed")
+        transfers = _link_rows(links, steps, asynchronous).filter(pl.col("step").is_in(analysed))
+        inst = pl.concat([inst, transfers], how="vertical_relaxed")
     multi = inst.group_by("instance").agg(pl.len().alias("_n")).filter(pl.col("_n") > 1)
     inst = inst.join(multi.select("instance"), on="instance")
     ranks = sorted(set(inst["rank"].to_list()) & set(steps["rank"].to_list()))

@@ -31,6 +31,7 @@ from kinetoscope.diagnosis.whatif.model import F64, I64, B, ReplayModel, typical
 from kinetoscope.diagnosis.whatif.replay import Schedule, build_schedule, incidence_work, replay
 
 _CHUNK_ELEMS = 16_000_000  # scenarios x incidences per replay call: bounds memory
+MIN_GAIN = 0.02  # the search names a further option only when it saves this share of step time
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def candidates_at(
 def explain(
     w: WhatIf,
     max_candidates: int = 8,
-    min_gain: float = 0.02,
+    min_gain: float = MIN_GAIN,
     tie: float = 0.8,
     per_round: int = 4,
     max_rounds: int = 8,
