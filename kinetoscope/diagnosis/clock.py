@@ -670,7 +670,7 @@ def align_clocks(
             continue
         par = parent.get(r)
         via[r] = par
-        if par is None or est.get(par, {}).get("measured") is None:
+        if par is None or not _placed(par, reference, est, hosts, same_host_shares_clock):
             est[r] = _measure(None)
             continue
         shared = _groups_of(colls[par]) & _groups_of(colls[r])
@@ -739,6 +739,16 @@ def _clock_row(
     }
 
 
+def _placed(
+    r: int, reference: int, est: dict[int, dict[str, Any]], hosts: dict[int, str | None], same_host: bool
+) -> bool:
+    """Whether rank ``r``'s clock is known against the reference's: measured, or (a walk's first
+    rank, ``_plan``) on the reference's host, whose clock it shares."""
+    if est.get(r, {}).get("measured") is not None:
+        return True
+    return same_host and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
+
+
 def _base_and_known(
     r: int,
     par: int,
@@ -750,14 +760,10 @@ def _base_and_known(
     """For rank ``r`` measured against its parent ``par``: the parent's offset to the reference
     (0 on the reference's host, whose clock it shares), and the offset ``r`` is known to have
     when it shares a host's clock (that of the reference, else its parent's), else None."""
-    base = 0.0 if par == reference else float(est[par]["measured"])
-    if (
-        same_host_shares_clock
-        and hosts.get(par) is not None
-        and par != reference
-        and (hosts.get(par) == hosts.get(reference))
-    ):
-        base = 0.0
+    on_ref_clock = (
+        same_host_shares_clock and hosts.get(par) is not None and hosts.get(par) == hosts.get(reference)
+    )
+    base = 0.0 if par == reference or on_ref_clock else float(est[par]["measured"])
     known = (
         int(round(-base))
         if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)

@@ -29,6 +29,8 @@ Terms:
 ``clock residual``
     how far collective ends still disagree after clock alignment (``clock.residual_us``);
     anomalous above ``CLOCK_RESIDUAL_SHARE`` of the median step.
+``clock unaligned``
+    ranks on another host than the reference rank's whose clock no collective placed.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class Evidence(msgspec.Struct, kw_only=True):
     start_spread_ms: float | None = None
     end_spread_ms: float | None = None
     clock_residual_us: float | None = None
+    unaligned_ranks: list[
+        int
+    ] = []  # on another host than the reference, clock not placed (``clock unaligned``)
     timestamp_anomalies: int = 0
     excluded_steps: list[int] = []
     anomalies: list[Anomaly] = []
@@ -126,7 +131,7 @@ class Evidence(msgspec.Struct, kw_only=True):
 
 
 # Anomalies that can bias a verdict resting on the data (the others are named, not held against it).
-BIASING = {"device_before_launch", "negative_duration", "salvaged", "clock_residual"}
+BIASING = {"device_before_launch", "negative_duration", "salvaged", "clock_residual", "clock_unaligned"}
 
 
 def _ms(ns: float) -> float:
@@ -194,7 +199,7 @@ def gather_evidence(job: Job, steps: pl.DataFrame, clock: ClockAlignment, instan
     ranks = [
         _rank_evidence(r, job, by_rank.get(r, empty), int(clock.offsets.get(r, 0)), t0) for r in job.ranks
     ]
-    ev = Evidence(ranks=ranks, clock_residual_us=clock.residual_us())
+    ev = Evidence(ranks=ranks, clock_residual_us=clock.residual_us(), unaligned_ranks=_unaligned(clock))
     asked = {r.asked_steps for r in ranks if r.asked_steps is not None}
     ev.steps_asked = max(asked) if asked else None
     ev.steps_in_common = _common(steps, len(job.traces))
@@ -204,6 +209,22 @@ def gather_evidence(job: Job, steps: pl.DataFrame, clock: ClockAlignment, instan
     _name_anomalies(ev, job, steps)
     _judge(ev, job)
     return ev
+
+
+def _unaligned(clock: ClockAlignment) -> list[int]:
+    """Ranks on a host other than the reference rank's whose clock no collective placed
+    (``clock.align_clocks``: method ``unaligned``; their host shares no process group with the
+    reference's)."""
+    t = clock.table
+    if t.is_empty() or clock.reference is None:
+        return []
+    ref_host = t.filter(pl.col("rank") == clock.reference)["host"].to_list()
+    if not ref_host or ref_host[0] is None:
+        return []
+    off = t.filter(
+        (pl.col("method") == "unaligned") & pl.col("host").is_not_null() & (pl.col("host") != ref_host[0])
+    )
+    return sorted(int(r) for r in off["rank"].to_list())
 
 
 def _common(steps: pl.DataFrame, n_ranks: int) -> int:
@@ -330,6 +351,16 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                 ranks=[],
                 count=1,
                 message=f"clock residual {res / 1000.0:.1f} ms after alignment, {100 * res / 1000.0 / step:.0f}% of the median step",
+            )
+        )
+    if ev.unaligned_ranks:
+        out.append(
+            Anomaly(
+                kind="clock_unaligned",
+                ranks=list(ev.unaligned_ranks),
+                count=len(ev.unaligned_ranks),
+                message=f"{_ranks_text(ev.unaligned_ranks)}: clock not aligned (no process group joins their "
+                "host to the reference rank's): their timings against other hosts' are not comparable",
             )
         )
     if ev.windows_aligned is False:

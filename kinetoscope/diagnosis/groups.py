@@ -119,6 +119,7 @@ def assign_groups(
         return colls, info
     recorded = _recorded(colls, everyone)
     lanes = _infer_lanes(colls, recorded, hosts or {}, info)
+    pairs_only = len(ranks) > 2 and any(lanes.values())  # groups inferred: a send/recv is no job-wide
     out: dict[int, pl.DataFrame] = {}
     for r in ranks:
         c = colls[r]
@@ -138,11 +139,13 @@ def assign_groups(
         c = c.with_columns(
             group=pl.when(pl.col("group") == everyone).then(pl.lit(JOB_WIDE)).otherwise(pl.col("group"))
         ).with_columns(
-            # a send/recv pairs two ranks of its group, not the group: no group instance
+            # a send/recv pairs two ranks of its group, not the group: no group instance; nor a
+            # job-wide one where the job's groups are known (it would pair transfers by order)
             group=pl.when(
                 (pl.col("coll") == "sendrecv")
-                & (pl.col("group") != JOB_WIDE)
-                & pl.col("group").str.count_matches(",").gt(1)
+                & pl.when(pl.col("group") == JOB_WIDE)
+                .then(pl.lit(pairs_only))
+                .otherwise(pl.col("group").str.count_matches(",").gt(1))
             )
             .then(None)
             .otherwise(pl.col("group"))

@@ -200,6 +200,7 @@ class Evidence(Part):
     start_spread_ms: float | None = None
     end_spread_ms: float | None = None
     clock_residual_us: float | None = None
+    unaligned_ranks: list[int] = msgspec.field(default_factory=list)
     timestamp_anomalies: int | None = None
     excluded_steps: list[int] = msgspec.field(default_factory=list)
     anomalies: list[Anomaly] = msgspec.field(default_factory=list)

@@ -275,13 +275,13 @@ def _two_hosts(dst: Path, second: set[int], skew_us: float) -> Path:
     return _relabel(dst, {r: 1 if r in second else 0 for r in range(8)}, [0.0, skew_us])
 
 
-def _relabel(dst: Path, host_of: dict[int, int], skew_us: list[float]) -> Path:
-    """The real gloo mesh job relabelled onto hosts: rank ``r``'s file gets host ``vm`` (host
-    0, as traced) or ``vm<h>`` (``h = host_of[r]``), and its clock reads ``skew_us[h]`` ahead."""
+def _relabel(dst: Path, host_of: dict[int, int], skew_us: list[float], src: Path = REAL) -> Path:
+    """The real gloo mesh job (``src``) relabelled onto hosts: rank ``r``'s file gets host ``vm``
+    (host 0, as traced) or ``vm<h>`` (``h = host_of[r]``), and its clock reads ``skew_us[h]`` ahead."""
     import gzip
     import json
 
-    for f in sorted(REAL.glob("rank-*.json.gz")):
+    for f in sorted(src.glob("rank-*.json.gz")):
         doc = json.loads(gzip.decompress(f.read_bytes()))
         h = host_of[int(f.name.split("-")[1].split("_")[0])]
         if h:
@@ -335,6 +335,24 @@ def test_real_gloo_mesh_job_on_many_hosts_infers_the_single_host_groups(
     found = sorted(g for g in d.clock.pairs["group"].unique().to_list() if g)
     assert found == want
     assert d.stragglers.ranks == [5], (d.stragglers.kind, d.stragglers.ranks)
+
+
+@pytest.mark.parametrize("job", ["mesh_dp_pp_slow_replica", "mesh_dp_pp_slow_replica_loaded"])
+def test_real_gloo_pipeline_job_on_two_hosts_is_aligned_through_its_groups(tmp_path: Path, job: str) -> None:
+    """A real DP 2 x PP 4 gloo job whose replicas run on two hosts, the second's clock 250 ms
+    ahead: only the data-parallel pairs cross the hosts. Its send/recv are matched by no group
+    (gloo names none; matched job-wide by their order, they had pulled the offset to -169 and
+    -328 ms), and a rank on the reference's host that is the first of its own groups is on the
+    reference's clock, so its peers on the other host are measured through it (they were left
+    unaligned). Every rank of the second host: -250 ms within 1 ms; the verdict names the
+    slowed replica."""
+    src = REAL.parent / job
+    d = diagnose(_relabel(tmp_path, {r: int(r >= 4) for r in range(8)}, [0.0, 250_000.0], src=src))
+    assert sorted(g for g in d.clock.pairs["group"].unique().to_list() if g) == ["0,4", "1,5", "2,6", "3,7"]
+    off_ms = {r: o / 1e6 for r, o in d.clock.offsets.items()}
+    assert all(abs(off_ms[r]) < 1e-9 for r in range(4)), off_ms
+    assert all(abs(off_ms[r] + 250.0) < 1.0 for r in range(4, 8)), off_ms
+    assert sorted(d.stragglers.ranks) == [4, 5, 6, 7], (d.stragglers.kind, d.stragglers.ranks)
 
 
 def test_collectives_without_a_lane_are_read_not_raised() -> None:
