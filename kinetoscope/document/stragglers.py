@@ -38,7 +38,9 @@ class ExplainingRank(Part):
 class WhatIf(Part):
     """``stragglers.whatif``: the replay of the job (docs/diagnosis.md §8). ``slowdown`` is the
     observed step time over the ideal one; ``per_rank``/``per_optype`` the slowdown each rank /
-    op type alone explains; ``m_w``/``m_s`` the waiting and skew margins; ``explaining_set`` the
+    op type alone explains; ``m_w``/``m_s`` the share of the slowdown recovered by fixing the
+    worst 3 % of ranks (worker issues) / by balancing the last pipeline stage (stage
+    imbalance; null without stages), the OSDI '25 M_W and M_S; ``explaining_set`` the
     ranks that, fixed, recover ``recovered_fraction`` of the lost time. ``process_groups``: the
     replay joined process groups or pipeline transfers (not only job-wide collectives);
     ``transfers``: the pipeline send/recv pairs it joined with their peers (0: none)."""
