@@ -104,9 +104,7 @@ class Evidence(msgspec.Struct, kw_only=True):
     start_spread_ms: float | None = None
     end_spread_ms: float | None = None
     clock_residual_us: float | None = None
-    unaligned_ranks: list[
-        int
-    ] = []  # on another host than the reference, clock not placed (``clock unaligned``)
+    unaligned_ranks: list[int] = []  # ``clock unaligned`` (module docstring)
     timestamp_anomalies: int = 0
     excluded_steps: list[int] = []
     anomalies: list[Anomaly] = []

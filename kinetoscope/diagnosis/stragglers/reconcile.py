@@ -247,9 +247,9 @@ def reconcile(
     """
     if as_stage_imbalance(rep, wi):
         return
-    if _replica_saves_more(wi) and wi.replica is not None:  # the rules may name it already
+    if wi.replica is not None and _replica_saves_more(wi):
         if set(rep.ranks) == set(wi.replica.ranks) or as_slow_replica(rep, wi, bd, th):
-            return
+            return  # the replica, named by the rules already or now
     if adopt_group_set(rep, wi, bd):
         return
     if as_slow_replica(rep, wi, bd, th):
