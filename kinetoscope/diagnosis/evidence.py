@@ -321,11 +321,10 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
             )
     if job.missing_ranks:
         out.append(
-            Anomaly(
-                kind="missing_rank",
-                ranks=list(job.missing_ranks),
-                count=len(job.missing_ranks),
-                message=f"no trace of {_ranks_text(job.missing_ranks)}: the verdict covers the ranks traced",
+            _of_ranks(
+                "missing_rank",
+                job.missing_ranks,
+                f"no trace of {_ranks_text(job.missing_ranks)}: the verdict covers the ranks traced",
             )
         )
     short = [r for r in ev.ranks if ev.steps_asked and r.steps < ev.steps_asked and not r.empty]
@@ -353,12 +352,11 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
         )
     if ev.unaligned_ranks:
         out.append(
-            Anomaly(
-                kind="clock_unaligned",
-                ranks=list(ev.unaligned_ranks),
-                count=len(ev.unaligned_ranks),
-                message=f"{_ranks_text(ev.unaligned_ranks)}: clock not aligned (no process group joins their "
-                "host to the reference rank's): their timings against other hosts' are not comparable",
+            _of_ranks(
+                "clock_unaligned",
+                ev.unaligned_ranks,
+                f"{_ranks_text(ev.unaligned_ranks)}: clock not aligned (no process group joins their host to "
+                "the reference rank's): their timings against other hosts' are not comparable",
             )
         )
     if ev.windows_aligned is False:
@@ -371,6 +369,11 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                 left_out="" if not ev.windows_overlap else "the steps not held by every rank",
             )
         )
+
+
+def _of_ranks(kind: str, ranks: list[int], message: str) -> Anomaly:
+    """An anomaly of some ranks, counted by them."""
+    return Anomaly(kind=kind, ranks=list(ranks), count=len(ranks), message=message)
 
 
 def _judge(ev: Evidence, job: Job) -> None:
