@@ -22,6 +22,7 @@ from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
 from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
+from kinetoscope.diagnosis.clock_links import transfer_offsets
 from kinetoscope.diagnosis.evidence import (
     admissible,
     exclude_anomalous,
@@ -121,6 +122,9 @@ def diagnose(
     colls, groups = assign_groups({r: f.collectives_of(r) for r, f in job.figures.items()}, job.hosts())
     notes += groups.notes
     clock = align_clocks(colls, job.hosts())
+    peers = {r: f.p2p for r, f in job.figures.items()}
+    if placed := transfer_offsets(p2p_links(peers, clock.offsets), clock, job.hosts()):
+        clock = align_clocks(colls, job.hosts(), host_offsets=placed)  # hosts only transfers join
     steps = step_table(job, clock)
     instances = instance_table(colls, clock, steps)
     bd = rank_breakdown(job, steps, instances, clock)
@@ -151,7 +155,7 @@ def diagnose(
         s_bd = s_bd.filter(~pl.col("step").is_in(bad))
     # what marks the collectives (collectives.py); host issue times lose a step's largest wait
     signals = {sig for c in colls.values() if c.height for sig in c["signal"].unique().to_list()}
-    links = p2p_links({r: f.p2p for r, f in job.figures.items()}, clock.offsets)
+    links = p2p_links(peers, clock.offsets)
     strag = analyze_stragglers(
         s_inst,
         s_bd,

@@ -54,6 +54,7 @@ Offset (``align_clocks``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -638,6 +639,7 @@ def align_clocks(
     *,
     reference: int | None = None,
     same_host_shares_clock: bool = True,
+    host_offsets: Mapping[str, float] | None = None,
 ) -> ClockAlignment:
     """Offsets putting every rank on the reference rank's clock (see module docstring).
 
@@ -645,7 +647,10 @@ def align_clocks(
     ``group`` of ``groups.assign_groups`` when known). Each rank is paired with its parent of
     ``_plan`` on the groups they share (a job-wide group: the reference, as without groups), and
     its offset is the parent's plus the measured one; the pairs that define the instances are
-    then each group's members against the group's reference."""
+    then each group's members against the group's reference. ``host_offsets``: the offsets (ns)
+    of hosts no collective placed, found otherwise (``clock_links``: pipeline transfers); their
+    ranks are placed there (method ``transfers``) and their groups' members measured through
+    them."""
     hosts = hosts or {}
     ranks = sorted(colls)
     if not ranks:
@@ -655,6 +660,7 @@ def align_clocks(
     ref = colls[reference]
     width = _window(ref) if ref.height else _MAX_W
     res = ClockAlignment(reference=reference, window_ns=width)
+    known_clocks = _Clocks(reference, hosts, same_host_shares_clock, dict(host_offsets or {}))
     est: dict[int, dict[str, Any]] = {}
     pair_rows: list[tuple[int, str, str, int, int]] = []
     methods = set()
@@ -670,11 +676,13 @@ def align_clocks(
             continue
         par = parent.get(r)
         via[r] = par
-        if par is None or not _placed(par, reference, est, hosts, same_host_shares_clock):
+        if par is None or (
+            est.get(par, {}).get("measured") is None and known_clocks.host_offset(par) is None
+        ):
             est[r] = _measure(None)
             continue
         shared = _groups_of(colls[par]) & _groups_of(colls[r])
-        base, known = _base_and_known(r, par, reference, est, hosts, same_host_shares_clock)
+        base, known = known_clocks.base_and_known(r, par, est)
         p, method = match_instances(_in(colls[par], shared), _in(colls[r], shared), width, known_offset=known)
         if method != "none":
             methods.add(method)
@@ -684,7 +692,6 @@ def align_clocks(
         covered |= {(r, g) for g in mine}
     res.match_method = "seq" if methods == {"seq"} else ("end_time" if methods else "none")
 
-    ref_host = hosts.get(reference)
     bias = _reference_end_bias(ranks, reference, hosts, est) if same_host_shares_clock else 0.0
     if abs(bias) >= _BIAS_NOTE_NS:
         res.notes.append(
@@ -701,7 +708,7 @@ def align_clocks(
     for r in ranks:
         e = est[r]
         h = hosts.get(r)
-        applied, method = _applied(r, reference, h, ref_host, e, by_host, bias, same_host_shares_clock)
+        applied, method = known_clocks.applied(r, e, by_host, bias)
         if method == "unaligned":
             unaligned.add(r)
             res.notes.append(
@@ -739,64 +746,54 @@ def _clock_row(
     }
 
 
-def _placed(
-    r: int, reference: int, est: dict[int, dict[str, Any]], hosts: dict[int, str | None], same_host: bool
-) -> bool:
-    """Whether rank ``r``'s clock is known against the reference's: measured, or (a walk's first
-    rank, ``_plan``) on the reference's host, whose clock it shares."""
-    if est.get(r, {}).get("measured") is not None:
-        return True
-    return same_host and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
+@dataclass(frozen=True)
+class _Clocks:
+    """What is known of the ranks' clocks before any pairing: the reference's host shares its
+    clock (with ``same_host``), and ``host_offsets`` places whole hosts (``align_clocks``)."""
 
+    reference: int
+    hosts: dict[int, str | None]
+    same_host: bool
+    host_offsets: dict[str, float]
 
-def _base_and_known(
-    r: int,
-    par: int,
-    reference: int,
-    est: dict[int, dict[str, Any]],
-    hosts: dict[int, str | None],
-    same_host_shares_clock: bool,
-) -> tuple[float, int | None]:
-    """For rank ``r`` measured against its parent ``par``: the parent's offset to the reference
-    (0 on the reference's host, whose clock it shares), and the offset ``r`` is known to have
-    when it shares a host's clock (that of the reference, else its parent's), else None."""
-    on_ref_clock = (
-        same_host_shares_clock and hosts.get(par) is not None and hosts.get(par) == hosts.get(reference)
-    )
-    base = 0.0 if par == reference or on_ref_clock else float(est[par]["measured"])
-    known = (
-        int(round(-base))
-        if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(reference)
-        else (
-            0
-            if same_host_shares_clock and hosts.get(r) is not None and hosts.get(r) == hosts.get(par)
-            else None
-        )
-    )
-    return base, known
+    def host_offset(self, r: int) -> float | None:
+        """Rank ``r``'s offset known from its host: 0 on the reference's host, a placed host's
+        offset, else None."""
+        h = self.hosts.get(r)
+        if r == self.reference or (self.same_host and h is not None and h == self.hosts.get(self.reference)):
+            return 0.0
+        return self.host_offsets.get(h) if h is not None else None
 
+    def base_and_known(self, r: int, par: int, est: dict[int, dict[str, Any]]) -> tuple[float, int | None]:
+        """For rank ``r`` measured against its parent ``par``: the parent's offset to the
+        reference (known from its host, else measured), and the offset ``r`` is known to have
+        against the parent (from its host, or sharing the parent's host clock), else None."""
+        par_off = self.host_offset(par)
+        base = par_off if par_off is not None else float(est[par]["measured"])
+        own = self.host_offset(r)
+        if own is not None:
+            return base, int(round(own - base))
+        h = self.hosts.get(r)
+        same = self.same_host and h is not None and h == self.hosts.get(par)
+        return base, (0 if same else None)
 
-def _applied(
-    r: int,
-    reference: int,
-    h: str | None,
-    ref_host: str | None,
-    e: dict[str, Any],
-    by_host: dict[str, list[float]],
-    bias: float,
-    same_host_shares_clock: bool,
-) -> tuple[float, str]:
-    """(offset applied to rank ``r`` in ns, how it was chosen: ``reference``, ``same_host``,
-    ``host_median``, ``collectives`` or ``unaligned``); ``e`` is its estimate."""
-    if r == reference:
-        return 0.0, "reference"
-    if same_host_shares_clock and h is not None and h == ref_host:
-        return 0.0, "same_host"
-    if same_host_shares_clock and h is not None and len(by_host.get(h, [])) > 1:
-        return float(np.median(by_host[h])) - bias, "host_median"
-    if e["measured"] is not None:
-        return float(e["measured"]) - (bias if h is not None else 0.0), "collectives"
-    return 0.0, "unaligned"
+    def applied(
+        self, r: int, e: dict[str, Any], by_host: dict[str, list[float]], bias: float
+    ) -> tuple[float, str]:
+        """(offset applied to rank ``r`` in ns, how it was chosen: ``reference``, ``same_host``,
+        ``transfers``, ``host_median``, ``collectives`` or ``unaligned``); ``e`` is its estimate."""
+        h = self.hosts.get(r)
+        if r == self.reference:
+            return 0.0, "reference"
+        if self.same_host and h is not None and h == self.hosts.get(self.reference):
+            return 0.0, "same_host"
+        if h is not None and h in self.host_offsets:
+            return float(self.host_offsets[h]), "transfers"
+        if self.same_host and h is not None and len(by_host.get(h, [])) > 1:
+            return float(np.median(by_host[h])) - bias, "host_median"
+        if e["measured"] is not None:
+            return float(e["measured"]) - (bias if h is not None else 0.0), "collectives"
+        return 0.0, "unaligned"
 
 
 def _group_pairs(

@@ -355,6 +355,23 @@ def test_real_gloo_pipeline_job_on_two_hosts_is_aligned_through_its_groups(tmp_p
     assert sorted(d.stragglers.ranks) == [4, 5, 6, 7], (d.stragglers.kind, d.stragglers.ranks)
 
 
+def test_real_gloo_pipeline_job_whose_hosts_only_transfers_join_is_aligned_by_them(tmp_path: Path) -> None:
+    """The loaded slowed-replica job with each host holding two whole stages of both replicas
+    (ranks 2, 3, 6, 7 on the second host, its clock 250 ms ahead): no process group crosses the
+    hosts, only the pipeline's sends and receives. Their causal bounds (a receive ends after its
+    send was issued) place the second host at -250 ms within 1 ms (method ``transfers``); the
+    evidence names no unaligned rank, and the verdict is the one-host verdict: ranks 4-7. Before,
+    the second host was left unaligned (offset 0) and the verdict named rank 6 alone."""
+    src = REAL.parent / "mesh_dp_pp_slow_replica_loaded"
+    d = diagnose(_relabel(tmp_path, {r: int(r % 4 >= 2) for r in range(8)}, [0.0, 250_000.0], src=src))
+    table = dict(zip(d.clock.table["rank"].to_list(), d.clock.table["method"].to_list(), strict=True))
+    assert {table[r] for r in (2, 3, 6, 7)} == {"transfers"}, table
+    off_ms = {r: o / 1e6 for r, o in d.clock.offsets.items()}
+    assert all(abs(off_ms[r] + 250.0) < 1.0 for r in (2, 3, 6, 7)), off_ms
+    assert d.to_dict()["evidence"]["unaligned_ranks"] == []
+    assert sorted(d.stragglers.ranks) == [4, 5, 6, 7], (d.stragglers.kind, d.stragglers.ranks)
+
+
 def test_collectives_without_a_lane_are_read_not_raised() -> None:
     """A real HTA trace whose collectives carry no stream or thread lane: group inference skips
     the missing lane instead of failing the whole diagnosis (it raised ``AttributeError``)."""
