@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # the ready line's fields are the subject here, not its wrapping (test_80_columns_live.py):
+    # with $COLUMNS set (pytest-xdist sets 80) metrics_port= would wrap onto a second line
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="1000")
     env.pop("KINETO_IPC_SOCKET_DIR", None)
     env.pop("KSCOPE_TOKEN", None)
     return subprocess.Popen(
