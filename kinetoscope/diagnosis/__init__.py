@@ -123,8 +123,10 @@ def diagnose(
     notes += groups.notes
     clock = align_clocks(colls, job.hosts())
     peers = {r: f.p2p for r, f in job.figures.items()}
-    if placed := transfer_offsets(p2p_links(peers, clock.offsets), clock, job.hosts()):
-        clock = align_clocks(colls, job.hosts(), host_offsets=placed)  # hosts only transfers join
+    links = p2p_links(peers, clock.offsets)
+    if placed := transfer_offsets(links, clock, job.hosts()):  # hosts only transfers join
+        clock = align_clocks(colls, job.hosts(), host_offsets=placed)
+        links = p2p_links(peers, clock.offsets)
     steps = step_table(job, clock)
     instances = instance_table(colls, clock, steps)
     bd = rank_breakdown(job, steps, instances, clock)
@@ -155,7 +157,6 @@ def diagnose(
         s_bd = s_bd.filter(~pl.col("step").is_in(bad))
     # what marks the collectives (collectives.py); host issue times lose a step's largest wait
     signals = {sig for c in colls.values() if c.height for sig in c["signal"].unique().to_list()}
-    links = p2p_links(peers, clock.offsets)
     strag = analyze_stragglers(
         s_inst,
         s_bd,

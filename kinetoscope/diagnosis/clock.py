@@ -99,6 +99,10 @@ class ClockAlignment:
     window_ns: int = 0
     notes: list[str] = field(default_factory=list)
 
+    def unaligned_ranks(self) -> list[int]:
+        """Ranks whose clock nothing placed (method ``unaligned``: left as is)."""
+        return sorted(int(r) for r in self.table.filter(pl.col("method") == "unaligned")["rank"].to_list())
+
     def residual_us(self) -> float | None:
         """Median over non-reference ranks of their residual (µs)."""
         t = self.table.filter(pl.col("method") != "reference")

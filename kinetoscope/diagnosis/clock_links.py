@@ -36,15 +36,14 @@ def transfer_offsets(
     """Offsets (ns, onto the reference's clock) of the hosts whose ranks ``clock`` left
     unaligned, from pipeline transfers (``whatif.p2p.p2p_links``: rank, instance, arrival, end,
     is_send, on ``clock.offsets``); empty when none can be placed (module docstring)."""
-    t = clock.table
-    if links.is_empty() or t.is_empty():
+    if links.is_empty() or clock.table.is_empty():
         return {}
     off = {int(r): float(o) for r, o in clock.offsets.items()}
-    methods = dict(zip(t["rank"].to_list(), t["method"].to_list(), strict=True))
-    pending = {h for r, m in methods.items() if m == "unaligned" and (h := hosts.get(r)) is not None}
+    unaligned = set(clock.unaligned_ranks())
+    pending = {h for r in unaligned if (h := hosts.get(r)) is not None}
     if not pending:
         return {}
-    placed = {r: off[r] for r, m in methods.items() if m != "unaligned" and r in off}
+    placed = {r: o for r, o in off.items() if r not in unaligned}
     pairs = _pairs(links, off)
     found: dict[str, float] = {}
     while pending:

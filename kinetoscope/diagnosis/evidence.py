@@ -216,13 +216,11 @@ def _unaligned(clock: ClockAlignment) -> list[int]:
     t = clock.table
     if t.is_empty() or clock.reference is None:
         return []
-    ref_host = t.filter(pl.col("rank") == clock.reference)["host"].to_list()
-    if not ref_host or ref_host[0] is None:
+    host = dict(zip(t["rank"].to_list(), t["host"].to_list(), strict=True))
+    ref_host = host.get(clock.reference)
+    if ref_host is None:
         return []
-    off = t.filter(
-        (pl.col("method") == "unaligned") & pl.col("host").is_not_null() & (pl.col("host") != ref_host[0])
-    )
-    return sorted(int(r) for r in off["rank"].to_list())
+    return [r for r in clock.unaligned_ranks() if host.get(r) not in (None, ref_host)]
 
 
 def _common(steps: pl.DataFrame, n_ranks: int) -> int:

@@ -340,8 +340,12 @@ def _replica_saves_more(wi: WhatIfReport) -> bool:
     r = wi.replica
     if r is None or not r.explains or not set(wi.ranks()) <= set(r.ranks):
         return False
-    saved = r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
-    return saved - wi.lost_fraction >= MIN_GAIN
+    return _replica_saving(wi, r) - wi.lost_fraction >= MIN_GAIN
+
+
+def _replica_saving(wi: WhatIfReport, r: SlowReplica) -> float:
+    """The share of the observed step time making replica ``r`` ideal saves."""
+    return r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
 
 
 def as_slow_replica(
@@ -354,7 +358,7 @@ def as_slow_replica(
     r = wi.replica
     if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
         return False
-    lost = r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
+    lost = _replica_saving(wi, r)
     if lost < th.min_lost_fraction:
         return False
     kind = rank_kind(len(r.late_steps), wi.steps)

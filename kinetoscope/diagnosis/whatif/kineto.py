@@ -56,12 +56,13 @@ def model_from_instances(
     out (each transfer is its link)."""
     inst = instances.filter(pl.col("step").is_not_null())
     analysed = inst["step"].unique().to_list()  # the steps the verdict reads: the replay's too
-    if links is not None and links.height:  # each transfer is its link: a sendrecv instance
-        inst = inst.filter(pl.col("coll") != "sendrecv")  # matched by ordinal would pair it twice
+    paired = links is not None and links.height > 0
+    if paired:  # each transfer is its link: a sendrecv instance matched by ordinal would pair it twice
+        inst = inst.filter(pl.col("coll") != "sendrecv")
     inst = inst.select("rank", "instance", "step", "arrival", "end").with_columns(
         pl.lit(asynchronous).alias("_async")
     )
-    if links is not None and links.height:
+    if links is not None and paired:
         transfers = _link_rows(links, steps, asynchronous).filter(pl.col("step").is_in(analysed))
         inst = pl.concat([inst, transfers], how="vertical_relaxed")
     multi = inst.group_by("instance").agg(pl.len().alias("_n")).filter(pl.col("_n") > 1)
