@@ -237,8 +237,8 @@ def step_wait_files(ctx: DemoContext) -> None:
 
 def step_stop_job(ctx: DemoContext) -> None:
     assert ctx.job is not None
+    ctx.job.stop_once_logged()
     steps = max((d["step"] for d in ctx.job.progress().values()), default=0)
-    ctx.job.stop()
     ctx.say(f"stopped after {steps} steps (a real job would keep training: tracing needed no restart)")
 
 

@@ -435,6 +435,17 @@ class TrainingJob:
     def stop(self, grace: float = 5.0) -> int | None:
         return self.process.stop(grace) if self.process is not None else None
 
+    def stop_once_logged(self, steps: int = 2, timeout: float = 30.0, grace: float = 5.0) -> int | None:
+        """Stop the job once every rank has logged ``steps`` more steps than the furthest rank
+        now has. A rank logs a step after its ``--step-sleep-ms``, so a trace that has just been
+        written can end in a step the log does not hold yet: stopping at once loses that line, and
+        the step log (the ground truth the demo and the tests read) no longer covers the trace.
+        A job that has already exited, or does not get there in ``timeout``, is stopped anyway."""
+        furthest = max((d["step"] for d in self.progress().values()), default=0)
+        with contextlib.suppress(ProcessFailed):
+            self.wait_for_steps(furthest + steps, timeout=timeout)
+        return self.stop(grace)
+
     def __enter__(self) -> TrainingJob:
         return self.start()
 

@@ -58,7 +58,7 @@ def test_ranks_of_a_job_trace_the_same_steps_by_default(tmp_path):
             assert at_trigger < roundup // 2  # so every rank picks it up before step R (see docstring)
             res = wait_for_trace(res, timeout=240)
             assert res.ok, [e.message for e in res.errors] + [job.tail()]
-            job.stop()
+            job.stop_once_logged()
     trace_dir = Path(res.output_dir or "")
     files = {f.rank: str(trace_dir / f.file) for f in read_manifest(trace_dir).files}
     assert sorted(files) == [0, 1]

@@ -237,7 +237,7 @@ def collect_traces(
             if not res.ok:
                 raise CollectFailed("; ".join(e.message for e in res.errors) + f"\n{job.tail()}")
             timings["traced"] = time.monotonic() - t0
-            job.stop()
+            job.stop_once_logged()
     trace_dir = Path(res.output_dir or "")
     manifest = read_manifest(trace_dir)
     files = {f.rank: str(trace_dir / f.file) for f in manifest.files if f.rank is not None}
