@@ -77,12 +77,23 @@ def test_near_equal_co_straggler_joins_and_the_kind_is_mixed():
     assert rep.ranks == [2, 5] and rep.kind == "mixed"
 
 
-def test_a_minor_rank_of_the_set_does_not_join():
+def test_a_rank_of_the_set_below_the_floor_does_not_join():
+    # 4 % of step time: under min_intermittent_lost_fraction, though late in 5 steps by the rules
     rep = StragglerReport(kind="persistent", ranks=[7], intermittent_ranks=[5], skew_fraction=0.3)
     rep.per_rank = _per_rank({7: 8, 5: 5})
-    wi = _wi("persistent", [(7, 0.30, [0], "persistent"), (5, 0.05, [0], "persistent")])
+    wi = _wi("persistent", [(7, 0.30, [0], "persistent"), (5, 0.04, [0], "persistent")])
     reconcile(rep, wi, StragglerThresholds(), _bd(), {7: "persistent"})
     assert rep.ranks == [7] and rep.kind == "persistent"
+
+
+def test_a_recurring_rank_joins_however_much_more_the_named_one_costs():
+    # a sixth of the named rank's cost: a second, smaller problem, still named (the floor is
+    # absolute: 5 % of step time and 3 late steps)
+    rep = StragglerReport(kind="persistent", ranks=[7], skew_fraction=0.3)
+    rep.per_rank = _per_rank({7: 8, 5: 3})
+    wi = _wi("mixed", [(7, 0.30, list(range(8)), "persistent"), (5, 0.05, [1, 4, 6], "intermittent")])
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {7: "persistent"})
+    assert rep.ranks == [7, 5] and rep.kind == "mixed"
 
 
 def test_host_stalls_do_not_join():

@@ -44,8 +44,8 @@ from kinetoscope.protocol.structinfo import prime_structs
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
 STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
-COMPARABLE = 0.5  # a rank of the replay's set joins the named ones when it costs half as much
-MIN_RECURRING = 3  # ... and was late in this many steps at least (one or two host stalls are no straggler)
+MIN_RECURRING = 3  # a rank of the replay's set joins the named ones when late in this many steps at least
+# (one or two host stalls are no straggler)
 
 
 class NamedRank(msgspec.Struct, frozen=True):
@@ -238,12 +238,14 @@ def reconcile(
       stalled (``_as_rotating``);
     * otherwise, a rank of the replay's explaining set the rules did not name, late in
       ``MIN_RECURRING`` steps or more (by the replay, or by the rules for a rank they listed as
-      intermittent beside the named ones), costing ``min_intermittent_lost_fraction``
-      of step time or more and at least ``COMPARABLE`` of the least costly named rank, joins
-      the named ranks (two near-equal stragglers of different kinds, one masking the other at
-      the collectives), with the replay's kind; with ranks of both kinds the verdict is
-      ``mixed`` (``_join``); a ``none`` verdict takes a faithful replay's ranks that recur and
-      cost enough (``as_replay_straggler``).
+      intermittent beside the named ones) and costing ``min_intermittent_lost_fraction``
+      of step time or more, joins the named ranks (a co-straggler the rules missed: one
+      masked by a bigger one at the collectives, or one that stalls in a few steps beside a
+      steady one), with the replay's kind; with ranks of both kinds the verdict is ``mixed``
+      (``_join``); a ``none`` verdict takes a faithful replay's ranks that recur and cost
+      enough (``as_replay_straggler``). How much a rank costs *relative to* the named ones
+      plays no part: the explaining set already holds only ranks whose fixing saves
+      ``search.MIN_GAIN`` of step time, given those before them.
     """
     if as_stage_imbalance(rep, wi):
         return
@@ -477,9 +479,7 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
 
 def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> list[int]:
     """Ranks of the replay's explaining set that join the named ones (``reconcile``)."""
-    costs = {n.rank: n for n in wi.explaining_set}
-    named = [costs[r].cost for r in rep.ranks if r in costs]
-    floor = max(COMPARABLE * min(named, default=np.inf), th.min_intermittent_lost_fraction)
+    floor = th.min_intermittent_lost_fraction
     ruled = rep.per_rank_column("late_steps")  # the rules' count, for the ranks they named intermittent
 
     def recurs(n: NamedRank) -> bool:
