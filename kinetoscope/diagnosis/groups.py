@@ -36,7 +36,9 @@ told apart). In order of preference:
     their ends and the placed ranks' coincide best, then each shift corrected to the one under
     which the most lanes of the whole split are confirmed by their members), then the lanes are
     split once on the shifted ends; membership needs no common clock, only which ranks finish
-    each instance of a sequence together. Lanes left without a group their members agree on
+    each instance of a sequence together. Hosts no shift places share no group with the others:
+    they are split on their own clocks, unless a group would hold every rank of a host (one
+    group spanning the hosts, as DDP, whose clocks were not lined up: job-wide). Lanes left without a group their members agree on
     are completed by whether ranks' collectives overlap in time (``_complete_partition``,
     ``group_fill``). Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
@@ -76,6 +78,9 @@ _SHIFT_TRIES = 16
 _REFINE_NS = 4_000_000
 _REFINE_STEP_NS = 500_000
 _REFINE_ROUNDS = 3
+# Hosts that share no group are kept this far apart (ns) when split together: no end of one
+# comes near another's.
+_APART_NS = 10**13
 # A lane needs this many instances to be placed by inference.
 _MIN_LANE = 3
 # Confirmed groups of more ranks than this are not tested for overlap (cost: every pair).
@@ -308,7 +313,11 @@ def _across_hosts(
     group whose other members are on hosts not placed yet does not mislead it. Cost: per host,
     its candidates, each a comparison of lane ends with rank ends (linear in the placed ranks).
     Membership needs no common clock: only which ranks finish each instance of a sequence
-    together (a shift off by whole steps lines up the same sequences)."""
+    together (a shift off by whole steps lines up the same sequences).
+
+    Hosts that no round places share no group with the placed ones (a pipeline whose hosts
+    hold whole stages: only its transfers cross them). They are split on their own clocks,
+    kept apart from each other (``_apart``)."""
     order = list(by_host)
     placed = {r: todo[r] for r in by_host[order[0]]}
     waiting = order[1:]
@@ -322,9 +331,34 @@ def _across_hosts(
             else:
                 placed |= {q: _shifted(t, d) for q, t in new.items()}
         if len(left) == len(waiting):
-            return None
+            break
         waiting = left
-    return _memberships(_refine(placed, [by_host[h] for h in order]), one_clock=False)
+    joined = [h for h in order if h not in waiting]
+    placed = _refine(placed, [by_host[h] for h in joined])
+    if not waiting:
+        return _memberships(placed, one_clock=False)
+    return _apart(placed, [by_host[h] for h in waiting], todo)
+
+
+def _apart(
+    placed: dict[int, pl.DataFrame], hosts: list[list[int]], todo: dict[int, pl.DataFrame]
+) -> dict[int, dict[str, str]] | None:
+    """Memberships when ``hosts`` share no group with the ``placed`` ranks or with each other:
+    each is moved ``_APART_NS`` further from the others' clock, so no end of one coincides
+    with another's, and the whole is split at once. None (job-wide) when a group holds every
+    rank of one part: the ranks of a host that all finish together may be one group spanning
+    the hosts (as DDP) whose clocks placement did not line up, and splitting it by host would
+    make up groups."""
+    moved = dict(placed)
+    parts = [set(placed)]
+    for k, rs in enumerate(hosts, 1):
+        moved |= {q: _shifted(todo[q], -k * _APART_NS) for q in rs}
+        parts.append(set(rs))
+    found = _memberships(moved, one_clock=False)
+    if found is None:
+        return None
+    groups = {frozenset(int(x) for x in m.split(",")) for lanes in found.values() for m in lanes.values()}
+    return None if any(g == part for g in groups for part in parts) else found
 
 
 def _shifted(t: pl.DataFrame, d: int) -> pl.DataFrame:

@@ -355,21 +355,42 @@ def test_real_gloo_pipeline_job_on_two_hosts_is_aligned_through_its_groups(tmp_p
     assert sorted(d.stragglers.ranks) == [4, 5, 6, 7], (d.stragglers.kind, d.stragglers.ranks)
 
 
-def test_real_gloo_pipeline_job_whose_hosts_only_transfers_join_is_aligned_by_them(tmp_path: Path) -> None:
-    """The loaded slowed-replica job with each host holding two whole stages of both replicas
-    (ranks 2, 3, 6, 7 on the second host, its clock 250 ms ahead): no process group crosses the
-    hosts, only the pipeline's sends and receives. Their causal bounds (a receive ends after its
-    send was issued) place the second host at -250 ms within 1 ms (method ``transfers``); the
-    evidence names no unaligned rank, and the verdict is the one-host verdict: ranks 4-7. Before,
-    the second host was left unaligned (offset 0) and the verdict named rank 6 alone."""
-    src = REAL.parent / "mesh_dp_pp_slow_replica_loaded"
+@pytest.mark.parametrize("job", ["mesh_dp_pp_slow_replica", "mesh_dp_pp_slow_replica_loaded"])
+def test_real_gloo_pipeline_job_whose_hosts_only_transfers_join_is_aligned_by_them(
+    tmp_path: Path, job: str
+) -> None:
+    """The slowed-replica job with each host holding two whole stages of both replicas (ranks
+    2, 3, 6, 7 on the second host, its clock 250 ms ahead): no process group crosses the hosts,
+    only the pipeline's sends and receives. Each host's data-parallel pairs are inferred on its
+    own clock (the quiet job's hosts had read as one job-wide group: no clock shift lines their
+    collectives up, and its verdict was ``none``). The transfers' causal bounds (a receive ends
+    after its send was issued) place the second host at -250 ms within 1 ms (method
+    ``transfers``); the evidence names no unaligned rank, and the verdict is the one-host
+    verdict: ranks 4-7. Before, the loaded job's second host was left unaligned (offset 0) and
+    the verdict named rank 6 alone."""
+    src = REAL.parent / job
     d = diagnose(_relabel(tmp_path, {r: int(r % 4 >= 2) for r in range(8)}, [0.0, 250_000.0], src=src))
+    assert sorted(g for g in d.clock.pairs["group"].unique().to_list() if g) == ["0,4", "1,5", "2,6", "3,7"]
     table = dict(zip(d.clock.table["rank"].to_list(), d.clock.table["method"].to_list(), strict=True))
     assert {table[r] for r in (2, 3, 6, 7)} == {"transfers"}, table
     off_ms = {r: o / 1e6 for r, o in d.clock.offsets.items()}
     assert all(abs(off_ms[r] + 250.0) < 1.0 for r in (2, 3, 6, 7)), off_ms
     assert d.to_dict()["evidence"]["unaligned_ranks"] == []
     assert sorted(d.stragglers.ranks) == [4, 5, 6, 7], (d.stragglers.kind, d.stragglers.ranks)
+
+
+@pytest.mark.parametrize("job", ["pair_beside_a_dropped_stall", "steady_spiky_w8"])
+def test_ddp_job_whose_hosts_no_shift_lines_up_stays_job_wide(tmp_path: Path, job: str) -> None:
+    """A real gloo DDP job (one group, every rank) on two hosts whose clocks are 5 s apart,
+    beyond the shifts group inference tries: each host's ranks all finish together, which is
+    what one group spanning the hosts looks like too, so no per-host group is made up: the
+    collectives stay job-wide, and the verdict is the one-host verdict."""
+    src = REAL.parent / job
+    n = len(list(src.glob("rank-*.json.gz")))
+    one_host = diagnose(src).stragglers
+    d = diagnose(_relabel(tmp_path, {r: int(r >= n // 2) for r in range(n)}, [0.0, 5_000_000.0], src=src))
+    assert d.clock.pairs["group"].drop_nulls().unique().to_list() == ["*"]
+    assert (d.stragglers.kind, d.stragglers.ranks) == (one_host.kind, one_host.ranks)
 
 
 def test_collectives_without_a_lane_are_read_not_raised() -> None:
