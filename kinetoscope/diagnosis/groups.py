@@ -38,16 +38,18 @@ told apart). In order of preference:
     split once on the shifted ends; membership needs no common clock, only which ranks finish
     each instance of a sequence together. Hosts no shift places share no group with the others:
     they are split on their own clocks, unless a group would hold every rank of a host (one
-    group spanning the hosts, as DDP, whose clocks were not lined up: job-wide). Lanes left without a group their members agree on
-    are completed by whether ranks' collectives overlap in time (``_complete_partition``,
-    ``group_fill``). Used when the lanes give a consistent split
+    group spanning the hosts, as DDP, whose clocks were not lined up: job-wide). Lanes left
+    without a group their members agree on are completed by whether ranks' collectives overlap
+    in time (``_complete_partition``, ``group_fill``). Used when the lanes give a consistent split
     (each member's lane has the same members, and no group of one rank: a rank whose ends are
     apart from everyone's has a slow link, not a group of its own); otherwise every instance is
     ``"*"``, as before groups were known.
 
 Point-to-point ``sendrecv`` instances of a recorded group of more than two ranks get no group
 (null: left out of instance matching and clock alignment): a send pairs two ranks of a pipeline
-group, not the whole group. Without recorded groups they stay job-wide, as before.
+group, not the whole group. Without recorded groups they get none either where the job's groups
+were inferred (more than two ranks: matched job-wide by their order, they would pair a rank's
+transfer with its peer's other one); otherwise they stay job-wide, as before.
 
 ``ordinal`` is renumbered per (group, collective type) in arrival order, so that the k-th
 all-reduce of a tensor-parallel group is matched with the k-th of that group on its peers.

@@ -44,8 +44,9 @@ from kinetoscope.protocol.structinfo import prime_structs
 LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
 STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
-MIN_RECURRING = 3  # a rank of the replay's set joins the named ones when late in this many steps at least
-# (one or two host stalls are no straggler)
+# A rank of the replay's set joins the named ones when late in this many steps at least (one or
+# two host stalls are no straggler).
+MIN_RECURRING = 3
 
 
 class NamedRank(msgspec.Struct, frozen=True):
