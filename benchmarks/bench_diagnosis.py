@@ -42,6 +42,8 @@ without the jobs whose label it contradicts.
 
 ``--quick``: 6 GPU scenarios per type on the small bases, no CPU job unless ``--cpu-jobs``
 (a minute or two). Full (default): 40 per type on every base and 8 CPU jobs (one per type).
+``--cpu-seed N`` and ``--gpu-seed N`` draw fresh scenarios (other ranks, delays, steps; for
+GPU scenarios the same bases and world sizes); 0 is the set earlier rounds used.
 ``--rediagnose`` scores again the traces a ``--keep --workdir`` run left, with this version of
 the diagnosis (the same real CPU jobs before and after a change: real jobs differ from run to
 run). ``--update-docs LABEL`` writes the tables into the "Accuracy benchmark" section at the end of
@@ -425,6 +427,9 @@ section 5.
 """
 
 
+GPU_SEED_STRIDE = 1000  # --gpu-seed N: the GPU scenarios' seeds start at N x this
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small GPU set, no CPU job unless --cpu-jobs")
@@ -435,6 +440,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="draw of the CPU jobs' straggler ranks and world sizes (0: the set earlier rounds used)",
+    )
+    p.add_argument(
+        "--gpu-seed",
+        type=int,
+        default=0,
+        help="draw of the GPU re-timed scenarios: seeds 1000 x N on (0: the set earlier rounds used)",
     )
     p.add_argument(
         "--cpu-types",
@@ -556,13 +567,21 @@ def main(argv: list[str] | None = None) -> int:
         cpu_out = [o for o in outcomes if o.generator == "cpu"]
     else:
         gpu_out = (
-            run_all(gpu.scenarios(per_type, bases, a.types, a.worlds), run_gpu, workdir, a.keep, part)
+            run_all(
+                gpu.scenarios(per_type, bases, a.types, a.worlds, GPU_SEED_STRIDE * a.gpu_seed),
+                run_gpu,
+                workdir,
+                a.keep,
+                part,
+            )
             if per_type
             else []
         )
         gpu_out += (
             run_all(
-                gpu.new_scenarios(a.new_gpu_per_type, a.bases, a.new_gpu_types, a.worlds),
+                gpu.new_scenarios(
+                    a.new_gpu_per_type, a.bases, a.new_gpu_types, a.worlds, GPU_SEED_STRIDE * a.gpu_seed
+                ),
                 run_gpu,
                 workdir,
                 a.keep,

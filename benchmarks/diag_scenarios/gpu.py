@@ -401,17 +401,19 @@ def scenarios(
     bases: list[str] | None = None,
     types: list[str] | None = None,
     worlds: list[int] | None = None,
+    first_seed: int = 0,
 ) -> list[Scenario]:
     """``per_type`` scenarios of every type (or of ``types``), cycling over bases and their world
     sizes, or ``worlds`` for every base (scale: 16-64 ranks of one real rank's timeline);
-    ``WIDE`` types: world sizes >= 4 only."""
+    ``WIDE`` types: world sizes >= 4 only. Seeds ``first_seed`` on (0: the set earlier rounds
+    used; another draws fresh stragglers, delays and steps on the same bases and sizes)."""
     combos = [(b, w) for b in (bases or available_bases()) for w in (worlds or BASES[b][1])]
     out = []
     for k in range(per_type):  # types interleaved: a run cut short still covers every type
         for t in types or TYPES:
             mine = [(b, w) for b, w in combos if w >= 4] if t in WIDE else combos
             b, w = mine[k % len(mine)]
-            out.append(make_scenario(t, b, w, k))
+            out.append(make_scenario(t, b, w, first_seed + k))
     return out
 
 
@@ -542,10 +544,11 @@ def new_scenarios(
     bases: list[str] | None = None,
     types: list[str] | None = None,
     worlds: list[int] | None = None,
+    first_seed: int = 0,
 ) -> list[Scenario]:
     """``per_type`` scenarios of every new type (or of ``types``), cycling over the bases that
     have the steps the type needs and world sizes of 4 and 8 (or ``worlds``) with two punctual
-    ranks or more beside the stragglers."""
+    ranks or more beside the stragglers; seeds ``first_seed`` on (as ``scenarios``)."""
     out = []
     for k in range(per_type):
         for t in types or NEW_TYPES:
@@ -559,5 +562,5 @@ def new_scenarios(
             if not combos:
                 raise ValueError(f"no base with >= {MIN_STEPS} steps for {t!r} among {bases}")
             b, w = combos[k % len(combos)]
-            out.append(make_new_scenario(t, b, w, k))
+            out.append(make_new_scenario(t, b, w, first_seed + k))
     return out
