@@ -154,3 +154,20 @@ def test_a_slow_link_on_the_reference_rank_does_not_shift_the_other_host(tmp_pat
     assert any("reference rank 0's collectives end" in n for n in d.clock.notes)
     s = d.stragglers
     assert s.kind == "persistent" and s.ranks == [0], s.reason
+
+
+@needs_dlrm8
+@pytest.mark.parametrize("seed", [7001, 8001])
+def test_a_tail_late_at_every_collective_by_tens_of_us_is_a_slow_link(tmp_path: Path, seed: int) -> None:
+    """Fresh seeds of the benchmark (``--gpu-seed 7`` and ``8``): rank 0 of the DLRM job on 4
+    ranks (one step, 8 collectives) ends 11-146 µs after its peers at every collective, whose
+    own ends agree within about 1 µs. A floor of 50 µs under the late-end threshold let only
+    the two largest through (2 of 2 late ends: chance 1/16), and the verdict was ``none``. The
+    threshold is the job's own end noise (8 robust sigma), above a 5 µs floor."""
+    sc = gpu.make_scenario("slow_link", "dlrm8", 4, seed)
+    paths = [str(p) for p in gpu.build(sc, tmp_path / sc.sid)]
+    assert sc.ranks == [0] and gpu.truth_agrees(sc, truth.ground_truth(paths))
+    diag = diagnose(paths)
+    s = diag.stragglers
+    assert s.kind == "persistent" and s.ranks == [0], s.reason
+    assert s.causes[0]["explained_by"] == "slow_link"

@@ -165,3 +165,16 @@ def test_the_first_of_two_late_ranks_of_a_short_trace_at_64_ranks_is_persistent(
     s = diagnose(paths).stragglers
     assert s.steps_analysed == 2 and s.kind == "persistent", s.reason
     assert sorted(s.ranks) == sc.ranks == [33, 41] and s.intermittent_ranks == []
+
+
+@pytest.mark.skipif(not gpu.DLRM8.is_dir(), reason=f"real DLRM job traces not found at {gpu.DLRM8}")
+def test_two_near_equal_stalls_of_a_one_step_trace_are_both_named(tmp_path):
+    """A fresh seed of the benchmark (``--gpu-seed 7``): ranks 0 and 3 of the DLRM job on 4 ranks
+    (one step, 8 collectives) each stall once, by about the same (4.1 and 4.6 ms). The rules
+    name rank 0 and list rank 3 beside it; the replay ties them (24.6 % of step time each). A
+    co-straggler must recur (late in 3 steps), which a one-step trace cannot show, so rank 3
+    was left out: it must now be late in every step of a trace shorter than that."""
+    sc, paths = _build(tmp_path, "intermittent", "dlrm8", 4, 7001)
+    assert sc.ranks == [0, 3]
+    s = diagnose(paths).stragglers
+    assert s.steps_analysed == 1 and sorted(s.ranks) == [0, 3], s.reason

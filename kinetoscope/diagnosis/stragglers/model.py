@@ -36,7 +36,7 @@ class StragglerThresholds:
     tie_us: float = 0.5
     spike_factor: float = 4.0
     max_named: int = 8
-    link_floor_us: float = 50.0
+    link_floor_us: float = 5.0
     link_min_ranks: int = 3
     link_min_effect: float = 0.015
     ring_note_fraction: float = 0.15

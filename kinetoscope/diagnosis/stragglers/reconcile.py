@@ -45,7 +45,7 @@ LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the obse
 LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
 STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
 # A rank of the replay's set joins the named ones when late in this many steps at least (one or
-# two host stalls are no straggler).
+# two host stalls are no straggler), or in every step of a shorter trace.
 MIN_RECURRING = 3
 
 
@@ -238,7 +238,9 @@ def reconcile(
       ``LATE_COST``), the verdict is ``rotating`` and names every rank of the replay's set that
       stalled (``_as_rotating``);
     * otherwise, a rank of the replay's explaining set the rules did not name, late in
-      ``MIN_RECURRING`` steps or more (by the replay, or by the rules for a rank they listed as
+      ``MIN_RECURRING`` steps or more, or in every step of a trace of fewer steps (a one-step
+      trace shows no recurrence; two ranks tied in it are two stragglers of that step)
+      (by the replay, or by the rules for a rank they listed as
       intermittent beside the named ones) and costing ``min_intermittent_lost_fraction``
       of step time or more, joins the named ranks (a co-straggler the rules missed: one
       masked by a bigger one at the collectives, or one that stalls in a few steps beside a
@@ -485,7 +487,7 @@ def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
 
     def recurs(n: NamedRank) -> bool:
         by_rules = (ruled.get(str(n.rank)) or 0) if n.rank in rep.intermittent_ranks else 0
-        return max(len(n.late_steps), by_rules) >= MIN_RECURRING
+        return max(len(n.late_steps), by_rules) >= min(MIN_RECURRING, wi.steps)
 
     return [n.rank for n in wi.explaining_set if n.rank not in rep.ranks and n.cost >= floor and recurs(n)]
 
