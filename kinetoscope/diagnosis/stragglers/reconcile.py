@@ -238,10 +238,9 @@ def reconcile(
       ``LATE_COST``), the verdict is ``rotating`` and names every rank of the replay's set that
       stalled (``_as_rotating``);
     * otherwise, a rank of the replay's explaining set the rules did not name, late in
-      ``MIN_RECURRING`` steps or more, or in every step of a trace of fewer steps (a one-step
-      trace shows no recurrence; two ranks tied in it are two stragglers of that step)
-      (by the replay, or by the rules for a rank they listed as
-      intermittent beside the named ones) and costing ``min_intermittent_lost_fraction``
+      ``MIN_RECURRING`` steps or more, or in every step of a shorter trace (which shows no
+      recurrence), by the replay or by the rules for a rank they listed as
+      intermittent beside the named ones, and costing ``min_intermittent_lost_fraction``
       of step time or more, joins the named ranks (a co-straggler the rules missed: one
       masked by a bigger one at the collectives, or one that stalls in a few steps beside a
       steady one), with the replay's kind; with ranks of both kinds the verdict is ``mixed``
