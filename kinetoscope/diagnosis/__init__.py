@@ -20,7 +20,7 @@ import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
-from kinetoscope.diagnosis.breakdown import instance_table, rank_breakdown, step_table
+from kinetoscope.diagnosis.breakdown import compute_span_table, instance_table, rank_breakdown, step_table
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
 from kinetoscope.diagnosis.clock_links import transfer_offsets
 from kinetoscope.diagnosis.evidence import (
@@ -166,6 +166,7 @@ def diagnose(
         host_issued=bool(signals) and "kernel" not in signals,
         step_spans=steps,
         links=links,
+        compute_spans=compute_span_table(job, clock),
     )
     if strag.replay_error:
         notes.append(f"stragglers: no replay ({strag.replay_error}); the verdict is the arrival rules' alone")

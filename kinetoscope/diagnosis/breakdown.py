@@ -106,6 +106,21 @@ BREAKDOWN_SCHEMA: dict[str, pl.DataType] = {
 # ---- steps ---------------------------------------------------------------------------------------
 
 
+def compute_span_table(job: Job, clock: ClockAlignment) -> pl.DataFrame | None:
+    """The pipeline ranks' compute intervals (``extract.RankFigures.compute``) on the aligned
+    clock: rank, start, end (ns); ``None`` when no rank has them (no pipeline)."""
+    frames = [
+        f.compute.with_columns(
+            pl.lit(r, dtype=pl.Int64).alias("rank"),
+            pl.col("start") + clock.offsets.get(r, 0),
+            pl.col("end") + clock.offsets.get(r, 0),
+        )
+        for r, f in job.figures.items()
+        if f.compute is not None and f.compute.height
+    ]
+    return pl.concat(frames).select("rank", "start", "end") if frames else None
+
+
 def step_table(job: Job, clock: ClockAlignment) -> pl.DataFrame:
     """Steps of every rank on the aligned clock, with a job-wide ``step`` label."""
     # The job's rank, not the trace's: a single-process trace has no rank of its own (``None``),

@@ -80,6 +80,10 @@ class RankFigures:
     timestamps: TimestampAnomalies | None = None
     # ``whatif.p2p.rank_peers``: transfers with direction and peer; None for older figures
     p2p: pl.DataFrame | None = None
+    # pipeline ranks (with transfers): the union of their compute as disjoint ``start``, ``end``
+    # rows (own clock; ``compute_spans``), which splits a pipeline replay's local work into
+    # compute and host gap; None for other ranks and older figures
+    compute: pl.DataFrame | None = None
 
     def collectives_of(self, rank: int) -> pl.DataFrame:
         """The collectives labelled with the job's ``rank`` (an unranked trace gets its rank
@@ -185,10 +189,12 @@ def rank_figures(trace: Trace) -> RankFigures:
     from kinetoscope.diagnosis.whatif.p2p import rank_peers
 
     colls = extract_collectives(trace)
+    parts = _parts(trace, steps, has_device)
+    p2p = rank_peers(trace, colls)
     return RankFigures(
         collectives=colls,
         steps=steps,
-        step_figures=step_figures(trace, steps, has_device),
+        step_figures=step_figures(trace, steps, parts),
         has_device=has_device,
         step_flops=trace_step_flops(trace, steps, 0),
         attention=detect_attention(trace),
@@ -203,19 +209,38 @@ def rank_figures(trace: Trace) -> RankFigures:
         host_nelems=host_op_nelems(trace),
         launch_gaps=launch_gap_counts(trace),
         timestamps=timestamp_anomalies(trace, steps),
-        p2p=rank_peers(trace, colls),
+        p2p=p2p,
+        compute=compute_spans(parts) if p2p is not None and p2p.height else None,
     )
 
 
-def step_figures(trace: Trace, steps: pl.DataFrame, has_device: bool) -> pl.DataFrame:
-    """Per local step: compute / comm / exposed comm / busy (a sweep over the step's intervals),
-    data loading, and on GPU ranks launch gaps and kernel counts (``breakdown`` docstring)."""
+def _parts(trace: Trace, steps: pl.DataFrame, has_device: bool) -> dict[str, Any]:
+    """The rank's compute / comm / other intervals by step and its per-step extras."""
+    if steps.is_empty():
+        return {"intervals": (), "extra": ()}
+    return _device_parts(trace, steps) if has_device else _host_parts(trace, steps)
+
+
+def compute_spans(parts: dict[str, Any]) -> pl.DataFrame:
+    """The union of the rank's compute intervals (``_parts``) as disjoint ``start``, ``end`` rows
+    (ns, own clock, sorted): what ``whatif.kineto`` reads to tell compute from host gaps."""
+    from kinetoscope.analysis.intervals import merge_intervals_by
+
+    if not parts["intervals"]:
+        return pl.DataFrame(schema={"start": pl.Int64, "end": pl.Int64})
+    comp = parts["intervals"][0].filter(pl.col("end") > pl.col("ts"))
+    return merge_intervals_by(comp.select("ts", "end")).collect().cast(pl.Int64).sort("start")
+
+
+def step_figures(trace: Trace, steps: pl.DataFrame, parts: dict[str, Any]) -> pl.DataFrame:
+    """Per local step: compute / comm / exposed comm / busy (a sweep over the step's intervals,
+    ``_parts``), data loading, and on GPU ranks launch gaps and kernel counts (``breakdown``
+    docstring)."""
     from kinetoscope.diagnosis.breakdown import DATALOADER_PATTERN, _assign, _union_by
 
     if steps.is_empty():
         return pl.DataFrame(schema=STEP_FIGURES_SCHEMA)
     ev = trace.events
-    parts = _device_parts(trace, steps) if has_device else _host_parts(trace, steps)
     dl = _assign(ev.filter(pl.col("name").str.contains(DATALOADER_PATTERN)), steps)
     dl = _union_by(
         dl.filter(pl.col("step").is_not_null()).select(

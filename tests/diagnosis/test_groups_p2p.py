@@ -127,6 +127,23 @@ def test_artifact_st_job_is_a_stage_imbalance(tmp_path: Path) -> None:
     assert "stage imbalance" in d.verdict() and "pipeline stage 3 (ranks [6, 7])" in d.verdict()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not (ART / "trace-SE.parquet").is_file(), reason=f"OSDI '25 artifact not found at {ART}")
+def test_artifact_se_job_is_a_stage_imbalance_without_a_worker(tmp_path: Path) -> None:
+    """SE (DP 64 x PP 2, sequence lengths random over workers and micro-batches; published
+    M_S 0.69, M_W 0.03, the last stage): the stage what-if must take each visit's compute at its
+    type's mean (micro-batch differences removed) and leave the host gaps out, so that M_S and
+    M_W land within 0.1 of the published figures; no worker is a straggler."""
+    osdi_to_kineto.main([str(ART), "SE", str(tmp_path), "--steps", "4"])
+    d = diagnose(tmp_path)
+    wi = d.stragglers.whatif or {}
+    st = wi["stage"]
+    assert st["stage"] == 1 and st["ranks"] == list(range(64, 128)) and st["explains"]
+    assert abs(wi["m_s"] - json.loads((ART / "ms-SE.json").read_text())["Ms"]) <= 0.1
+    assert abs(wi["m_w"] - json.loads((ART / "mw-SE.json").read_text())["Mw"]) <= 0.1
+    assert d.stragglers.ranks == []
+
+
 def test_gloo_pipeline_names_exactly_the_slowed_replica() -> None:
     """A real DP 2 x PP 4 gloo job whose replica 1 (ranks 4-7) sleeps 40 ms every step
     (``tests/data/cpu_jobs/mesh_dp_pp_slow_replica``). gloo sends end at their enqueue; each is

@@ -96,16 +96,23 @@ def whatif_report(
     host_issued: bool = False,
     links: pl.DataFrame | None = None,
     bd: pl.DataFrame | None = None,
+    compute_spans: pl.DataFrame | None = None,
 ) -> WhatIfReport | None:
     """Replay the job and read the verdict; ``None`` when there is no model (one rank, no
     shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives;
     ``links``: pipeline transfers paired with their peers (``whatif.p2p``); ``bd``: the
-    per-rank, per-step table (its ``compute(us)``: a pipeline rank's work, ``whatif.kineto``)."""
+    per-rank, per-step table (its ``compute(us)``: a pipeline rank's work, ``whatif.kineto``);
+    ``compute_spans``: pipeline ranks' compute intervals (rank, start, end; aligned ns)."""
     compute = None
     if bd is not None and {"rank", "step", "compute(us)"} <= set(bd.columns):
         compute = bd.select("rank", "step", (pl.col("compute(us)") * 1000.0).alias("compute"))
     model = model_from_instances(
-        instances, step_spans, asynchronous=host_issued, links=links, compute=compute
+        instances,
+        step_spans,
+        asynchronous=host_issued,
+        links=links,
+        compute=compute,
+        compute_spans=compute_spans,
     )
     if model is None:
         return None

@@ -155,13 +155,16 @@ def analyze_stragglers(
     host_issued: bool = False,
     step_spans: pl.DataFrame | None = None,
     links: pl.DataFrame | None = None,
+    compute_spans: pl.DataFrame | None = None,
 ) -> StragglerReport:
     """The straggler verdict (module docstring). ``dropped_steps``: steps left out
     because not every rank holds them (reported); ``host_issued``: the arrivals are host issue
     times (gloo, host ops), so a step loses its largest wait, not the union of its waits;
     ``step_spans`` (rank, step, start, end on the aligned clock): when given, the job is also
     replayed (``stragglers.reconcile``): ``whatif`` in the report, and what it adds to the verdict;
-    ``links``: pipeline transfers paired with their peers, for that replay (``whatif.p2p``)."""
+    ``links``: pipeline transfers paired with their peers, for that replay (``whatif.p2p``);
+    ``compute_spans``: the pipeline ranks' compute intervals (rank, start, end on the aligned
+    clock), which tell the replay's compute from host gaps."""
     th = thresholds or StragglerThresholds()
     hosts = hosts or {}
     rep = StragglerReport(thresholds=th, dropped_steps=dropped_steps)
@@ -187,7 +190,7 @@ def analyze_stragglers(
     wi = None
     if step_spans is not None:
         try:
-            wi = whatif_report(su.inst, step_spans, host_issued, links, su.bd)
+            wi = whatif_report(su.inst, step_spans, host_issued, links, su.bd, compute_spans)
         except ValueError as exc:  # the ranks' orders of collectives contradict each other: no replay
             wi, rep.replay_error = None, str(exc)
     rep.whatif = wi.to_dict() if wi is not None else None

@@ -45,6 +45,7 @@ class Items:
     label: I64
     work: F64
     ideal: F64
+    compute: F64 | None = None  # the part of ``work`` that is compute (``ReplayModel.item_compute``)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
     inc_step = visits.step[inc_order]
     n_inc = inc_order.shape[0]
     inc_async = visits.is_async[inc_order] if visits.is_async is not None else np.zeros(n_inc, dtype=bool)
-    item_inc, label, work, ideal = _items_per_incidence(items, inv, inc_order.shape[0])
+    item_inc, label, work, ideal, compute = _items_per_incidence(items, inv, inc_order.shape[0])
     by_rank = np.empty(n_syncs, dtype=np.int64)
     by_rank[rank] = np.arange(n_syncs)
     s_label = info.sync_label[by_rank]
@@ -143,16 +144,19 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         observed_step_time=info.observed_step_time,
         lane_busy=info.lane_busy,
         lane_replica=info.lane_replica,
+        item_compute=compute,
     )
 
 
-def _items_per_incidence(items: Items, inv: I64, n_inc: int) -> tuple[I64, I64, F64, F64]:
+def _items_per_incidence(items: Items, inv: I64, n_inc: int) -> tuple[I64, I64, F64, F64, F64 | None]:
     """Items re-indexed by incidence and sorted; a zero item for incidences without work."""
     inc = inv[items.visit]
     missing = np.setdiff1d(np.arange(n_inc), inc)
     inc = np.r_[inc, missing]
+    zeros = np.zeros(missing.shape[0])
     label = np.r_[items.label, np.zeros(missing.shape[0], dtype=np.int64)]
-    work = np.r_[items.work, np.zeros(missing.shape[0])]
-    ideal = np.r_[items.ideal, np.zeros(missing.shape[0])]
+    work = np.r_[items.work, zeros]
+    ideal = np.r_[items.ideal, zeros]
+    compute = None if items.compute is None else np.r_[items.compute, zeros]
     order = np.argsort(inc, kind="stable")
-    return inc[order], label[order], work[order], ideal[order]
+    return inc[order], label[order], work[order], ideal[order], None if compute is None else compute[order]

@@ -43,6 +43,7 @@ def model_from_instances(
     asynchronous: bool = False,
     links: pl.DataFrame | None = None,
     compute: pl.DataFrame | None = None,
+    compute_spans: pl.DataFrame | None = None,
 ) -> ReplayModel | None:
     """The model over the steps both tables hold for every rank; ``None`` when fewer than two
     ranks or no shared collective. ``instances``: rank, instance, coll, step, arrival, end (ns);
@@ -51,7 +52,9 @@ def model_from_instances(
     ``links``: pipeline transfers (``whatif.p2p``: rank, instance, arrival, end, is_send), each
     a sync of its two ranks (a gloo send is asynchronous, a receive waits); ``compute``: rank,
     step, compute (ns): each rank's compute per step (``breakdown``), the yardstick of a
-    pipeline rank's work (``lane_busy``). The replay covers the steps of ``instances`` (those
+    pipeline rank's work (``lane_busy``); ``compute_spans``: rank, start, end (ns, aligned): each
+    pipeline rank's compute intervals, disjoint, which split its work into compute and host gap
+    (``ReplayModel.item_compute``). The replay covers the steps of ``instances`` (those
     the verdict reads) that every rank's span holds; with ``links``, sendrecv instances are left
     out (each transfer is its link)."""
     inst = instances.filter(pl.col("step").is_not_null())
@@ -78,7 +81,7 @@ def model_from_instances(
         return None
     per = per.filter(pl.col("step").is_in(step_ids))
     inst = inst.filter(pl.col("step").is_in(step_ids) & pl.col("rank").is_in(ranks))
-    return _assemble(inst, per, ranks, step_ids, compute)
+    return _assemble(inst, per, ranks, step_ids, compute, compute_spans)
 
 
 def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> pl.DataFrame:
@@ -103,7 +106,12 @@ def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> 
 
 
 def _assemble(
-    inst: pl.DataFrame, per: pl.DataFrame, ranks: list[int], step_ids: list[int], compute: pl.DataFrame | None
+    inst: pl.DataFrame,
+    per: pl.DataFrame,
+    ranks: list[int],
+    step_ids: list[int],
+    compute: pl.DataFrame | None,
+    compute_spans: pl.DataFrame | None = None,
 ) -> ReplayModel:
     origin = int(per.group_by("rank").agg(pl.col("start").min())["start"].min())  # type: ignore[arg-type]
     ends = per.select(
@@ -154,12 +162,17 @@ def _assemble(
     group = np.where(is_end, n_syncs + si, sync)  # the typical peer: the sync's members ...
     ideal = typical(work, group, how="lower")
     stage = np.zeros(len(ranks), dtype=np.int64)
-    busy = replica = None
+    busy = replica = in_compute = None
     if rows["instance"].str.starts_with("p2p@").any():  # ... or, in a pipeline, the peer class
         busy = lane_busy(rows, per, lane_of, step_of, compute)  # the stages' yardstick: compute
         ideal, cls = peer_ideal(rows, work, group, lane_busy(rows, per, lane_of, step_of))
         stage = pipeline_stages(rows, cls)
         replica = pipeline_replicas(rows, len(ranks))
+        if compute_spans is not None and compute_spans.height:
+            lanes = rows["lane"].to_numpy()
+            in_compute = window_compute(
+                lanes, a - np.maximum(work, 0.0), a, _lane_spans(compute_spans, lane_of, origin)
+            )
     visits = Visits(
         lane=rows["lane"].to_numpy(),
         step=si,
@@ -170,7 +183,7 @@ def _assemble(
         is_async=asy,
     )
     label = is_end.astype(np.int64)
-    items = Items(np.arange(work.shape[0]), label, work, ideal)
+    items = Items(np.arange(work.shape[0]), label, work, ideal, in_compute)
     step_end = per.group_by("step").agg(pl.col("end").max()).sort("step")["end"].to_numpy() - origin
     info = JobInfo(
         n_lanes=len(ranks),
@@ -188,6 +201,39 @@ def _assemble(
         lane_replica=replica,
     )
     return assemble(visits, items, info)
+
+
+def _lane_spans(spans: pl.DataFrame, lane_of: dict[int, int], origin: int) -> pl.DataFrame:
+    """``compute_spans`` of the model's ranks as lane, start, end on the model's clock."""
+    return spans.filter(pl.col("rank").is_in(list(lane_of))).select(
+        pl.col("rank").replace_strict(lane_of, return_dtype=pl.Int64).alias("lane"),
+        (pl.col("start") - origin).cast(pl.Float64).alias("start"),
+        (pl.col("end") - origin).cast(pl.Float64).alias("end"),
+    )
+
+
+def window_compute(lane: np.ndarray, lo: np.ndarray, hi: np.ndarray, spans: pl.DataFrame) -> np.ndarray:
+    """Per window ``[lo, hi]`` of ``lane``: the compute inside it. ``spans``: lane, start, end,
+    disjoint within a lane. One search over all lanes: each lane's times are moved to its own
+    stretch of one axis, and the compute before a time is a running sum."""
+    if not spans.height or lane.size == 0:
+        return np.zeros(lane.shape[0])
+    sp = spans.sort("lane", "start")
+    s_lane = sp["lane"].to_numpy()
+    low = min(float(sp["start"].min()), float(lo.min()))  # type: ignore[arg-type]
+    stride = max(float(sp["end"].max()), float(hi.max())) - low + 1.0  # type: ignore[arg-type]
+    start = s_lane * stride + (sp["start"].to_numpy() - low)
+    length = sp["end"].to_numpy() - sp["start"].to_numpy()
+    before = np.r_[0.0, np.cumsum(length)[:-1]]
+
+    def upto(t: np.ndarray) -> np.ndarray:
+        key = lane * stride + (t - low)
+        j = np.searchsorted(start, key, side="right") - 1
+        jj = np.maximum(j, 0)
+        inside = np.clip(key - start[jj], 0.0, length[jj])
+        return np.asarray(np.where(j >= 0, before[jj] + inside, 0.0), dtype=np.float64)
+
+    return np.asarray(np.clip(upto(hi) - upto(lo), 0.0, np.maximum(hi - lo, 0.0)), dtype=np.float64)
 
 
 def lane_busy(

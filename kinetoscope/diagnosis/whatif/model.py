@@ -72,6 +72,9 @@ class ReplayModel:
     observed_step_time: F64  # what the trace says each step took (same units as work)
     lane_replica: I64 | None = None  # pipeline jobs: the lanes' pipeline (lanes joined by transfers)
     lane_busy: F64 | None = None  # pipeline jobs: lanes x steps, each lane's compute per step; else None
+    # pipeline jobs whose compute intervals are known: the compute within each item's work (the
+    # rest is host gap: launch delays, data loading, waits no event records); else None
+    item_compute: F64 | None = None
 
     @property
     def n_syncs(self) -> int:

@@ -6,10 +6,19 @@ also *stage-balanced*, as in *Understanding Stragglers in Large Model Training U
 Analysis* (OSDI '25), whose ideal puts every operation at its type's mean over the job: every
 stage does the mean stage's work. With ``W_s`` the typical compute of a lane of stage ``s`` per
 step (median over the stage's lanes of ``ReplayModel.lane_busy``, so a slowed replica does not
-move it), each lane's ideal work in a step (its positive items) is scaled to sum to
-``mean_s(W_s)``: the mean stage's compute. As in the artifact's what-ifs, host gaps are left
-out of both sides: the observed side has each lane's work scaled to its own compute (on a lane
-that waited before issuing a collective, that wait is then replayed as a wait, at the sync). Then (definitions as in ``whatif.search``):
+move it), each lane's ideal work in a step sums to ``mean_s(W_s)``: the mean stage's compute.
+
+* Where the work is split into compute and host gap (``splits_compute``: compute intervals
+  known, every visit blocking), as in the artifact's what-ifs: host gaps are left out of both
+  sides (a wait before a visit that no event records is then replayed as a wait at the sync);
+  each visit's compute is at its visit type's mean share of the step, so what differs from one
+  micro-batch or replica to the next (sequence lengths) is gone, and each transfer at its
+  visit type's median (``_typed``).
+* Otherwise (gloo pipelines: a window between the issue times of asynchronous sends holds
+  compute of earlier work) each lane's work in a step is scaled as a whole: the ideal to the
+  mean stage's compute; for ``m_w`` the observed side to the lane's own compute too.
+
+Then (definitions as in ``whatif.search``):
 
 ``slowdown``
     ``T_obs / T_ideal`` against that ideal: stragglers and stage imbalance together.
@@ -33,7 +42,7 @@ import dataclasses
 import msgspec
 import numpy as np
 
-from kinetoscope.diagnosis.whatif.model import F64, I64, ReplayModel
+from kinetoscope.diagnosis.whatif.model import F64, I64, ReplayModel, typical
 from kinetoscope.diagnosis.whatif.search import Scenario, WhatIf, candidates
 from kinetoscope.protocol.structinfo import prime_structs
 
@@ -59,8 +68,8 @@ class StageFigures:
 
 def stage_balanced(model: ReplayModel, gap_free: bool = False) -> ReplayModel | None:
     """The model with every lane's ideal work set to the mean stage's (module docstring) and,
-    with ``gap_free``, its observed work to its own compute; ``None`` without two stages,
-    without ``lane_busy`` or when a stage does no work."""
+    with ``gap_free`` (always where ``splits_compute``), its observed work to its own compute;
+    ``None`` without two stages, without ``lane_busy`` or when a stage does no work."""
     stage = model.lane_stage
     n_stages = int(stage.max(initial=0)) + 1
     if n_stages < 2 or model.lane_busy is None:
@@ -72,6 +81,8 @@ def stage_balanced(model: ReplayModel, gap_free: bool = False) -> ReplayModel | 
     if (w_s <= 0).any():
         return None
     target = w_s.mean(axis=0)  # per step: the mean stage's compute
+    if splits_compute(model):
+        return _typed(model, target)
     lane = model.item_lane
     step = model.inc_step[model.item_inc]
     compute = model.lane_busy[lane, step]
@@ -89,6 +100,62 @@ def stage_balanced(model: ReplayModel, gap_free: bool = False) -> ReplayModel | 
     return dataclasses.replace(model, item_work=work, item_ideal=ideal)
 
 
+def splits_compute(model: ReplayModel) -> bool:
+    """The model's work is split into compute and host gap (``ReplayModel.item_compute``) and
+    every visit blocks: a window between the issue times of asynchronous visits (gloo) holds
+    compute of work issued before it, so there the work is scaled to compute as a whole."""
+    return model.item_compute is not None and not bool(model.inc_async.any())
+
+
+def _typed(model: ReplayModel, target: F64) -> ReplayModel:
+    """The stage-balanced model of a job whose work is split into compute and host gap
+    (``ReplayModel.item_compute``), as the artifact's what-ifs define it: host gaps left out of
+    both sides (a wait before a visit is then replayed as a wait at the sync), each visit's
+    compute at its *visit type*'s mean share of the lane's step compute, scaled to the mean
+    stage's compute, and each transfer at its visit type's median. A visit type is one position
+    in the step of the lanes of one stage (``_visit_type``): the replicas of a stage, over the
+    steps, visit the same sequence, so the mean removes what differs from one micro-batch or
+    replica to the next (sequence lengths), as the artifact's type mean does. Negative items
+    (overlaps) are kept on both sides."""
+    positive = model.item_work > 0
+    assert model.item_compute is not None
+    compute = np.where(positive, model.item_compute, 0.0)
+    step = model.inc_step[model.item_inc]
+    cell = model.item_lane * model.n_steps + step
+    n_cells = model.n_lanes * model.n_steps
+    total = np.bincount(cell, weights=compute, minlength=n_cells)[cell]
+    share = np.divide(compute, total, out=np.zeros_like(compute), where=total > 0)
+    typ = typical(share, _visit_type(cell, model.lane_stage[model.item_lane]), how="mean")
+    typ = np.where(positive, typ, 0.0)
+    typ_total = np.bincount(cell, weights=typ, minlength=n_cells)[cell]
+    ideal = np.divide(typ * target[step], typ_total, out=np.zeros_like(typ), where=typ_total > 0)
+    inc_cell = model.inc_lane * model.n_steps + model.inc_step
+    transfer = typical(model.inc_ideal_transfer, _visit_type(inc_cell, model.lane_stage[model.inc_lane]))
+    return dataclasses.replace(
+        model,
+        item_work=np.where(positive, compute, model.item_work),
+        item_ideal=np.where(positive, ideal, model.item_work),
+        inc_ideal_transfer=transfer,
+    )
+
+
+def _visit_type(cell: I64, stage: I64) -> I64:
+    """Per element (items or incidences, in each lane's time order within a cell = lane x
+    step): a dense code of (its lane's stage, the cell's number of elements, its position in
+    the cell). Lanes of one stage whose steps differ in length do not share types."""
+    order = np.lexsort((np.arange(cell.size), cell))
+    sorted_cell = cell[order]
+    starts = np.flatnonzero(np.r_[True, sorted_cell[1:] != sorted_cell[:-1]])
+    counts = np.diff(np.r_[starts, cell.size])
+    pos = np.empty_like(cell)
+    pos[order] = np.arange(cell.size) - np.repeat(starts, counts)
+    size = np.empty_like(cell)
+    size[order] = np.repeat(counts, counts)
+    key = np.stack([stage, size, pos])
+    _, code = np.unique(key, axis=1, return_inverse=True)
+    return np.asarray(code.ravel(), dtype=np.int64)
+
+
 def _scaled_to(values: F64, cell: I64, target: F64, model: ReplayModel) -> F64:
     """``values`` with each (lane, step) cell's positive items scaled to sum to ``target``
     (per item: its cell's); negative items (overlaps, not work) are kept."""
@@ -102,7 +169,7 @@ def stage_figures(model: ReplayModel) -> StageFigures | None:
     """Slowdown, ``m_s``, ``m_w`` and the worst stage on the stage-balanced ideal; ``None``
     when the job has no pipeline stages."""
     balanced = stage_balanced(model)
-    gap_free = stage_balanced(model, gap_free=True)
+    gap_free = balanced if splits_compute(model) else stage_balanced(model, gap_free=True)
     if balanced is None or gap_free is None:
         return None
     w = WhatIf(balanced)
