@@ -80,9 +80,9 @@ class RankFigures:
     timestamps: TimestampAnomalies | None = None
     # ``whatif.p2p.rank_peers``: transfers with direction and peer; None for older figures
     p2p: pl.DataFrame | None = None
-    # pipeline ranks (with transfers): the union of their compute as disjoint ``start``, ``end``
-    # rows (own clock; ``compute_spans``), which splits a pipeline replay's local work into
-    # compute and host gap; None for other ranks and older figures
+    # GPU pipeline ranks (with transfers): the union of their compute kernels as disjoint
+    # ``start``, ``end`` rows (own clock; ``compute_spans``), which splits a pipeline replay's
+    # local work into compute and host gap; None for other ranks and older figures
     compute: pl.DataFrame | None = None
 
     def collectives_of(self, rank: int) -> pl.DataFrame:
@@ -210,7 +210,7 @@ def rank_figures(trace: Trace) -> RankFigures:
         launch_gaps=launch_gap_counts(trace),
         timestamps=timestamp_anomalies(trace, steps),
         p2p=p2p,
-        compute=compute_spans(parts) if p2p is not None and p2p.height else None,
+        compute=compute_spans(parts) if has_device and p2p is not None and p2p.height else None,
     )
 
 
@@ -288,9 +288,8 @@ def _host_parts(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
     ann = ev.filter(
         (pl.col("kind") == "user_annotation") & pl.col("name").str.contains(BACKEND_ANNOTATION_PATTERN)
     )
-    host = ev.filter(pl.col("kind") == "cpu_op")
-    host = host.filter(~collective_host_ops_mask() & ~pl.col("tid").is_in(ann["tid"].unique().implode()))
-    host = _assign(host, steps)
+    host = ev.filter((pl.col("kind") == "cpu_op") & ~collective_host_ops_mask())
+    host = _assign(_outside(host, ann), steps)
     comp = host.filter(pl.col("step").is_not_null()).select(
         "step", "ts", (pl.col("ts") + pl.col("dur")).alias("end")
     )
@@ -300,6 +299,26 @@ def _host_parts(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
     )
     n_c = comm.group_by("step").agg(pl.len().cast(pl.Int64).alias("n_host_collectives"))
     return {"intervals": (comp, comm, comp.clear()), "extra": (n_c,)}
+
+
+def _outside(ops: pl.DataFrame, ann: pl.DataFrame) -> pl.DataFrame:
+    """The host ops that start outside every backend annotation of their thread: the time
+    inside one is communication, whichever thread runs it (gloo's workers for buckets, the main
+    thread for a pipeline's send and receive)."""
+    from kinetoscope.analysis.intervals import merge_intervals_by
+
+    if not ann.height or not ops.height:
+        return ops
+    spans = (
+        merge_intervals_by(ann.select("tid", "ts", (pl.col("ts") + pl.col("dur")).alias("end")), ["tid"])
+        .collect()
+        .select(pl.col("tid").cast(ops.schema["tid"]), pl.col("start").alias("_a"), pl.col("end").alias("_b"))
+        .sort("_a")
+    )
+    hit = ops.sort("ts").join_asof(
+        spans, left_on="ts", right_on="_a", by="tid", strategy="backward", check_sortedness=False
+    )
+    return hit.filter(pl.col("_b").is_null() | (pl.col("ts") >= pl.col("_b"))).drop("_a", "_b")
 
 
 def _sweep(comp: pl.DataFrame, comm: pl.DataFrame, other: pl.DataFrame) -> pl.DataFrame:

@@ -97,3 +97,17 @@ def test_duplicate_ranks_reported(hta_traces, tmp_path):
     assert job["ranks_found"] == [0, 1]
     assert list(job["duplicate_ranks"]) == ["0"] and len(job["duplicate_ranks"]["0"]) == 1
     assert any("duplicate ranks" in n for n in job["notes"])
+
+
+def test_gloo_pipeline_ranks_compute_outside_their_send_and_recv() -> None:
+    """A real DP 2 x PP 4 gloo job whose stage 2 (ranks 2, 6) has 3x the layers: gloo records a
+    pipeline's send and receive on the main thread, beside the model's ops. Only the time inside
+    those annotations is communication; every rank computes, and the heavy stage more than
+    stage 1 (ranks 1, 5)."""
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs" / "mesh_dp_pp_heavy_stage2"
+    bd = diagnose(job).steps
+    med = dict(bd.group_by("rank").agg(pl.col("compute(us)").median()).iter_rows())
+    assert all(v > 0 for v in med.values()), med
+    assert min(med[2], med[6]) > max(med[1], med[5]), med

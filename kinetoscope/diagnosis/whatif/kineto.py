@@ -56,7 +56,8 @@ def model_from_instances(
     pipeline rank's compute intervals, disjoint, which split its work into compute and host gap
     (``ReplayModel.item_compute``). The replay covers the steps of ``instances`` (those
     the verdict reads) that every rank's span holds; with ``links``, sendrecv instances are left
-    out (each transfer is its link)."""
+    out (each transfer is its link). On a host-issued job neither compute table is read: a CPU
+    rank's work is all its time outside waits, of which its ops are only part."""
     inst = instances.filter(pl.col("step").is_not_null())
     analysed = inst["step"].unique().to_list()  # the steps the verdict reads: the replay's too
     paired = links is not None and links.height > 0
@@ -81,6 +82,8 @@ def model_from_instances(
         return None
     per = per.filter(pl.col("step").is_in(step_ids))
     inst = inst.filter(pl.col("step").is_in(step_ids) & pl.col("rank").is_in(ranks))
+    if asynchronous:  # host-issued (CPU): the host is the device, and all its time outside the
+        compute = compute_spans = None  # waits is work (sleeps, Python, loading are no ops)
     return _assemble(inst, per, ranks, step_ids, compute, compute_spans)
 
 
