@@ -461,14 +461,24 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     replay's ideal job (``per_rank``, which shows a rank a bigger one masks), are not named (in
     place): the bar a replay rank clears to join (``_joining``), applied to the rules' ranks. A
     rank late in most steps stays: with two slow ranks of three the typical peer is itself slow
-    and both what-ifs read the second one as free. A verdict keeps at least one rank."""
-    if not _faithful(wi):
+    and both what-ifs read the second one as free. So does a rank named for its late collective
+    ends (a slow link): its cost is in the transfer. A verdict keeps at least one rank.
+
+    Faithful here: ``_faithful``, or, beside a rank named for a slow link, an empty explaining
+    set from a replay that reproduces every step time: no rank's work saves ``search.MIN_GAIN``,
+    the slowdown is in the link's transfers, and the ranks its late ends make arrive late next
+    are its echo. (Without a slow link an empty set only says the slowdown is small: a replica
+    slowed as a whole costs little rank by rank, and its ranks stay.)"""
+    link = any((c or {}).get("explained_by") == "slow_link" for c in rep.causes.values())
+    if not (_faithful(wi) or (link and not wi.explaining_set and wi.fidelity <= MAX_FIDELITY_ERROR)):
         return
     floor = th.min_intermittent_lost_fraction
     kept = set(wi.ranks())
     late = rep.per_rank_column("late_steps")
 
     def cheap(r: int) -> bool:
+        if (rep.causes.get(r) or {}).get("explained_by") == "slow_link":
+            return False  # its cost is its late ends (the transfer): no arrival what-if sees it
         alone = wi.per_rank.get(str(r), 1.0) - 1.0
         rare = (late.get(str(r)) or 0) < MIN_RECURRING
         return r not in kept and rare and _ruled_cost(rep, r) < floor and alone < floor
@@ -484,6 +494,27 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     rep.causes = {r: c for r, c in rep.causes.items() if r not in drop}
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     _set_roles(rep, dict.fromkeys(drop, None), clear=False)
+    rep.groups = [g for g in rep.groups if not set(g.get("ranks") or ()) & drop]
+    many = len(drop) > 1
+    rep.reason += (
+        f"; not named: rank{'s' if many else ''} {', '.join(map(str, sorted(drop)))} ({'each ' if many else ''}"
+        f"under {100 * floor:.0f}% of step time by both what-ifs)"
+    )
+    _persistent_when_alone(rep)
+
+
+def _persistent_when_alone(rep: StragglerReport) -> None:
+    """An intermittent verdict whose late-together groups were all dropped, left with ranks each
+    late in most steps (``kinds.rank_kind``: more than half, or a one-step trace's only step),
+    is persistent: the group was what made it intermittent."""
+    late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
+    alone = all(rank_kind(late.get(str(r)) or 0, steps.get(str(r)) or 0) == "persistent" for r in rep.ranks)
+    if rep.kind != "intermittent" or rep.groups or not alone:
+        return
+    rep.kind = "persistent"
+    rep.intermittent_ranks = []
+    rep.pattern = "steady" if rep.pattern == "bursts" else rep.pattern
+    _set_roles(rep, dict.fromkeys(rep.ranks, "persistent"), clear=False)
 
 
 def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> list[int]:
