@@ -494,22 +494,25 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     rep.causes = {r: c for r, c in rep.causes.items() if r not in drop}
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items())
     _set_roles(rep, dict.fromkeys(drop, None), clear=False)
-    rep.groups = [g for g in rep.groups if not set(g.get("ranks") or ()) & drop]
+    groups = rep.groups
+    rep.groups = [g for g in groups if not set(g.get("ranks") or ()) & drop]
     many = len(drop) > 1
     rep.reason += (
         f"; not named: rank{'s' if many else ''} {', '.join(map(str, sorted(drop)))} ({'each ' if many else ''}"
         f"under {100 * floor:.0f}% of step time by both what-ifs)"
     )
-    _persistent_when_alone(rep)
+    if groups and not rep.groups:
+        _persistent_when_alone(rep)
 
 
 def _persistent_when_alone(rep: StragglerReport) -> None:
-    """An intermittent verdict whose late-together groups were all dropped, left with ranks each
-    late in most steps (``kinds.rank_kind``: more than half, or a one-step trace's only step),
-    is persistent: the group was what made it intermittent."""
+    """An intermittent verdict whose late-together groups were all dropped (``_prune``), left
+    with ranks each late in most steps (``kinds.rank_kind``: more than half, or a one-step
+    trace's only step), is persistent: the group was what made it intermittent. (A verdict that
+    was intermittent without a group keeps its kind: its ranks' own stalls made it so.)"""
     late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
     alone = all(rank_kind(late.get(str(r)) or 0, steps.get(str(r)) or 0) == "persistent" for r in rep.ranks)
-    if rep.kind != "intermittent" or rep.groups or not alone:
+    if rep.kind != "intermittent" or not alone:
         return
     rep.kind = "persistent"
     rep.intermittent_ranks = []
