@@ -193,7 +193,7 @@ def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series
     holds the whole queue (as many ops as annotations, each annotation after its op) the pairs are
     exact, however long the pick-ups waited: with several buckets per step and two workers, the
     ranks that wait for a late peer pick most buckets up late, and their annotation starts would
-    make them look as late as the straggler (docs/diagnosis.md §2). Otherwise, if the pairing does not look like a queue (op and
+    make them look as late as the straggler (docs/diagnosis-method.md §2). Otherwise, if the pairing does not look like a queue (op and
     annotation counts far apart, or a median delay beyond both 5 ms and a quarter of the median
     spacing of the annotations), the annotation starts are kept.
     """
