@@ -469,7 +469,7 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     the slowdown is in the link's transfers, and the ranks its late ends make arrive late next
     are its echo. (Without a slow link an empty set only says the slowdown is small: a replica
     slowed as a whole costs little rank by rank, and its ranks stay.)"""
-    link = any((c or {}).get("explained_by") == "slow_link" for c in rep.causes.values())
+    link = any(_named_for_link(rep, r) for r in rep.ranks)
     if not (_faithful(wi) or (link and not wi.explaining_set and wi.fidelity <= MAX_FIDELITY_ERROR)):
         return
     floor = th.min_intermittent_lost_fraction
@@ -477,7 +477,7 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     late = rep.per_rank_column("late_steps")
 
     def cheap(r: int) -> bool:
-        if (rep.causes.get(r) or {}).get("explained_by") == "slow_link":
+        if _named_for_link(rep, r):
             return False  # its cost is its late ends (the transfer): no arrival what-if sees it
         alone = wi.per_rank.get(str(r), 1.0) - 1.0
         rare = (late.get(str(r)) or 0) < MIN_RECURRING
@@ -503,6 +503,11 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     )
     if groups and not rep.groups:
         _persistent_when_alone(rep)
+
+
+def _named_for_link(rep: StragglerReport, r: int) -> bool:
+    """Rank ``r`` is named for its late collective ends (a slow link, ``stragglers.slow_link``)."""
+    return bool((rep.causes.get(r) or {}).get("explained_by") == "slow_link")
 
 
 def _persistent_when_alone(rep: StragglerReport) -> None:
