@@ -31,6 +31,17 @@ def test_two_of_three_ranks_late_are_named_with_what_they_cost() -> None:
     assert 0.3 < shares[1] < 0.7 and 0.3 < shares[2] < 0.7  # they share it (Shapley)
 
 
+def test_two_of_three_ranks_late_stay_persistent_when_the_replay_sees_only_their_jitter() -> None:
+    # ranks 1 and 2 of 3 sleep 24-36 ms every step. Two of three are the replay's typical peer,
+    # so it saw only their jitter against each other, each late in a few steps, and read a
+    # rotation; the verdict became 'rotating' with no rank named
+    files = _files("two_of_three_jitter_between_them")
+    s = diagnose(files).stragglers
+    assert s.kind == "persistent" and sorted(s.ranks) == [1, 2], s.reason
+    joint = truth.cpu_joint_share(files, {1, 2})
+    assert joint > 0.4 and s.lost_fraction == pytest.approx(joint, abs=0.02)
+
+
 def test_the_second_of_two_late_ranks_is_persistent_with_the_first_fixed() -> None:
     # ranks 1 and 2 of 3 sleep 24-36 ms each step. Rank 1 was named first, for the 2 steps in
     # which it was later than rank 2 by more than the noise; judged on those alone it was

@@ -189,3 +189,28 @@ def test_a_masked_co_straggler_the_rules_missed_joins_when_it_recurs():
     wi = _wi("mixed", [(2, 0.20, list(range(8)), "persistent"), (0, 0.19, [3, 4, 7], "intermittent")])
     reconcile(rep, wi, StragglerThresholds(), _bd(), {2: "persistent"})
     assert rep.ranks == [2, 0] and rep.kind == "mixed"
+
+
+def test_a_rotation_nobody_stalled_in_is_no_rotating_verdict():
+    # the replay reads the loss as moving, but no rank of its set ever stalled (each below
+    # STALL_COST) and the rules named nobody: a rotating verdict would name no rank
+    rep = StragglerReport(kind="none", skew_fraction=0.27, mean_step_time_us=100_000.0)
+    jitter = [NamedRank(r, 0.03, 0.04, [r, r + 4], "intermittent", peak=0.12) for r in (2, 1)]
+    wi = WhatIfReport(**(msgspec.structs.asdict(_wi("rotating", [])) | {"explaining_set": jitter, "lost_fraction": 0.06}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {})
+    assert rep.kind == "none" and rep.ranks == []
+
+
+def test_two_steady_ranks_of_three_keep_their_verdict_against_a_rotating_replay():
+    # two of three ranks late together are the replay's typical peer: it sees only their jitter
+    # against each other (each late in a few steps, stalls and all) and cannot call it a rotation
+    rep = StragglerReport(kind="persistent", ranks=[1, 2], skew_fraction=0.4, per_rank=_per_rank({1: 16, 2: 16, 0: 0}))
+    wi = _wi("rotating", [(2, 0.03, [3, 6, 10], "intermittent"), (1, 0.025, [1, 8, 9], "intermittent")])
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 2: "persistent"})
+    assert rep.kind == "persistent" and sorted(rep.ranks) == [1, 2]
+    # two of five are not the median: the replay's reading stands
+    rep = StragglerReport(
+        kind="persistent", ranks=[1, 2], skew_fraction=0.4, per_rank=_per_rank({r: 16 * (r in (1, 2)) for r in range(5)})
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 2: "persistent"})
+    assert rep.kind == "rotating" and rep.ranks == [2, 1]

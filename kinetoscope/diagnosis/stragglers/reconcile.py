@@ -281,14 +281,35 @@ def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
     """Whether the verdict becomes ``rotating`` (``reconcile``)."""
     if wi.kind != "rotating" or rep.skew_fraction is None:
         return False
-    if wi.lost_fraction < th.min_intermittent_lost_fraction:
+    if wi.lost_fraction < th.min_intermittent_lost_fraction or not any(_rotating_ranks(rep, wi)):
         return False
     if rep.kind in ("none", "intermittent"):
         return True
     seen = {n.rank: n for n in wi.explaining_set}
-    return rep.kind in ("persistent", "mixed") and all(
-        r in seen and seen[r].kind == "intermittent" and seen[r].typical < LATE_COST for r in rep.ranks
+    return (
+        rep.kind in ("persistent", "mixed")
+        and not _named_make_the_median(rep)
+        and all(r in seen and seen[r].kind == "intermittent" and seen[r].typical < LATE_COST for r in rep.ranks)
     )
+
+
+def _named_make_the_median(rep: StragglerReport) -> bool:
+    """Whether the ranks the rules named, slow together, would be the job's typical peer (the
+    lower median of its ``n`` ranks: ``k >= n - (n - 1) // 2`` of them, e.g. two of three).
+    The replay measures every rank against that peer, so there it sees their steady delay as
+    nobody's and only their jitter against each other; it cannot overturn a steady verdict.
+    (``search.ideal_without`` moves the yardstick only where three others remain.)"""
+    n, k = rep.per_rank.height, len(rep.ranks)
+    return n > 0 and 0 < k and k >= n - (n - 1) // 2
+
+
+def _rotating_ranks(rep: StragglerReport, wi: WhatIfReport) -> tuple[list[NamedRank], list[int]]:
+    """What a ``rotating`` verdict names (``_as_rotating``): the replay's ranks that stalled, and
+    the intermittent ranks the rules named beside them (empty: no rotating verdict)."""
+    moving = [n for n in wi.explaining_set if n.late_steps and _stalled(n)]
+    own = {n.rank for n in moving}
+    ruled = [r for r in rep.ranks if r not in own] if rep.kind == "intermittent" else []
+    return moving, ruled
 
 
 GROUP_RECOVERED = 0.5  # the replay's set must recover half of the slowdown to replace the rules' ranks
@@ -570,12 +591,10 @@ def _as_rotating(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> No
     """The verdict ``rotating``: every rank of the replay's set that stalled, with its cost, and
     the ranks the rules named for their stalls (each too cheap alone for the replay's set: one
     stall in many steps), with what the rules say fixing it saves."""
-    moving = [n for n in wi.explaining_set if n.late_steps and _stalled(n)]
-    own = [n.rank for n in moving]
-    ruled = [r for r in rep.ranks if r not in own] if rep.kind == "intermittent" else []
+    moving, ruled = _rotating_ranks(rep, wi)
     late = rep.per_rank_column("late_steps")
     rep.kind = "rotating"
-    rep.ranks = own + ruled
+    rep.ranks = [n.rank for n in moving] + ruled
     rep.intermittent_ranks = list(rep.ranks)
     rep.lost_fraction = float(sum(n.cost for n in moving) + sum(_ruled_cost(rep, r) for r in ruled))
     if rep.mean_step_time_us:
