@@ -214,3 +214,23 @@ def test_two_steady_ranks_of_three_keep_their_verdict_against_a_rotating_replay(
     )
     reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 2: "persistent"})
     assert rep.kind == "rotating" and rep.ranks == [2, 1]
+
+
+def test_in_a_trace_too_short_to_recur_a_costlier_rank_of_the_set_joins():
+    # two steps: rank 0 named (last at every collective by a small margin, one stall), ranks 3
+    # and 2 each stalled once for more; the replay's set is all three. Recurrence cannot be
+    # shown in two steps, so the costlier ranks join, and each late in 1 of 2 steps is intermittent
+    rep = StragglerReport(kind="persistent", ranks=[0], intermittent_ranks=[3, 2], skew_fraction=0.4)
+    rep.per_rank = _per_rank({0: 1, 3: 1, 2: 1, 1: 0})
+    wi = _wi("intermittent", [(3, 0.16, [551], "intermittent"), (2, 0.16, [551], "intermittent"), (0, 0.08, [552], "intermittent")])
+    wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"steps": 2}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {0: "persistent", 3: "intermittent", 2: "intermittent"})
+    assert sorted(rep.ranks) == [0, 2, 3] and rep.kind == "intermittent"
+    # a cheaper one does not; nor, in a longer trace, a costlier one seen late once
+    for steps, cost in ((2, 0.05), (8, 0.16)):
+        rep = StragglerReport(kind="persistent", ranks=[0], intermittent_ranks=[3], skew_fraction=0.4)
+        rep.per_rank = _per_rank({0: 1, 3: 1, 1: 0})
+        wi = _wi("intermittent", [(3, cost, [1], "intermittent"), (0, 0.08, [0], "intermittent")])
+        wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"steps": steps}))
+        reconcile(rep, wi, StragglerThresholds(), _bd(), {0: "persistent", 3: "intermittent"})
+        assert rep.ranks == [0] and rep.kind == "persistent"

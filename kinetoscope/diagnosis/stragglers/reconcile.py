@@ -555,7 +555,16 @@ def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
         by_rules = (ruled.get(str(n.rank)) or 0) if n.rank in rep.intermittent_ranks else 0
         return max(len(n.late_steps), by_rules) >= min(MIN_RECURRING, wi.steps)
 
-    return [n.rank for n in wi.explaining_set if n.rank not in rep.ranks and n.cost >= floor and recurs(n)]
+    cheapest = min((n.cost for n in wi.explaining_set if n.rank in rep.ranks), default=None)
+
+    def outweighs(n: NamedRank) -> bool:  # a trace too short to show recurrence: cost decides
+        return wi.steps < MIN_RECURRING and cheapest is not None and n.cost >= cheapest
+
+    return [
+        n.rank
+        for n in wi.explaining_set
+        if n.rank not in rep.ranks and n.cost >= floor and (recurs(n) or outweighs(n))
+    ]
 
 
 def _join(
@@ -567,8 +576,10 @@ def _join(
     rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in extra]
     roles = {named_roles.get(r) or "intermittent" for r in rep.ranks if r not in extra}
     roles |= {costs[r].kind for r in extra}  # a rank the replay adds has the replay's kind
-    if len(roles) > 1:
-        rep.kind = "mixed"
+    if wi.steps < MIN_RECURRING:  # too few steps for the rules' tests: the kinds' own definition
+        late = rep.per_rank_column("late_steps")
+        roles = {rank_kind(int(late.get(str(r)) or len(costs[r].late_steps)), wi.steps) for r in rep.ranks}
+    rep.kind = "mixed" if len(roles) > 1 else roles.pop() if wi.steps < MIN_RECURRING else rep.kind
     rep.hosts.update({r: None for r in extra if r not in rep.hosts})
     _set_roles(rep, {r: costs[r].kind for r in extra}, clear=False)
     for r in extra:
