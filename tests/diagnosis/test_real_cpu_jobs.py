@@ -42,6 +42,18 @@ def test_two_of_three_ranks_late_stay_persistent_when_the_replay_sees_only_their
     assert joint > 0.4 and s.lost_fraction == pytest.approx(joint, abs=0.02)
 
 
+def test_a_pair_a_loaded_host_keeps_a_little_behind_is_not_named_beside_two_stalls() -> None:
+    # ranks 2 and 3 of 6 each stalled once (60 ms); the box ran two CPU burners. Ranks 0 and 1
+    # were the two latest together at 11 of 24 collectives, by about a millisecond, in 6 of 16
+    # steps, and were named beside them ('intermittent [3, 2, 0, 1]'); by the arrival-order truth
+    # they cost 0.4 % of step time together
+    files = _files("pair_kept_behind_by_the_host_w6")
+    s = diagnose(files).stragglers
+    assert s.kind == "intermittent" and sorted(s.ranks) == [2, 3], s.reason
+    assert truth.cpu_joint_share(files, {0, 1}) < 0.01 < 0.1 < truth.cpu_joint_share(files, {2, 3})
+    assert "not named: ranks 0, 1" in s.reason
+
+
 def test_the_second_of_two_late_ranks_is_persistent_with_the_first_fixed() -> None:
     # ranks 1 and 2 of 3 sleep 24-36 ms each step. Rank 1 was named first, for the 2 steps in
     # which it was later than rank 2 by more than the noise; judged on those alone it was

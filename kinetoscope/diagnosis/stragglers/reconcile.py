@@ -477,13 +477,15 @@ def as_replay_straggler(
 
 def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> None:
     """Ranks the rules named that a faithful replay leaves out of its explaining set, that were
-    late in fewer than ``MIN_RECURRING`` steps, and that cost less than
-    ``min_intermittent_lost_fraction`` of step time both by the rules' what-if and alone on the
-    replay's ideal job (``per_rank``, which shows a rank a bigger one masks), are not named (in
-    place): the bar a replay rank clears to join (``_joining``), applied to the rules' ranks. A
-    rank late in most steps stays: with two slow ranks of three the typical peer is itself slow
-    and both what-ifs read the second one as free. So does a rank named for its late collective
-    ends (a slow link): its cost is in the transfer. A verdict keeps at least one rank.
+    not late in most steps (fewer than ``MIN_RECURRING``, or half of the steps or fewer), and
+    that cost less than ``min_intermittent_lost_fraction`` of step time both by the rules'
+    what-if and alone on the replay's ideal job (``per_rank``, which shows a rank a bigger one
+    masks), are not named (in place): the bar a replay rank clears to join (``_joining``),
+    applied to the rules' ranks. A rank late in most steps stays: with two slow ranks of three
+    the typical peer is itself slow and both what-ifs read the second one as free. So does a
+    rank named for its late collective ends (a slow link): its cost is in the transfer. A
+    verdict keeps at least one rank. (Ranks a loaded host keeps a little behind the others
+    together, last in a third of the steps by a millisecond, are what this drops most often.)
 
     Faithful here: ``_faithful``, or, beside a rank named for a slow link, an empty explaining
     set from a replay that reproduces every step time: no rank's work saves ``search.MIN_GAIN``,
@@ -495,13 +497,14 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
         return
     floor = th.min_intermittent_lost_fraction
     kept = set(wi.ranks())
-    late = rep.per_rank_column("late_steps")
+    late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
 
     def cheap(r: int) -> bool:
         if _named_for_link(rep, r):
             return False  # its cost is its late ends (the transfer): no arrival what-if sees it
         alone = wi.per_rank.get(str(r), 1.0) - 1.0
-        rare = (late.get(str(r)) or 0) < MIN_RECURRING
+        n_late = int(late.get(str(r)) or 0)
+        rare = n_late < MIN_RECURRING or rank_kind(n_late, int(steps.get(str(r)) or wi.steps)) != "persistent"
         return r not in kept and rare and _ruled_cost(rep, r) < floor and alone < floor
 
     drop = {r for r in rep.ranks if cheap(r)}
@@ -574,14 +577,20 @@ def _join(
     costs = {n.rank: n for n in wi.explaining_set}
     rep.ranks = rep.ranks + extra
     rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in extra]
-    roles = {named_roles.get(r) or "intermittent" for r in rep.ranks if r not in extra}
-    roles |= {costs[r].kind for r in extra}  # a rank the replay adds has the replay's kind
-    if wi.steps < MIN_RECURRING:  # too few steps for the rules' tests: the kinds' own definition
+    short = wi.steps < MIN_RECURRING  # too few steps for the rules' tests: the kinds' own definition
+    roles = {r: named_roles.get(r) or "intermittent" for r in rep.ranks if r not in extra}
+    roles |= {r: costs[r].kind for r in extra}  # a rank the replay adds has the replay's kind
+    if short:
         late = rep.per_rank_column("late_steps")
-        roles = {rank_kind(int(late.get(str(r)) or len(costs[r].late_steps)), wi.steps) for r in rep.ranks}
-    rep.kind = "mixed" if len(roles) > 1 else roles.pop() if wi.steps < MIN_RECURRING else rep.kind
+        seen = {r: len(n.late_steps) for r, n in costs.items()}
+        roles = {r: rank_kind(max(int(late.get(str(r)) or 0), seen.get(r, 0)), wi.steps) for r in rep.ranks}
+    kinds = set(roles.values())
+    if len(kinds) > 1:
+        rep.kind = "mixed"
+    elif short:
+        rep.kind = kinds.pop()
     rep.hosts.update({r: None for r in extra if r not in rep.hosts})
-    _set_roles(rep, {r: costs[r].kind for r in extra}, clear=False)
+    _set_roles(rep, roles if short else {r: roles[r] for r in extra}, clear=False)
     for r in extra:
         rep.causes.setdefault(r, rank_cause(bd, r, costs[r].late_steps))
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
