@@ -197,7 +197,9 @@ def test_a_rotation_nobody_stalled_in_is_no_rotating_verdict():
     # STALL_COST) and the rules named nobody: a rotating verdict would name no rank
     rep = StragglerReport(kind="none", skew_fraction=0.27, mean_step_time_us=100_000.0)
     jitter = [NamedRank(r, 0.03, 0.04, [r, r + 4], "intermittent", peak=0.12) for r in (2, 1)]
-    wi = WhatIfReport(**(msgspec.structs.asdict(_wi("rotating", [])) | {"explaining_set": jitter, "lost_fraction": 0.06}))
+    wi = WhatIfReport(
+        **(msgspec.structs.asdict(_wi("rotating", [])) | {"explaining_set": jitter, "lost_fraction": 0.06})
+    )
     reconcile(rep, wi, StragglerThresholds(), _bd(), {})
     assert rep.kind == "none" and rep.ranks == []
 
@@ -205,13 +207,18 @@ def test_a_rotation_nobody_stalled_in_is_no_rotating_verdict():
 def test_two_steady_ranks_of_three_keep_their_verdict_against_a_rotating_replay():
     # two of three ranks late together are the replay's typical peer: it sees only their jitter
     # against each other (each late in a few steps, stalls and all) and cannot call it a rotation
-    rep = StragglerReport(kind="persistent", ranks=[1, 2], skew_fraction=0.4, per_rank=_per_rank({1: 16, 2: 16, 0: 0}))
+    rep = StragglerReport(
+        kind="persistent", ranks=[1, 2], skew_fraction=0.4, per_rank=_per_rank({1: 16, 2: 16, 0: 0})
+    )
     wi = _wi("rotating", [(2, 0.03, [3, 6, 10], "intermittent"), (1, 0.025, [1, 8, 9], "intermittent")])
     reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 2: "persistent"})
     assert rep.kind == "persistent" and sorted(rep.ranks) == [1, 2]
     # two of five are not the median: the replay's reading stands
     rep = StragglerReport(
-        kind="persistent", ranks=[1, 2], skew_fraction=0.4, per_rank=_per_rank({r: 16 * (r in (1, 2)) for r in range(5)})
+        kind="persistent",
+        ranks=[1, 2],
+        skew_fraction=0.4,
+        per_rank=_per_rank({r: 16 * (r in (1, 2)) for r in range(5)}),
     )
     reconcile(rep, wi, StragglerThresholds(), _bd(), {1: "persistent", 2: "persistent"})
     assert rep.kind == "rotating" and rep.ranks == [2, 1]
@@ -223,7 +230,14 @@ def test_in_a_trace_too_short_to_recur_a_costlier_rank_of_the_set_joins():
     # shown in two steps, so the costlier ranks join, and each late in 1 of 2 steps is intermittent
     rep = StragglerReport(kind="persistent", ranks=[0], intermittent_ranks=[3, 2], skew_fraction=0.4)
     rep.per_rank = _per_rank({0: 1, 3: 1, 2: 1, 1: 0})
-    wi = _wi("intermittent", [(3, 0.16, [551], "intermittent"), (2, 0.16, [551], "intermittent"), (0, 0.08, [552], "intermittent")])
+    wi = _wi(
+        "intermittent",
+        [
+            (3, 0.16, [551], "intermittent"),
+            (2, 0.16, [551], "intermittent"),
+            (0, 0.08, [552], "intermittent"),
+        ],
+    )
     wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"steps": 2}))
     reconcile(rep, wi, StragglerThresholds(), _bd(), {0: "persistent", 3: "intermittent", 2: "intermittent"})
     assert sorted(rep.ranks) == [0, 2, 3] and rep.kind == "intermittent"
@@ -240,25 +254,44 @@ def test_in_a_trace_too_short_to_recur_a_costlier_rank_of_the_set_joins():
 def test_a_pair_the_host_keeps_a_little_behind_in_a_third_of_the_steps_is_not_named():
     # ranks 0 and 1 late together in 6 of 16 steps by about a millisecond: each under 5 % of
     # step time by the rules' what-if and alone on the replay, outside its set (two stalls)
-    rep = StragglerReport(kind="intermittent", ranks=[3, 2, 0, 1], intermittent_ranks=[3, 2, 0, 1], skew_fraction=0.3)
+    rep = StragglerReport(
+        kind="intermittent", ranks=[3, 2, 0, 1], intermittent_ranks=[3, 2, 0, 1], skew_fraction=0.3
+    )
     rep.mean_step_time_us = 66_000.0
     saving = {3: 3617.0, 2: 3469.0, 0: 0.0, 1: 188.0, 4: 129.0, 5: 0.0}
     late = {3: 1, 2: 1, 0: 6, 1: 6, 4: 0, 5: 0}
     rep.per_rank = pl.DataFrame(
-        {"rank": list(late), "late_steps": list(late.values()), "steps": [16] * 6, "whatif_saving(us)": list(saving.values())}
+        {
+            "rank": list(late),
+            "late_steps": list(late.values()),
+            "steps": [16] * 6,
+            "whatif_saving(us)": list(saving.values()),
+        }
     )
     rep.groups = [{"ranks": [0, 1], "last": 11}]
     wi = _wi("intermittent", [(3, 0.053, [14], "intermittent"), (2, 0.053, [1], "intermittent")])
-    wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"steps": 16, "per_rank": {"3": 1.13, "2": 1.12, "1": 1.027, "0": 1.022}}))
+    wi = WhatIfReport(
+        **(
+            msgspec.structs.asdict(wi)
+            | {"steps": 16, "per_rank": {"3": 1.13, "2": 1.12, "1": 1.027, "0": 1.022}}
+        )
+    )
     reconcile(rep, wi, StragglerThresholds(), _bd(), {r: "intermittent" for r in (3, 2, 0, 1)})
     assert rep.kind == "intermittent" and rep.ranks == [3, 2] and rep.groups == []
     assert "not named: ranks 0, 1" in rep.reason
     # late in most steps (9 of 16), the same pair stays: the replay may be measuring it against itself
     late |= {0: 9, 1: 9}
-    rep = StragglerReport(kind="intermittent", ranks=[3, 2, 0, 1], intermittent_ranks=[3, 2, 0, 1], skew_fraction=0.3)
+    rep = StragglerReport(
+        kind="intermittent", ranks=[3, 2, 0, 1], intermittent_ranks=[3, 2, 0, 1], skew_fraction=0.3
+    )
     rep.mean_step_time_us = 66_000.0
     rep.per_rank = pl.DataFrame(
-        {"rank": list(late), "late_steps": list(late.values()), "steps": [16] * 6, "whatif_saving(us)": list(saving.values())}
+        {
+            "rank": list(late),
+            "late_steps": list(late.values()),
+            "steps": [16] * 6,
+            "whatif_saving(us)": list(saving.values()),
+        }
     )
     reconcile(rep, wi, StragglerThresholds(), _bd(), {r: "intermittent" for r in (3, 2, 0, 1)})
     assert sorted(rep.ranks) == [0, 1, 2, 3]

@@ -27,6 +27,7 @@ chosen ranks working like the typical peer (``whatif.search``). Figures (JSON co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -289,7 +290,9 @@ def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
     return (
         rep.kind in ("persistent", "mixed")
         and not _named_make_the_median(rep)
-        and all(r in seen and seen[r].kind == "intermittent" and seen[r].typical < LATE_COST for r in rep.ranks)
+        and all(
+            r in seen and seen[r].kind == "intermittent" and seen[r].typical < LATE_COST for r in rep.ranks
+        )
     )
 
 
@@ -596,7 +599,7 @@ def _join(
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
 
 
-def _set_roles(rep: StragglerReport, roles: dict[int, str | None], clear: bool) -> None:
+def _set_roles(rep: StragglerReport, roles: Mapping[int, str | None], clear: bool) -> None:
     """The per-rank table's ``role`` of these ranks (``clear``: every other rank's emptied)."""
     if "role" not in rep.per_rank.columns or not roles:
         return
