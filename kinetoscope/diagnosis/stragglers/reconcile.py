@@ -303,7 +303,7 @@ def _named_make_the_median(rep: StragglerReport) -> bool:
     nobody's and only their jitter against each other; it cannot overturn a steady verdict.
     (``search.ideal_without`` moves the yardstick only where three others remain.)"""
     n, k = rep.per_rank.height, len(rep.ranks)
-    return n > 0 and 0 < k and k >= n - (n - 1) // 2
+    return n > 0 and k >= n - (n - 1) // 2
 
 
 def _rotating_ranks(rep: StragglerReport, wi: WhatIfReport) -> tuple[list[NamedRank], list[int]]:
@@ -581,12 +581,12 @@ def _join(
     rep.ranks = rep.ranks + extra
     rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in extra]
     short = wi.steps < MIN_RECURRING  # too few steps for the rules' tests: the kinds' own definition
-    roles = {r: named_roles.get(r) or "intermittent" for r in rep.ranks if r not in extra}
-    roles |= {r: costs[r].kind for r in extra}  # a rank the replay adds has the replay's kind
     if short:
         late = rep.per_rank_column("late_steps")
         seen = {r: len(n.late_steps) for r, n in costs.items()}
         roles = {r: rank_kind(max(int(late.get(str(r)) or 0), seen.get(r, 0)), wi.steps) for r in rep.ranks}
+    else:  # a rank the replay adds has the replay's kind
+        roles = {r: costs[r].kind if r in extra else named_roles.get(r) or "intermittent" for r in rep.ranks}
     kinds = set(roles.values())
     if len(kinds) > 1:
         rep.kind = "mixed"
