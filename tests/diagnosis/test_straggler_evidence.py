@@ -190,3 +190,14 @@ def test_every_rank_of_a_slow_node_is_named(tmp_path):
     assert s.kind == "persistent" and sorted(s.ranks) == sc.ranks == [4, 5, 6, 7], s.reason
     tie = {n["rank"]: n["tie_cost"] for n in (s.whatif or {})["explaining_set"]}
     assert sorted(tie) == [4, 5, 6, 7] and min(tie.values()) >= 0.05
+
+
+def test_a_rank_late_by_its_delay_in_every_step_of_a_short_trace_is_persistent(tmp_path):
+    """Rank 1 of 2 ends its collectives ~20 ms late (a slow link) in each of 3 steps. Last at
+    15 of 21 collectives is what chance gives one of two ranks 4 % of the time, so the count
+    alone cannot rule chance out; late beyond the noise's persistent threshold in every step,
+    its size does (``naming.is_persistent``)."""
+    sc, paths = _build(tmp_path, "slow_link", "nccl_parser", 2, 12002)
+    s = diagnose(paths).stragglers
+    assert s.steps_analysed == 3 and s.kind == "persistent" and s.ranks == sc.ranks == [1], s.reason
+    assert "in every step" in s.reason

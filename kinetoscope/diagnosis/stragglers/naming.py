@@ -300,7 +300,8 @@ def steadily_late(s: SteadySkew, free: int, th: StragglerThresholds) -> bool:
 def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool) -> bool:
     """Late in at least ``persistent_share`` of the units (steps; instances for short traces)
     and in far more of them than chance (binomial against 1/N per step, the round's ``p0`` per
-    instance): with two ranks, 6 late steps of 10 are what chance gives one of them. Or, for a
+    instance; with two ranks, 6 late steps of 10 are what chance gives one of them), or late
+    beyond the persistent threshold in every step (``every_step``: its size rules chance out). Or, for a
     rank named for how often it is last, steadily late (``steadily_late``): a small steady delay
     on a noisy host is last in only some steps, yet behind its peers in nearly all."""
     if nm.link is not None and nm.by_link:
@@ -311,7 +312,7 @@ def is_persistent(nm: Named, mx: Matrix, th: StragglerThresholds, by_steps: bool
     if by_steps and nm.steady is not None and nm.steady.late:
         return True
     k, n, p = late_units(nm, mx, by_steps)
-    if n == 0 or k / n < th.persistent_share or p >= th.alpha:
+    if n == 0 or k / n < th.persistent_share or (p >= th.alpha and not nm.every_step):
         return False
     # named for its stalls: beyond the persistent threshold in most steps, in its naming round or
     # with the other named ranks fixed (``late_alone``: by that threshold). Two ranks of three
