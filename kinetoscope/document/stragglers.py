@@ -33,6 +33,9 @@ class ExplainingRank(Part):
     own_cost: float | None = None  # its slowdown when it alone is observed, minus 1
     late_steps: list[int] = msgspec.field(default_factory=list)
     kind: str | None = None
+    peak: float | None = None  # the largest share of an observed step it alone costs
+    typical: float | None = None  # the median over steps of that share
+    tie_cost: float | None = None  # share saved by fixing it with the ranks tied with it, together
 
 
 class WhatIf(Part):

@@ -131,6 +131,17 @@ def test_masked_co_straggler_is_found():
     assert rem[1] > rem[0] + 0.2
 
 
+def test_ranks_slowed_together_share_their_ties_saving():
+    # four lanes slowed alike, one in each group: one tie, each carrying a quarter of its saving
+    w = WhatIf(_job(16, 5, {2: 1.3, 6: 1.3, 10: 1.3, 14: 1.3}))
+    exp = explain(w, min_gain=0.05)
+    assert set(exp.lanes) == {2, 6, 10, 14}
+    assert exp.gains[0] == pytest.approx(exp.option_gains[0] / 4)
+    assert exp.option_gains == (exp.option_gains[0],) * 4 and sum(exp.gains) == pytest.approx(
+        exp.option_gains[0]
+    )
+
+
 def test_per_label_and_topological_repair_of_noisy_order():
     m = _job(8, 3, {1: 1.3})
     w = WhatIf(m)

@@ -97,6 +97,24 @@ def test_a_recurring_rank_joins_however_much_more_the_named_one_costs():
     assert rep.ranks == [7, 5] and rep.kind == "mixed"
 
 
+def test_ranks_slowed_together_join_by_their_ties_saving():
+    # a node of four slowed alike: the rules named two; the replay's set is the tie of all four,
+    # 4 % each (under the floor) and 16 % together: one problem, all four named
+    rep = StragglerReport(kind="persistent", ranks=[4, 6], skew_fraction=0.2)
+    rep.per_rank = _per_rank({4: 8, 6: 8, 5: 8, 7: 8})
+    node = [NamedRank(r, 0.04, 0.16, list(range(8)), "persistent", tie_cost=0.16) for r in (5, 7, 4, 6)]
+    wi = WhatIfReport(**(msgspec.structs.asdict(_wi("persistent", [])) | {"explaining_set": node}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {4: "persistent", 6: "persistent"})
+    assert sorted(rep.ranks) == [4, 5, 6, 7] and rep.kind == "persistent"
+    # the same ranks named one by one, each saving 4 %: four small problems, none joins
+    alone = [msgspec.structs.replace(n, tie_cost=0.04) for n in node]
+    rep = StragglerReport(kind="persistent", ranks=[4, 6], skew_fraction=0.2)
+    rep.per_rank = _per_rank({4: 8, 6: 8, 5: 8, 7: 8})
+    wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"explaining_set": alone}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), {4: "persistent", 6: "persistent"})
+    assert rep.ranks == [4, 6]
+
+
 def test_host_stalls_do_not_join():
     # two stalls (late in 2 steps) and one: fewer than MIN_RECURRING, noise to the verdict
     rep = StragglerReport(kind="persistent", ranks=[1, 3], intermittent_ranks=[4], skew_fraction=0.3)

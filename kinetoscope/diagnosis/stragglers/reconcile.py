@@ -60,6 +60,13 @@ class NamedRank(msgspec.Struct, frozen=True):
     kind: str  # persistent | intermittent
     peak: float = 0.0  # the largest share of an observed step it alone costs (a stall: STALL_COST)
     typical: float = 0.0  # the median over steps of that share (a steady delay: LATE_COST or more)
+    tie_cost: float = 0.0  # share saved by the what-if that named it: it and its tie, together
+
+    def joint_cost(self) -> float:
+        """The saving of the what-if that named it, or its own share when larger. Ranks
+        tied with each other (slowed together: a node, a replica) are one problem, each carrying
+        only its part of the saving; four of them at 4 % each are one problem costing 16 %."""
+        return max(self.cost, self.tie_cost)
 
 
 class WhatIfReport(msgspec.Struct, frozen=True):
@@ -125,7 +132,7 @@ def whatif_report(
     step_labels = sorted(set(instances["step"].drop_nulls().to_list()) & set(steps))
     named = [
         _named(exp, lane, g, ranks, step_labels, w.t_obs)
-        for lane, g in zip(exp.lanes, exp.gains, strict=True)
+        for lane, g in zip(exp.lanes, zip(exp.gains, exp.option_gains, strict=True), strict=True)
     ]
     per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
     stage = stage_imbalance(model)  # pipeline jobs: M_W and M_S against a stage-balanced ideal
@@ -177,19 +184,23 @@ def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
     return bool(instances.height) and bool(instances["instance"].str.contains("@").any())
 
 
-def _named(exp: Any, lane: int, gain: float, ranks: list[int], steps: list[int], t_obs: Any) -> NamedRank:
+def _named(
+    exp: Any, lane: int, gains: tuple[float, float], ranks: list[int], steps: list[int], t_obs: Any
+) -> NamedRank:
+    """``gains``: its share of what its what-if saved, and that what-if's whole saving."""
     i = exp.candidates.index(lane)
     # own cost as a share of the observed step
     share = exp.cost[i] * exp.t_ideal[i] / np.maximum(t_obs, 1e-12)
     late = _late(share, steps)
     return NamedRank(
         rank=ranks[lane],
-        cost=float(gain),
+        cost=float(gains[0]),
         own_cost=float(exp.cost[i].mean()),
         late_steps=late,
         kind=rank_kind(len(late), len(steps)),
         peak=float(share.max(initial=0.0)),
         typical=float(np.median(share)) if share.size else 0.0,
+        tie_cost=float(gains[1]),
     )
 
 
@@ -397,7 +408,7 @@ def as_slow_replica(
     if lost < th.min_lost_fraction:
         return False
     kind = rank_kind(len(r.late_steps), wi.steps)
-    named = [NamedRank(x, lost / len(r.ranks), r.cost, r.late_steps, kind) for x in r.ranks]
+    named = [NamedRank(x, lost / len(r.ranks), r.cost, r.late_steps, kind, tie_cost=lost) for x in r.ranks]
     _adopt(rep, wi, bd, named, lost, r.recovered)
     rep.reason = (
         f"the replay over the job's pipeline transfers: ranks {rep.ranks}, one pipeline replica, are slow together; "
@@ -468,7 +479,7 @@ def as_replay_straggler(
     floor = th.min_intermittent_lost_fraction
     if wi.kind not in ("persistent", "intermittent", "mixed") or wi.lost_fraction < th.min_lost_fraction:
         return False  # what a verdict must save (``min_lost_fraction``) holds for the replay too
-    if any(n.cost < floor or len(n.late_steps) < MIN_RECURRING for n in named):
+    if any(_bar_cost(rep, n) < floor or len(n.late_steps) < MIN_RECURRING for n in named):
         return False
     _adopt(rep, wi, bd, list(named), wi.lost_fraction, wi.recovered_fraction)
     rep.reason = (
@@ -569,8 +580,23 @@ def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
     return [
         n.rank
         for n in wi.explaining_set
-        if n.rank not in rep.ranks and n.cost >= floor and (recurs(n) or outweighs(n))
+        if n.rank not in rep.ranks and _bar_cost(rep, n) >= floor and (recurs(n) or outweighs(n))
     ]
+
+
+def _bar_cost(rep: StragglerReport, n: NamedRank) -> float:
+    """The cost a replay rank's floor is held against: its tie's whole saving (``tie_cost``) when
+    the tie is a steady one the arrivals confirm, else its own share.
+
+    Why: ranks slowed together (a node, a replica) mask each other, so each carries only its
+    part of what fixing them saves (four ranks of a slow node at 4 % each are one problem costing
+    16 %). The tie counts as one only when the replay finds the rank late in most steps and the
+    arrivals do too (``kinds.rank_kind`` of the rules' own count: more than half of its steps):
+    a pair late together in half the steps is what the host's jitter gives, and a group no
+    collective links to the rest is measured against a peer of another role."""
+    late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
+    ruled = rank_kind(int(late.get(str(n.rank)) or 0), int(steps.get(str(n.rank)) or 0))
+    return n.joint_cost() if n.kind == ruled == "persistent" else n.cost
 
 
 def _join(

@@ -146,7 +146,9 @@ class Explanation:
     ``candidates[i]``'s ``T_add / T_ideal - 1`` in step ``s`` (its slowdown when it alone is
     observed), against the ideal it is measured with (``t_ideal[i]``: that ideal job's step
     times; see ``explain``). ``lanes``: the explaining set in naming order; ``gains[i]``: what naming
-    ``lanes[i]`` saved, as a share of the observed step time (members of a tie share it).
+    ``lanes[i]`` saved, as a share of the observed step time (members of a tie share it);
+    ``option_gains[i]``: what the what-if that named ``lanes[i]`` saved (its whole tie's saving:
+    a tie of four ranks slowed together is one problem, whose members each carry a quarter).
     """
 
     candidates: tuple[int, ...]
@@ -155,6 +157,7 @@ class Explanation:
     gains: tuple[float, ...]
     recovered_fraction: float  # rem of the explaining set (0 when empty)
     t_ideal: F64  # candidates x steps: step times of the ideal job each cost is measured against
+    option_gains: tuple[float, ...] = ()
 
     def own_cost(self, lane: int) -> float:
         """Mean own cost of a candidate lane (0 when not a candidate)."""
@@ -275,6 +278,7 @@ def explain(
     t_cur = t_obs
     named: list[int] = []
     gains: list[float] = []
+    option_gains: list[float] = []
     for _ in range(max_rounds):
         own = {c: float(cost[i].mean()) for i, c in enumerate(cand)}
         options = _options([c for c in cand if c not in named], own, named, tie, per_round)
@@ -288,6 +292,7 @@ def explain(
             break
         named += options[best]
         gains += [gain / len(options[best])] * len(options[best])
+        option_gains += [gain] * len(options[best])
         t_cur = float(times[best])
         new = ideal if groups is None else ideal_without(w.model, groups, named)
         if not np.array_equal(new, ideal):  # the yardstick moved: costs measured against it again
@@ -299,7 +304,7 @@ def explain(
     base = np.repeat(t_ideal[None, :], len(cand), axis=0)
     if groups is not None and len(named) > 1:
         _own_against_others(w, groups, named, (cand, cost, base), ideal)
-    return Explanation(tuple(cand), cost, tuple(named), tuple(gains), float(rec), base)
+    return Explanation(tuple(cand), cost, tuple(named), tuple(gains), float(rec), base, tuple(option_gains))
 
 
 def _own_against_others(
