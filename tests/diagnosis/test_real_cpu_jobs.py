@@ -294,3 +294,17 @@ def test_a_rank_stalling_in_a_few_steps_beside_a_steady_one_is_named_with_it() -
     assert s.kind == "mixed" and sorted(s.ranks) == named_by_truth, s.reason
     roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
     assert roles[2] == "persistent" and roles[0] == "intermittent"
+
+
+def test_a_pair_steadily_late_beside_a_rank_that_stalls_is_mixed() -> None:
+    # ranks 2 and 4 of 5 sleep 30 ms every step, rank 1 stalls 60 ms in 6 of 16 steps. The rules
+    # named the three as intermittent: 2 and 4 as a pair late together in 10 of 16 steps, which
+    # chance gives either two of five often enough; the replay sees each late in every step
+    files = _files("pair_steady_beside_a_staller_w5")
+    job, late = truth.cpu_job(files), truth.cpu_step_lateness(files)
+    steps = {r: sum(1 for (x, _), us in late.items() if x == r and us >= 0.25 * job.step) for r in job.ranks}
+    assert steps[2] == steps[4] == 16 and steps[1] == 6 and steps[0] == steps[3] == 0  # the truth
+    s = diagnose(files).stragglers
+    assert s.kind == "mixed" and sorted(s.ranks) == [1, 2, 4] and s.intermittent_ranks == [1], s.reason
+    roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
+    assert roles[2] == roles[4] == "persistent" and roles[1] == "intermittent"

@@ -115,6 +115,34 @@ def test_ranks_slowed_together_join_by_their_ties_saving():
     assert rep.ranks == [4, 6]
 
 
+def test_a_pair_the_replay_sees_steadily_late_beside_a_staller_is_persistent_and_mixed():
+    # ranks 2 and 4 sleep alike every step, rank 1 stalls in 6 of 16: the rules judge the pair
+    # against chance (either of two last in 10 of 16 steps is not rare) and read all three as
+    # intermittent; the replay sees 2 and 4 late in all 16 steps by 28-29 % of a step each
+    rep = StragglerReport(
+        kind="intermittent", ranks=[2, 4, 1], intermittent_ranks=[2, 4, 1], skew_fraction=0.4
+    )
+    rep.per_rank = _per_rank({2: 10, 4: 10, 1: 6}, steps=16).with_columns(role=pl.lit("intermittent"))
+    pair = [NamedRank(r, 0.09, 0.55, list(range(16)), "persistent", peak=0.4, typical=0.28) for r in (4, 2)]
+    stall = NamedRank(1, 0.23, 0.48, [4, 9, 10, 12, 13, 14], "intermittent", peak=0.56, typical=0.01)
+    wi = WhatIfReport(
+        **(msgspec.structs.asdict(_wi("mixed", [])) | {"explaining_set": [*pair, stall], "steps": 16})
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), dict.fromkeys((2, 4, 1), "intermittent"))
+    assert rep.kind == "mixed" and rep.ranks == [2, 4, 1] and rep.intermittent_ranks == [1]
+    roles = dict(zip(rep.per_rank["rank"], rep.per_rank["role"], strict=True))
+    assert roles[2] == roles[4] == "persistent" and roles[1] == "intermittent"
+    # late in most steps but by the host's small margins (median share under 5 %): left as it was
+    faint = [msgspec.structs.replace(n, typical=0.02) for n in pair]
+    rep = StragglerReport(
+        kind="intermittent", ranks=[2, 4, 1], intermittent_ranks=[2, 4, 1], skew_fraction=0.4
+    )
+    rep.per_rank = _per_rank({2: 10, 4: 10, 1: 6}, steps=16)
+    wi = WhatIfReport(**(msgspec.structs.asdict(wi) | {"explaining_set": [*faint, stall]}))
+    reconcile(rep, wi, StragglerThresholds(), _bd(), dict.fromkeys((2, 4, 1), "intermittent"))
+    assert rep.kind == "intermittent" and rep.intermittent_ranks == [2, 4, 1]
+
+
 def test_host_stalls_do_not_join():
     # two stalls (late in 2 steps) and one: fewer than MIN_RECURRING, noise to the verdict
     rep = StragglerReport(kind="persistent", ranks=[1, 3], intermittent_ranks=[4], skew_fraction=0.3)

@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
+from kinetoscope.diagnosis.attribution import binom_sf
 from kinetoscope.diagnosis.stragglers.causes import rank_cause
 from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
@@ -266,7 +267,9 @@ def reconcile(
       (``_join``); a ``none`` verdict takes a faithful replay's ranks that recur and cost
       enough (``as_replay_straggler``). How much a rank costs *relative to* the named ones
       plays no part: the explaining set already holds only ranks whose fixing saves
-      ``search.MIN_GAIN`` of step time, given those before them.
+      ``search.MIN_GAIN`` of step time, given those before them;
+    * then a named intermittent rank that a faithful replay sees steadily late in most steps is
+      persistent (``_steady_by_the_replay``).
     """
     if as_stage_imbalance(rep, wi):
         return
@@ -287,6 +290,46 @@ def reconcile(
         extra = _joining(rep, wi, th)
         if extra:
             _join(rep, wi, bd, named_roles, extra)
+        _steady_by_the_replay(rep, wi, th)
+
+
+def _steady_by_the_replay(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> None:
+    """A named rank the rules call intermittent that a faithful replay (``_faithful``) sees late
+    in most steps, ``MIN_RECURRING`` or more, by a steady delay (``typical`` >= ``LATE_COST``),
+    and in more of them than chance gives one rank of the job (``_beyond_chance``), is persistent
+    (in place; the verdict ``mixed`` when intermittent ranks remain). The rules judge a pair late
+    together against chance (either of two of five ranks last in 10 of 16 steps is not rare), so
+    two ranks slowed alike beside a third that stalls read as intermittent; the replay measures
+    each one's own delay in every step. Only this way: a replay that sees a rank late in fewer
+    steps does not demote it (a small steady delay on a loaded host is late by the replay's bar
+    in only some steps)."""
+    if rep.kind not in ("intermittent", "mixed") or not _faithful(wi):
+        return
+    seen = {n.rank: n for n in wi.explaining_set}
+    world = max(rep.per_rank.height, 2)
+    steady = [
+        r
+        for r in rep.ranks
+        if r in rep.intermittent_ranks and r in seen and _steady_delay(seen[r], wi.steps, world, th.alpha)
+    ]
+    if not steady:
+        return
+    rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in steady]
+    rep.recurrent_ranks = [r for r in rep.recurrent_ranks if r not in steady]  # of the intermittent
+    rep.kind = "mixed" if set(rep.intermittent_ranks) & set(rep.ranks) else "persistent"
+    if rep.kind == "persistent" and rep.pattern == "bursts":
+        rep.pattern = "steady"
+    _set_roles(rep, dict.fromkeys(steady, "persistent"), clear=False)
+
+
+def _steady_delay(n: NamedRank, steps: int, world: int, alpha: float) -> bool:
+    """Late in most of the ``steps`` replayed, ``MIN_RECURRING`` or more, by ``LATE_COST`` of a
+    step at the median, and in more steps than chance (binomial against one rank of ``world``
+    being the late one, p < ``alpha``): a steady delay, not stalls. With two ranks, one of them
+    late in 8 of 12 steps is what chance gives (p = 0.19)."""
+    late = len(n.late_steps)
+    steady = late >= MIN_RECURRING and rank_kind(late, steps) == "persistent" and n.typical >= LATE_COST
+    return steady and binom_sf(late, steps, 1.0 / world) < alpha
 
 
 def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> bool:
