@@ -3,7 +3,9 @@
     torchrun --nproc-per-node 3 uneven_job.py OUT --batches 6 --short-rank 1 --short-by 3 [--join]
 
 Every rank trains on ``--batches`` batches except ``--short-rank``, which gets ``--short-by``
-fewer (its shard ran out: no DistributedSampler padding). With ``--join`` the loop runs under
+fewer (its shard ran out: no DistributedSampler padding). ``--input-ms`` sleeps before each
+batch (its input loading): steps long against the host's scheduling delays, so a loaded host
+does not start the ranks' windows further apart than a step. With ``--join`` the loop runs under
 ``torch.distributed.algorithms.Join([ddp])``: the short rank shadows the others' gradient
 all-reduces until all are done. Without it the others block in an all-reduce the short rank
 never joins, until the process group's ``--timeout-s`` expires (the job would hang; here each
@@ -34,6 +36,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--join", action="store_true")
     p.add_argument("--timeout-s", type=float, default=8.0)
     p.add_argument("--record-shapes", action="store_true", help="record message sizes (record_param_comms)")
+    p.add_argument(
+        "--input-ms", type=float, default=0.0, help="sleep this long before each batch (its input loading)"
+    )
     return p.parse_args()
 
 
@@ -49,10 +54,12 @@ def main() -> None:
     data = [torch.randn(64, 256) for _ in range(n)]
     done = 0
     a.out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()  # the ranks' trace windows start together, as a daemon's trigger starts them
     with profile(activities=[ProfilerActivity.CPU], record_shapes=a.record_shapes) as prof:
         try:
             with Join([model], enable=a.join):
                 for x in data:
+                    time.sleep(a.input_ms / 1e3)
                     opt.zero_grad()
                     model(x).pow(2).mean().backward()
                     opt.step()

@@ -27,7 +27,7 @@ def test_early_trace_is_right_or_not_assessed(tmp_path, seed):
         # (a miss) still fails below.
         assert r["exit"] == 0 and r["captured"]["usable"] is True, r
         return
-    assert r["outcome"] in ("right", "not-assessed"), r
+    assert r["outcome"] in ("right", "not-assessed"), f"{r['outcome']}: {r['headline']!r} ({r})"
     if r["outcome"] == "not-assessed":
         assert r["headline"].startswith("NOT ASSESSED: ") and len(r["headline"]) > len("NOT ASSESSED: ") + 10
         assert r["exit"] == 3 and r["captured"]["usable"] is False and r["captured"]["reason"], r

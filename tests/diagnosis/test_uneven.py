@@ -22,7 +22,10 @@ def _steps(out: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def with_join(tmp_path_factory):
     out = tmp_path_factory.mktemp("uneven_join")
-    run_torchrun("uneven_job.py", 3, out, "--batches", "6", "--short-rank", "1", "--short-by", "3", "--join")
+    # 20 ms of input loading per batch: a 3-step window of ~1 ms steps started ranks up to 17 ms
+    # apart on a loaded host, beyond the evidence's tolerance (a step), so the finding was guarded
+    args = ("--batches", "6", "--short-rank", "1", "--short-by", "3", "--input-ms", "20", "--join")
+    run_torchrun("uneven_job.py", 3, out, *args)
     return diagnose(out), _steps(out)
 
 
