@@ -6,8 +6,8 @@ sleeps ``--straggler-ms`` before ``backward()`` every step: a persistent straggl
 runs the real CLI: ``kscope trace --job-id J --iterations 10 --wait --timeout T --json``, and
 diagnoses the files. Each run is one of:
 
-``right``         the headline names rank 1 as a persistent straggler (or an intermittent one
-                  including rank 1);
+``right``         the headline names rank 1 as a persistent straggler (or an intermittent or
+                  mixed verdict including rank 1: a rank the loaded host stalled beside it);
 ``not-assessed``  ``NOT ASSESSED`` with its reason (the evidence says the trace cannot carry it);
 ``no-verdict``    ``NO STRAGGLER`` / ``STRAGGLERS NOT ASSESSED`` (missed, but not wrong);
 ``wrong``         any other straggler named, or an ``UNEVEN INPUTS`` headline;
@@ -41,7 +41,7 @@ def classify(headline: str) -> str:
         return "not-assessed"
     if h.startswith("UNEVEN INPUTS"):
         return "wrong"
-    if h.startswith(("PERSISTENT STRAGGLER", "INTERMITTENT STRAGGLER")):
+    if h.startswith(("PERSISTENT STRAGGLER", "INTERMITTENT STRAGGLER", "MIXED STRAGGLER")):
         named = {int(n) for n in re.findall(r"rank (\d+)", h)}
         if h.startswith("PERSISTENT"):
             return "right" if named == {STRAGGLER} else "wrong"
