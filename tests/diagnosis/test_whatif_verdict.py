@@ -143,6 +143,25 @@ def test_a_pair_the_replay_sees_steadily_late_beside_a_staller_is_persistent_and
     assert rep.kind == "intermittent" and rep.intermittent_ranks == [2, 4, 1]
 
 
+def test_a_steady_pair_beside_a_staller_the_replay_joined_is_mixed():
+    # the same job on a fresh seed: the rules named only the pair (intermittent, late together in
+    # 9 of 16 steps); rank 1, which stalls in 7 of 16, joined from the replay as intermittent.
+    # Once the pair is steady, rank 1 is what keeps the verdict mixed
+    rep = StragglerReport(kind="intermittent", ranks=[2, 4], intermittent_ranks=[2, 4], skew_fraction=0.4)
+    rep.per_rank = _per_rank({2: 9, 4: 9, 1: 0, 0: 0}, steps=16).with_columns(
+        role=pl.Series(["intermittent", "intermittent", None, None], dtype=pl.String)
+    )
+    pair = [NamedRank(r, 0.086, 0.61, list(range(16)), "persistent", peak=0.4, typical=0.31) for r in (2, 4)]
+    stall = NamedRank(1, 0.277, 0.585, [3, 6, 7, 10, 11, 12, 13], "intermittent", peak=0.59, typical=0.017)
+    wi = WhatIfReport(
+        **(msgspec.structs.asdict(_wi("mixed", [])) | {"explaining_set": [*pair, stall], "steps": 16})
+    )
+    reconcile(rep, wi, StragglerThresholds(), _bd(), dict.fromkeys((2, 4), "intermittent"))
+    assert rep.kind == "mixed" and rep.ranks == [2, 4, 1], rep.reason
+    roles = dict(zip(rep.per_rank["rank"], rep.per_rank["role"], strict=True))
+    assert roles[2] == roles[4] == "persistent" and roles[1] == "intermittent"
+
+
 def test_host_stalls_do_not_join():
     # two stalls (late in 2 steps) and one: fewer than MIN_RECURRING, noise to the verdict
     rep = StragglerReport(kind="persistent", ranks=[1, 3], intermittent_ranks=[4], skew_fraction=0.3)

@@ -314,9 +314,15 @@ def _steady_by_the_replay(rep: StragglerReport, wi: WhatIfReport, th: StragglerT
     ]
     if not steady:
         return
+    roles = rep.per_rank_column("role")  # a rank the replay joined is intermittent by its role
+    left = [
+        r
+        for r in rep.ranks
+        if r not in steady and (r in rep.intermittent_ranks or roles.get(str(r)) == "intermittent")
+    ]
     rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in steady]
     rep.recurrent_ranks = [r for r in rep.recurrent_ranks if r not in steady]  # of the intermittent
-    rep.kind = "mixed" if set(rep.intermittent_ranks) & set(rep.ranks) else "persistent"
+    rep.kind = "mixed" if left else "persistent"
     if rep.kind == "persistent" and rep.pattern == "bursts":
         rep.pattern = "steady"
     _set_roles(rep, dict.fromkeys(steady, "persistent"), clear=False)
