@@ -296,7 +296,7 @@ def reconcile(
 def _steady_by_the_replay(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> None:
     """A named rank the rules call intermittent that a faithful replay (``_faithful``) sees late
     in most steps, ``MIN_RECURRING`` or more, by a steady delay (``typical`` >= ``LATE_COST``),
-    and in more of them than chance gives one rank of the job (``_beyond_chance``), is persistent
+    and in more of them than chance gives one rank of the job (``_steady_delay``), is persistent
     (in place; the verdict ``mixed`` when intermittent ranks remain). The rules judge a pair late
     together against chance (either of two of five ranks last in 10 of 16 steps is not rare), so
     two ranks slowed alike beside a third that stalls read as intermittent; the replay measures
