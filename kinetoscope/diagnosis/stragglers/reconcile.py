@@ -528,7 +528,8 @@ def as_replay_straggler(
     floor = th.min_intermittent_lost_fraction
     if wi.kind not in ("persistent", "intermittent", "mixed") or wi.lost_fraction < th.min_lost_fraction:
         return False  # what a verdict must save (``min_lost_fraction``) holds for the replay too
-    if any(_bar_cost(rep, n) < floor or len(n.late_steps) < MIN_RECURRING for n in named):
+    kinds = _kinds_by_rules(rep)
+    if any(_bar_cost(n, kinds) < floor or len(n.late_steps) < MIN_RECURRING for n in named):
         return False
     _adopt(rep, wi, bd, list(named), wi.lost_fraction, wi.recovered_fraction)
     rep.reason = (
@@ -560,14 +561,13 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
         return
     floor = th.min_intermittent_lost_fraction
     kept = set(wi.ranks())
-    late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
+    late, kinds = rep.per_rank_column("late_steps"), _kinds_by_rules(rep, wi.steps)
 
     def cheap(r: int) -> bool:
         if _named_for_link(rep, r):
             return False  # its cost is its late ends (the transfer): no arrival what-if sees it
         alone = wi.per_rank.get(str(r), 1.0) - 1.0
-        n_late = int(late.get(str(r)) or 0)
-        rare = n_late < MIN_RECURRING or rank_kind(n_late, int(steps.get(str(r)) or wi.steps)) != "persistent"
+        rare = int(late.get(str(r)) or 0) < MIN_RECURRING or kinds.get(r) != "persistent"
         return r not in kept and rare and _ruled_cost(rep, r) < floor and alone < floor
 
     drop = {r for r in rep.ranks if cheap(r)}
@@ -602,8 +602,8 @@ def _persistent_when_alone(rep: StragglerReport) -> None:
     with ranks each late in most steps (``kinds.rank_kind``: more than half, or a one-step
     trace's only step), is persistent: the group was what made it intermittent. (A verdict that
     was intermittent without a group keeps its kind: its ranks' own stalls made it so.)"""
-    late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
-    alone = all(rank_kind(late.get(str(r)) or 0, steps.get(str(r)) or 0) == "persistent" for r in rep.ranks)
+    kinds = _kinds_by_rules(rep)
+    alone = all(kinds.get(r) == "persistent" for r in rep.ranks)
     if rep.kind != "intermittent" or not alone:
         return
     rep.kind = "persistent"
@@ -622,6 +622,7 @@ def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
         return max(len(n.late_steps), by_rules) >= min(MIN_RECURRING, wi.steps)
 
     cheapest = min((n.cost for n in wi.explaining_set if n.rank in rep.ranks), default=None)
+    kinds = _kinds_by_rules(rep)
 
     def outweighs(n: NamedRank) -> bool:  # a trace too short to show recurrence: cost decides
         return wi.steps < MIN_RECURRING and cheapest is not None and n.cost >= cheapest
@@ -629,23 +630,28 @@ def _joining(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
     return [
         n.rank
         for n in wi.explaining_set
-        if n.rank not in rep.ranks and _bar_cost(rep, n) >= floor and (recurs(n) or outweighs(n))
+        if n.rank not in rep.ranks and _bar_cost(n, kinds) >= floor and (recurs(n) or outweighs(n))
     ]
 
 
-def _bar_cost(rep: StragglerReport, n: NamedRank) -> float:
+def _bar_cost(n: NamedRank, kinds_by_rules: Mapping[int, str]) -> float:
     """The cost a replay rank's floor is held against: its tie's whole saving (``tie_cost``) when
     the tie is a steady one the arrivals confirm, else its own share.
 
     Why: ranks slowed together (a node, a replica) mask each other, so each carries only its
     part of what fixing them saves (four ranks of a slow node at 4 % each are one problem costing
     16 %). The tie counts as one only when the replay finds the rank late in most steps and the
-    arrivals do too (``kinds.rank_kind`` of the rules' own count: more than half of its steps):
-    a pair late together in half the steps is what the host's jitter gives, and a group no
+    arrivals do too (``kinds_by_rules``, ``_kinds_by_rules``: more than half of its steps): a
+    pair late together in half the steps is what the host's jitter gives, and a group no
     collective links to the rest is measured against a peer of another role."""
+    return n.joint_cost() if n.kind == kinds_by_rules.get(n.rank) == "persistent" else n.cost
+
+
+def _kinds_by_rules(rep: StragglerReport, steps_if_unknown: int = 0) -> dict[int, str]:
+    """Each rank's kind by the rules' own count of its late steps (``kinds.rank_kind`` of the
+    per-rank table's ``late_steps`` of ``steps``; ``steps_if_unknown`` where it has none)."""
     late, steps = rep.per_rank_column("late_steps"), rep.per_rank_column("steps")
-    ruled = rank_kind(int(late.get(str(n.rank)) or 0), int(steps.get(str(n.rank)) or 0))
-    return n.joint_cost() if n.kind == ruled == "persistent" else n.cost
+    return {int(r): rank_kind(int(n or 0), int(steps.get(r) or steps_if_unknown)) for r, n in late.items()}
 
 
 def _join(
