@@ -252,11 +252,12 @@ def reconcile(
     * on a pipeline job whose transfers the replay paired, the replay's explaining set replaces
       the rules' ranks (``adopt_group_set``); else a replica that explains the slowdown is named;
     * ``rotating`` (``stragglers.kinds``): when the replay reads the stalls as moving between
-      ranks, costing ``min_intermittent_lost_fraction`` of step time or more, and the rules named
-      nobody, or intermittent ranks, or ranks the replay sees late in only a few steps and not
-      steadily (each in its explaining set as intermittent, its median share of a step below
-      ``LATE_COST``), the verdict is ``rotating`` and names every rank of the replay's set that
-      stalled (``_as_rotating``);
+      ranks, and the rules named nobody, or intermittent ranks, or ranks the replay sees late in
+      only a few steps and not steadily (each in its explaining set as intermittent, its median
+      share of a step below ``LATE_COST``), the verdict is ``rotating`` and names every rank of
+      the replay's set that stalled (``_as_rotating``), when those are two ranks or more costing
+      ``min_intermittent_lost_fraction`` of step time or more together (what the verdict names
+      is what must cost enough: the replay's set can hold ranks late by the noise alone);
     * otherwise, a rank of the replay's explaining set the rules did not name, late in
       ``MIN_RECURRING`` steps or more, or in every step of a shorter trace (which shows no
       recurrence), by the replay or by the rules for a rank they listed as
@@ -342,8 +343,9 @@ def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) ->
     """Whether the verdict becomes ``rotating`` (``reconcile``)."""
     if wi.kind != "rotating" or rep.skew_fraction is None:
         return False
-    if wi.lost_fraction < th.min_intermittent_lost_fraction or not any(_rotating_ranks(rep, wi)):
-        return False
+    moving, ruled = _rotating_ranks(rep, wi)
+    if len(moving) + len(ruled) < 2 or _rotating_cost(rep, moving, ruled) < th.min_intermittent_lost_fraction:
+        return False  # judged on what the verdict would name: two ranks at least, costing enough
     if rep.kind in ("none", "intermittent"):
         return True
     seen = {n.rank: n for n in wi.explaining_set}
@@ -700,7 +702,7 @@ def _as_rotating(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> No
     rep.kind = "rotating"
     rep.ranks = [n.rank for n in moving] + ruled
     rep.intermittent_ranks = list(rep.ranks)
-    rep.lost_fraction = float(sum(n.cost for n in moving) + sum(_ruled_cost(rep, r) for r in ruled))
+    rep.lost_fraction = _rotating_cost(rep, moving, ruled)
     if rep.mean_step_time_us:
         rep.est_step_time_us = rep.mean_step_time_us * (1.0 - rep.lost_fraction)
     rep.hosts = {r: rep.hosts.get(r) for r in rep.ranks}
@@ -713,6 +715,12 @@ def _as_rotating(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> No
         f"steps: {', '.join(f'rank {r}: {late.get(str(r)) or 0}' for r in rep.ranks)}), together "
         f"costing {100 * rep.lost_fraction:.1f}% of step time"
     )
+
+
+def _rotating_cost(rep: StragglerReport, moving: list[NamedRank], ruled: list[int]) -> float:
+    """What a ``rotating`` verdict's ranks cost together, as a share of the mean step: each
+    replay rank's share of its what-if, each rank only the rules named by their what-if."""
+    return float(sum(n.cost for n in moving) + sum(_ruled_cost(rep, r) for r in ruled))
 
 
 def _ruled_cost(rep: StragglerReport, r: int) -> float:

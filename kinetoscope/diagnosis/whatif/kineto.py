@@ -21,9 +21,18 @@ Asynchronous collectives (gloo buckets issued without waiting) make that time ne
 replay still reproduces the timeline, and a late arrival still delays what follows it. A member
 that leaves a collective before its last member's arrival (host issue times, clock residuals)
 keeps that negative transfer, so the unmodified replay reproduces every end.
+
+The last step's tails are nobody's (``ReplayModel.item_unattributed``: their ideal is what was
+observed, so no what-if changes them): no synchronisation in the trace follows them, so whether
+a long one would have delayed anyone is not observed. They are also where the profiler's own
+stop lands: once a rank's collection ends, its trace processing competes for the host's cores
+with ranks still finishing that step (on a shared host, a rank's last tail runs 10-30 ms long
+several times as often as any other tail).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import polars as pl
@@ -203,7 +212,8 @@ def _assemble(
         lane_busy=busy,
         lane_replica=replica,
     )
-    return assemble(visits, items, info)
+    model = assemble(visits, items, info)
+    return dataclasses.replace(model, item_ideal=np.where(model.item_unattributed, model.item_work, model.item_ideal))
 
 
 def _lane_spans(spans: pl.DataFrame, lane_of: dict[int, int], origin: int) -> pl.DataFrame:

@@ -87,6 +87,18 @@ class ReplayModel:
         return self.inc_lane[self.item_inc]
 
     @cached_property
+    def item_unattributed(self) -> B:
+        """Items no what-if may change (a builder sets their ideal to what was observed): the
+        tails of the last step of a job whose lanes carry on from step to step. No
+        synchronisation of the trace follows them, so whether a long one would have delayed
+        anyone is not observed."""
+        if self.independent_steps:
+            return np.zeros(self.item_inc.shape[0], dtype=bool)
+        inc = self.item_inc
+        last = self.inc_step[inc] == self.n_steps - 1
+        return np.asarray(self.sync_is_end[self.inc_sync[inc]] & last, dtype=np.bool_)
+
+    @cached_property
     def item_start(self) -> I64:
         """Index of each incidence's first item (items are sorted by incidence)."""
         return np.searchsorted(self.item_inc, np.arange(self.inc_lane.shape[0])).astype(np.int64)

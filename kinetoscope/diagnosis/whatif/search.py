@@ -179,8 +179,8 @@ def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
     """The typical peer re-evaluated without ``lanes`` where they could have made it slow: in a
     group of ``n`` members of which ``k`` are among ``lanes``, once ``k + 1`` slow members would
     reach the model's lower median (``k >= n - (n - 1) // 2 - 1``), the median of the other
-    members' work, never above the model's ideal; elsewhere (and where fewer than three members
-    are left) the model's ideal.
+    members' work, never above the model's ideal; elsewhere (where fewer than three members are
+    left, and for ``item_unattributed`` items) the model's ideal.
 
     Why: the model's ideal is the lower median of every member, a yardstick only while most
     members are healthy. With three slow ranks of five (two persistent, one stalling now and
@@ -203,7 +203,8 @@ def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
         return model.item_ideal
     med = np.full(size.shape[0], np.inf)
     med[groups[rest]] = typical(model.item_work[rest], groups[rest], how="median")
-    return np.asarray(np.minimum(model.item_ideal, med[groups]), dtype=np.float64)
+    moved_ideal = np.where(model.item_unattributed, model.item_ideal, np.minimum(model.item_ideal, med[groups]))
+    return np.asarray(moved_ideal, dtype=np.float64)
 
 
 def excess_work(model: ReplayModel, ideal: F64 | None = None) -> F64:
