@@ -308,3 +308,16 @@ def test_a_pair_steadily_late_beside_a_rank_that_stalls_is_mixed() -> None:
     assert s.kind == "mixed" and sorted(s.ranks) == [1, 2, 4] and s.intermittent_ranks == [1], s.reason
     roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
     assert roles[2] == roles[4] == "persistent" and roles[1] == "intermittent"
+
+
+def test_a_long_tail_in_the_last_step_names_nobody() -> None:
+    # six ranks, one random rank stalling 60 ms (80 % of a step) in 6 of 16 steps, beside two CPU
+    # burners. Rank 4's tail of the last step (last collective to its optimizer step) ran 27 ms
+    # long: no collective of the trace follows it, and it is where the other ranks' profiler
+    # stops compete for the cores. The replay named rank 4 among the rotating ranks for it
+    files = _files("rotating_with_a_long_last_tail_w6")
+    job, late = truth.cpu_job(files), truth.cpu_step_lateness(files)
+    stalled = {r: sorted(k for (x, k), us in late.items() if x == r and us >= 0.25 * job.step) for r in job.ranks}
+    assert stalled == {0: [7], 1: [2, 11], 2: [0, 9], 3: [], 4: [], 5: [8]}  # the truth
+    s = diagnose(files).stragglers
+    assert s.kind == "rotating" and sorted(s.ranks) == [0, 1, 2, 5], s.reason

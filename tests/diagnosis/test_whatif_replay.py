@@ -13,7 +13,7 @@ import pytest
 from kinetoscope.diagnosis.whatif.build import Items, JobInfo, Visits, assemble
 from kinetoscope.diagnosis.whatif.model import typical
 from kinetoscope.diagnosis.whatif.replay import build_schedule, observed_replay
-from kinetoscope.diagnosis.whatif.search import WhatIf, explain
+from kinetoscope.diagnosis.whatif.search import WhatIf, _best_option, explain
 
 
 def _job(n_lanes: int, n_steps: int, slow: dict[int, float], seed: int = 3, group: int = 4):
@@ -140,6 +140,23 @@ def test_ranks_slowed_together_share_their_ties_saving():
     assert exp.option_gains == (exp.option_gains[0],) * 4 and sum(exp.gains) == pytest.approx(
         exp.option_gains[0]
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "saved", "best"),
+    [
+        # a stalling lane saves 6 %; with a noisy lane tied to it 7.5 %: the noise does not ride along
+        ([[1], [4], [1, 4]], [0.06, 0.01, 0.075], 0),
+        # two lanes masking each other: each alone saves nothing, together 20 %
+        ([[3], [10], [3, 10]], [0.0, 0.0, 0.2], 2),
+        # a slow node: one of its lanes alone saves 5 %, the four together 16 % (11 % more >= 3 x 2 %)
+        ([[4], [5], [4, 5, 6, 7]], [0.05, 0.0, 0.16], 2),
+        # no lane alone saves the bar: the tie is judged whole (3 %)
+        ([[4], [5], [4, 5]], [0.015, 0.01, 0.03], 2),
+    ],
+)
+def test_a_tie_counts_only_when_its_extra_lanes_each_save_the_bar(options, saved, best):
+    assert _best_option(options, np.asarray(saved), 0.02) == best
 
 
 def test_per_label_and_topological_repair_of_noisy_order():

@@ -266,8 +266,10 @@ def explain(
     costly remaining candidates is made ideal too, and so is the *tie*: the most costly one with
     every candidate whose own cost is within ``tie`` of it (when it is itself within ``tie`` of
     the first named lane). Two equal stragglers mask each other (fixing one alone saves nothing);
-    fixed together they do, so both are named. The option saving the most step time is named;
-    the search stops when it saves less than ``min_gain`` of the observed step time.
+    fixed together they do, so both are named. The option saving the most step time is named (a
+    tie only when it saves ``min_gain`` per extra lane more than the best single lane,
+    ``_best_option``); the search stops when it saves less than ``min_gain`` of the observed step
+    time.
 
     ``groups`` (``member_groups``): re-evaluate the ideal without the named lanes after each
     round (``ideal_without``), and the candidates' own costs against it, so a rank stalling
@@ -287,7 +289,7 @@ def explain(
             break
         scen = [Scenario(False, *w.selection(named + opt, with_transfer=False)) for opt in options]
         times = w.run(scen, ideal).mean(axis=1)
-        best = int(np.argmax(t_cur - times))
+        best = _best_option(options, t_cur - times, min_gain * t_obs)
         gain = (t_cur - float(times[best])) / max(t_obs, 1e-12)
         if gain < min_gain:
             break
@@ -327,6 +329,20 @@ def _own_against_others(
         i = cand.index(lane)
         base[i] = times[0]
         cost[i] = times[1] / np.maximum(times[0], 1e-12) - 1.0
+
+
+def _best_option(options: list[list[int]], saved: F64, bar: float) -> int:
+    """Index of the option saving the most, where beside a single lane that saves ``bar`` a tie
+    of ``k`` lanes counts only when it saves ``bar`` per extra lane more than that lane: a tie
+    always saves at least as much as its best member, so without this a lane whose own work is
+    only noise rides along with a real straggler. (Where no lane alone saves ``bar``, the tie is
+    judged whole: ranks slowed together that only save when fixed together.)"""
+    single = max((float(g) for o, g in zip(options, saved, strict=True) if len(o) == 1), default=0.0)
+    worth = [
+        len(o) == 1 or single < bar or float(g) - single >= bar * (len(o) - 1)
+        for o, g in zip(options, saved, strict=True)
+    ]
+    return int(np.argmax(np.where(worth, saved, -np.inf)))
 
 
 def _options(
