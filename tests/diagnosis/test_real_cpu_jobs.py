@@ -317,7 +317,9 @@ def test_a_long_tail_in_the_last_step_names_nobody() -> None:
     # stops compete for the cores. The replay named rank 4 among the rotating ranks for it
     files = _files("rotating_with_a_long_last_tail_w6")
     job, late = truth.cpu_job(files), truth.cpu_step_lateness(files)
-    stalled = {r: sorted(k for (x, k), us in late.items() if x == r and us >= 0.25 * job.step) for r in job.ranks}
+    stalled = {
+        r: sorted(k for (x, k), us in late.items() if x == r and us >= 0.25 * job.step) for r in job.ranks
+    }
     assert stalled == {0: [7], 1: [2, 11], 2: [0, 9], 3: [], 4: [], 5: [8]}  # the truth
     s = diagnose(files).stragglers
     assert s.kind == "rotating" and sorted(s.ranks) == [0, 1, 2, 5], s.reason

@@ -213,7 +213,9 @@ def _assemble(
         lane_replica=replica,
     )
     model = assemble(visits, items, info)
-    return dataclasses.replace(model, item_ideal=np.where(model.item_unattributed, model.item_work, model.item_ideal))
+    return dataclasses.replace(
+        model, item_ideal=np.where(model.item_unattributed, model.item_work, model.item_ideal)
+    )
 
 
 def _lane_spans(spans: pl.DataFrame, lane_of: dict[int, int], origin: int) -> pl.DataFrame:

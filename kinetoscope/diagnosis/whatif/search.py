@@ -203,7 +203,9 @@ def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
         return model.item_ideal
     med = np.full(size.shape[0], np.inf)
     med[groups[rest]] = typical(model.item_work[rest], groups[rest], how="median")
-    moved_ideal = np.where(model.item_unattributed, model.item_ideal, np.minimum(model.item_ideal, med[groups]))
+    moved_ideal = np.where(
+        model.item_unattributed, model.item_ideal, np.minimum(model.item_ideal, med[groups])
+    )
     return np.asarray(moved_ideal, dtype=np.float64)
 
 
