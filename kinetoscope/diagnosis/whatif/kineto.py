@@ -26,8 +26,8 @@ The last step's tails are nobody's (``ReplayModel.item_unattributed``: their ide
 observed, so no what-if changes them): no synchronisation in the trace follows them, so whether
 a long one would have delayed anyone is not observed. They are also where the profiler's own
 stop lands: once a rank's collection ends, its trace processing competes for the host's cores
-with ranks still finishing that step (on a shared host, a rank's last tail runs 10-30 ms long
-several times as often as any other tail).
+with ranks still finishing that step (on a host the ranks share, a rank's last tail runs long
+several times as often as its others).
 """
 
 from __future__ import annotations
