@@ -281,8 +281,9 @@ def reconcile(
         return
     if as_slow_replica(rep, wi, bd, th):
         return
-    if _rotates(rep, wi, th):
-        _as_rotating(rep, wi, bd)
+    rotation = _rotation(rep, wi, th)
+    if rotation is not None:
+        _as_rotating(rep, bd, *rotation)
         return
     if as_replay_straggler(rep, wi, bd, th):
         return
@@ -339,23 +340,27 @@ def _steady_delay(n: NamedRank, steps: int, world: int, alpha: float) -> bool:
     return steady and binom_sf(late, steps, 1.0 / world) < alpha
 
 
-def _rotates(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> bool:
-    """Whether the verdict becomes ``rotating`` (``reconcile``)."""
+def _rotation(
+    rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds
+) -> tuple[list[NamedRank], list[int]] | None:
+    """What a ``rotating`` verdict names (``_rotating_ranks``) when the verdict becomes one
+    (``reconcile``), else ``None``."""
     if wi.kind != "rotating" or rep.skew_fraction is None:
-        return False
+        return None
     moving, ruled = _rotating_ranks(rep, wi)
     if len(moving) + len(ruled) < 2 or _rotating_cost(rep, moving, ruled) < th.min_intermittent_lost_fraction:
-        return False  # judged on what the verdict would name: two ranks at least, costing enough
+        return None  # judged on what the verdict would name: two ranks at least, costing enough
     if rep.kind in ("none", "intermittent"):
-        return True
+        return moving, ruled
     seen = {n.rank: n for n in wi.explaining_set}
-    return (
+    overturned = (
         rep.kind in ("persistent", "mixed")
         and not _named_make_the_median(rep)
         and all(
             r in seen and seen[r].kind == "intermittent" and seen[r].typical < LATE_COST for r in rep.ranks
         )
     )
+    return (moving, ruled) if overturned else None
 
 
 def _named_make_the_median(rep: StragglerReport) -> bool:
@@ -693,11 +698,10 @@ def _set_roles(rep: StragglerReport, roles: Mapping[int, str | None], clear: boo
     )
 
 
-def _as_rotating(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> None:
-    """The verdict ``rotating``: every rank of the replay's set that stalled, with its cost, and
-    the ranks the rules named for their stalls (each too cheap alone for the replay's set: one
-    stall in many steps), with what the rules say fixing it saves."""
-    moving, ruled = _rotating_ranks(rep, wi)
+def _as_rotating(rep: StragglerReport, bd: pl.DataFrame, moving: list[NamedRank], ruled: list[int]) -> None:
+    """The verdict ``rotating``: every rank of the replay's set that stalled (``moving``), with
+    its cost, and the ranks the rules named for their stalls (``ruled``: each too cheap alone for
+    the replay's set, one stall in many steps), with what the rules say fixing it saves."""
     late = rep.per_rank_column("late_steps")
     rep.kind = "rotating"
     rep.ranks = [n.rank for n in moving] + ruled
