@@ -407,6 +407,12 @@ def _lags_of(p: Pairing) -> dict[str, list[int]]:
     return out
 
 
+def _unpaired(p: Pairing, typed: dict[str, _Typed]) -> bool:
+    """Whether some key of ``p`` pairs fewer instances than both ranks hold."""
+    made = dict(zip(*np.unique(np.array(p.colls), return_counts=True), strict=True)) if p.colls else {}
+    return any(int(made.get(c, 0)) < min(t.e_ref.size, t.e_r.size) for c, t in typed.items())
+
+
 def _best_pairing(
     typed: dict[str, _Typed], offset: int, tol: int, tight: bool, known: bool = False
 ) -> Pairing:
@@ -419,12 +425,15 @@ def _best_pairing(
     pairs made the correct offset lose to a one-step shift on a real 4-rank run. Per type, the
     lags the end-time pairing found and their neighbours are tried as constant lags (arrival
     order kept), greedily type by type; the end-time pairing stays when it is as good (it
-    handles a collective missing on one side). Each key's pairs are made once per lag
+    handles a collective missing on one side). They are tried too when every pair has one lag
+    but an instance was left unpaired: at the edge of the trace the running mode can give the
+    first of two crossing buckets its neighbour's lag, and the one-to-one step then drops it
+    (a stall in the first traced step was lost with it). Each key's pairs are made once per lag
     (``_pairing``'s cache)."""
     cache: dict[tuple[str, int, int | None], _Piece] = {}
     p = _pairing(typed, offset, tol, tight, known=known, cache=cache)
     seen = _lags_of(p)
-    if not seen or all(len(v) == 1 for v in seen.values()):
+    if not seen or (all(len(v) == 1 for v in seen.values()) and not _unpaired(p, typed)):
         return p
     lags = {c: v[0] for c, v in seen.items()}
     best = _pairing(typed, offset, tol, tight, lags=lags, known=known, cache=cache)

@@ -46,12 +46,14 @@ def test_a_pair_a_loaded_host_keeps_a_little_behind_is_not_named_beside_two_stal
     # ranks 2 and 3 of 6 each stalled once (60 ms); the box ran two CPU burners. Ranks 0 and 1
     # were the two latest together at 11 of 24 collectives, by about a millisecond, in 6 of 16
     # steps, and were named beside them ('intermittent [3, 2, 0, 1]'); by the arrival-order truth
-    # they cost 0.4 % of step time together
+    # they cost 0.4 % of step time together. (Since the clock's pairing keeps all 32
+    # collectives, four of which it used to drop, the rules no longer name them at all.)
     files = _files("pair_kept_behind_by_the_host_w6")
     s = diagnose(files).stragglers
     assert s.kind == "intermittent" and sorted(s.ranks) == [2, 3], s.reason
     assert truth.cpu_joint_share(files, {0, 1}) < 0.01 < 0.1 < truth.cpu_joint_share(files, {2, 3})
-    assert "not named: ranks 0, 1" in s.reason
+    roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
+    assert roles[0] is None and roles[1] is None and "rank 0" not in s.reason and "rank 1 " not in s.reason
 
 
 def test_the_second_of_two_late_ranks_is_persistent_with_the_first_fixed() -> None:
@@ -323,3 +325,37 @@ def test_a_long_tail_in_the_last_step_names_nobody() -> None:
     assert stalled == {0: [7], 1: [2, 11], 2: [0, 9], 3: [], 4: [], 5: [8]}  # the truth
     s = diagnose(files).stragglers
     assert s.kind == "rotating" and sorted(s.ranks) == [0, 1, 2, 5], s.reason
+
+
+def _stalls(files: list[Path], share: float = 0.5) -> dict[int, list[int]]:
+    """The truth's stalls: per rank, the steps in which it arrived ``share`` of a step or more
+    behind the earliest rank at some collective."""
+    job, late = truth.cpu_job(files), truth.cpu_step_lateness(files)
+    return {
+        r: sorted(k for (x, k), us in late.items() if x == r and us >= share * job.step) for r in job.ranks
+    }
+
+
+def test_a_stall_in_the_first_traced_step_is_seen() -> None:
+    # five ranks beside two CPU burners; one random rank sleeps 60 ms in some steps. Rank 1's
+    # stall fell in the first traced step, whose two gloo buckets ended crossed on it: the
+    # clock's pairing dropped one of them, the step looked incomplete and was left out, and
+    # the verdict named ranks 2 and 4 only
+    files = _files("stall_in_the_first_step_w5")
+    assert _stalls(files) == {0: [], 1: [0], 2: [1, 6], 3: [], 4: [4]}  # the truth
+    s = diagnose(files).stragglers
+    assert s.steps_analysed == 16
+    assert s.kind == "rotating" and sorted(s.ranks) == [1, 2, 4], s.reason
+
+
+def test_ranks_the_host_delays_in_half_the_steps_do_not_join_a_rotation() -> None:
+    # eight ranks beside two CPU burners; ranks 1, 2, 3 and 7 each sleep 60 ms in one or two
+    # steps. The host kept ranks 5 and 6 10-20 ms behind in about half of the steps, as it did
+    # most ranks; the rules named them intermittent beside the stalls, and the rotating verdict
+    # took them in though the replay had weighed them (fixing them too saves under 2 %)
+    files = _files("rotating_beside_ranks_the_host_delays_w8")
+    assert _stalls(files) == {0: [], 1: [0], 2: [1, 12], 3: [5], 4: [], 5: [], 6: [], 7: [10]}  # the truth
+    gt, step, n_steps = truth.cpu_ground_truth(files)
+    assert truth.host_made(gt, step, n_steps, [1, 2, 3, 7]) == {}
+    s = diagnose(files).stragglers
+    assert s.kind == "rotating" and sorted(s.ranks) == [1, 2, 3, 7], s.reason

@@ -375,11 +375,27 @@ def _named_make_the_median(rep: StragglerReport) -> bool:
 
 def _rotating_ranks(rep: StragglerReport, wi: WhatIfReport) -> tuple[list[NamedRank], list[int]]:
     """What a ``rotating`` verdict names (``_as_rotating``): the replay's ranks that stalled, and
-    the intermittent ranks the rules named beside them (empty: no rotating verdict)."""
+    the intermittent ranks the rules named beside them (empty: no rotating verdict) unless the
+    replay weighed and left out a rank the rules found late again and again (``_noise``)."""
     moving = [n for n in wi.explaining_set if n.late_steps and _stalled(n)]
     own = {n.rank for n in moving}
-    ruled = [r for r in rep.ranks if r not in own] if rep.kind == "intermittent" else []
+    if rep.kind != "intermittent":
+        return moving, []
+    late = rep.per_rank_column("late_steps")
+    ruled = [r for r in rep.ranks if r not in own and not _noise(wi, r, int(late.get(str(r)) or 0))]
     return moving, ruled
+
+
+def _noise(wi: WhatIfReport, rank: int, late_steps: int) -> bool:
+    """A rank the rules named intermittent that the replay finds to be the host's noise: late
+    in ``MIN_RECURRING`` steps or more by the rules' count, alone costing ``search.MIN_GAIN`` of
+    the observed step time or more (so the search could have named it), and still left out of
+    the explaining set: with the set's ranks fixed, fixing it saves too little, because the
+    host made the other ranks late in the same steps too. (``per_rank`` is a slowdown against
+    the ideal step, hence the division by the job's.) A rank with one or two stalls stays: the
+    rules' stall is what the rotating verdict names it for, however the search ranked it."""
+    alone = (wi.per_rank.get(str(rank), 1.0) - 1.0) / max(wi.slowdown, 1.0)  # of the observed step
+    return late_steps >= MIN_RECURRING and alone >= MIN_GAIN
 
 
 GROUP_RECOVERED = 0.5  # the replay's set must recover half of the slowdown to replace the rules' ranks
@@ -680,6 +696,7 @@ def _join(
         rep.kind = "mixed"
     elif short:
         rep.kind = kinds.pop()
+    rep.intermittent_ranks += [r for r in extra if roles[r] == "intermittent"]  # named, not persistent
     rep.hosts.update({r: None for r in extra if r not in rep.hosts})
     _set_roles(rep, roles if short else {r: roles[r] for r in extra}, clear=False)
     for r in extra:
