@@ -21,12 +21,8 @@ from typing import Any
 
 from kinetoscope.collect.captured import Captured, CapturedFile
 from kinetoscope.collect.trigger import TraceFile, TraceResult
-from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS
 
 MAX_FILES = 64
-# A rank asked for iterations whose window is this close to Kineto's default duration and holds
-# fewer steps than asked fell back to a duration trace (no iteration hook in the process).
-FALLBACK_TOLERANCE = 0.1
 
 
 def probe_steps(path: str) -> list[tuple[int, int]]:
@@ -58,6 +54,7 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
             checked=False, why_not="some files are on other hosts: run kscope analyze on the stored set"
         )
     from kinetoscope.diagnosis import diagnose
+    from kinetoscope.diagnosis.evidence import fell_back_to_duration
 
     d = diagnose([f.path for f in files])
     ev = d.evidence
@@ -84,12 +81,6 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
             if r.window_start_ms is None or r.window_end_ms is None
             else r.window_end_ms - r.window_start_ms
         )
-        fell_back = bool(
-            asked
-            and r.steps < asked
-            and window is not None
-            and abs(window - DEFAULT_DURATION_MS) <= FALLBACK_TOLERANCE * DEFAULT_DURATION_MS
-        )
         out.files.append(
             CapturedFile(
                 rank=f.rank if f.rank is not None else r.rank,
@@ -100,7 +91,7 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
                 iterations_asked=asked,
                 window_ms=None if window is None else round(window, 1),
                 empty=r.empty,
-                fell_back_to_duration=fell_back,
+                fell_back_to_duration=fell_back_to_duration(r, asked or r.asked_steps),
                 timestamp_anomalies=r.timestamps.total,
             )
         )
@@ -120,13 +111,22 @@ def _usable(ev: Any, iterations: bool) -> bool:
 
 
 def _warming_up(ev: Any, asked: int | None) -> str | None:
-    """Why the job looks like it is still starting (a start-up step, fewer steps than asked)."""
+    """Why the job looks like it is still starting (a start-up step, a request that reached some
+    rank before its first optimizer step, fewer steps than asked)."""
+    from kinetoscope.diagnosis.evidence import fell_back_to_duration
+
     slow = [r for r in ev.ranks if r.startup_step_ratio is not None]
-    short = [r for r in ev.ranks if asked and 0 < r.steps < asked]
+    fell = [r for r in ev.ranks if fell_back_to_duration(r, asked or r.asked_steps)]
+    short = [r for r in ev.ranks if asked and 0 < r.steps < asked and r.rank not in {f.rank for f in fell}]
     idle = [r for r in ev.ranks if r.steps == 0]
     parts = []
     if idle:
         parts.append(f"{len(idle)} of {len(ev.ranks)} file(s) hold no step: it may not be stepping yet")
+    if fell:
+        parts.append(
+            f"the request reached {len(fell)} rank(s) before their first optimizer step: "
+            "traced as duration traces, from when each config arrived"
+        )
     if slow:
         r = max(slow, key=lambda r: r.startup_step_ratio or 0.0)
         parts.append(f"rank {r.rank}'s first traced step lasts {r.startup_step_ratio:g}x its later ones")

@@ -446,9 +446,47 @@ def _best_pairing(
             if lag == lags[c]:
                 continue
             q = _pairing(typed, offset, tol, tight, lags={**lags, c: lag}, known=known, cache=cache)
-            if q.n_causal > best.n_causal:
+            if _better(q, best, tol, known):
                 best, lags = q, {**lags, c: lag}
-    return best if best.n_causal > p.n_causal else p
+    return best if _better(best, p, tol, known) else p
+
+
+def _per_instance(p: Pairing) -> dict[tuple[str, int], tuple[bool, int]]:
+    """Rank r's paired instances, keyed (pairing key, ordinal): (causal, |end difference - offset|)."""
+    dev = np.abs(p.d - p.offset)
+    return {
+        (c, int(o)): (bool(k), int(x))
+        for c, o, k, x in zip(p.colls, p.ordinal.tolist(), p.causal.tolist(), dev.tolist(), strict=True)
+    }
+
+
+def _better(q: Pairing, p: Pairing, tol: int, known: bool) -> bool:
+    """Whether pairing ``q`` explains rank r's instances better than ``p`` (both at one offset):
+    more causal pairs.
+
+    When the offset is known (one host's clock), they are compared on the instances of r that
+    both pair: more causal pairs; else, as many, ends clearly nearer the offset (median |end
+    difference - offset| smaller by more than ``tol`` and than half of ``p``'s: a real match
+    ends together, a match one instance off ends an instance spacing apart); else more causal
+    pairs in all. Counting all pairs first favoured the lag under which the two windows overlap
+    most: a rank whose trace started a step after the reference's was paired a step off (every
+    pair causal on a small model, whose ranks arrive a few ms after the previous collective
+    ends) and looked a step late at every collective. At a candidate offset each pairing's
+    causal pairs hold an offset region of their own, not the candidate, so there the count
+    alone decides (the candidates are then weighed against each other, ``match_instances``)."""
+    if not known:
+        return q.n_causal > p.n_causal
+    a, b = _per_instance(q), _per_instance(p)
+    common = a.keys() & b.keys()
+    ca, cb = sum(a[k][0] for k in common), sum(b[k][0] for k in common)
+    if ca != cb:
+        return ca > cb
+    if common:
+        ra = float(np.median([a[k][1] for k in common]))
+        rb = float(np.median([b[k][1] for k in common]))
+        if abs(ra - rb) > max(tol, 0.5 * max(ra, rb)):
+            return ra < rb
+    return q.n_causal > p.n_causal
 
 
 def match_instances(

@@ -5,8 +5,9 @@ a rank file cut short, an empty file or corrupted timestamps make the straggler 
 analyses confidently wrong. The ``evidence`` key of the diagnosis document (docs/diagnosis.md,
 §Evidence) says, for every verdict, what it rests on; the verdict follows it (``headline``):
 
-* fewer than ``MIN_COMMON_STEPS`` steps held by every rank, windows that do not overlap, or an
-  empty rank file -> ``NOT ASSESSED`` with the reason and the command that gives a good trace;
+* fewer than ``MIN_COMMON_STEPS`` steps held by every rank (or fewer than ``MIN_ASKED_SHARE``
+  of the steps the request asked for), windows that do not overlap, or an empty rank file ->
+  ``NOT ASSESSED`` with the reason and the command that gives a good trace;
 * anomalous data under a verdict (timestamp anomalies, salvaged ranks, a large clock residual)
   -> the first line says so and the straggler confidence is lowered.
 
@@ -31,6 +32,13 @@ Terms:
     anomalous above ``CLOCK_RESIDUAL_SHARE`` of the median step.
 ``clock unaligned``
     ranks on another host than the reference rank's whose clock no collective placed.
+``fell back to a duration trace``
+    an iteration request (``--iterations N``, from the kscope manifest) that Kineto traced as
+    its default ``DEFAULT_DURATION_MS`` duration trace instead: it reached the process before
+    its first optimizer step (or the process counts no iterations). Read as a window within
+    ``FALLBACK_TOLERANCE`` of that length holding a number of steps other than N (an iteration
+    trace holds exactly N). Each such window started when its rank's config arrived, not at a
+    common step, so the ranks traced different steps.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from kinetoscope.diagnosis.assembly import Job, event_count
 from kinetoscope.diagnosis.clock import ClockAlignment
 from kinetoscope.diagnosis.stragglers.model import StragglerReport
 from kinetoscope.diagnosis.timestamps import TimestampAnomalies
+from kinetoscope.protocol.kineto_config import DEFAULT_DURATION_MS
 from kinetoscope.protocol.structinfo import prime_structs
 
 MIN_COMMON_STEPS = 2
@@ -55,6 +64,11 @@ NEAR_EMPTY_EVENTS = 50
 STARTUP_RATIO = 2.0
 CLOCK_RESIDUAL_SHARE = 0.25
 SUGGESTED_ITERATIONS = 20
+# ...and, for a request of N iterations (kscope manifest), at least this share of N: windows that
+# share fewer of the steps asked did not trace what was asked (each rank's started on its own),
+# and the few steps left carry too little to tell a straggler from the host's noise
+MIN_ASKED_SHARE = 0.5
+FALLBACK_TOLERANCE = 0.1  # of DEFAULT_DURATION_MS: the window of a duration fallback
 
 
 class RankEvidence(msgspec.Struct, kw_only=True):
@@ -73,6 +87,7 @@ class RankEvidence(msgspec.Struct, kw_only=True):
     empty: bool = False
     near_empty: bool = False
     startup_step_ratio: float | None = None  # set when the first step is a start-up step
+    fell_back_to_duration: bool = False  # module docstring
     timestamps: TimestampAnomalies = msgspec.field(default_factory=TimestampAnomalies)
 
 
@@ -159,12 +174,23 @@ def _rank_evidence(r: int, job: Job, mine: pl.DataFrame, offset: int, t0: int | 
     if span is not None and t0 is not None:
         ev.window_start_ms = _ms(span[0] + offset - t0)
         ev.window_end_ms = _ms(span[1] + offset - t0)
+    ev.fell_back_to_duration = fell_back_to_duration(ev, ev.asked_steps)
     if mine.height >= 3:
         d = (mine["end"] - mine["start"]).cast(pl.Float64)
         rest = float(d[1:].median() or 0.0)
         if rest > 0 and float(d[0]) >= STARTUP_RATIO * rest:
             ev.startup_step_ratio = round(float(d[0]) / rest, 2)
     return ev
+
+
+def fell_back_to_duration(ev: RankEvidence, asked: int | None) -> bool:
+    """Whether a request for ``asked`` iterations was traced as Kineto's default duration trace
+    (module docstring): a window of about ``DEFAULT_DURATION_MS`` holding other than ``asked`` steps."""
+    if not asked or ev.empty or ev.window_start_ms is None or ev.window_end_ms is None:
+        return False
+    window = ev.window_end_ms - ev.window_start_ms
+    near = abs(window - DEFAULT_DURATION_MS) <= FALLBACK_TOLERANCE * DEFAULT_DURATION_MS
+    return near and ev.steps != asked
 
 
 def _asked(path: str) -> int | None:
@@ -325,7 +351,22 @@ def _name_anomalies(ev: Evidence, job: Job, steps: pl.DataFrame) -> None:
                 f"no trace of {_ranks_text(job.missing_ranks)}: the verdict covers the ranks traced",
             )
         )
-    short = [r for r in ev.ranks if ev.steps_asked and r.steps < ev.steps_asked and not r.empty]
+    fell = [r.rank for r in ev.ranks if r.fell_back_to_duration]
+    if fell:
+        out.append(
+            _of_ranks(
+                "fell_back_to_duration",
+                fell,
+                f"{_ranks_text(fell)}: the iteration request was traced as Kineto's {DEFAULT_DURATION_MS} ms "
+                "duration trace (it reached them before their first optimizer step, or they count no "
+                "iterations): each window started when its config arrived, not at a common step",
+            )
+        )
+    short = [
+        r
+        for r in ev.ranks
+        if ev.steps_asked and r.steps < ev.steps_asked and not r.empty and not r.fell_back_to_duration
+    ]
     if short:
         out.append(
             Anomaly(
@@ -376,7 +417,8 @@ def _of_ranks(kind: str, ranks: list[int], message: str) -> Anomaly:
 
 def _judge(ev: Evidence, job: Job) -> None:
     """``assessed`` and its reason: an empty file or a rank without steps, for any job; windows
-    that do not overlap and too few steps in common, for a cross-rank verdict."""
+    that do not overlap and too few steps in common (of the steps asked, when known), for a
+    cross-rank verdict."""
     empty = [r.rank for r in ev.ranks if r.empty]
     nosteps = [r.rank for r in ev.ranks if not r.empty and r.steps == 0]
     if empty:
@@ -399,6 +441,11 @@ def _judge(ev: Evidence, job: Job) -> None:
             f"only {ev.instances_in_common} collective held by every rank in the "
             f"{ev.steps_in_common} step(s) in common: no rank can be compared with its peers "
             f"({_window_text(ev)})"
+        )
+    elif ev.steps_asked and ev.steps_in_common < ev.steps_asked * MIN_ASKED_SHARE:
+        ev.reason = (
+            f"only {ev.steps_in_common} of the {ev.steps_asked} steps asked are held by every rank: "
+            f"the windows traced different steps ({_window_text(ev)})"
         )
     if ev.reason is not None:
         ev.assessed = False

@@ -479,15 +479,26 @@ def _best_shift(lane: np.ndarray, e: np.ndarray) -> tuple[float, int]:
 
 
 def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) -> str:
-    """The ranks whose collective ends coincide with the lane's (module docstring), with ``r``."""
+    """The ranks whose collective ends coincide with the lane's (module docstring), with ``r``.
+
+    Only the lane's ends within ``q``'s trace window (its first to last end, widened by
+    ``INFER_TOL_NS``) are measured against ``q``: windows that start apart (each rank's trace
+    started when its request arrived) hold the lane's other ends where ``q`` traced nothing,
+    and read as far. A rank whose window holds none of the lane's ends cannot be told apart: it
+    joins the lane when every rank measured does (no jump: every rank)."""
     score: dict[int, tuple[float, float]] = {}  # q -> (median distance, INFER_REACH_Q-th percentile)
+    unseen: set[int] = set()
     for q, e in ends.items():
         if q == r or e.size == 0:
             continue
-        gap = _nearest_gaps(lane_ends, e)
+        inside = lane_ends[(lane_ends >= e[0] - INFER_TOL_NS) & (lane_ends <= e[-1] + INFER_TOL_NS)]
+        if inside.size == 0:
+            unseen.add(q)
+            continue
+        gap = _nearest_gaps(inside, e)
         score[q] = (float(np.median(gap)), float(np.percentile(gap, INFER_REACH_Q)))
     if not score:
-        return str(r)
+        return ",".join(map(str, sorted({r, *unseen})))
     order = sorted(score.items(), key=lambda kv: kv[1][0])
     members, reach = {r}, 0.0
     for k, (q, (v, q_reach)) in enumerate(order):
@@ -501,7 +512,7 @@ def _lane_members(r: int, lane_ends: np.ndarray, ends: dict[int, np.ndarray]) ->
             and nxt > reach
         ):
             return ",".join(map(str, sorted(members)))
-    return ",".join(map(str, sorted({r, *score})))
+    return ",".join(map(str, sorted({r, *score, *unseen})))
 
 
 def _nearest_gaps(x: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -6,9 +6,9 @@ collectives. Both leave marks in the traces (aligned clock, per rank):
 
 ``join`` (the short ranks shadow)
     a rank's last step ends at least one median step before another rank's, its trace goes on,
-    and it runs collectives after its last step while some other rank starts a whole step in
-    that time: it ran out of data and only echoes the others' all-reduces (Join's shadow
-    all-reduces). ``idle_ms``: its time from its last step's end to the last step end of the job.
+    and it still enters collectives after another rank has run a whole step past its last one:
+    it ran out of data and only echoes the others' all-reduces (Join's shadow all-reduces).
+    ``idle_ms``: its time from its last step's end to the last step end of the job.
 ``unmatched`` (the job hangs)
     some ranks hold more instances of a collective type *of one process group* than the group's
     other members (``group``), and their extra instance
@@ -16,8 +16,9 @@ collectives. Both leave marks in the traces (aligned clock, per rank):
     they wait in a collective the short ranks never enter, until the process group times out.
     (Point-to-point ``sendrecv`` is left out: its counts differ between ranks by design.)
 
-A trace window that merely starts or ends earlier on one rank shows neither: its rank has no
-collectives after its last step, and the others' edge collectives are not blocked.
+A trace window that merely starts or ends earlier on one rank shows neither: cut inside its
+next step, its rank holds that step's collectives at most, entered before the others end that
+step; the others' edge collectives are not blocked.
 """
 
 from __future__ import annotations
@@ -85,11 +86,16 @@ def _join_mode(
     for r, end in last.items():
         if job_last - end < period or spans.get(r, end) <= end:
             continue
+        # r went on echoing collectives after another rank had run a whole step past r's last
+        # one: a window cut inside r's next step holds that step's collectives only, which
+        # r enters before the others end that step
         later = steps.filter((pl.col("rank") != r) & (pl.col("start") >= end))
         c = colls.get(r)
-        shadow = int(c.filter(pl.col("arrival") > end).height) if c is not None and c.height else 0
-        if later.height and shadow:
-            short[r] = shadow
+        if later.is_empty() or c is None or c.is_empty():
+            continue
+        first_later_end = int(later["end"].min())  # type: ignore[arg-type]
+        if c.filter(pl.col("arrival") > first_later_end).height:
+            short[r] = int(c.filter(pl.col("arrival") > end).height)
     if not short:
         return None
     idle = {r: (job_last - last[r]) / 1e6 for r in short}

@@ -167,6 +167,7 @@ class EvidenceRank(Part):
     empty: bool = False
     near_empty: bool = False
     startup_step_ratio: float | None = None
+    fell_back_to_duration: bool = False
     timestamps: EvidenceTimestamps | None = None
 
 

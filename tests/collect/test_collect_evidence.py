@@ -110,6 +110,17 @@ def test_a_rank_that_fell_back_to_a_duration_trace_is_named(tmp_path):
     assert not any(by_rank[r]["fell_back_to_duration"] for r in (0, 2, 3))
 
 
+def test_a_fast_job_that_fell_back_is_named_though_it_holds_more_steps_than_asked():
+    """Four ranks reached before their first optimizer step: 500 ms windows of a 45 ms-step job
+    hold 11-12 steps, more than the 10 asked (the early-trace CI failure; they were not named)."""
+    files = sorted((DATA / "cpu_jobs" / "early_fallback_staggered_w4").glob("rank-*"))
+    cap = check_captured(_result(files, iterations=10)).to_json()
+    assert [f["iterations"] for f in cap["files"]] == [11, 11, 11, 12]
+    assert all(f["fell_back_to_duration"] for f in cap["files"])
+    assert cap["usable"] and "reached 4 rank(s) before their first optimizer step" in cap["warming_up"]
+    assert "fewer iterations" not in cap["warming_up"]
+
+
 def test_remote_files_are_not_read_back():
     res = _result([Path("/nonexistent/rank-0_1.pt.trace.json")])
     cap = check_captured(res).to_json()

@@ -51,3 +51,22 @@ def test_crossing_buckets_at_the_trace_start_are_all_paired() -> None:
     pairs = sorted(zip(pairing.ref_ordinal.tolist(), pairing.ordinal.tolist(), strict=True))
     assert pairs == [(k, k) for k in range(32)]
     assert bool(pairing.causal.all())
+
+
+def test_a_rank_whose_window_starts_a_step_later_is_paired_with_its_own_collectives() -> None:
+    # One all-reduce per 45 ms step on one host (known offset 0). The reference is a straggler:
+    # it arrives 1 ms before each end; the other rank, on a small model, arrives 3 ms after the
+    # previous all-reduce ends. Its window starts a step later: its instance k is the
+    # reference's k + 1. Paired k with k instead, every pair is still causal (its bounds hold
+    # the offset within the tolerance), and there is one pair more (the windows overlap more):
+    # counting pairs chose it, and the rank read a step late at every collective (the
+    # early-trace CI failure). Its ends, a step from the reference's, give it away.
+    step = 45 * MS
+    ref_ends = [k * step for k in range(10)]
+    other_ends = [(k + 1) * step + 400 * US for k in range(10)]
+    ref = _allreduces(0, ref_ends).with_columns(arrival=pl.col("end") - 1 * MS)
+    other = _allreduces(1, other_ends).with_columns(arrival=pl.col("end") - step + 3 * MS)
+    pairing, method = match_instances(ref, other, width=20 * MS, known_offset=0)
+    assert method == "end_time" and pairing is not None
+    pairs = sorted(zip(pairing.ref_ordinal.tolist(), pairing.ordinal.tolist(), strict=True))
+    assert pairs == [(k + 1, k) for k in range(9)]
