@@ -451,12 +451,22 @@ def _best_pairing(
     return best if _better(best, p, tol, known) else p
 
 
-def _per_instance(p: Pairing) -> dict[tuple[str, int], tuple[bool, int]]:
-    """Rank r's paired instances, keyed (pairing key, ordinal): (causal, |end difference - offset|)."""
+# On one clock a blocking collective's recorded end is never before any member's recorded arrival
+# (the op starts before the rank takes part; the end is stamped once the work is done): the
+# bounds of a true pair hold the known offset to the recording's precision.
+_STRICT_NS = 100_000
+
+
+def _per_instance(p: Pairing) -> dict[tuple[str, int], tuple[bool, bool, int]]:
+    """Rank r's paired instances, keyed (pairing key, ordinal): (causal within ``_STRICT_NS``,
+    causal, |end difference - offset|)."""
     dev = np.abs(p.d - p.offset)
+    strict = (p.lo - _STRICT_NS <= p.offset) & (p.hi + _STRICT_NS >= p.offset)
     return {
-        (c, int(o)): (bool(k), int(x))
-        for c, o, k, x in zip(p.colls, p.ordinal.tolist(), p.causal.tolist(), dev.tolist(), strict=True)
+        (c, int(o)): (bool(t), bool(k), int(x))
+        for c, o, t, k, x in zip(
+            p.colls, p.ordinal.tolist(), strict.tolist(), p.causal.tolist(), dev.tolist(), strict=True
+        )
     }
 
 
@@ -465,7 +475,10 @@ def _better(q: Pairing, p: Pairing, tol: int, known: bool) -> bool:
     more causal pairs.
 
     When the offset is known (one host's clock), they are compared on the instances of r that
-    both pair: more causal pairs; else, as many, ends clearly nearer the offset (median |end
+    both pair: more pairs whose bounds hold the offset exactly (``_STRICT_NS``: a pair one step
+    off on a loaded host is causal within the tolerance, its end stamped late by the gloo
+    worker, but its partner arrived after that end); then more causal pairs; else, as many,
+    ends clearly nearer the offset (median |end
     difference - offset| smaller by more than ``tol`` and than half of ``p``'s: a real match
     ends together, a match one instance off ends an instance spacing apart); else more causal
     pairs in all. Counting all pairs first favoured the lag under which the two windows overlap
@@ -478,12 +491,13 @@ def _better(q: Pairing, p: Pairing, tol: int, known: bool) -> bool:
         return q.n_causal > p.n_causal
     a, b = _per_instance(q), _per_instance(p)
     common = a.keys() & b.keys()
-    ca, cb = sum(a[k][0] for k in common), sum(b[k][0] for k in common)
-    if ca != cb:
-        return ca > cb
+    for col in (0, 1):  # strictly causal, then causal within the tolerance
+        ca, cb = sum(a[k][col] for k in common), sum(b[k][col] for k in common)
+        if ca != cb:
+            return ca > cb
     if common:
-        ra = float(np.median([a[k][1] for k in common]))
-        rb = float(np.median([b[k][1] for k in common]))
+        ra = float(np.median([a[k][2] for k in common]))
+        rb = float(np.median([b[k][2] for k in common]))
         if abs(ra - rb) > max(tol, 0.5 * max(ra, rb)):
             return ra < rb
     return q.n_causal > p.n_causal
