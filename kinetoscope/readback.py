@@ -62,6 +62,7 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
         return Captured(checked=False, why_not="no evidence")
     by_path = {os.path.realpath(r.path): r for r in ev.ranks}
     asked = result.options.iterations
+    fell = {r.rank for r in ev.ranks if fell_back_to_duration(r, asked or r.asked_steps)}
     out = Captured(
         checked=True,
         usable=_usable(ev, asked is not None),
@@ -91,11 +92,11 @@ def check_captured(result: TraceResult, max_files: int = MAX_FILES) -> Captured:
                 iterations_asked=asked,
                 window_ms=None if window is None else round(window, 1),
                 empty=r.empty,
-                fell_back_to_duration=fell_back_to_duration(r, asked or r.asked_steps),
+                fell_back_to_duration=r.rank in fell,
                 timestamp_anomalies=r.timestamps.total,
             )
         )
-    out.warming_up = _warming_up(ev, asked)
+    out.warming_up = _warming_up(ev, asked, fell)
     if out.warming_up and out.command is None and not out.usable:
         out.command = _command(result)
     return out
@@ -110,14 +111,11 @@ def _usable(ev: Any, iterations: bool) -> bool:
     return bool(ev.assessed) or not iterations
 
 
-def _warming_up(ev: Any, asked: int | None) -> str | None:
+def _warming_up(ev: Any, asked: int | None, fell: set[int]) -> str | None:
     """Why the job looks like it is still starting (a start-up step, a request that reached some
-    rank before its first optimizer step, fewer steps than asked)."""
-    from kinetoscope.diagnosis.evidence import fell_back_to_duration
-
+    rank before its first optimizer step: the ranks ``fell``, fewer steps than asked)."""
     slow = [r for r in ev.ranks if r.startup_step_ratio is not None]
-    fell = [r for r in ev.ranks if fell_back_to_duration(r, asked or r.asked_steps)]
-    short = [r for r in ev.ranks if asked and 0 < r.steps < asked and r.rank not in {f.rank for f in fell}]
+    short = [r for r in ev.ranks if asked and 0 < r.steps < asked and r.rank not in fell]
     idle = [r for r in ev.ranks if r.steps == 0]
     parts = []
     if idle:

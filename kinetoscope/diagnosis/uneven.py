@@ -93,9 +93,9 @@ def _join_mode(
         c = colls.get(r)
         if later.is_empty() or c is None or c.is_empty():
             continue
-        first_later_end = int(later["end"].min())  # type: ignore[arg-type]
-        if c.filter(pl.col("arrival") > first_later_end).height:
-            short[r] = int(c.filter(pl.col("arrival") > end).height)
+        after = c.filter(pl.col("arrival") > end)
+        if after.filter(pl.col("arrival") > later["end"].min()).height:
+            short[r] = after.height
     if not short:
         return None
     idle = {r: (job_last - last[r]) / 1e6 for r in short}
