@@ -116,11 +116,18 @@ def test_dyno_calls_are_unchanged(registered: tuple[Daemon, subprocess.Popen[str
 def test_ptrace_refused_names_process_cause_and_fix() -> None:
     """py-spy run as uid 65534 against a root-owned process: the kernel refuses ptrace, and the
     daemon's message (for a daemon running as that uid) names the process, the cause, the fix."""
+    spy_dir = tempfile.mkdtemp(prefix="kss-spy", dir="/tmp")
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         time.sleep(0.5)
-        exe = find_py_spy()
-        assert exe is not None
+        found = find_py_spy()
+        assert found is not None
+        # uid 65534 runs a copy in a directory it can enter: the checkout's may not be (a clone
+        # under ``mktemp -d`` is 0700, and py-spy failed with EACCES before any ptrace)
+        exe = os.path.join(spy_dir, "py-spy")
+        shutil.copy(found, exe)
+        os.chmod(spy_dir, 0o755)
+        os.chmod(exe, 0o755)
         out = subprocess.run(
             [exe, "dump", "--pid", str(target.pid), "--json"],
             capture_output=True,
@@ -140,6 +147,7 @@ def test_ptrace_refused_names_process_cause_and_fix() -> None:
     finally:
         target.kill()
         target.wait()
+        shutil.rmtree(spy_dir, ignore_errors=True)
 
 
 def test_a_process_that_is_gone_is_named() -> None:
