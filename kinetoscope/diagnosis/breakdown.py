@@ -78,6 +78,7 @@ INSTANCE_SCHEMA: dict[str, pl.DataType] = {
     "n_ranks": pl.Int64(),
     "group": pl.String(),  # its process group (``groups.assign_groups``: "0,4,8" or "*" job-wide)
     "group_size": pl.Int64(),  # members of that group among the job's ranks (complete: n_ranks == group_size)
+    "waited": pl.Boolean(),  # the rank's issuing thread waited for it (``collectives.COLLECTIVES_SCHEMA``)
 }
 
 BREAKDOWN_COLUMNS = [
@@ -210,11 +211,13 @@ def instance_table(
         p = clock.pairs.filter(pl.col("rank") == r)
         if "group" not in c.columns:
             c = c.with_columns(pl.lit("*").alias("group"))
+        if "waited" not in c.columns:
+            c = c.with_columns(pl.lit(False).alias("waited"))
         j = c.join(p.drop("rank"), on=["group", "coll", "ordinal"], how="inner").with_columns(
             pl.col("arrival") + off, pl.col("end") + off
         )
         if j.height:
-            frames.append(j.select("rank", "group", "coll", "ref_ordinal", "arrival", "end"))
+            frames.append(j.select("rank", "group", "coll", "ref_ordinal", "arrival", "end", "waited"))
     if not frames:
         return pl.DataFrame(schema=INSTANCE_SCHEMA)
     inst = pl.concat(frames).with_columns(

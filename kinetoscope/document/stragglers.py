@@ -46,7 +46,10 @@ class WhatIf(Part):
     imbalance; null without stages), the OSDI '25 M_W and M_S; ``explaining_set`` the
     ranks that, fixed, recover ``recovered_fraction`` of the lost time. ``process_groups``: the
     replay joined process groups or pipeline transfers (not only job-wide collectives);
-    ``transfers``: the pipeline send/recv pairs it joined with their peers (0: none)."""
+    ``transfers``: the pipeline send/recv pairs it joined with their peers (0: none);
+    ``excess_work``: per rank in two process groups or more, its local work above the typical
+    peer's, as a share of the job's time, beyond the median rank's (a rank late only by waiting
+    for a named one in a group they share has about 0)."""
 
     slowdown: float | None = None
     per_rank: dict[str, float] = msgspec.field(default_factory=dict)
@@ -59,6 +62,7 @@ class WhatIf(Part):
     lost_fraction: float | None = None
     process_groups: bool = False
     transfers: int = 0
+    excess_work: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class NextRank(Part):

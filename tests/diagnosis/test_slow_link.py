@@ -190,3 +190,38 @@ def test_the_ranks_a_slow_links_tail_makes_late_are_not_named(tmp_path: Path, se
     assert s.kind == "persistent" and s.ranks == [2], (s.kind, s.ranks, s.reason)
     assert s.causes[2]["explained_by"] == "slow_link" and (s.whatif or {})["explaining_set"] == []
     assert s.groups == [] and "not named: rank" in s.reason
+
+
+def _pairs(late_at: int, n_inst: int = 80) -> tuple[np.ndarray, np.ndarray]:
+    """Ends of data-parallel pairs {0,4} {1,5} {2,6} {3,7}, one pair per instance in turn (a
+    non-member's cell holds the members' median end, as ``attribution`` fills it). In pair
+    {3,7} one member ends 3 ms after the other: rank 7 at ``late_at`` of its 20 instances, rank
+    3 at the rest; the other pairs end together."""
+    ends = np.arange(n_inst)[:, None] * 10_000_000 + np.zeros((n_inst, 8), dtype=np.int64)
+    member = np.zeros((n_inst, 8), dtype=bool)
+    seen = 0
+    for i in range(n_inst):
+        a, b = i % 4, i % 4 + 4
+        member[i, [a, b]] = True
+        if b == 7:
+            ends[i, 7 if seen < late_at else 3] += 3_000_000
+            seen += 1
+        ends[i, ~member[i]] = np.median(ends[i, member[i]])
+    return ends, member
+
+
+def test_late_ends_are_judged_against_the_chance_within_the_rank_s_own_group():
+    """In a pair, one of the two members ends last at every instance: rank 7 last at 14 of its
+    pair's 20 is chance (1/2 each), though read against 1/8, the chance of a job-wide collective
+    of 8 ranks, it is a slow link (a real DP x TP gloo job had a rank named this way)."""
+    ends, member = _pairs(late_at=14)
+    mx = _mx(ends, 4)
+    mx.member = member
+    th = StragglerThresholds()
+    assert _slow_link(mx, th, total_T=4 * 100_000_000.0, skip=set()) == []
+    mx.member = None  # the same ends read job-wide
+    assert [s.rank for s in _slow_link(mx, th, total_T=4 * 100_000_000.0, skip=set())] == [7]
+    ends, member = _pairs(late_at=20)  # last at all 20 of its pair's: p = 2^-20, a slow link
+    mx = _mx(ends, 4)
+    mx.member = member
+    assert [s.rank for s in _slow_link(mx, th, total_T=4 * 100_000_000.0, skip=set())] == [7]

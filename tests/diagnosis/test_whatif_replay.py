@@ -14,6 +14,7 @@ from kinetoscope.diagnosis.whatif.build import Items, JobInfo, Visits, assemble
 from kinetoscope.diagnosis.whatif.model import typical
 from kinetoscope.diagnosis.whatif.replay import build_schedule, observed_replay
 from kinetoscope.diagnosis.whatif.search import WhatIf, _best_option, explain
+from tests.diagnosis.job_logs import one_step_info
 
 
 def _job(n_lanes: int, n_steps: int, slow: dict[int, float], seed: int = 3, group: int = 4):
@@ -81,18 +82,7 @@ def test_hand_built_two_lanes_replay_and_ideal():
         np.array([1.0, 2.0, 3.0, 1.0]),
         np.array([1.5, 1.5, 2.0, 2.0]),
     )
-    info = JobInfo(
-        2,
-        1,
-        False,
-        ("compute", "step-end"),
-        np.array([0, 0, 1, 1]),
-        np.array([False, False, True, True]),
-        ("a", "b"),
-        np.zeros(2, dtype=np.int64),
-        np.array([6.0]),
-    )
-    m = assemble(v, items, info)
+    m = assemble(v, items, one_step_info(6.0))
     assert m.inc_transfer[:4].tolist() == [0.5, 0.5, 0.5, 0.5]
     assert observed_replay(m, build_schedule(m)).tolist() == [6.0]
     w = WhatIf(m)

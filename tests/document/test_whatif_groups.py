@@ -43,3 +43,13 @@ def test_transfers_of_a_pipeline_job_read_as_a_count(doc):
     piped["stragglers"]["whatif"]["transfers"] = 33792  # the AR job's paired transfers
     w = decode(piped).stragglers.whatif  # type: ignore[union-attr]
     assert w is not None and w.transfers == 33792
+
+
+def test_excess_work_decodes_typed_per_rank(doc):
+    raw = doc["stragglers"]["whatif"]["excess_work"]
+    assert sorted(raw, key=int) == [str(r) for r in range(8)]  # every rank is in two groups
+    w = decode(json.loads(json.dumps(doc))).stragglers.whatif  # type: ignore[union-attr]
+    assert w is not None and w.excess_work == raw
+    old = copy.deepcopy(doc)
+    del old["stragglers"]["whatif"]["excess_work"]
+    assert decode(old).stragglers.whatif.excess_work == {}  # type: ignore[union-attr]

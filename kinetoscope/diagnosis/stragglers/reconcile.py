@@ -39,7 +39,14 @@ from kinetoscope.diagnosis.stragglers.causes import rank_cause
 from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
 from kinetoscope.diagnosis.whatif.kineto import model_from_instances
-from kinetoscope.diagnosis.whatif.search import MIN_GAIN, WhatIf, explain, member_groups
+from kinetoscope.diagnosis.whatif.search import (
+    MIN_GAIN,
+    WhatIf,
+    excess_work,
+    explain,
+    groups_per_lane,
+    member_groups,
+)
 from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
 from kinetoscope.protocol.structinfo import prime_structs
 
@@ -88,6 +95,9 @@ class WhatIfReport(msgspec.Struct, frozen=True):
     transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
     stage: StageImbalance | None = None  # pipeline jobs: the stage what-if (``whatif.stages``)
     replica: SlowReplica | None = None  # pipeline jobs: the replica whose fixing recovers the most
+    # per rank in two process groups or more: its local work above the typical peer's, as a
+    # share of the job's time, beyond the median rank's (``_excess_work``)
+    excess_work: dict[str, float] = msgspec.field(default_factory=dict)
 
     def ranks(self) -> list[int]:
         """The explaining set's ranks, in naming order."""
@@ -155,7 +165,24 @@ def whatif_report(
         transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
         stage=stage,
         replica=_replica(w, step_labels),
+        excess_work=_excess_work(w, ranks),
     )
+
+
+def _excess_work(w: WhatIf, ranks: list[int]) -> dict[str, float]:
+    """``WhatIfReport.excess_work``: each lane's local work above the typical peer's
+    (``search.excess_work``) as a share of the observed job's time, less the median lane's,
+    for the ranks that synchronise in two process groups or more. On a busy host every rank
+    works above the typical peer now and then, so a rank's excess means something only beyond
+    the typical rank's. Lateness carries from one group into another only through a rank in
+    both; in one group a rank as slow as the typical peer (two slow ranks of three) shows no
+    excess at all, so the figure is left out there."""
+    share = excess_work(w.model) / max(float(w.t_obs.sum()), 1e-12)
+    if not share.size:
+        return {}
+    above = np.maximum(share - float(np.median(share)), 0.0)
+    many = groups_per_lane(w.model) >= 2
+    return {str(ranks[i]): round(float(above[i]), 4) for i in np.flatnonzero(many)}
 
 
 def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
@@ -469,10 +496,17 @@ def _replica_saving(wi: WhatIfReport, r: SlowReplica) -> float:
 def as_slow_replica(
     rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, th: StragglerThresholds
 ) -> bool:
-    """On a pipeline job whose slowdown one replica explains (``whatif.stages.SlowReplica``)
-    and costs ``min_lost_fraction`` of step time or more, the verdict names that replica's
-    ranks, whatever the rules said (in place; True when done): its ranks sleep or compute
-    more together, so each alone is late by little and the rules, rank by rank, read noise."""
+    """On a pipeline job whose slowdown one replica explains (``whatif.stages.SlowReplica``),
+    the verdict names that replica's ranks, whatever the rules said (in place; True when done):
+    its ranks sleep or compute more together, so each alone is late by little and the rules,
+    rank by rank, read noise. It saves ``min_lost_fraction`` of step time or more. Where the
+    rules named none of its ranks or others too, it also recurs as the replay's ranks must to
+    overturn the rules (``as_replay_straggler``, ``_joining``): late in ``MIN_RECURRING`` steps
+    or more (every step of a shorter trace); one replica the host held back in a step or two is
+    no straggler, as one rank's single stall is not. (Its saving is not held to the ranks' 5 %:
+    on gloo pipelines the replay sees a replica's sleep only in part, 3 % of step time for a
+    40 ms sleep in every step of a real job.) Where the rules named some of its ranks and no
+    other, the replica completes what they found."""
     r = wi.replica
     if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
         return False
@@ -480,6 +514,10 @@ def as_slow_replica(
     if lost < th.min_lost_fraction:
         return False
     kind = rank_kind(len(r.late_steps), wi.steps)
+    found = bool(rep.ranks) and set(rep.ranks) <= set(r.ranks)  # the rules saw part of it
+    recurs = kind == "persistent" or len(r.late_steps) >= min(MIN_RECURRING, wi.steps)
+    if not (found or recurs):
+        return False
     named = [NamedRank(x, lost / len(r.ranks), r.cost, r.late_steps, kind, tie_cost=lost) for x in r.ranks]
     _adopt(rep, wi, bd, named, lost, r.recovered)
     rep.reason = (
@@ -569,7 +607,12 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     what-if and alone on the replay's ideal job (``per_rank``, which shows a rank a bigger one
     masks), are not named (in place): the bar a replay rank clears to join (``_joining``),
     applied to the rules' ranks. A rank late in most steps stays: with two slow ranks of three
-    the typical peer is itself slow and both what-ifs read the second one as free. So does a
+    the typical peer is itself slow and both what-ifs read the second one as free; unless it
+    synchronises in two process groups or more and its own work exceeds the typical peer's by
+    less than ``min_intermittent_lost_fraction`` of step time more than the median rank's does
+    (``WhatIfReport.excess_work``): it was late only because it waited for a named rank in a
+    group they share (with rank 5 of a tensor-parallel group slowed, ranks 4, 6 and 7 wait for
+    it there, then reach their data-parallel all-reduces last). So does a
     rank named for its late collective ends (a slow link): its cost is in the transfer. A
     verdict keeps at least one rank. (Ranks a loaded host keeps a little behind the others
     together, last in a third of the steps by a millisecond, are what this drops most often.)
@@ -590,8 +633,12 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
         if _named_for_link(rep, r):
             return False  # its cost is its late ends (the transfer): no arrival what-if sees it
         alone = wi.per_rank.get(str(r), 1.0) - 1.0
+        if r in kept or alone >= floor:
+            return False
+        if kept and wi.excess_work.get(str(r), floor) < floor:  # beyond the median rank's
+            return True  # its own work is typical: late only by waiting (an echo of the set)
         rare = int(late.get(str(r)) or 0) < MIN_RECURRING or kinds.get(r) != "persistent"
-        return r not in kept and rare and _ruled_cost(rep, r) < floor and alone < floor
+        return rare and _ruled_cost(rep, r) < floor
 
     drop = {r for r in rep.ranks if cheap(r)}
     if not drop or drop >= set(rep.ranks):
@@ -609,7 +656,7 @@ def _prune(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> N
     many = len(drop) > 1
     rep.reason += (
         f"; not named: rank{'s' if many else ''} {', '.join(map(str, sorted(drop)))} ({'each ' if many else ''}"
-        f"under {100 * floor:.0f}% of step time by both what-ifs)"
+        f"under {100 * floor:.0f}% of step time by both what-ifs, or late only by waiting for the named)"
     )
     if groups and not rep.groups:
         _persistent_when_alone(rep)

@@ -40,10 +40,11 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
     transfer), most excess first.
 
     A rank is named when it ends beyond ``max(k_sigma x sigma_end, link_floor_us)`` after the
-    instance's median end (``sigma_end`` = 1.4826 x MAD of all end skews) at ``late`` of the
-    ``events`` instances where some rank did, far more often than chance (binomial against
-    ``1/N``: ``p < alpha / N``, Bonferroni over the N ranks tested, since the most extreme of N
-    noisy ranks is tested), at ``min_events`` instances or more, and its *net* end excess (the
+    instance's median end (``sigma_end`` = 1.4826 x MAD of the members' end skews) at ``late``
+    of the ``events`` instances of its own process groups where some member did, far more often
+    than chance (binomial against the mean of ``1/members`` over those instances: ``1/N`` for
+    job-wide collectives, ``1/2`` for a data-parallel pair; ``p < alpha / N``, Bonferroni over
+    the N ranks tested, since the most extreme of N noisy ranks is tested), at ``min_events`` instances or more, and its *net* end excess (the
     late ends' excess less what it ends early beyond the same threshold elsewhere) is at least
     ``link_min_effect`` of the summed step time. A slow link's tail only ever ends late; ends
     that are as often as much early are instances matched crosswise (two buckets whose order
@@ -54,17 +55,22 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
     if mx.E is None or n < th.link_min_ranks or n_inst == 0 or total_T <= 0:
         return []
     S = end_skew(mx)
-    sigma = 1.4826 * float(np.median(np.abs(S - np.median(S))))
+    mem = mx.member if mx.member is not None else np.ones(S.shape, dtype=bool)
+    own = S[mem]
+    sigma = 1.4826 * float(np.median(np.abs(own - np.median(own))))
     thr = max(th.k_sigma * sigma, th.link_floor_us * 1000.0)
-    late = S >= thr
-    early = S <= -thr
-    events = int(late.any(axis=1).sum())
+    late = (S >= thr) & mem
+    early = (S <= -thr) & mem
+    any_late = late.any(axis=1)
+    chance = 1.0 / np.maximum(mem.sum(axis=1), 1)  # one of the instance's members ends last
     out = []
     for j, r in enumerate(mx.ranks):
         k = int(late[:, j].sum())
         if r in skip or k < th.min_events:
             continue
-        p = binom_sf(k, events, 1.0 / n)
+        seen = any_late & mem[:, j]  # late ends at instances of its own groups
+        events = int(seen.sum())
+        p = binom_sf(k, events, float(chance[seen].mean()))
         excess = float(S[late[:, j], j].sum())
         net = excess + float(S[early[:, j], j].sum())
         if p < th.alpha / n and net >= th.link_min_effect * total_T:  # Bonferroni over the ranks

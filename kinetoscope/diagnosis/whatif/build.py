@@ -35,6 +35,7 @@ class Visits:
     arrival: F64  # when the lane could start the sync (for asynchronous visits: also after its previous one)
     finish: F64
     is_async: B | None = None
+    waited: B | None = None  # asynchronous visits the lane then waited for (``ReplayModel.inc_waited``)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
     inc_step = visits.step[inc_order]
     n_inc = inc_order.shape[0]
     inc_async = visits.is_async[inc_order] if visits.is_async is not None else np.zeros(n_inc, dtype=bool)
+    inc_waited = visits.waited[inc_order] & inc_async if visits.waited is not None else None
     item_inc, label, work, ideal, compute = _items_per_incidence(items, inv, inc_order.shape[0])
     by_rank = np.empty(n_syncs, dtype=np.int64)
     by_rank[rank] = np.arange(n_syncs)
@@ -128,6 +130,7 @@ def assemble(visits: Visits, items: Items, info: JobInfo) -> ReplayModel:
         inc_step=inc_step,
         inc_prev=previous_incidence(inc_lane, inc_step, info.independent_steps),
         inc_async=inc_async,
+        inc_waited=inc_waited if inc_waited is not None and inc_waited.any() else None,
         inc_transfer=inc_transfer,
         inc_ideal_transfer=typical(
             inc_transfer, inc_sync * 2 + inc_async if info.ideal_transfer_by_sync else s_label[inc_sync]

@@ -57,7 +57,8 @@ def model_from_instances(
     """The model over the steps both tables hold for every rank; ``None`` when fewer than two
     ranks or no shared collective. ``instances``: rank, instance, coll, step, arrival, end (ns);
     ``steps``: rank, step, start, end (ns); ``asynchronous``: arrivals are host issue times of
-    collectives the rank does not wait for (gloo), see ``model`` (asynchronous visit);
+    collectives the rank does not wait for (gloo), see ``model`` (asynchronous visit), except
+    those ``instances.waited`` marks (a synchronous call: the rank waited for its end);
     ``links``: pipeline transfers (``whatif.p2p``: rank, instance, arrival, end, is_send), each
     a sync of its two ranks (a gloo send is asynchronous, a receive waits); ``compute``: rank,
     step, compute (ns): each rank's compute per step (``breakdown``), the yardstick of a
@@ -72,8 +73,15 @@ def model_from_instances(
     paired = links is not None and links.height > 0
     if paired:  # each transfer is its link: a sendrecv instance matched by ordinal would pair it twice
         inst = inst.filter(pl.col("coll") != "sendrecv")
-    inst = inst.select("rank", "instance", "step", "arrival", "end").with_columns(
-        pl.lit(asynchronous).alias("_async")
+    waited = pl.col("waited").fill_null(False) if "waited" in inst.columns else pl.lit(False)
+    inst = inst.select(
+        "rank",
+        "instance",
+        "step",
+        "arrival",
+        "end",
+        pl.lit(asynchronous).alias("_async"),
+        (pl.lit(asynchronous) & waited).alias("_waited"),
     )
     if links is not None and paired:
         transfers = _link_rows(links, steps, asynchronous).filter(pl.col("step").is_in(analysed))
@@ -114,6 +122,7 @@ def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> 
         "arrival",
         "end",
         (pl.col("is_send") & pl.lit(asynchronous)).alias("_async"),
+        pl.lit(False).alias("_waited"),
     )
 
 
@@ -136,7 +145,9 @@ def _assemble(
     rows = pl.concat(
         [
             inst.with_columns(pl.lit(False).alias("is_end")),
-            ends.with_columns(pl.lit(False).alias("_async"), pl.lit(True).alias("is_end")),
+            ends.with_columns(
+                pl.lit(False).alias("_async"), pl.lit(False).alias("_waited"), pl.lit(True).alias("is_end")
+            ),
         ]
     )
     lane_of = {r: i for i, r in enumerate(ranks)}
@@ -150,7 +161,7 @@ def _assemble(
     is_async = (~pl.col("is_end")) & pl.col("_async")
     rows = rows.with_columns(is_async.alias("async")).with_columns(
         pl.col("f").shift(1).over("lane").fill_null(0.0).alias("prev_f"),
-        pl.when(pl.col("async").shift(1).over("lane"))
+        pl.when((pl.col("async") & ~pl.col("_waited")).shift(1).over("lane"))
         .then(pl.col("a").shift(1).over("lane"))
         .otherwise(pl.col("f").shift(1).over("lane"))
         .fill_null(0.0)
@@ -193,6 +204,7 @@ def _assemble(
         arrival=np.where(asy, np.maximum(a, prev_f), a),
         finish=rows["f"].to_numpy(),
         is_async=asy,
+        waited=rows["_waited"].to_numpy(),
     )
     label = is_end.astype(np.int64)
     items = Items(np.arange(work.shape[0]), label, work, ideal, in_compute)

@@ -21,6 +21,10 @@ Terms (used across ``whatif/``):
     on from the arrival, while its next collective cannot start before this one finished (one
     communication thread). A blocking visit (GPU stream order, step end) moves the clock to the
     finish.
+*waited-for visit*
+    An asynchronous visit after which the lane waited for the sync to finish (a synchronous
+    ``dist.all_reduce`` on gloo: issued to the communication thread, then waited for): it is
+    issued like an asynchronous visit, and the lane's clock then moves to its finish.
 *step origin*
     With ``independent_steps`` every lane restarts each step at time 0 (the artifact's traces
     hold unrelated steps); otherwise a lane carries on from where its previous step ended.
@@ -75,6 +79,7 @@ class ReplayModel:
     # pipeline jobs whose compute intervals are known: the compute within each item's work (the
     # rest is host gap: launch delays, data loading, waits no event records); else None
     item_compute: F64 | None = None
+    inc_waited: B | None = None  # waited-for visits (asynchronous ones the lane then waited for); None: none
 
     @property
     def n_syncs(self) -> int:

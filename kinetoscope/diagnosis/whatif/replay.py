@@ -113,12 +113,14 @@ def _replay_async(model: ReplayModel, schedule: Schedule, work: F64, transfer: F
     """``replay`` with asynchronous visits: each lane keeps its own clock (issue time) beside
     the finish of its last sync. An asynchronous visit is ready at ``max(clock + work, previous
     finish)`` (issued, and the communication thread free); a blocking one first waits for the
-    previous sync, then works: ``max(clock, previous finish) + work``."""
+    previous sync, then works: ``max(clock, previous finish) + work``. After a blocking or a
+    waited-for visit the clock is its finish."""
     n_inc, n_scen = work.shape
     finish = np.zeros((n_inc + 1, n_scen))
     clock = np.zeros((n_inc + 1, n_scen))
     prev = np.where(model.inc_prev >= 0, model.inc_prev, n_inc)
     is_async = model.inc_async[:, None]
+    keeps_clock = is_async if model.inc_waited is None else (model.inc_async & ~model.inc_waited)[:, None]
     first, counts = schedule.sync_first_inc, schedule.sync_count
     for (a, b), (ka, kb) in zip(schedule.batch_inc, schedule.batch_sync, strict=True):
         p = prev[a:b]
@@ -129,7 +131,7 @@ def _replay_async(model: ReplayModel, schedule: Schedule, work: F64, transfer: F
         start = np.maximum.reduceat(ready, first[ka:kb] - a, axis=0)
         fin = np.repeat(start, counts[ka:kb], axis=0) + transfer[a:b]
         finish[a:b] = fin
-        clock[a:b] = np.where(asy, own, fin)
+        clock[a:b] = np.where(keeps_clock[a:b], own, fin)
     return _step_times(model, schedule, finish[:n_inc].T)
 
 

@@ -175,6 +175,17 @@ def member_groups(model: ReplayModel) -> I64:
     return np.where(model.sync_is_end[sync], model.n_syncs + model.inc_step[inc], sync).astype(np.int64)
 
 
+def groups_per_lane(model: ReplayModel) -> I64:
+    """Per lane, how many different member sets (process groups, transfer pairs) the syncs it
+    visits have, step ends left out."""
+    weight = np.random.default_rng(0).integers(1, 2**62, size=model.n_lanes, dtype=np.int64)
+    multi = ~model.sync_is_end[model.inc_sync]
+    sig = np.zeros(model.n_syncs, dtype=np.int64)
+    np.add.at(sig, model.inc_sync[multi], weight[model.inc_lane[multi]])  # wraps: a hash of the set
+    pairs = np.unique(np.stack([model.inc_lane[multi], sig[model.inc_sync[multi]]]), axis=1)
+    return np.bincount(pairs[0], minlength=model.n_lanes).astype(np.int64)
+
+
 def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
     """The typical peer re-evaluated without ``lanes`` where they could have made it slow: in a
     group of ``n`` members of which ``k`` are among ``lanes``, once ``k + 1`` slow members would
