@@ -102,3 +102,14 @@ def test_a_one_group_job_reports_no_excess_work() -> None:
     # together mask each other in the last-minus-next-latest measure: nothing is reported
     wi = diagnose(JOBS / "steady_spiky_w8").stragglers.whatif
     assert wi is not None and wi["excess_work"] == {}
+
+
+def test_reading_the_waits_warns_nothing() -> None:
+    # `kscope analyze` shows the user what the libraries warn: reading the waits must add no
+    # line (polars warns on an as-of join by group unless told its inputs are sorted)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert diagnose(ECHO).stragglers.ranks == [5]
+    assert not [w for w in seen if "ortedness" in str(w.message)], [str(w.message) for w in seen]

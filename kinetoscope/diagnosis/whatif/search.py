@@ -178,12 +178,15 @@ def member_groups(model: ReplayModel) -> I64:
 def groups_per_lane(model: ReplayModel) -> I64:
     """Per lane, how many different member sets (process groups, transfer pairs) the syncs it
     visits have, step ends left out."""
-    weight = np.random.default_rng(0).integers(1, 2**62, size=model.n_lanes, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    weight = rng.integers(1, 2**62, size=model.n_lanes, dtype=np.int64)
     multi = ~model.sync_is_end[model.inc_sync]
+    lane, sync = model.inc_lane[multi], model.inc_sync[multi]
     sig = np.zeros(model.n_syncs, dtype=np.int64)
-    np.add.at(sig, model.inc_sync[multi], weight[model.inc_lane[multi]])  # wraps: a hash of the set
-    pairs = np.unique(np.stack([model.inc_lane[multi], sig[model.inc_sync[multi]]]), axis=1)
-    return np.bincount(pairs[0], minlength=model.n_lanes).astype(np.int64)
+    np.add.at(sig, sync, weight[lane])  # wraps: a hash of the member set
+    salt = rng.integers(1, 2**62, size=model.n_lanes, dtype=np.int64)
+    _, first = np.unique(sig[sync] ^ salt[lane], return_index=True)  # one per (lane, member set)
+    return np.bincount(lane[first], minlength=model.n_lanes).astype(np.int64)
 
 
 def ideal_without(model: ReplayModel, groups: I64, lanes: Sequence[int]) -> F64:
