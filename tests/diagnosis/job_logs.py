@@ -1,8 +1,8 @@
 """Small shared pieces of the real-job and hand-built replay tests.
 
-``slept_ranks``: the ranks a kept job's own step log (``rank-<R>.steps.jsonl``, written by
-``benchmarks/diag_scenarios``) says slept in some step: the injection, read independently of
-the product. ``one_step_info``: the ``JobInfo`` of a hand-built two-lane, one-step replay job
+``injected_stalls`` / ``slept_ranks``: in how many steps a rank slept, and which ranks slept at
+all, by a kept job's own step log (``rank-<R>.steps.jsonl``, written by
+``benchmarks/diag_scenarios``): the injection, read independently of the product. ``one_step_info``: the ``JobInfo`` of a hand-built two-lane, one-step replay job
 (two collectives, then each lane's step end).
 """
 
@@ -16,14 +16,16 @@ import numpy as np
 from kinetoscope.diagnosis.whatif.build import JobInfo
 
 
+def injected_stalls(folder: Path, rank: int) -> int:
+    """Steps in which rank ``rank``'s step log says it slept (``straggle_ms`` > 0)."""
+    lines = (folder / f"rank-{rank}.steps.jsonl").read_text().splitlines()
+    return sum(1 for line in lines if json.loads(line)["straggle_ms"] > 0)
+
+
 def slept_ranks(folder: Path) -> list[int]:
     """Ranks whose step log has ``straggle_ms`` > 0 in some step, ascending."""
-    out = []
-    for f in sorted(folder.glob("rank-*.steps.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines()]
-        if any(r["straggle_ms"] > 0 for r in rows):
-            out.append(int(f.name.split("-")[1].split(".")[0]))
-    return sorted(out)
+    ranks = sorted(int(f.name.split("-")[1].split(".")[0]) for f in folder.glob("rank-*.steps.jsonl"))
+    return [r for r in ranks if injected_stalls(folder, r) > 0]
 
 
 def one_step_info(step_time: float) -> JobInfo:

@@ -3,13 +3,13 @@ truth computed by the standard library (benchmarks/diag_scenarios/truth.py), not
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from benchmarks.diag_scenarios import truth
 from kinetoscope.diagnosis import StragglerThresholds, diagnose
+from tests.diagnosis.job_logs import injected_stalls
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs"
 
@@ -246,19 +246,13 @@ def test_a_stall_spilling_into_the_next_step_does_not_join_two_persistent_ranks(
     assert all(len(n["late_steps"]) <= 2 for n in spilled)
 
 
-def _injected_stalls(name: str, rank: int) -> int:
-    """Steps in which the job's own step log (``rank-<R>.steps.jsonl``) says it slept."""
-    lines = (JOBS / name / f"rank-{rank}.steps.jsonl").read_text().splitlines()
-    return sum(1 for line in lines if json.loads(line)["straggle_ms"] > 0)
-
-
 def test_stalls_a_cpu_burner_hides_in_the_noise_are_named_by_the_replay() -> None:
     # `kscope demo` beside a CPU burner (2 ranks; rank 1 sleeps 250-400 ms with p = 0.3 per
     # step). The burner's jitter and the stalls themselves made the arrivals' noise sigma 61 ms,
     # so the rules read 'NO STRAGGLER'; the replay, measuring work against the typical peer's,
     # names rank 1 (issue 27: the verdict read off the replays).
     files = _files("demo_stalls_read_as_noise_w2")
-    assert _injected_stalls("demo_stalls_read_as_noise_w2", 1) >= 3
+    assert injected_stalls(JOBS / "demo_stalls_read_as_noise_w2", 1) >= 3
     gt, step, n_steps = truth.cpu_ground_truth(files)
     assert gt.stragglers == [1]  # the truth: rank 1 holds 80 % of the imposed wait
     s = diagnose(files).stragglers
@@ -271,8 +265,8 @@ def test_a_rank_costing_little_beside_a_stalling_one_is_not_named() -> None:
     # with "1.7% of the time lost". The replay's explaining set holds rank 1 alone; a rank it
     # leaves out that costs less than the joining bar is not named.
     files = _files("demo_cheap_second_rank_w2")
-    assert _injected_stalls("demo_cheap_second_rank_w2", 1) >= 3
-    assert _injected_stalls("demo_cheap_second_rank_w2", 0) == 0
+    assert injected_stalls(JOBS / "demo_cheap_second_rank_w2", 1) >= 3
+    assert injected_stalls(JOBS / "demo_cheap_second_rank_w2", 0) == 0
     gt, step, n_steps = truth.cpu_ground_truth(files)
     assert gt.stragglers == [1]
     s = diagnose(files).stragglers
@@ -286,8 +280,8 @@ def test_a_rank_stalling_in_a_few_steps_beside_a_steady_one_is_named_with_it() -
     # out: 'persistent [2]', one of two problems. A rank of the explaining set that recurs and
     # costs 5 % of step time joins, whatever the bigger rank costs.
     files = _files("mixed_cheap_stalls_beside_persistent_w5")
-    assert _injected_stalls("mixed_cheap_stalls_beside_persistent_w5", 0) >= 3
-    assert _injected_stalls("mixed_cheap_stalls_beside_persistent_w5", 1) == 0
+    assert injected_stalls(JOBS / "mixed_cheap_stalls_beside_persistent_w5", 0) >= 3
+    assert injected_stalls(JOBS / "mixed_cheap_stalls_beside_persistent_w5", 1) == 0
     gt, step, n_steps = truth.cpu_ground_truth(files)
     shares = truth.imposed_shares(gt, step, n_steps)
     named_by_truth = sorted(r for r, v in shares.items() if v >= truth.NAMING_FLOOR)
