@@ -36,6 +36,8 @@ class ExplainingRank(Part):
     peak: float | None = None  # the largest share of an observed step it alone costs
     typical: float | None = None  # the median over steps of that share
     tie_cost: float | None = None  # share saved by fixing it with the ranks tied with it, together
+    least_late: float | None = None  # the smallest such share in its late steps
+    typical_between: float | None = None  # the median such share in its other steps
 
 
 class WhatIf(Part):

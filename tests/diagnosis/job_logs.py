@@ -1,7 +1,7 @@
 """Small shared pieces of the real-job and hand-built replay tests.
 
-``injected_stalls`` / ``slept_ranks``: in how many steps a rank slept, and which ranks slept at
-all, by a kept job's own step log (``rank-<R>.steps.jsonl``, written by
+``injected_stalls`` / ``stall_steps`` / ``slept_ranks``: in how many steps a rank slept (in
+which of some steps), and which ranks slept at all, by a kept job's own step log (``rank-<R>.steps.jsonl``, written by
 ``benchmarks/diag_scenarios``): the injection, read independently of the product. ``one_step_info``: the ``JobInfo`` of a hand-built two-lane, one-step replay job
 (two collectives, then each lane's step end).
 """
@@ -9,6 +9,7 @@ all, by a kept job's own step log (``rank-<R>.steps.jsonl``, written by
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,13 @@ def injected_stalls(folder: Path, rank: int) -> int:
     """Steps in which rank ``rank``'s step log says it slept (``straggle_ms`` > 0)."""
     lines = (folder / f"rank-{rank}.steps.jsonl").read_text().splitlines()
     return sum(1 for line in lines if json.loads(line)["straggle_ms"] > 0)
+
+
+def stall_steps(folder: Path, rank: int, steps: Iterable[int]) -> list[int]:
+    """The job steps among ``steps`` in which rank ``rank``'s step log says it slept."""
+    wanted = set(steps)
+    lines = (folder / f"rank-{rank}.steps.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if r["straggle_ms"] > 0 and r["step"] in wanted]
 
 
 def slept_ranks(folder: Path) -> list[int]:

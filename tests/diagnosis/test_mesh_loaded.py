@@ -8,6 +8,13 @@ what the host does to them is not a straggler.
 * ``mesh_dp_pp_heavy_stage2_loaded`` (DP 2 x PP 4, stage 2 has 3x the layers, nobody sleeps):
   the host held replica 1 back in one step, and the replica what-if named its four ranks
   intermittent stragglers.
+* ``mesh_dp_pp_heavy_stage2_loaded_hiccup`` (the same job, another run): the host held ranks
+  back in two steps, four of them in one step and two in the other, and the rules named five
+  ranks intermittent stragglers, each late in one step of eight.
+* ``mesh_dp_pp_slow_replica_loaded_subset`` (DP 2 x PP 4, replica 1 = ranks 4-7 sleeps 40 ms every
+  step): the replay, which reads a gloo pipeline's receive waits as work, sees the job 4 %
+  slower than its ideal where the arrivals show the replica costing 48 % of step time, and its
+  explaining set of three of the four ranks replaced the rules' ranks.
 
 Each job's ``rank-<R>.steps.jsonl`` is its own step log (``straggle_ms`` > 0 where it slept).
 """
@@ -40,3 +47,29 @@ def test_a_replica_the_host_held_back_in_one_step_is_no_straggler() -> None:
     assert wi is not None and wi["replica"] is not None and len(wi["replica"]["late_steps"]) < 3
     assert d.pipeline is not None
     assert (d.pipeline.get("imbalance") or {}).get("slowest_stage") == 2
+
+
+def test_ranks_the_host_held_back_once_each_are_no_stragglers() -> None:
+    """The rules charge every late arrival to the step (8.8 % for five ranks); the replay, which
+    reproduces every step, sees the delays hidden in the pipeline's waits: the job is 3 % slower
+    than its ideal and fixing no rank saves 2 %."""
+    job = JOBS / "mesh_dp_pp_heavy_stage2_loaded_hiccup"
+    assert slept_ranks(job) == [] and len(list(job.glob("rank-*.steps.jsonl"))) == 8
+    s = diagnose(job).stragglers
+    assert s.kind == "none" and s.ranks == [], (s.ranks, s.reason)
+    assert "each stalled in fewer than 3 steps" in s.reason
+    wi = s.whatif
+    assert wi is not None and wi["explaining_set"] == [] and wi["fidelity"] <= 0.01
+
+
+def test_a_replay_that_misses_most_of_the_lost_time_does_not_replace_the_ranks() -> None:
+    job = JOBS / "mesh_dp_pp_slow_replica_loaded_subset"
+    assert slept_ranks(job) == [4, 5, 6, 7]
+    s = diagnose(job).stragglers
+    assert sorted(s.ranks) == [4, 5, 6, 7], (s.ranks, s.reason)
+    wi = s.whatif
+    assert (
+        wi is not None
+        and wi["slowdown"] < 1.1
+        and sorted(n["rank"] for n in wi["explaining_set"]) == [4, 5, 6]
+    )

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.diag_scenarios import truth
 from kinetoscope.diagnosis import StragglerThresholds, diagnose
-from tests.diagnosis.job_logs import injected_stalls
+from tests.diagnosis.job_logs import injected_stalls, stall_steps
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs"
 
@@ -290,6 +290,24 @@ def test_a_rank_stalling_in_a_few_steps_beside_a_steady_one_is_named_with_it() -
     assert s.kind == "mixed" and sorted(s.ranks) == named_by_truth, s.reason
     roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
     assert roles[2] == "persistent" and roles[0] == "intermittent"
+
+
+def test_a_rank_stalling_in_half_of_the_steps_beside_a_steady_one_is_mixed() -> None:
+    # `cpu-mixed-w6-n10-s82`, beside two CPU burners: rank 5 of 6 sleeps 30 ms every step, rank 1
+    # stalls 60 ms in 8 of the 16 traced steps (job steps 61-76, the job's step log): half of
+    # them, so intermittent by the kinds' definition. The rules read rank 1 late in 10 steps
+    # and called the job 'persistent'; the replay sees it late in exactly its 8 stalls, and in
+    # none of its other steps by a steady delay.
+    job = JOBS / "mixed_half_stalls_beside_persistent_w6"
+    assert len(stall_steps(job, 1, range(61, 77))) == 8 and len(stall_steps(job, 5, range(61, 77))) == 16
+    assert stall_steps(job, 0, range(61, 77)) == []
+    s = diagnose(_files("mixed_half_stalls_beside_persistent_w6")).stragglers
+    assert s.kind == "mixed" and sorted(s.ranks) == [1, 5], (s.kind, s.reason)
+    roles = {row["rank"]: row["role"] for row in s.per_rank.iter_rows(named=True)}
+    late = {row["rank"]: row["late_steps"] for row in s.per_rank.iter_rows(named=True)}
+    assert roles[5] == "persistent" and roles[1] == "intermittent" and late[1] == 8
+    named = {n["rank"]: n for n in (s.whatif or {})["explaining_set"]}
+    assert named[1]["least_late"] >= 0.25 and named[1]["typical_between"] < 0.05
 
 
 def test_a_pair_steadily_late_beside_a_rank_that_stalls_is_mixed() -> None:

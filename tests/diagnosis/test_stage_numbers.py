@@ -15,7 +15,7 @@ from pathlib import Path
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.stage_order import hop_stages
 from kinetoscope.diagnosis.stragglers.kinds import rank_kind
-from kinetoscope.diagnosis.stragglers.reconcile import LATE_COST
+from kinetoscope.diagnosis.stragglers.replay_report import LATE_COST
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "cpu_jobs"
 

@@ -180,6 +180,19 @@ def test_two_near_equal_stalls_of_a_one_step_trace_are_both_named(tmp_path):
     assert s.steps_analysed == 1 and sorted(s.ranks) == [0, 3], s.reason
 
 
+@pytest.mark.skipif(not gpu.DLRM8.is_dir(), reason=f"real DLRM job traces not found at {gpu.DLRM8}")
+def test_a_rank_joined_in_a_one_step_trace_keeps_the_kind_of_its_collectives(tmp_path):
+    """A fresh seed (``--gpu-seed 17``): on the DLRM job on 4 ranks (one step, 8 collectives)
+    rank 1 stalls at 3 collectives and rank 3 at one. The rules name rank 1 intermittent; the
+    replay joins rank 3. Late in the only step, both read as persistent by steps, which a one-step
+    trace cannot tell; by their collectives (last at 4 and 3 of 8) both are intermittent."""
+    sc, paths = _build(tmp_path, "intermittent", "dlrm8", 4, 17001)
+    assert sc.ranks == [1, 3] and sc.kind == "intermittent"
+    s = diagnose(paths).stragglers
+    assert s.steps_analysed == 1 and sorted(s.ranks) == [1, 3], s.reason
+    assert s.kind == "intermittent" and sorted(s.intermittent_ranks) == [1, 3], s.kind
+
+
 def test_a_rank_late_by_its_delay_in_every_step_of_a_short_trace_is_persistent(tmp_path):
     """Rank 1 of 2 ends its collectives ~20 ms late (a slow link) in each of 3 steps. Last at
     15 of 21 collectives is what chance gives one of two ranks 4 % of the time, so the count

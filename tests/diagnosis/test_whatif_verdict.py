@@ -11,9 +11,10 @@ import polars as pl
 
 from kinetoscope.diagnosis.breakdown import BREAKDOWN_COLUMNS
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
-from kinetoscope.diagnosis.stragglers.reconcile import NamedRank, WhatIfReport, reconcile, rotating_line
+from kinetoscope.diagnosis.stragglers.reconcile import reconcile, rotating_line
+from kinetoscope.diagnosis.stragglers.replay_report import NamedRank, WhatIfReport
 
-STALL = 0.4  # each rank's largest share of a step: a stall (stragglers.reconcile.STALL_COST)
+STALL = 0.4  # each rank's largest share of a step: a stall (stragglers.replay_report.STALL_COST)
 
 
 def _wi(kind: str, named: list[tuple[int, float, list[int], str]]) -> WhatIfReport:

@@ -6,10 +6,12 @@ stall in, from the injection log), so that both speak of the same thing. Terms:
 
 late steps of a rank
     the steps in which that rank alone held the step back (the verdict: it alone costs a share
-    of the step, ``stragglers.reconcile.LATE_COST``, and half of what it costs in its worst step;
+    of the step, ``stragglers.replay_report.LATE_COST``, and half of what it costs in its worst step;
     a label: it was made to stall in that step).
 persistent rank
     late in more than half of the steps (at least two, or the only step of a one-step trace).
+    One step cannot tell a steady delay from a stall, so there the verdict judges a rank by its
+    collectives instead, as the rules do (``stragglers.reconcile._kind_by_collectives``).
 stall
     one (rank, step) late pair of a rank that is not persistent.
 rotating

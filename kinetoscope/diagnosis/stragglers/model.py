@@ -115,7 +115,7 @@ class StragglerReport:
     per_rank: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_RANK_SCHEMA))
     per_step: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=PER_STEP_SCHEMA))
     thresholds: StragglerThresholds = field(default_factory=StragglerThresholds)
-    whatif: dict[str, Any] | None = None  # stragglers.reconcile.WhatIfReport.to_dict()
+    whatif: dict[str, Any] | None = None  # stragglers.replay_report.WhatIfReport.to_dict()
     replay_error: str | None = None  # why the job could not be replayed (then ``whatif`` is None)
 
     def rank_row(self, r: int) -> dict[str, Any]:

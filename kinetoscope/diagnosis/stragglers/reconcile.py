@@ -1,28 +1,8 @@
-"""The straggler verdict read off replays: ``stragglers.whatif`` and what it adds to the verdict.
-
-The job is replayed over its collective instances (``whatif.kineto``), then replayed again with
-chosen ranks working like the typical peer (``whatif.search``). Figures (JSON contract in
-``docs/diagnosis.md``, "What-if verdict"):
-
-``slowdown``
-    ``T_obs / T_ideal``: observed mean step time over the replay with every rank's local work
-    at the typical peer's (median over the members of each collective).
-``per_rank``
-    ``S_w`` of each candidate rank: ``T_add / T_ideal`` with only that rank's work observed.
-``per_optype``
-    ``S_t`` of each kind of local work (``between-collectives``, ``step-tail``).
-``m_w`` / ``m_s``
-    share of the slowdown recovered by idealising the worst 3 % of ranks (at least one) / the
-    last pipeline stage (``null``: no stages in a Kineto job's instances).
-``explaining_set``
-    the smallest set whose idealisation recovers most of the slowdown (greedy, ties shared),
-    each rank with its own ``cost`` (share of step time saved when it is fixed), ``late_steps``
-    (steps in which it alone costs ``LATE_COST`` of the observed step and ``LATE_OF_WORST`` of
-    its cost in its worst step: a steady straggler is late in every step, one with stalls only in
-    those) and ``kind``.
-``kind``
-    ``stragglers.kinds.job_kind`` of the named ranks' late steps: ``persistent``,
-    ``intermittent``, ``mixed``, ``rotating`` (the slowdown moves between ranks) or ``none``.
+"""What the replay adds to the straggler verdict (``reconcile``), in the terms of its report
+(``stragglers.replay_report``: ``slowdown``, the ``explaining_set`` and each named rank's
+``late_steps``, ``kind``, costs). The rules of ``stragglers.verdict`` decide first; a faithful
+replay (``_faithful``) then overrules, completes or re-kinds what they named, each step with its
+reason in its docstring and in ``docs/diagnosis.md``, "What the replay changes in the verdict".
 """
 
 from __future__ import annotations
@@ -30,237 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-import numpy as np
 import polars as pl
 
 from kinetoscope.diagnosis.attribution import binom_sf
 from kinetoscope.diagnosis.stragglers.causes import rank_cause
-from kinetoscope.diagnosis.stragglers.kinds import job_kind, rank_kind
+from kinetoscope.diagnosis.stragglers.kinds import rank_kind
 from kinetoscope.diagnosis.stragglers.model import StragglerReport, StragglerThresholds
-from kinetoscope.diagnosis.whatif.kineto import model_from_instances
-from kinetoscope.diagnosis.whatif.search import (
-    MIN_GAIN,
-    WhatIf,
-    excess_work,
-    explain,
-    groups_per_lane,
-    member_groups,
+from kinetoscope.diagnosis.stragglers.replay_report import (
+    LATE_COST,
+    MIN_RECURRING,
+    STALL_COST,
+    NamedRank,
+    WhatIfReport,
 )
-from kinetoscope.diagnosis.whatif.stages import SlowReplica, StageImbalance, slow_replica, stage_imbalance
-from kinetoscope.protocol.structinfo import prime_structs
-
-LATE_COST = 0.05  # a rank is late in a step when it alone costs 5 % of the observed step ...
-LATE_OF_WORST = 0.5  # ... and half of what it costs in its worst step (stalls vs noise)
-STALL_COST = 0.25  # a stall: one rank alone costs a quarter of the ideal step
-# A rank of the replay's set joins the named ones when late in this many steps at least (one or
-# two host stalls are no straggler), or in every step of a shorter trace.
-MIN_RECURRING = 3
-
-
-class NamedRank(msgspec.Struct, frozen=True):
-    """One rank of the explaining set."""
-
-    rank: int
-    cost: float  # share of observed step time saved by fixing it (ties share)
-    own_cost: float  # S_w - 1: its slowdown when it alone is observed
-    late_steps: list[int]
-    kind: str  # persistent | intermittent
-    peak: float = 0.0  # the largest share of an observed step it alone costs (a stall: STALL_COST)
-    typical: float = 0.0  # the median over steps of that share (a steady delay: LATE_COST or more)
-    tie_cost: float = 0.0  # share saved by the what-if that named it: it and its tie, together
-
-    def joint_cost(self) -> float:
-        """The saving of the what-if that named it, or its own share when larger. Ranks
-        tied with each other (slowed together: a node, a replica) are one problem, each carrying
-        only its part of the saving; four of them at 4 % each are one problem costing 16 %."""
-        return max(self.cost, self.tie_cost)
-
-
-class WhatIfReport(msgspec.Struct, frozen=True):
-    """``stragglers.whatif`` (module docstring)."""
-
-    slowdown: float
-    per_rank: dict[str, float]
-    per_optype: dict[str, float]
-    m_w: float | None
-    m_s: float | None
-    explaining_set: list[NamedRank]
-    recovered_fraction: float
-    kind: str
-    lost_fraction: float  # summed cost of the explaining set
-    fidelity: float  # largest relative error of the unmodified replay's step times
-    steps: int
-    process_groups: bool = False  # the replay joined process groups or pipeline transfers, not only the job
-    transfers: int = 0  # pipeline transfers paired with their peers (``whatif.p2p``) in the replay
-    stage: StageImbalance | None = None  # pipeline jobs: the stage what-if (``whatif.stages``)
-    replica: SlowReplica | None = None  # pipeline jobs: the replica whose fixing recovers the most
-    # per rank in two process groups or more: its local work above the typical peer's, as a
-    # share of the job's time, beyond the median rank's (``_excess_work``)
-    excess_work: dict[str, float] = msgspec.field(default_factory=dict)
-
-    def ranks(self) -> list[int]:
-        """The explaining set's ranks, in naming order."""
-        return [n.rank for n in self.explaining_set]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
-
-
-def whatif_report(
-    instances: pl.DataFrame,
-    step_spans: pl.DataFrame,
-    host_issued: bool = False,
-    links: pl.DataFrame | None = None,
-    bd: pl.DataFrame | None = None,
-    compute_spans: pl.DataFrame | None = None,
-) -> WhatIfReport | None:
-    """Replay the job and read the verdict; ``None`` when there is no model (one rank, no
-    shared collective). ``host_issued``: arrivals are issue times of asynchronous collectives;
-    ``links``: pipeline transfers paired with their peers (``whatif.p2p``); ``bd``: the
-    per-rank, per-step table (its ``compute(us)``: a pipeline rank's work, ``whatif.kineto``);
-    ``compute_spans``: pipeline ranks' compute intervals (rank, start, end; aligned ns)."""
-    compute = None
-    if bd is not None and {"rank", "step", "compute(us)"} <= set(bd.columns):
-        compute = bd.select("rank", "step", (pl.col("compute(us)") * 1000.0).alias("compute"))
-    model = model_from_instances(
-        instances,
-        step_spans,
-        asynchronous=host_issued,
-        links=links,
-        compute=compute,
-        compute_spans=compute_spans,
-    )
-    if model is None:
-        return None
-    w = WhatIf(model)
-    paired = links is not None and links.height > 0  # a pipeline's ideal is the peer class's
-    exp = explain(w, groups=None if paired else member_groups(model))
-    ranks = [int(x) for x in model.lane_name]
-    steps = sorted(set(step_spans["step"].to_list()))[: model.n_steps]
-    step_labels = sorted(set(instances["step"].drop_nulls().to_list()) & set(steps))
-    named = [
-        _named(exp, lane, g, ranks, step_labels, w.t_obs)
-        for lane, g in zip(exp.lanes, zip(exp.gains, exp.option_gains, strict=True), strict=True)
-    ]
-    per_rank = {str(ranks[c]): 1.0 + exp.own_cost(c) for c in exp.candidates}
-    stage = stage_imbalance(model)  # pipeline jobs: M_W and M_S against a stage-balanced ideal
-    m_w = _m_w(w, exp) if stage is None else stage.m_w  # pipeline: against the stage-balanced ideal
-    fid = float(np.abs(w.t_obs / np.maximum(model.observed_step_time, 1e-12) - 1.0).max())
-    return WhatIfReport(
-        slowdown=w.slowdown,
-        per_rank=per_rank,
-        per_optype=w.per_label(),
-        m_w=m_w,
-        m_s=None if stage is None else stage.m_s,
-        explaining_set=named,
-        recovered_fraction=exp.recovered_fraction,
-        kind=_kind(named, len(step_labels)),
-        lost_fraction=float(sum(exp.gains)),
-        fidelity=fid,
-        steps=model.n_steps,
-        process_groups=_grouped(instances, links),
-        transfers=int(links["instance"].n_unique()) if links is not None and links.height else 0,
-        stage=stage,
-        replica=_replica(w, step_labels),
-        excess_work=_excess_work(w, ranks),
-    )
-
-
-def _excess_work(w: WhatIf, ranks: list[int]) -> dict[str, float]:
-    """``WhatIfReport.excess_work``: each lane's local work above the typical peer's
-    (``search.excess_work``) as a share of the observed job's time, less the median lane's,
-    for the ranks that synchronise in two process groups or more. On a busy host every rank
-    works above the typical peer now and then, so a rank's excess means something only beyond
-    the typical rank's. Lateness carries from one group into another only through a rank in
-    both; in one group a rank as slow as the typical peer (two slow ranks of three) shows no
-    excess at all, so the figure is left out there."""
-    share = excess_work(w.model) / max(float(w.t_obs.sum()), 1e-12)
-    if not share.size:
-        return {}
-    above = np.maximum(share - float(np.median(share)), 0.0)
-    many = groups_per_lane(w.model) >= 2
-    return {str(ranks[i]): round(float(above[i]), 4) for i in np.flatnonzero(many)}
-
-
-def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
-    """``whatif.stages.slow_replica`` with its late steps decided like a rank's (``_late``, on
-    the replica's own per-step cost as a whole), as the job's step labels."""
-    rep = slow_replica(w)
-    if rep is None:
-        return None
-    scale = w.t_ideal / np.maximum(w.t_obs, 1e-12)
-    share = np.asarray(rep.step_cost, dtype=np.float64) * scale[: len(rep.step_cost)]
-    return msgspec.structs.replace(rep, late_steps=_late(share, step_labels))
-
-
-def _late(share: Any, steps: list[int]) -> list[int]:
-    """The late steps (``stragglers.kinds``) of a rank or a replica whose own cost in each step,
-    as a share of the observed step, is ``share``: ``LATE_COST`` or more and ``LATE_OF_WORST``
-    of its worst step's; as the job's step labels ``steps``."""
-    bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
-    return [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
-
-
-def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
-    """Whether the job's synchronisation is not all job-wide: collectives of process groups
-    (instance ids ``<type>@<group>#k``) or paired pipeline transfers."""
-    if links is not None and links.height:
-        return True
-    return bool(instances.height) and bool(instances["instance"].str.contains("@").any())
-
-
-def _named(
-    exp: Any, lane: int, gains: tuple[float, float], ranks: list[int], steps: list[int], t_obs: Any
-) -> NamedRank:
-    """``gains``: its share of what its what-if saved, and that what-if's whole saving."""
-    i = exp.candidates.index(lane)
-    # own cost as a share of the observed step
-    share = exp.cost[i] * exp.t_ideal[i] / np.maximum(t_obs, 1e-12)
-    late = _late(share, steps)
-    return NamedRank(
-        rank=ranks[lane],
-        cost=float(gains[0]),
-        own_cost=float(exp.cost[i].mean()),
-        late_steps=late,
-        kind=rank_kind(len(late), len(steps)),
-        peak=float(share.max(initial=0.0)),
-        typical=float(np.median(share)) if share.size else 0.0,
-        tie_cost=float(gains[1]),
-    )
-
-
-def _m_w(w: WhatIf, exp: Any) -> float | None:
-    """``rem`` of the worst 3 % of ranks (at least one) by own cost, with the ranks tied with the
-    last of them (own cost within 0.8: tensor-parallel peers slowed together are one worker)."""
-    if not exp.candidates:
-        return None
-    k = max(1, int(np.ceil(w.model.n_lanes * 3 / 100)))
-    own = exp.cost.mean(axis=1)
-    cut = own[min(k, own.size) - 1]
-    if cut > 0:  # ties at the cut (within ``search.explain``'s 0.8): peers slowed together are one worker
-        k = max(k, int(np.sum(own >= 0.8 * cut)))
-    rem, _ = w.removal([w.selection(list(exp.candidates[:k]), with_transfer=False)])
-    return float(rem[0])
-
-
-def _kind(named: list[NamedRank], n_steps: int) -> str:
-    """The replay's kind: ``stragglers.kinds.job_kind`` on the late steps of the named ranks (as
-    the benchmark's labels count every injected stall; a rotating verdict then names only the
-    ranks that stalled, ``_stalled``)."""
-    if not named:
-        return "none"
-    kind = job_kind({n.rank: n.late_steps for n in named}, n_steps)
-    return kind if kind != "none" else named[0].kind
-
-
-def _stalled(n: NamedRank) -> bool:
-    """A persistent rank, or one that alone cost ``STALL_COST`` of a step at least once: an
-    intermittent rank below that is late only by the host's noise (on a loaded CPU host a rank
-    alone costs up to 10-15 % of a step now and then)."""
-    return n.kind == "persistent" or n.peak >= STALL_COST
+from kinetoscope.diagnosis.whatif.search import MIN_GAIN
+from kinetoscope.diagnosis.whatif.stages import SlowReplica
 
 
 def reconcile(
@@ -296,8 +60,13 @@ def reconcile(
       enough (``as_replay_straggler``). How much a rank costs *relative to* the named ones
       plays no part: the explaining set already holds only ranks whose fixing saves
       ``search.MIN_GAIN`` of step time, given those before them;
+    * an intermittent verdict of ranks that each stalled in a step or two, where an exact
+      replay finds no rank worth fixing, is ``none`` (``as_isolated_stalls``);
     * then a named intermittent rank that a faithful replay sees steadily late in most steps is
-      persistent (``_steady_by_the_replay``).
+      persistent (``_steady_by_the_replay``), and a named persistent rank it sees stall in half
+      of the steps or fewer, and not late between them, is intermittent
+      (``_stalls_by_the_replay``); on a one-step trace a joined rank's kind comes from its
+      collectives (``_kind_by_collectives``).
     """
     if as_stage_imbalance(rep, wi):
         return
@@ -314,12 +83,15 @@ def reconcile(
         return
     if as_replay_straggler(rep, wi, bd, th):
         return
+    if as_isolated_stalls(rep, wi):
+        return
     if rep.kind in ("persistent", "intermittent", "mixed") and rep.ranks:
         _prune(rep, wi, th)
         extra = _joining(rep, wi, th)
         if extra:
-            _join(rep, wi, bd, named_roles, extra)
+            _join(rep, wi, bd, named_roles, extra, th)
         _steady_by_the_replay(rep, wi, th)
+        _stalls_by_the_replay(rep, wi)
 
 
 def _steady_by_the_replay(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> None:
@@ -355,6 +127,49 @@ def _steady_by_the_replay(rep: StragglerReport, wi: WhatIfReport, th: StragglerT
     if rep.kind == "persistent" and rep.pattern == "bursts":
         rep.pattern = "steady"
     _set_roles(rep, dict.fromkeys(steady, "persistent"), clear=False)
+
+
+def _stalls_by_the_replay(rep: StragglerReport, wi: WhatIfReport) -> None:
+    """A named rank the rules call persistent that a faithful replay (``_faithful``) sees late
+    in half of the steps or fewer, by a stall in each of them (alone ``STALL_COST`` of the step
+    or more: ``NamedRank.least_late``) and by no steady delay in the others (their median below
+    ``LATE_COST``: ``NamedRank.typical_between``), is intermittent (in place; the verdict
+    ``mixed`` when persistent ranks remain, else ``intermittent``).
+
+    Why: a rank that stalls in about half of the steps sits on the kinds' boundary, and the
+    rules count its late steps from arrivals that a loaded host shifts now and then (a rank
+    stalling in 8 of 16 steps read as late in 9 or 10); the replay measures its own delay in
+    every step. A small steady delay the replay sees late in only some steps stays persistent:
+    its late steps are no stalls; so does a steady delay with spikes: it is late between them
+    too."""
+    if rep.kind not in ("persistent", "mixed") or not _faithful(wi) or _named_make_the_median(rep):
+        return
+    seen = {n.rank: n for n in wi.explaining_set}
+    stalls = [
+        r
+        for r in rep.ranks
+        if r not in rep.intermittent_ranks
+        and r in seen
+        and seen[r].late_steps
+        and seen[r].kind == "intermittent"
+        and seen[r].least_late >= STALL_COST
+        and seen[r].typical_between < LATE_COST
+    ]
+    if not stalls:
+        return
+    rep.intermittent_ranks = rep.intermittent_ranks + stalls
+    steady = [r for r in rep.ranks if r not in rep.intermittent_ranks]
+    rep.kind = "mixed" if steady else "intermittent"
+    if rep.kind == "intermittent" and rep.pattern == "steady":
+        rep.pattern = "bursts"
+    if rep.per_rank.height and "late_steps" in rep.per_rank.columns:  # the replay's count, as the kind
+        late = {r: len(seen[r].late_steps) for r in stalls}
+        rep.per_rank = rep.per_rank.with_columns(
+            late_steps=pl.col("rank").replace_strict(
+                late, default=pl.col("late_steps"), return_dtype=pl.Int64
+            )
+        )
+    _set_roles(rep, dict.fromkeys(stalls, "intermittent"), clear=False)
 
 
 def _steady_delay(n: NamedRank, steps: int, world: int, alpha: float) -> bool:
@@ -404,7 +219,7 @@ def _rotating_ranks(rep: StragglerReport, wi: WhatIfReport) -> tuple[list[NamedR
     """What a ``rotating`` verdict names (``_as_rotating``): the replay's ranks that stalled, and
     the intermittent ranks the rules named beside them (empty: no rotating verdict) unless the
     replay weighed and left out a rank the rules found late again and again (``_noise``)."""
-    moving = [n for n in wi.explaining_set if n.late_steps and _stalled(n)]
+    moving = [n for n in wi.explaining_set if n.late_steps and n.stalled()]
     own = {n.rank for n in moving}
     if rep.kind != "intermittent":
         return moving, []
@@ -455,9 +270,13 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     """On a pipeline job whose transfers the replay paired with their peers, the ranks the rules
     named are replaced by the replay's explaining set when the two differ, the set recovers
     ``GROUP_RECOVERED`` to ``1 / GROUP_RECOVERED`` of a slowdown of ``MIN_SLOWDOWN`` or more,
-    and the replay reproduces the step times within ``MAX_FIDELITY_ERROR`` (in place; True when
-    done). Jobs without paired transfers keep the rules' ranks (on gloo, whose collectives the
-    replay reads as issued without waiting, the members of a tensor-parallel group tie).
+    the replay reproduces the step times within ``MAX_FIDELITY_ERROR``, and its whole slowdown
+    (``1 - 1 / slowdown`` of step time) is ``GROUP_RECOVERED`` or more of what the rules
+    measured the named ranks cost (in place; True when done). A replay that sees far less lost
+    time than the arrivals show reads some wait as work (on a gloo pipeline, a receive waited
+    for on the training thread) and cannot say who caused it. Jobs without paired transfers
+    keep the rules' ranks (on gloo, whose collectives the replay reads as issued without
+    waiting, the members of a tensor-parallel group tie).
 
     Why: the rules compare arrivals collective by collective, so the members of a slowed
     rank's groups, and the stages downstream of a slowed pipeline worker, arrive late too and
@@ -472,6 +291,8 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
         return False
     if rep.kind not in ("persistent", "intermittent", "mixed") or set(rep.ranks) == set(wi.ranks()):
         return False
+    if 1.0 - 1.0 / wi.slowdown < GROUP_RECOVERED * (rep.lost_fraction or 0.0):
+        return False  # the replay missed most of what the rules measured lost: a wait it reads as work
     _adopt(rep, wi, bd, named, wi.lost_fraction, wi.recovered_fraction)
     return True
 
@@ -596,6 +417,41 @@ def as_replay_straggler(
     rep.reason = (
         f"the replay: idealising ranks {rep.ranks} recovers {100 * wi.recovered_fraction:.0f}% of a "
         f"slowdown of {wi.slowdown:.2f}x (the arrivals alone read the stalls as noise)"
+    )
+    return True
+
+
+def as_isolated_stalls(rep: StragglerReport, wi: WhatIfReport) -> bool:
+    """An ``intermittent`` verdict whose every rank stalled in fewer than ``MIN_RECURRING``
+    steps (by the rules' count), none of them named for a slow link, becomes ``none`` when the
+    replay reproduces every step time (``MAX_FIDELITY_ERROR``) of a trace long enough to show
+    recurrence and fixing no rank saves ``search.MIN_GAIN`` of step time (its explaining set is
+    empty) (in place; True when done).
+
+    Why: a host that holds up one rank for a moment holds up every rank that waits for it in
+    that step, so one event reads as several ranks each late once (on a pipeline, the stalled
+    rank's whole replica; a loaded host's heavy-stage job named six ranks for two such
+    events). The rules count each (rank, step) as a stall and charge every late arrival to the
+    step; the replay propagates the delay through the groups and the transfers and finds it
+    hidden in the other ranks' waits. Ranks that recur are kept whatever the replay says: a
+    replica slowed as a whole costs little rank by rank on a gloo pipeline."""
+    if rep.kind != "intermittent" or not rep.ranks or wi.explaining_set:
+        return False
+    if wi.fidelity > MAX_FIDELITY_ERROR or wi.steps < MIN_RECURRING or wi.slowdown <= 0:
+        return False
+    late = rep.per_rank_column("late_steps")
+    if any(_named_for_link(rep, r) or int(late.get(str(r)) or 0) >= MIN_RECURRING for r in rep.ranks):
+        return False
+    named = list(rep.ranks)
+    rep.kind = "none"
+    rep.ranks, rep.recurrent_ranks, rep.intermittent_ranks = [], [], []
+    rep.causes, rep.cause = {}, ""
+    _set_roles(rep, dict.fromkeys(named, None), clear=False)
+    rep.reason = (
+        f"rank(s) {named} each stalled in fewer than {MIN_RECURRING} steps, and the replay, which "
+        f"reproduces every step, finds no rank whose fixing saves {100 * MIN_GAIN:.0f}% of step time "
+        f"(the job is {100 * (wi.slowdown - 1.0):.1f}% slower than its ideal): the host's "
+        "occasional delays, passed on to the ranks that waited, not a straggler"
     )
     return True
 
@@ -725,14 +581,21 @@ def _kinds_by_rules(rep: StragglerReport, steps_if_unknown: int = 0) -> dict[int
 
 
 def _join(
-    rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, named_roles: dict[int, str], extra: list[int]
+    rep: StragglerReport,
+    wi: WhatIfReport,
+    bd: pl.DataFrame,
+    named_roles: dict[int, str],
+    extra: list[int],
+    th: StragglerThresholds,
 ) -> None:
     """Add ``extra`` to the named ranks; ``mixed`` when both kinds are among them."""
     costs = {n.rank: n for n in wi.explaining_set}
     rep.ranks = rep.ranks + extra
     rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in extra]
     short = wi.steps < MIN_RECURRING  # too few steps for the rules' tests: the kinds' own definition
-    if short:
+    if wi.steps == 1:  # one step tells no kind: the rules' collectives do (``_kind_by_collectives``)
+        roles = {r: _kind_by_collectives(rep, r, th) for r in rep.ranks}
+    elif short:
         late = rep.per_rank_column("late_steps")
         seen = {r: len(n.late_steps) for r, n in costs.items()}
         roles = {r: rank_kind(max(int(late.get(str(r)) or 0), seen.get(r, 0)), wi.steps) for r in rep.ranks}
@@ -748,7 +611,29 @@ def _join(
     _set_roles(rep, roles if short else {r: roles[r] for r in extra}, clear=False)
     for r in extra:
         rep.causes.setdefault(r, rank_cause(bd, r, costs[r].late_steps))
+    _at_least_late(rep, {r: len(costs[r].late_steps) for r in extra})
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
+
+
+def _at_least_late(rep: StragglerReport, late: Mapping[int, int]) -> None:
+    """The per-rank table's ``late_steps`` of these ranks raised to the replay's count, where the
+    rules counted fewer: a rank the replay names is never shown late in 0 steps."""
+    if not late or not rep.per_rank.height or "late_steps" not in rep.per_rank.columns:
+        return
+    seen = pl.col("rank").replace_strict(dict(late), default=0, return_dtype=pl.Int64)
+    rep.per_rank = rep.per_rank.with_columns(
+        late_steps=pl.max_horizontal(pl.col("late_steps").fill_null(0), seen)
+    )
+
+
+def _kind_by_collectives(rep: StragglerReport, rank: int, th: StragglerThresholds) -> str:
+    """The kind of a named rank in a one-step trace, whose only step every named rank is late
+    in: judged over the step's collectives instead. ``persistent`` when the rank is last at more
+    of them than chance gives one rank (the table's ``p_value`` under ``alpha``): late again and
+    again through the step; ``intermittent`` when it is not, its lateness a stall at a few of
+    them."""
+    p = rep.per_rank_column("p_value")
+    return "persistent" if float(p.get(str(rank)) or 1.0) < th.alpha else "intermittent"
 
 
 def _set_roles(rep: StragglerReport, roles: Mapping[int, str | None], clear: bool) -> None:
@@ -811,6 +696,3 @@ def rotating_line(rep: StragglerReport, wi: dict[str, Any]) -> str:
         f"ROTATING STRAGGLERS: the slowdown moves between {len(segs)} ranks, costing "
         f"{100 * (rep.lost_fraction or 0.0):.1f}% of step time together; " + "; ".join(segs) + "."
     )
-
-
-prime_structs(globals())

@@ -109,7 +109,8 @@ from kinetoscope.diagnosis.stragglers.naming import (
     spike_share,
     steadily_late,
 )
-from kinetoscope.diagnosis.stragglers.reconcile import reconcile, whatif_report
+from kinetoscope.diagnosis.stragglers.reconcile import reconcile
+from kinetoscope.diagnosis.stragglers.replay_report import whatif_report
 from kinetoscope.diagnosis.stragglers.slow_link import SlowLink, end_skew, find_slow_links, link_cause
 from kinetoscope.diagnosis.stragglers.steady import steady_skew
 from kinetoscope.diagnosis.stragglers.tables import lost_shares, next_ranks, per_rank_table, per_step_table

@@ -263,7 +263,7 @@ class SlowReplica(msgspec.Struct, frozen=True):
     ``ranks``: its ranks; ``recovered``: the share of the slowdown fixing it recovers;
     ``cost``: its own slowdown ``S - 1`` (the ideal job with only it observed); ``late_steps``:
     the steps in which that own cost is at least half its largest and 2 % or more (the verdict
-    re-decides them like a rank's, ``stragglers.reconcile._late``);
+    re-decides them like a rank's, ``stragglers.replay_report._late``);
     ``explains``: it recovers ``REPLICA_EXPLAINS`` of a slowdown of ``REPLICA_MIN_SLOWDOWN`` or
     more, and twice what any other replica recovers; ``step_cost``: that own cost in each step
     (``S_w - 1`` per step, against the step's ideal time). A replica slowed as a whole (every stage of
