@@ -65,8 +65,8 @@ def reconcile(
     * then a named intermittent rank that a faithful replay sees steadily late in most steps is
       persistent (``_steady_by_the_replay``), and a named persistent rank it sees stall in half
       of the steps or fewer, and not late between them, is intermittent
-      (``_stalls_by_the_replay``); on a one-step trace a joined rank's kind comes from its
-      collectives (``_kind_by_collectives``).
+      (``_stalls_by_the_replay``); on a one-step trace where a rank joins, each named rank's
+      kind comes from its collectives (``_kind_by_collectives``).
     """
     if as_stage_imbalance(rep, wi):
         return
