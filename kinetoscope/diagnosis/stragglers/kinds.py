@@ -11,7 +11,7 @@ late steps of a rank
 persistent rank
     late in more than half of the steps (at least two, or the only step of a one-step trace).
     One step cannot tell a steady delay from a stall, so there the verdict judges a rank by its
-    collectives instead, as the rules do (``stragglers.reconcile._kind_by_collectives``).
+    collectives instead, as the rules do (``stragglers.reconcile._kinds_by_collectives``).
 stall
     one (rank, step) late pair of a rank that is not persistent.
 rotating

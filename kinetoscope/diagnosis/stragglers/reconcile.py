@@ -66,7 +66,7 @@ def reconcile(
       persistent (``_steady_by_the_replay``), and a named persistent rank it sees stall in half
       of the steps or fewer, and not late between them, is intermittent
       (``_stalls_by_the_replay``); on a one-step trace where a rank joins, each named rank's
-      kind comes from its collectives (``_kind_by_collectives``).
+      kind comes from its collectives (``_kinds_by_collectives``).
     """
     if as_stage_imbalance(rep, wi):
         return
@@ -162,13 +162,7 @@ def _stalls_by_the_replay(rep: StragglerReport, wi: WhatIfReport) -> None:
     rep.kind = "mixed" if steady else "intermittent"
     if rep.kind == "intermittent" and rep.pattern == "steady":
         rep.pattern = "bursts"
-    if rep.per_rank.height and "late_steps" in rep.per_rank.columns:  # the replay's count, as the kind
-        late = {r: len(seen[r].late_steps) for r in stalls}
-        rep.per_rank = rep.per_rank.with_columns(
-            late_steps=pl.col("rank").replace_strict(
-                late, default=pl.col("late_steps"), return_dtype=pl.Int64
-            )
-        )
+    _set_late(rep, {r: len(seen[r].late_steps) for r in stalls})  # the replay's count, as the kind
     _set_roles(rep, dict.fromkeys(stalls, "intermittent"), clear=False)
 
 
@@ -437,7 +431,7 @@ def as_isolated_stalls(rep: StragglerReport, wi: WhatIfReport) -> bool:
     replica slowed as a whole costs little rank by rank on a gloo pipeline."""
     if rep.kind != "intermittent" or not rep.ranks or wi.explaining_set:
         return False
-    if wi.fidelity > MAX_FIDELITY_ERROR or wi.steps < MIN_RECURRING or wi.slowdown <= 0:
+    if wi.fidelity > MAX_FIDELITY_ERROR or wi.steps < MIN_RECURRING:
         return False
     late = rep.per_rank_column("late_steps")
     if any(_named_for_link(rep, r) or int(late.get(str(r)) or 0) >= MIN_RECURRING for r in rep.ranks):
@@ -593,8 +587,8 @@ def _join(
     rep.ranks = rep.ranks + extra
     rep.intermittent_ranks = [r for r in rep.intermittent_ranks if r not in extra]
     short = wi.steps < MIN_RECURRING  # too few steps for the rules' tests: the kinds' own definition
-    if wi.steps == 1:  # one step tells no kind: the rules' collectives do (``_kind_by_collectives``)
-        roles = {r: _kind_by_collectives(rep, r, th) for r in rep.ranks}
+    if wi.steps == 1:  # one step tells no kind: the rules' collectives do (``_kinds_by_collectives``)
+        roles = _kinds_by_collectives(rep, th)
     elif short:
         late = rep.per_rank_column("late_steps")
         seen = {r: len(n.late_steps) for r, n in costs.items()}
@@ -611,29 +605,30 @@ def _join(
     _set_roles(rep, roles if short else {r: roles[r] for r in extra}, clear=False)
     for r in extra:
         rep.causes.setdefault(r, rank_cause(bd, r, costs[r].late_steps))
-    _at_least_late(rep, {r: len(costs[r].late_steps) for r in extra})
+    _set_late(rep, {r: len(costs[r].late_steps) for r in extra}, at_least=True)
     rep.cause = "; ".join(f"rank {r}: {c['text']}" for r, c in rep.causes.items() if r in rep.ranks)
 
 
-def _at_least_late(rep: StragglerReport, late: Mapping[int, int]) -> None:
-    """The per-rank table's ``late_steps`` of these ranks raised to the replay's count, where the
-    rules counted fewer: a rank the replay names is never shown late in 0 steps."""
+def _set_late(rep: StragglerReport, late: Mapping[int, int], at_least: bool = False) -> None:
+    """The per-rank table's ``late_steps`` of these ranks set to the replay's count (``at_least``:
+    raised to it where the rules counted fewer, so a rank the replay names is never shown late
+    in 0 steps)."""
     if not late or not rep.per_rank.height or "late_steps" not in rep.per_rank.columns:
         return
-    seen = pl.col("rank").replace_strict(dict(late), default=0, return_dtype=pl.Int64)
-    rep.per_rank = rep.per_rank.with_columns(
-        late_steps=pl.max_horizontal(pl.col("late_steps").fill_null(0), seen)
-    )
+    seen = pl.col("rank").replace_strict(dict(late), default=pl.col("late_steps"), return_dtype=pl.Int64)
+    if at_least:
+        seen = pl.max_horizontal(pl.col("late_steps").fill_null(0), seen)
+    rep.per_rank = rep.per_rank.with_columns(late_steps=seen)
 
 
-def _kind_by_collectives(rep: StragglerReport, rank: int, th: StragglerThresholds) -> str:
-    """The kind of a named rank in a one-step trace, whose only step every named rank is late
+def _kinds_by_collectives(rep: StragglerReport, th: StragglerThresholds) -> dict[int, str]:
+    """The kinds of the named ranks of a one-step trace, whose only step every named rank is late
     in: judged over the step's collectives instead. ``persistent`` when the rank is last at more
     of them than chance gives one rank (the table's ``p_value`` under ``alpha``): late again and
     again through the step; ``intermittent`` when it is not, its lateness a stall at a few of
     them."""
     p = rep.per_rank_column("p_value")
-    return "persistent" if float(p.get(str(rank)) or 1.0) < th.alpha else "intermittent"
+    return {r: "persistent" if float(p.get(str(r)) or 1.0) < th.alpha else "intermittent" for r in rep.ranks}
 
 
 def _set_roles(rep: StragglerReport, roles: Mapping[int, str | None], clear: bool) -> None:

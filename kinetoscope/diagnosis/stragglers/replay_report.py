@@ -197,10 +197,15 @@ def _replica(w: WhatIf, step_labels: list[int]) -> SlowReplica | None:
 
 def _late(share: Any, steps: list[int]) -> list[int]:
     """The late steps (``stragglers.kinds``) of a rank or a replica whose own cost in each step,
-    as a share of the observed step, is ``share``: ``LATE_COST`` or more and ``LATE_OF_WORST``
-    of its worst step's; as the job's step labels ``steps``."""
+    as a share of the observed step, is ``share``, as the job's step labels ``steps``."""
+    return [steps[k] for k in np.flatnonzero(_late_mask(share, len(steps)))]
+
+
+def _late_mask(share: Any, n_steps: int) -> Any:
+    """Per replayed step, whether it is late: ``share`` ``LATE_COST`` or more and
+    ``LATE_OF_WORST`` of its worst step's, among the first ``n_steps`` (those with a label)."""
     bar = max(LATE_COST, LATE_OF_WORST * float(share.max(initial=0.0)))
-    return [steps[k] for k in np.flatnonzero(share >= bar) if k < len(steps)]
+    return (share >= bar) & (np.arange(share.size) < n_steps)
 
 
 def _grouped(instances: pl.DataFrame, links: pl.DataFrame | None) -> bool:
@@ -218,8 +223,8 @@ def _named(
     i = exp.candidates.index(lane)
     # own cost as a share of the observed step
     share = exp.cost[i] * exp.t_ideal[i] / np.maximum(t_obs, 1e-12)
-    late = _late(share, steps)
-    at = np.array([k < len(steps) and steps[k] in late for k in range(share.size)], dtype=bool)
+    at = _late_mask(share, len(steps))
+    late = [steps[k] for k in np.flatnonzero(at)]
     return NamedRank(
         rank=ranks[lane],
         cost=float(gains[0]),

@@ -45,8 +45,8 @@ def find_slow_links(mx: Matrix, th: StragglerThresholds, total_T: float, skip: s
     than chance (binomial against the mean of ``1/members`` over those instances: ``1/N`` for
     job-wide collectives, ``1/2`` for a data-parallel pair; ``p < alpha / N``, Bonferroni over
     the N ranks tested, since the most extreme of N noisy ranks is tested), at ``min_events``
-    instances or more, and its *net* end excess (the
-    late ends' excess less what it ends early beyond the same threshold elsewhere) is at least
+    instances or more, and its *net* end excess (the late ends' excess less what it ends early
+    beyond the same threshold elsewhere) is at least
     ``link_min_effect`` of the summed step time. A slow link's tail only ever ends late; ends
     that are as often as much early are instances matched crosswise (two buckets whose order
     differs between ranks: +x at one, -x at the next), not a link. Needs ``link_min_ranks`` ranks: with two
