@@ -45,6 +45,33 @@ def job_id() -> int:
     return int(m.group(1)) if m else 0
 
 
+def sync_send(sock: socket.socket, datagram: bytes, addr: str, retries: int = 10) -> bool:
+    """Send like kineto's ``FabricManager::sync_send``: non-blocking, and on a full daemon queue
+    (EAGAIN) or a refused connection sleep 10, 20, 40 ... ms and retry; any other error fails
+    at once. A failed send only skips this poll: the client never dies of a busy daemon."""
+    sleep_s = 0.01
+    for _ in range(retries):
+        try:
+            sock.sendto(datagram, addr)
+            return True
+        except (BlockingIOError, ConnectionRefusedError):
+            time.sleep(sleep_s)
+            sleep_s *= 2
+        except OSError:
+            return False
+    return False
+
+
+def poll_recv(sock: socket.socket, tries: int = 9) -> bytes | None:
+    """kineto's ``poll_recv(9, 10000)``: up to 9 non-blocking receives 10 ms apart (~90 ms)."""
+    for _ in range(tries):
+        try:
+            return sock.recv(65536)
+        except BlockingIOError:
+            time.sleep(0.01)
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("socket_dir")
@@ -74,18 +101,17 @@ def main() -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     my_addr = os.path.join(args.socket_dir, f"dynoconfigclient{uuid.uuid4()}")
     sock.bind(my_addr)
-    sock.settimeout(0.09)  # kineto's poll_recv window
+    sock.setblocking(False)  # kineto: every send and receive is MSG_DONTWAIT
     daemon = os.path.join(args.socket_dir, "dynolog")
     pids, job = pid_chain(), job_id()
     ready = False
     deadline = time.monotonic() + args.lifetime
     try:
         while time.monotonic() < deadline:
-            sock.sendto(wire.pack_request(3, job, pids), daemon)
-            try:
-                _t, payload = wire.unpack_datagram(sock.recv(65536))
-            except TimeoutError:
-                payload = None
+            payload = None
+            if sync_send(sock, wire.pack_request(3, job, pids), daemon):
+                reply = poll_recv(sock)
+                payload = None if reply is None else wire.unpack_datagram(reply)[1]
             if payload is not None and not ready:
                 print(f"READY {os.getpid()}", flush=True)
                 ready = True
