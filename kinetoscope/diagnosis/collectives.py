@@ -190,6 +190,17 @@ def _with_launch_collective(trace: Trace, dev: pl.DataFrame, df: pl.DataFrame) -
     )
 
 
+def _worker_tids(ev: pl.DataFrame, ann: pl.DataFrame) -> pl.Series:
+    """The backend's worker threads: those recording its annotations but issuing no ``c10d::``
+    op. ProcessGroupGloo runs a queued collective on a ``pt_gloo_runloop`` worker, but a
+    point-to-point send or receive inline on the thread that called it, whose ``gloo:send`` /
+    ``gloo:recv`` annotations then sit on the training thread; that thread issues the
+    collectives too, and is not a worker (a pipeline's all-reduce is issued, and waited for,
+    there)."""
+    issuing = ev.filter((pl.col("kind") == "cpu_op") & pl.col("name").str.starts_with("c10d::"))["tid"]
+    return ann.filter(~pl.col("tid").is_in(issuing.unique().implode()))["tid"].unique()
+
+
 def _with_issue_times(ev: pl.DataFrame, df: pl.DataFrame, worker_tids: pl.Series) -> pl.DataFrame:
     """Backend annotations (gloo): arrival = when the rank *issued* the collective.
 
@@ -342,7 +353,7 @@ def extract_collectives(trace: Trace) -> pl.DataFrame:
     )
     if ann.height:
         df = _instances(ann, pl.lit("default"), pl.format("tid {}", pl.col("tid")))
-        df = _with_issue_times(ev, df, ann["tid"].unique())
+        df = _with_issue_times(ev, df, _worker_tids(ev, ann))
         return _with_config_ranks(trace, _finish(df, rank, "backend_annotation"))
     host = ev.filter(
         pl.col("kind").is_in(["cpu_op", "user_annotation"])

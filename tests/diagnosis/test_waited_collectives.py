@@ -36,6 +36,20 @@ def test_synchronous_all_reduces_are_read_as_waited_for() -> None:
         assert c.height == 40 and int(c["waited"].sum()) >= 36, r
 
 
+def test_a_pipeline_rank_waits_for_its_data_parallel_all_reduce() -> None:
+    # gloo runs a point-to-point send or receive on the thread that calls it, so a pipeline
+    # rank's gloo:send / gloo:recv annotations sit on its training thread, beside the
+    # c10d::allreduce_ ops that thread issues. Read as a backend worker, that thread hid every
+    # issue op: the all-reduces kept the worker's pick-up time as arrival and none read as
+    # waited for, so the fast replica's wait for the slow one counted as its work.
+    job = JOBS / "mesh_dp_pp_slow_replica_loaded_subset"
+    d = diagnose(job)
+    for r, fig in d.job.figures.items():
+        c = fig.collectives_of(r)
+        reduces = c.filter(c["coll"] == "allreduce")
+        assert reduces.height == 8 and int(reduces["waited"].sum()) >= 6, (r, reduces["waited"].to_list())
+
+
 def test_ddp_buckets_issued_during_backward_are_not_waited_for() -> None:
     # DDP issues its buckets while backward goes on and waits once, for the last, before the
     # optimizer step: at most one waited-for collective per rank and step.

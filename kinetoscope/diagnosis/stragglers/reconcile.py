@@ -38,6 +38,9 @@ def reconcile(
 
     * on a pipeline job whose worst stage explains the slowdown, no straggler: stage imbalance
       (``as_stage_imbalance``);
+    * an intermittent verdict of ranks that each stalled in a step or two, where an exact
+      replay finds only the host's noise (no rank that recurs or stalls, and little to save), is
+      ``none`` (``as_isolated_stalls``);
     * a pipeline replica that explains the slowdown and saves more than the replay's set
       (``_replica_saves_more``) is named as a whole (``as_slow_replica``);
     * on a pipeline job whose transfers the replay paired, the replay's explaining set replaces
@@ -60,15 +63,13 @@ def reconcile(
       enough (``as_replay_straggler``). How much a rank costs *relative to* the named ones
       plays no part: the explaining set already holds only ranks whose fixing saves
       ``search.MIN_GAIN`` of step time, given those before them;
-    * an intermittent verdict of ranks that each stalled in a step or two, where an exact
-      replay finds no rank worth fixing, is ``none`` (``as_isolated_stalls``);
     * then a named intermittent rank that a faithful replay sees steadily late in most steps is
       persistent (``_steady_by_the_replay``), and a named persistent rank it sees stall in half
       of the steps or fewer, and not late between them, is intermittent
       (``_stalls_by_the_replay``); on a one-step trace where a rank joins, each named rank's
       kind comes from its collectives (``_kinds_by_collectives``).
     """
-    if as_stage_imbalance(rep, wi):
+    if as_stage_imbalance(rep, wi) or as_isolated_stalls(rep, wi, th):
         return
     if wi.replica is not None and _replica_saves_more(wi):
         if set(rep.ranks) == set(wi.replica.ranks) or as_slow_replica(rep, wi, bd, th):
@@ -82,8 +83,6 @@ def reconcile(
         _as_rotating(rep, bd, *rotation)
         return
     if as_replay_straggler(rep, wi, bd, th):
-        return
-    if as_isolated_stalls(rep, wi):
         return
     if rep.kind in ("persistent", "intermittent", "mixed") and rep.ranks:
         _prune(rep, wi, th)
@@ -267,8 +266,8 @@ def adopt_group_set(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) ->
     the replay reproduces the step times within ``MAX_FIDELITY_ERROR``, and its whole slowdown
     (``1 - 1 / slowdown`` of step time) is ``GROUP_RECOVERED`` or more of what the rules
     measured the named ranks cost (in place; True when done). A replay that sees far less lost
-    time than the arrivals show reads some wait as work (on a gloo pipeline, a receive waited
-    for on the training thread) and cannot say who caused it. Jobs without paired transfers
+    time than the arrivals show reads some wait as work (one no trace event marks as a wait)
+    and cannot say who caused it. Jobs without paired transfers
     keep the rules' ranks (on gloo, whose collectives the replay reads as issued without
     waiting, the members of a tensor-parallel group tie).
 
@@ -312,26 +311,27 @@ def as_slow_replica(
     rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame, th: StragglerThresholds
 ) -> bool:
     """On a pipeline job whose slowdown one replica explains (``whatif.stages.SlowReplica``),
-    the verdict names that replica's ranks, whatever the rules said (in place; True when done):
-    its ranks sleep or compute more together, so each alone is late by little and the rules,
-    rank by rank, read noise. It saves ``min_lost_fraction`` of step time or more. Where the
-    rules named none of its ranks or others too, it also recurs as the replay's ranks must to
-    overturn the rules (``as_replay_straggler``, ``_joining``): late in ``MIN_RECURRING`` steps
-    or more (every step of a shorter trace); one replica the host held back in a step or two is
-    no straggler, as one rank's single stall is not. (Its saving is not held to the ranks' 5 %:
-    on gloo pipelines the replay sees a replica's sleep only in part, 3 % of step time for a
-    40 ms sleep in every step of a real job.) Where the rules named some of its ranks and no
-    other, the replica completes what they found."""
+    the verdict names that replica's ranks (in place; True when done) when the replica is late
+    in most steps (``persistent``), whatever the rules said: its ranks sleep or compute more
+    together, so each alone is late by little and the rules, rank by rank, read noise; or, late
+    in fewer steps, when the rules named some of its ranks and no other: the replica completes
+    what they found. A replica that stalls in some steps holds each of its ranks back by the
+    whole stall at its data-parallel collective, so the rules' noise test sees it, rank by rank,
+    as well as the replay does; where they read such stalls as noise, so are they (on a host
+    busier than its cores, the host holds one replica back in some steps and the other in
+    others). It saves ``min_intermittent_lost_fraction`` of step time or more, the bar of a
+    replay rank (``as_replay_straggler``, ``_joining``): the replicas of a stage are each
+    other's yardstick, with two of them the faster one in every step, so the host's jitter
+    alone makes either look a few percent slow."""
     r = wi.replica
     if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
         return False
     lost = _replica_saving(wi, r)
-    if lost < th.min_lost_fraction:
+    if lost < th.min_intermittent_lost_fraction:
         return False
     kind = rank_kind(len(r.late_steps), wi.steps)
     found = bool(rep.ranks) and set(rep.ranks) <= set(r.ranks)  # the rules saw part of it
-    recurs = kind == "persistent" or len(r.late_steps) >= min(MIN_RECURRING, wi.steps)
-    if not (found or recurs):
+    if not (found or kind == "persistent"):
         return False
     named = [NamedRank(x, lost / len(r.ranks), r.cost, r.late_steps, kind, tie_cost=lost) for x in r.ranks]
     _adopt(rep, wi, bd, named, lost, r.recovered)
@@ -415,23 +415,36 @@ def as_replay_straggler(
     return True
 
 
-def as_isolated_stalls(rep: StragglerReport, wi: WhatIfReport) -> bool:
+def as_isolated_stalls(rep: StragglerReport, wi: WhatIfReport, th: StragglerThresholds) -> bool:
     """An ``intermittent`` verdict whose every rank stalled in fewer than ``MIN_RECURRING``
     steps (by the rules' count), none of them named for a slow link, becomes ``none`` when the
     replay reproduces every step time (``MAX_FIDELITY_ERROR``) of a trace long enough to show
-    recurrence and fixing no rank saves ``search.MIN_GAIN`` of step time (its explaining set is
-    empty) (in place; True when done).
+    recurrence and finds nothing but the host's noise: no rank of its explaining set was late
+    in ``MIN_RECURRING`` steps or stalled (``NamedRank.stalled``: alone cost a quarter of a
+    step at least once), fixing them all saves under ``min_intermittent_lost_fraction`` of
+    step time (what an intermittent verdict must save: delays at a few collectives of a step
+    can add up to more without one of them costing a quarter of it), and no pipeline replica
+    that explains the slowdown was late in ``MIN_RECURRING`` steps (in place; True when done).
 
     Why: a host that holds up one rank for a moment holds up every rank that waits for it in
     that step, so one event reads as several ranks each late once (on a pipeline, the stalled
     rank's whole replica; a loaded host's heavy-stage job named six ranks for two such
     events). The rules count each (rank, step) as a stall and charge every late arrival to the
     step; the replay propagates the delay through the groups and the transfers and finds it
-    hidden in the other ranks' waits. Ranks that recur are kept whatever the replay says: a
-    replica slowed as a whole costs little rank by rank on a gloo pipeline."""
-    if rep.kind != "intermittent" or not rep.ranks or wi.explaining_set:
+    hidden in the other ranks' waits, or in a rank the host held back by 10-15 % of a step once
+    or twice, as a loaded host does now and then. Ranks that recur, or stall, are kept whatever
+    the replay says. It comes before the pipeline's replica and group-set readings, which
+    would otherwise name the ranks such an event held back."""
+    if rep.kind != "intermittent" or not rep.ranks:
         return False
     if wi.fidelity > MAX_FIDELITY_ERROR or wi.steps < MIN_RECURRING:
+        return False
+    if any(n.stalled() or len(n.late_steps) >= MIN_RECURRING for n in wi.explaining_set):
+        return False
+    if wi.lost_fraction >= th.min_intermittent_lost_fraction:
+        return False
+    replica = wi.replica
+    if replica is not None and replica.explains and len(replica.late_steps) >= MIN_RECURRING:
         return False
     late = rep.per_rank_column("late_steps")
     if any(_named_for_link(rep, r) or int(late.get(str(r)) or 0) >= MIN_RECURRING for r in rep.ranks):
@@ -443,9 +456,10 @@ def as_isolated_stalls(rep: StragglerReport, wi: WhatIfReport) -> bool:
     _set_roles(rep, dict.fromkeys(named, None), clear=False)
     rep.reason = (
         f"rank(s) {named} each stalled in fewer than {MIN_RECURRING} steps, and the replay, which "
-        f"reproduces every step, finds no rank whose fixing saves {100 * MIN_GAIN:.0f}% of step time "
-        f"(the job is {100 * (wi.slowdown - 1.0):.1f}% slower than its ideal): the host's "
-        "occasional delays, passed on to the ranks that waited, not a straggler"
+        f"reproduces every step, finds no rank late in {MIN_RECURRING} steps or more, nor one that alone "
+        f"cost {100 * STALL_COST:.0f}% of a step, and fixing the ranks it finds saves "
+        f"{100 * wi.lost_fraction:.1f}% of step time (the job is {100 * (wi.slowdown - 1.0):.1f}% slower "
+        "than its ideal): the host's occasional delays, passed on to the ranks that waited, not a straggler"
     )
     return True
 

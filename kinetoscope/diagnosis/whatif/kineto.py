@@ -273,10 +273,11 @@ def lane_busy(
     """Per lane and step (lanes x steps): how long the lane worked, robust to the order of
     overlapping visits (unlike the work before each visit): its compute (``compute``: rank,
     step, compute in ns) where known and positive, else the step's duration minus the union
-    of its blocking visits (arrival to end), which also counts waits no visit records (a
-    wait before a collective is issued). ``rows`` as in ``_assemble``; ``per``: step spans."""
+    of its blocking visits (arrival to end: a synchronous one, or an asynchronous one the lane
+    then waited for), which also counts waits no visit records (a wait before a collective is
+    issued). ``rows`` as in ``_assemble``; ``per``: step spans."""
     v = (
-        rows.filter(~pl.col("is_end") & ~pl.col("async"))
+        rows.filter(~pl.col("is_end") & (~pl.col("async") | pl.col("_waited")))
         .select("lane", "si", "a", "f")
         .sort("lane", "si", "a")
     )
