@@ -318,10 +318,11 @@ def as_slow_replica(
     what they found. A replica that stalls in some steps holds each of its ranks back by the
     whole stall at its data-parallel collective, so the rules' noise test sees it, rank by rank,
     as well as the replay does; where they read such stalls as noise, so are they (a host busier
-    than its cores holds one replica or the other back now and then). It saves ``min_intermittent_lost_fraction`` of step time or more, the bar of a
-    replay rank (``as_replay_straggler``, ``_joining``): the replicas of a stage are each
-    other's yardstick, with two of them the faster one in every step, so the host's jitter
-    alone makes either look a few percent slow."""
+    than its cores holds one replica or the other back now and then). It saves
+    ``min_intermittent_lost_fraction`` of step time or more, the bar of a replay rank
+    (``as_replay_straggler``, ``_joining``): the replicas of a stage are each other's
+    yardstick, with two of them the faster one in every step, so the host's jitter alone makes
+    either look a few percent slow."""
     r = wi.replica
     if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
         return False
