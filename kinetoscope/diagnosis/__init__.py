@@ -20,7 +20,13 @@ import polars as pl
 
 from kinetoscope.diagnosis.assembly import Job, assemble_jobs
 from kinetoscope.diagnosis.bandwidth import collective_bandwidth
-from kinetoscope.diagnosis.breakdown import compute_span_table, instance_table, rank_breakdown, step_table
+from kinetoscope.diagnosis.breakdown import (
+    compute_span_table,
+    instance_table,
+    rank_breakdown,
+    step_table,
+    with_cohorts,
+)
 from kinetoscope.diagnosis.clock import ClockAlignment, align_clocks
 from kinetoscope.diagnosis.clock_links import transfer_offsets
 from kinetoscope.diagnosis.evidence import (
@@ -35,7 +41,7 @@ from kinetoscope.diagnosis.evidence import (
 from kinetoscope.diagnosis.extract import figures_of
 from kinetoscope.diagnosis.groups import assign_groups
 from kinetoscope.diagnosis.mfu import PEAK_FLOPS, MFUResult, compute_mfu
-from kinetoscope.diagnosis.pipeline import analyze_pipeline
+from kinetoscope.diagnosis.pipeline import PipelineReport, analyze_pipeline
 from kinetoscope.diagnosis.recommendations import recommend
 from kinetoscope.diagnosis.recompile import compile_events, recompilation_summary
 from kinetoscope.diagnosis.result import Diagnosis
@@ -155,6 +161,9 @@ def diagnose(
     if len(job.traces) > 1 and (bad := exclude_anomalous(evidence, steps, s_bd)):
         s_inst = s_inst.filter(~pl.col("step").is_in(bad))
         s_bd = s_bd.filter(~pl.col("step").is_in(bad))
+    pipe = analyze_pipeline(job, steps, clock.offsets, colls, links)
+    if pipe is not None:  # a rank's peers are its stage's replicas (``stragglers.causes``)
+        s_bd = with_cohorts(s_bd, pipe.stage_of())
     # what marks the collectives (collectives.py); host issue times lose a step's largest wait
     signals = {sig for c in colls.values() if c.height for sig in c["signal"].unique().to_list()}
     strag = analyze_stragglers(
@@ -179,7 +188,7 @@ def diagnose(
     )
     attention = {r: f.attention for r, f in job.figures.items()}
     comp = {r: f.compilation for r, f in job.figures.items()}
-    extra = seed_analyses(job, steps, colls, clock, links)
+    extra = seed_analyses(job, steps, colls, clock, pipe)
     extra["uneven_inputs"] = guard_uneven(evidence, extra.get("uneven_inputs"))
     recs = recommend(job, bd, strag, mfu, attention, comp, _comm_by_type(colls), **extra)
     recs = admissible(evidence, recs)
@@ -216,12 +225,12 @@ def seed_analyses(
     steps: pl.DataFrame,
     colls: dict[int, pl.DataFrame],
     clock: ClockAlignment,
-    links: pl.DataFrame | None = None,
+    pipe: PipelineReport | None = None,
 ) -> dict[str, Any]:
     """The analyses added for the seeds' problems (docs/diagnosis.md section 11): the JSON values
-    of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``); ``links``:
-    the pipeline transfers paired with their peers (``whatif.p2p``), which order the stages."""
-    pipe = analyze_pipeline(job, steps, clock.offsets, colls, links)
+    of ``EXTRA_KEYS`` plus ``collective_bandwidth`` (evidence of ``exposed-comm``); ``pipe``: the
+    pipeline analysis (``pipeline.analyze_pipeline``), made earlier because it also tells the
+    straggler analysis each rank's peers."""
     uneven = analyze_uneven(job, steps, colls, clock.offsets)
     compiles = [
         e for r, t in job.traces.items() for e in compile_events(t, r, steps, int(clock.offsets.get(r, 0)))

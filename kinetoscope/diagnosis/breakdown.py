@@ -365,3 +365,12 @@ def _finish_rank(out: pl.DataFrame, r: int, t0: int, has_dev: bool) -> pl.DataFr
         "n_collectives",
     )
     return out.cast(BREAKDOWN_SCHEMA)  # type: ignore[arg-type]
+
+
+def with_cohorts(bd: pl.DataFrame, cohort_of: dict[int, int]) -> pl.DataFrame:
+    """``bd`` with a ``cohort`` column: the ranks of one cohort do the same work (a pipeline
+    stage's replicas), so a rank's compute is compared with its cohort's, not with ranks that run
+    other layers (``stragglers.causes.rank_cause``, the per-rank ``compute_vs_median``). Ranks
+    missing from ``cohort_of`` get null: compared with every rank."""
+    cohort = pl.col("rank").replace_strict(cohort_of, default=None, return_dtype=pl.Int64)
+    return bd.with_columns(cohort.alias("cohort"))

@@ -89,6 +89,11 @@ class PipelineReport:
     replicas: int
     replica_issue: dict[str, Any] | None = None
 
+    def stage_of(self) -> dict[int, int]:
+        """Each rank's stage: the ranks of one stage do the same work, so they are each other's
+        peers (``stragglers.causes.rank_cause``), where the other stages are not."""
+        return {int(r): int(row["stage"]) for row in self.stages for r in row["ranks"]}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schedule": self.schedule,

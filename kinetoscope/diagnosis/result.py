@@ -48,9 +48,8 @@ def short_cause(cause: dict[str, Any] | None) -> str:
     comp = cause["components"]
     if by == "compute":
         c = comp["compute"]
-        return (
-            f"its compute {c['ratio']:.2f}x the peers' median" if c.get("ratio") else "its compute is slower"
-        )
+        peers = "its stage peers'" if cause.get("cohort") is not None else "the peers'"
+        return f"its compute {c['ratio']:.2f}x {peers} median" if c.get("ratio") else "its compute is slower"
     if by == "slow_link":
         c = comp["slow_link"]
         return (

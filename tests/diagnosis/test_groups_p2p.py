@@ -209,3 +209,22 @@ def test_gloo_pipeline_heavy_stage_is_the_slowest_stage() -> None:
     assert st["stage"] == 2 and st["ranks"] == [2, 6] and st["recovered"] >= 0.5
     assert set(d.stragglers.ranks) <= {2, 6}, (d.stragglers.ranks, d.stragglers.reason)
     assert "slowest stage 2 (ranks 2, 6)" in d.verdict_lines()[0]
+
+
+def test_a_pipeline_rank_is_compared_with_its_stage() -> None:
+    """On the heavy-stage job above, stage 2's ranks compute several times what the other
+    stages' ranks do. A named rank's cause compares it with its stage's other replica, and the
+    per-rank ``compute_vs_median`` with its stage's median rank: against every rank, stage 2
+    read as computing 4x the median in the table and dozens of times it in the cause."""
+    folder = DATA.parent / "cpu_jobs" / "mesh_dp_pp_heavy_stage2"
+    d = diagnose(sorted(str(f) for f in folder.glob("*.pt.trace.json*")))
+    stage_of = {r: s for s, ranks in enumerate([[0, 4], [1, 5], [2, 6], [3, 7]]) for r in ranks}
+    assert d.stragglers.causes, d.stragglers.reason
+    for r, cause in d.stragglers.causes.items():
+        assert cause["cohort"] == stage_of[int(r)]
+        assert cause["compared_with"] == [
+            m for m, s in stage_of.items() if s == cause["cohort"] and m != int(r)
+        ]
+    ratio = dict(zip(d.stragglers.per_rank["rank"], d.stragglers.per_rank["compute_vs_median"], strict=True))
+    for a, b in ([0, 4], [1, 5], [2, 6], [3, 7]):  # two replicas: the median is their mean
+        assert ratio[a] + ratio[b] == pytest.approx(2.0)

@@ -1,5 +1,10 @@
 """Why a named rank is late, compared with its peers (issue 9 item 3): compute, data loading,
-host gaps and its collectives' own transfer time, each against the median of the other ranks."""
+host gaps and its collectives' own transfer time, each against the median of its peers.
+
+A rank's peers are the ranks that do the same work: on a pipeline job its stage's other replicas
+(the breakdown's ``cohort``, ``breakdown.with_cohorts``), else every other rank. Against every
+rank, a heavy stage's rank would read as computing dozens of times the median, which says
+nothing about why it was late."""
 
 from __future__ import annotations
 
@@ -32,11 +37,20 @@ def rank_cause(bd: pl.DataFrame, r: int, steps: list[int] | None = None) -> dict
         + [pl.col("lateness(us)").mean().alias("_late")]
     )
     mine = means.filter(pl.col("rank") == r)
-    peers = means.filter(pl.col("rank") != r)
-    out: dict[str, Any] = {"lateness_ms_per_step": None, "components": {}, "explained_by": None, "text": ""}
+    cohort = _cohort(bd, r)
+    peers = means.filter(pl.col("rank").is_in(_peers(bd, r, cohort)))
+    out: dict[str, Any] = {
+        "lateness_ms_per_step": None,
+        "components": {},
+        "explained_by": None,
+        "text": "",
+        "cohort": cohort,
+        "compared_with": sorted(int(x) for x in peers["rank"]),
+    }
     if mine.is_empty() or peers.is_empty():
         out["text"] = "no peers to compare with"
         return out
+    median_of = "its stage peers' median" if cohort is not None else "peers' median"
     late = float(mine["_late"][0] or 0.0)
     out["lateness_ms_per_step"] = round(late / 1000.0, 3)
     best, best_x = None, 0.0
@@ -56,14 +70,34 @@ def rank_cause(bd: pl.DataFrame, r: int, steps: list[int] | None = None) -> dict
         c = out["components"][best]
         ratio = f" ({c['ratio']:.2f}x)" if c["ratio"] else ""
         out["text"] = (
-            f"{cols[best][1]}: {c['rank_ms']:.1f} ms per step vs peers' median {c['peers_median_ms']:.1f} ms"
+            f"{cols[best][1]}: {c['rank_ms']:.1f} ms per step vs {median_of} {c['peers_median_ms']:.1f} ms"
             f"{ratio}, +{c['excess_ms']:.1f} ms of its {late / 1000:.1f} ms lateness"
         )
     else:
         ratio = f"{comp['ratio']:.2f}x" if comp["ratio"] else "n/a"
         out["text"] = (
-            f"not explained by profiled work (compute {ratio} the peers' median, data loading "
+            f"not explained by profiled work (compute {ratio} {median_of}, data loading "
             f"{out['components']['dataloader']['excess_ms']:+.1f} ms vs peers): suspect its host "
             "(CPU contention, I/O, GC) or its link"
         )
     return out
+
+
+def _cohort(bd: pl.DataFrame, r: int) -> int | None:
+    """Rank ``r``'s cohort (``breakdown.with_cohorts``) when it shares it with another rank."""
+    if "cohort" not in bd.columns:
+        return None
+    own = bd.filter(pl.col("rank") == r)["cohort"].drop_nulls()
+    if own.is_empty():
+        return None
+    c = int(own[0])
+    mates = bd.filter((pl.col("cohort") == c) & (pl.col("rank") != r))
+    return c if mates.height else None
+
+
+def _peers(bd: pl.DataFrame, r: int, cohort: int | None) -> list[int]:
+    """The ranks rank ``r`` is compared with: its cohort's others, else every other rank."""
+    others = bd.filter(pl.col("rank") != r)
+    if cohort is not None:
+        others = others.filter(pl.col("cohort") == cohort)
+    return sorted({int(x) for x in others["rank"]})

@@ -108,6 +108,25 @@ def next_ranks(mx: Matrix, final: Round, fixed: set[int], T_ns: np.ndarray) -> l
     return out
 
 
+def _cohort_of(x: pl.DataFrame) -> pl.Expr:
+    """A rank's cohort (``breakdown.with_cohorts``), null when the table has none."""
+    return pl.col("cohort").first() if "cohort" in x.columns else pl.lit(None, dtype=pl.Int64)
+
+
+def _compute_median(med: float | None) -> pl.Expr:
+    """The compute each rank's is compared with (``compute_vs_median``): the median rank's of its
+    cohort, a pipeline stage's replicas (``breakdown.with_cohorts``), when it has a peer there;
+    else the median rank's of the job (``med``)."""
+    in_cohort = pl.col("_cohort").is_not_null() & (pl.len().over("_cohort") > 1)
+    job = pl.lit(med, dtype=pl.Float64)
+    return (
+        pl.when(in_cohort)
+        .then(pl.col("mean_compute(us)").median().over("_cohort"))
+        .otherwise(job)
+        .alias("_median")
+    )
+
+
 def per_rank_table(
     bd: pl.DataFrame,
     hosts: dict[int, str | None],
@@ -133,8 +152,10 @@ def per_rank_table(
         pl.col("compute(us)").mean().alias("mean_compute(us)"),
         pl.col("sync_wait(us)").mean().alias("mean_sync_wait(us)"),
         pl.col("dataloader(us)").mean().alias("mean_dataloader(us)"),
+        _cohort_of(x).alias("_cohort"),
     )
     med = agg["mean_compute(us)"].median()
+    agg = agg.with_columns(_compute_median(None if med is None else float(med)))  # type: ignore[arg-type]
     extra: dict[str, list[Any]] = {
         k: []
         for k in (
@@ -186,9 +207,10 @@ def per_rank_table(
         agg.join(ex, on="rank", how="left")
         .with_columns(
             pl.col("late_steps").fill_null(0),
-            (pl.col("mean_compute(us)") / med).alias("compute_vs_median")
-            if med
-            else pl.lit(None, dtype=pl.Float64).alias("compute_vs_median"),
+            pl.when(pl.col("_median") > 0)
+            .then(pl.col("mean_compute(us)") / pl.col("_median"))
+            .otherwise(None)
+            .alias("compute_vs_median"),
             pl.col("rank").map_elements(lambda r: hosts.get(r), return_dtype=pl.String).alias("host"),
             pl.col("rank")
             .replace_strict(lost_share or {}, default=None, return_dtype=pl.Float64)
