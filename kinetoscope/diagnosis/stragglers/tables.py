@@ -113,17 +113,14 @@ def _cohort_of(x: pl.DataFrame) -> pl.Expr:
     return pl.col("cohort").first() if "cohort" in x.columns else pl.lit(None, dtype=pl.Int64)
 
 
-def _compute_median(med: float | None) -> pl.Expr:
+def _compute_median() -> pl.Expr:
     """The compute each rank's is compared with (``compute_vs_median``): the median rank's of its
     cohort, a pipeline stage's replicas (``breakdown.with_cohorts``), when it has a peer there;
-    else the median rank's of the job (``med``)."""
+    else the median rank's of the job."""
+    compute = pl.col("mean_compute(us)")
     in_cohort = pl.col("_cohort").is_not_null() & (pl.len().over("_cohort") > 1)
-    job = pl.lit(med, dtype=pl.Float64)
     return (
-        pl.when(in_cohort)
-        .then(pl.col("mean_compute(us)").median().over("_cohort"))
-        .otherwise(job)
-        .alias("_median")
+        pl.when(in_cohort).then(compute.median().over("_cohort")).otherwise(compute.median()).alias("_median")
     )
 
 
@@ -154,8 +151,7 @@ def per_rank_table(
         pl.col("dataloader(us)").mean().alias("mean_dataloader(us)"),
         _cohort_of(x).alias("_cohort"),
     )
-    med = agg["mean_compute(us)"].median()
-    agg = agg.with_columns(_compute_median(None if med is None else float(med)))  # type: ignore[arg-type]
+    agg = agg.with_columns(_compute_median())
     extra: dict[str, list[Any]] = {
         k: []
         for k in (
