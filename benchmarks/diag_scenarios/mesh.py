@@ -2,12 +2,18 @@
 through ``kscope daemon``, with an arrival-order truth per process group from the job's own logs.
 
 Scenarios (``SCENARIOS``): one slowed rank (DP x TP), one slowed replica (every rank of one
-data-parallel replica of DP x PP), one heavy stage (DP x PP, one stage with 3x the layers).
+data-parallel replica of DP x PP), one heavy stage (DP x PP, one stage with 3x the layers); then
+one slowed rank of a pipeline (DP x PP), two slowed ranks in different groups (DP x TP: ranks 1
+and 6; DP x PP: one in each replica, at different stages) and a slowed tensor-parallel group (a
+slow node, ranks 4-7 of DP x TP).
 
 Truth (``group_truth``, independent of the product): every rank logs, for each collective it
 issues, its group's ranks, a per-group count and the wall time (one host: one clock). The k-th
 collective of a group is one instance; its last rank kept the others waiting for its lead over
-the next-latest member. Per rank: the share of all that waiting it imposed.
+the next-latest member. Per rank: the share of all that waiting it imposed. On a pipeline the
+logged collectives are the data-parallel all-reduces, not the transfers, so the truth charges the
+replica that reached them last, not the rank within it that held it back; which ranks slept is
+in each rank's step log (``straggle_ms``), and ``slowed`` is the injection.
 
     python -m benchmarks.diag_scenarios.mesh [--only dp_tp-slow-rank] [--out DIR]
 
@@ -58,6 +64,10 @@ SCENARIOS = [
     MeshScenario("dp_tp-slow-rank", "dp_tp", [5], 40.0),
     MeshScenario("dp_pp-slow-replica", "dp_pp", [4, 5, 6, 7], 40.0),
     MeshScenario("dp_pp-heavy-stage", "dp_pp", [], heavy_stage=2),
+    MeshScenario("dp_pp-slow-rank", "dp_pp", [5], 40.0),
+    MeshScenario("dp_tp-slow-pair", "dp_tp", [1, 6], 40.0),
+    MeshScenario("dp_pp-slow-pair", "dp_pp", [1, 6], 40.0),
+    MeshScenario("dp_tp-slow-node", "dp_tp", [4, 5, 6, 7], 40.0),
 ]
 
 

@@ -195,19 +195,23 @@ def test_gloo_pipeline_heavy_stage_is_the_slowest_stage() -> None:
     """The same DP 2 x PP 4 gloo job, nothing slowed, stage 2 (ranks 2 and 6) with 3x the
     layers (``tests/data/cpu_jobs/mesh_dp_pp_heavy_stage2``), run on a host so loaded that its
     steps took 290-970 ms: the stage what-if and the pipeline line name stage 2. The host also
-    held rank 6 back by some 400 ms of work in one step (its replica's other ranks by 120-135
-    ms; the same stage of the other replica worked 147 ms there), which the replay, reading the
-    other ranks' waits at their all-reduces as waits, sees as rank 6's own: a verdict may name
-    that stall, but only ranks of the heavy stage, never another stage's ranks that waited."""
+    stalled processes: in one step rank 6 worked some 430 ms beyond its stage peer and rank 4
+    some 240 ms beyond its own, and the job's own logs (``truth_by_group.json``: each rank's
+    share of the waiting at its data-parallel all-reduces) charge that replica's four ranks most.
+    A verdict may name those stalls, but only ranks the truth charges more than the median rank,
+    never a rank of the other replica that the stalls kept waiting."""
     folder = DATA.parent / "cpu_jobs" / "mesh_dp_pp_heavy_stage2"
-    assert json.loads((folder / "truth_by_group.json").read_text())["heavy_stage"] == 2
+    truth = json.loads((folder / "truth_by_group.json").read_text())
+    assert truth["heavy_stage"] == 2
+    share = truth["truth"]["share"]
+    charged = {int(r) for r, v in share.items() if v > sorted(share.values())[len(share) // 2 - 1]}
     d = diagnose(sorted(str(f) for f in folder.glob("*.pt.trace.json*")))
     wi = d.stragglers.whatif or {}
     assert wi["fidelity"] < 0.01
     st = wi["stage"]
     assert st["stage_ranks"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert st["stage"] == 2 and st["ranks"] == [2, 6] and st["recovered"] >= 0.5
-    assert set(d.stragglers.ranks) <= {2, 6}, (d.stragglers.ranks, d.stragglers.reason)
+    assert set(d.stragglers.ranks) <= charged, (d.stragglers.ranks, charged, d.stragglers.reason)
     assert "slowest stage 2 (ranks 2, 6)" in d.verdict_lines()[0]
 
 

@@ -18,6 +18,7 @@ import pytest
 from kinetoscope.diagnosis import diagnose
 from kinetoscope.diagnosis.whatif.build import Items, Visits, assemble
 from kinetoscope.diagnosis.whatif.model import ReplayModel
+from kinetoscope.diagnosis.whatif.p2p import p2p_links
 from kinetoscope.diagnosis.whatif.replay import build_schedule, observed_replay
 from kinetoscope.diagnosis.whatif.search import groups_per_lane
 from tests.diagnosis.job_logs import one_step_info, slept_ranks
@@ -48,6 +49,28 @@ def test_a_pipeline_rank_waits_for_its_data_parallel_all_reduce() -> None:
         c = fig.collectives_of(r)
         reduces = c.filter(c["coll"] == "allreduce")
         assert reduces.height == 8 and int(reduces["waited"].sum()) >= 6, (r, reduces["waited"].to_list())
+
+
+def test_a_pipeline_stage_waiting_for_its_sends_is_not_working() -> None:
+    """``mesh_dp_pp_slow_pair_1_6``: DP 2 x PP 4 (replicas 0-3 and 4-7), rank 1 (stage 1 of one
+    replica) and rank 6 (stage 2 of the other) each sleep 40 ms every step. The pipeline
+    schedule waits for its sends before it goes on, so rank 0 waits some 40 ms for rank 1 to
+    receive its activations, and rank 5 for rank 6. Read as work, those waits made rank 0 look
+    40 ms busier than its stage peer and rank 1 no busier than rank 5: the replay saw the job
+    1.08x slower than its ideal and the verdict named ranks 0-3, a replica. The sends each
+    forward waited for now read as waited (the link's ``waited``)."""
+    job = JOBS / "mesh_dp_pp_slow_pair_1_6"
+    assert slept_ranks(job) == [1, 6]
+    d = diagnose(job)
+    s = d.stragglers
+    assert sorted(s.ranks) == [1, 6] and s.kind == "persistent", (s.ranks, s.kind, s.reason)
+    wi = s.whatif
+    assert wi is not None and wi["fidelity"] < 0.01 and wi["slowdown"] > 1.3, wi and wi["slowdown"]
+    assert sorted(n["rank"] for n in wi["explaining_set"]) == [1, 6] and wi["recovered_fraction"] > 0.9
+    links = p2p_links({r: f.p2p for r, f in d.job.figures.items()}, d.clock.offsets)
+    sends = links.filter(links["is_send"])
+    # each forward's last send is waited for: one in four per micro-batch set, on stages 0-2
+    assert 0 < int(sends["waited"].sum()) < sends.height
 
 
 def test_ddp_buckets_issued_during_backward_are_not_waited_for() -> None:

@@ -105,7 +105,10 @@ def model_from_instances(
 
 
 def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> pl.DataFrame:
-    """Transfers as instance rows with the step of the rank's span holding their arrival."""
+    """Transfers as instance rows with the step of the rank's span holding their arrival. A
+    host-issued send is asynchronous, and waited for when its rank's thread waited for it to end
+    (``p2p.LINK_SCHEMA`` ``waited``: a pipeline schedule waits for its sends before it goes on,
+    so a stage whose neighbour is slow to receive waits, and does not work, in that time)."""
     spans = steps.select("rank", "step", pl.col("start").alias("_s"), pl.col("end").alias("_e")).sort("_s")
     rows = (
         links.sort("arrival")
@@ -122,7 +125,7 @@ def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> 
         "arrival",
         "end",
         (pl.col("is_send") & pl.lit(asynchronous)).alias("_async"),
-        pl.lit(False).alias("_waited"),
+        (pl.col("is_send") & pl.lit(asynchronous) & pl.col("waited").fill_null(False)).alias("_waited"),
     )
 
 

@@ -33,6 +33,9 @@ LINK_SCHEMA: dict[str, pl.DataType] = {
     "arrival": pl.Int64(),
     "end": pl.Int64(),
     "is_send": pl.Boolean(),
+    # the rank's issuing thread waited for the transfer to end (``collectives`` ``waited``): a
+    # pipeline schedule waits for its sends before it goes on, and that time is a wait
+    "waited": pl.Boolean(),
 }
 
 
@@ -52,6 +55,7 @@ PEER_SCHEMA: dict[str, pl.DataType] = {
     "is_send": pl.Boolean(),
     "peer": pl.Int64(),
     "local": pl.Boolean(),  # the peer is its rank in a group whose ranks no event records
+    "waited": pl.Boolean(),  # ``LINK_SCHEMA``
 }
 
 
@@ -78,7 +82,8 @@ def rank_peers(trace: Trace, colls: pl.DataFrame) -> pl.DataFrame:
         else:
             peers.append(p)
             local.append(True)
-    out = sr.select("arrival", "end").with_columns(
+    waited = pl.col("waited").fill_null(False) if "waited" in sr.columns else pl.lit(False)
+    out = sr.select("arrival", "end", waited.alias("waited")).with_columns(
         pl.Series("is_send", [P2P_OPS[n] == "send" for n in ops["name"].to_list()], dtype=pl.Boolean),
         pl.Series("peer", peers, dtype=pl.Int64),
         pl.Series("local", local, dtype=pl.Boolean),
@@ -131,6 +136,8 @@ def _links(peers: Mapping[int, pl.DataFrame], offsets: Mapping[int, int]) -> pl.
     frames = []
     for r, f in peers.items():
         off = int(offsets.get(r, 0))
+        if "waited" not in f.columns:  # figures made before transfers carried it
+            f = f.with_columns(pl.lit(False).alias("waited"))
         frames.append(
             f.filter(pl.col("peer") != r).with_columns(
                 pl.col("arrival") + off,
