@@ -16,6 +16,11 @@ what the host does to them is not a straggler.
   the job 4 % slower than its ideal where the arrivals show the replica costing 48 % of step
   time, and its explaining set of three of the four ranks replaced the rules' ranks.
 
+* ``mesh_dp_pp_slow_rank5_loaded`` (DP 2 x PP 4, rank 5 alone sleeps 40 ms every step): its
+  pipeline neighbours wait for it, then its replica reaches the data-parallel all-reduces last;
+  the replay's set, rank 5, recovers 95 % of the slowdown and the whole replica 100 %, and the
+  replica was named.
+
 Each job's ``rank-<R>.steps.jsonl`` is its own step log (``straggle_ms`` > 0 where it slept).
 """
 
@@ -75,3 +80,15 @@ def test_a_replica_sleeping_in_every_step_is_seen_whole_by_the_replay() -> None:
     assert wi is not None and wi["slowdown"] > 1.3, wi and wi["slowdown"]
     rep = wi["replica"]
     assert rep["ranks"] == [4, 5, 6, 7] and rep["recovered"] > 0.9 and len(rep["late_steps"]) == wi["steps"]
+
+
+def test_a_slowed_pipeline_rank_is_named_not_its_replica() -> None:
+    """The smallest set that explains the slowdown is named: the replica saves under
+    ``search.MIN_GAIN`` of step time more than rank 5 alone."""
+    job = JOBS / "mesh_dp_pp_slow_rank5_loaded"
+    assert slept_ranks(job) == [5]
+    s = diagnose(job).stragglers
+    assert s.ranks == [5] and s.kind == "persistent", (s.ranks, s.kind, s.reason)
+    wi = s.whatif
+    assert wi is not None and wi["replica"] is not None and wi["replica"]["ranks"] == [4, 5, 6, 7]
+    assert [n["rank"] for n in wi["explaining_set"]] == [5] and wi["recovered_fraction"] > 0.9

@@ -236,6 +236,7 @@ def _noise(wi: WhatIfReport, rank: int, late_steps: int) -> bool:
 GROUP_RECOVERED = 0.5  # the replay's set must recover half of the slowdown to replace the rules' ranks
 MIN_SLOWDOWN = 0.01  # ... of a slowdown of 1 % at least
 MAX_FIDELITY_ERROR = 0.01  # ... from a replay reproducing every step time within 1 %
+SET_EXPLAINS = 0.9  # a replay set inside a slow replica that recovers this much is named, not the replica
 
 
 def as_stage_imbalance(rep: StragglerReport, wi: WhatIfReport) -> bool:
@@ -302,6 +303,16 @@ def _replica_saves_more(wi: WhatIfReport) -> bool:
     return _replica_saving(wi, r) - wi.lost_fraction >= MIN_GAIN
 
 
+def _set_explains_the_replica(wi: WhatIfReport, r: SlowReplica) -> bool:
+    """The replay's explaining set, a part of replica ``r``, recovers ``SET_EXPLAINS`` of the
+    slowdown, and the whole replica saves less than ``MIN_GAIN`` of step time more: one slowed
+    rank holds its whole replica back (its pipeline neighbours wait for it, then the replica's
+    data-parallel collectives), and the smallest set that explains the slowdown is that rank,
+    not the replica."""
+    inside = bool(wi.explaining_set) and set(wi.ranks()) < set(r.ranks)
+    return inside and wi.recovered_fraction >= SET_EXPLAINS and not _replica_saves_more(wi)
+
+
 def _replica_saving(wi: WhatIfReport, r: SlowReplica) -> float:
     """The share of the observed step time making replica ``r`` ideal saves."""
     return r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
@@ -326,6 +337,11 @@ def as_slow_replica(
     r = wi.replica
     if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
         return False
+    if _set_explains_the_replica(wi, r):
+        if set(rep.ranks) == set(wi.ranks()):
+            return False
+        _adopt(rep, wi, bd, wi.explaining_set, wi.lost_fraction, wi.recovered_fraction)
+        return True
     lost = _replica_saving(wi, r)
     if lost < th.min_intermittent_lost_fraction:
         return False
