@@ -44,7 +44,8 @@ def reconcile(
     * a pipeline replica that explains the slowdown and saves more than the replay's set
       (``_replica_saves_more``) is named as a whole (``as_slow_replica``);
     * on a pipeline job whose transfers the replay paired, the replay's explaining set replaces
-      the rules' ranks (``adopt_group_set``); else a replica that explains the slowdown is named;
+      the rules' ranks (``adopt_group_set``), or when it lies within a replica that saves
+      little more (``as_set_within_replica``); else a replica that explains the slowdown is named;
     * ``rotating`` (``stragglers.kinds``): when the replay reads the stalls as moving between
       ranks, and the rules named nobody, or intermittent ranks, or ranks the replay sees late in
       only a few steps and not steadily (each in its explaining set as intermittent, its median
@@ -74,7 +75,7 @@ def reconcile(
     if wi.replica is not None and _replica_saves_more(wi):
         if set(rep.ranks) == set(wi.replica.ranks) or as_slow_replica(rep, wi, bd, th):
             return  # the replica, named by the rules already or now
-    if adopt_group_set(rep, wi, bd):
+    if adopt_group_set(rep, wi, bd) or as_set_within_replica(rep, wi, bd):
         return
     if as_slow_replica(rep, wi, bd, th):
         return
@@ -313,6 +314,21 @@ def _set_explains_the_replica(wi: WhatIfReport, r: SlowReplica) -> bool:
     return inside and wi.recovered_fraction >= SET_EXPLAINS and not _replica_saves_more(wi)
 
 
+def as_set_within_replica(rep: StragglerReport, wi: WhatIfReport, bd: pl.DataFrame) -> bool:
+    """The replay's explaining set replaces the rules' ranks when it lies within a pipeline
+    replica that explains the slowdown and explains it as well (``_set_explains_the_replica``),
+    and the rules named neither it nor that replica (in place; True when done). The group-set
+    reading (``adopt_group_set``) asks the replay to see half of what the rules measured lost;
+    the replica reading does not, and would name the whole replica of one slowed rank."""
+    r = wi.replica
+    if r is None or not r.explains or not _set_explains_the_replica(wi, r):
+        return False
+    if set(rep.ranks) in (set(r.ranks), set(wi.ranks())):
+        return False
+    _adopt(rep, wi, bd, wi.explaining_set, wi.lost_fraction, wi.recovered_fraction)
+    return True
+
+
 def _replica_saving(wi: WhatIfReport, r: SlowReplica) -> float:
     """The share of the observed step time making replica ``r`` ideal saves."""
     return r.recovered * (1.0 - 1.0 / max(wi.slowdown, 1e-12))
@@ -335,13 +351,8 @@ def as_slow_replica(
     yardstick, with two of them the faster one in every step, so the host's jitter alone makes
     either look a few percent slow."""
     r = wi.replica
-    if r is None or not r.explains or set(rep.ranks) == set(r.ranks):
+    if r is None or not r.explains or set(rep.ranks) == set(r.ranks) or _set_explains_the_replica(wi, r):
         return False
-    if _set_explains_the_replica(wi, r):
-        if set(rep.ranks) == set(wi.ranks()):
-            return False
-        _adopt(rep, wi, bd, wi.explaining_set, wi.lost_fraction, wi.recovered_fraction)
-        return True
     lost = _replica_saving(wi, r)
     if lost < th.min_intermittent_lost_fraction:
         return False

@@ -118,14 +118,15 @@ def _link_rows(links: pl.DataFrame, steps: pl.DataFrame, asynchronous: bool) -> 
         .filter(pl.col("step").is_not_null() & (pl.col("arrival") < pl.col("_e")))
     )
     whole = rows.group_by("instance").agg(pl.len().alias("_n")).filter(pl.col("_n") == 2).select("instance")
+    sent_async = pl.col("is_send") & pl.lit(asynchronous)
     return rows.join(whole, on="instance").select(
         "rank",
         "instance",
         "step",
         "arrival",
         "end",
-        (pl.col("is_send") & pl.lit(asynchronous)).alias("_async"),
-        (pl.col("is_send") & pl.lit(asynchronous) & pl.col("waited").fill_null(False)).alias("_waited"),
+        sent_async.alias("_async"),
+        (sent_async & pl.col("waited").fill_null(False)).alias("_waited"),
     )
 
 

@@ -136,8 +136,6 @@ def _links(peers: Mapping[int, pl.DataFrame], offsets: Mapping[int, int]) -> pl.
     frames = []
     for r, f in peers.items():
         off = int(offsets.get(r, 0))
-        if "waited" not in f.columns:  # figures made before transfers carried it
-            f = f.with_columns(pl.lit(False).alias("waited"))
         frames.append(
             f.filter(pl.col("peer") != r).with_columns(
                 pl.col("arrival") + off,
